@@ -1,0 +1,29 @@
+# Two commands on a fresh machine:  make up  |  make test
+.PHONY: up test install install-test test-fast clean
+
+VENV := .venv
+STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
+
+up: $(STAMP)                 ## install, build the demo model, start Redis + API + workers + Flower
+	$(VENV)/bin/tailguard up
+
+test: $(TEST_STAMP)          ## install and run the whole suite (pure, integration, end-to-end)
+	$(VENV)/bin/python -m pytest
+
+test-fast: $(TEST_STAMP)     ## pure tests only
+	$(VENV)/bin/python -m pytest -m "not integration and not e2e"
+
+install: $(STAMP)
+install-test: $(TEST_STAMP)
+
+$(STAMP): pyproject.toml scripts/install.sh
+	scripts/install.sh
+	touch $@
+
+$(TEST_STAMP): pyproject.toml scripts/install.sh
+	scripts/install.sh test
+	touch $@ $(STAMP)
+
+clean:
+	rm -rf $(VENV) .tailguard .pytest_cache

@@ -1,0 +1,24 @@
+"""Liveness of the whole system and the lane table."""
+
+from __future__ import annotations
+
+from flask import Blueprint, jsonify
+
+from app import get_gateway
+
+bp = Blueprint("health", __name__)
+
+
+@bp.get("/healthz")
+def healthz():
+    healthy, body = get_gateway().health()
+    return jsonify(body), 200 if healthy else 503
+
+
+@bp.get("/v1/lanes")
+def lanes():
+    gw = get_gateway()
+    return jsonify({"model": gw.counter.model if hasattr(gw.counter, "model") else None,
+                    "model_max_len": gw.counter.model_max_len,
+                    "lanes": [lane.to_dict() for lane in gw.lanes],
+                    "workers": [{"name": w.name, "lanes": list(w.lanes)} for w in gw.lanes.workers]})

@@ -1,0 +1,79 @@
+"""Celery settings of tailguard: flat, lowercase, Celery's own names.
+
+Derived from the lanes file (queues, routes, per-lane rate and time limits) and
+from the environment (Redis URL). Reading this module reads the lanes file but
+connects to nothing. ``python -m celeryconfig`` checks it and prints a summary.
+
+Time limits: ``task_annotations`` sets Celery's ``soft_time_limit``/``time_limit``
+per lane for pools that honour them (prefork). tailguard workers run the
+``threads`` pool, which ignores them (celery#9203), so the lane deadline is
+enforced inside the task by aborting the engine request; Celery's hard limit
+is a backstop a little past it.
+"""
+
+from kombu import Queue
+
+from tailguard import settings as _settings
+from tailguard.lanes import load_lanes as _load_lanes
+
+_lanes = _load_lanes()
+
+broker_url = _settings.redis_url()
+result_backend = _settings.redis_url()
+broker_connection_retry_on_startup = True
+
+# JSON only: messages are ids and primitives, and pickle would let anyone who
+# can write to Redis run code on the workers.
+task_serializer = "json"
+result_serializer = "json"
+accept_content = ["json"]
+result_accept_content = ["json"]
+
+# One engine per worker process, N requests in flight: the threads pool keeps
+# vLLM's continuous batching alive (prefork cannot host vLLM; solo is a batch of 1).
+worker_pool = "threads"
+# worker_concurrency is left unset on purpose: tasks/worker.py sets it to the
+# served lane's max_num_seqs when the worker starts, unless -c/--concurrency is given.
+
+# Late ack + prefetch 1: a worker reserves exactly `concurrency` requests, and a
+# request whose worker dies is redelivered rather than lost.
+task_acks_late = True
+worker_prefetch_multiplier = 1
+task_reject_on_worker_lost = True
+
+task_queues = [Queue(lane.queue, routing_key=lane.queue) for lane in _lanes]
+task_default_queue = _lanes.lanes[0].queue
+task_routes = {lane.task_name: {"queue": lane.queue} for lane in _lanes}
+task_create_missing_queues = False
+task_annotations = {
+    lane.task_name: {
+        "rate_limit": lane.rate_limit or None,
+        "soft_time_limit": lane.deadline_s,
+        "time_limit": lane.deadline_s + 30,
+    }
+    for lane in _lanes
+}
+
+broker_transport_options = {
+    # A late-acked message is redelivered once unacked this long: keep it above
+    # the longest legitimate queue wait + engine time of any lane.
+    "visibility_timeout": int(_lanes.max_visibility_s) + 600,
+    # A worker given `-Q long,batch` drains long before it looks at batch.
+    "queue_order_strategy": "priority",
+}
+result_backend_transport_options = {"visibility_timeout": broker_transport_options["visibility_timeout"]}
+result_expires = _settings.JOB_TTL_S.get()
+result_extended = True
+
+# Events for Flower.
+worker_send_task_events = True
+task_send_sent_event = True
+task_track_started = True
+
+
+if __name__ == "__main__":
+    print(f"broker_url={broker_url}")
+    for lane in _lanes:
+        print(f"queue {lane.queue:<10} task {lane.task_name:<28} rate_limit={lane.rate_limit or '-'} "
+              f"soft_time_limit={lane.deadline_s}s expires={lane.queue_ttl_s}s")
+    print(f"visibility_timeout={broker_transport_options['visibility_timeout']}s")

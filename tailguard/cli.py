@@ -1,0 +1,124 @@
+"""The `tailguard` command: run the system, or one piece of it.
+
+    tailguard up                       everything: Redis, API, one worker per lane group, Flower
+    tailguard worker --lane long [--gpu 1 | --cores 2,3]
+    tailguard api | flower | redis     one process each (what the Procfile runs)
+    tailguard make-demo-model DIR [--size tiny|small]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from tailguard import settings
+
+
+def _exec(argv: list[str], env: dict[str, str] | None = None) -> None:
+    """Replace this process, so signals reach the real program (Celery, gunicorn) directly."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvpe(argv[0], argv, {**os.environ, **(env or {})})
+
+
+def _bin(name: str) -> str:
+    """A console script of this environment (next to the running python)."""
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else name
+
+
+@click.group()
+def main() -> None:
+    """tailguard: keep short requests' tail latency low while long ones share the fleet."""
+
+
+@main.command("make-demo-model")
+@click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--size", type=click.Choice(["tiny", "small"]), default="tiny", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+def make_demo_model(out_dir: Path, size: str, seed: int) -> None:
+    """Build a random-weight Llama and a locally trained tokenizer in OUT_DIR (offline)."""
+    from tailguard.demo_model import build_demo_model
+
+    path = build_demo_model(out_dir, size=size, seed=seed)
+    click.echo(f"demo model ({size}) in {path}: random weights, its text is noise")
+
+
+@main.command()
+@click.option("--lane", "lane", help="serve the configured worker whose first lane is LANE")
+@click.option("--worker", "worker_name", help="serve the [[workers]] entry with this name")
+@click.option("--gpu", type=int, help="pin to this GPU (sets CUDA_VISIBLE_DEVICES)")
+@click.option("--cores", help="pin to these CPU cores, e.g. 0,1 (CPU-only hosts)")
+@click.option("--concurrency", "-c", type=int, help="threads; default: the lanes' max_num_seqs")
+@click.option("--loglevel", "-l", default="INFO", show_default=True)
+def worker(lane: str | None, worker_name: str | None, gpu: int | None, cores: str | None,
+           concurrency: int | None, loglevel: str) -> None:
+    """Run one Celery worker hosting one vLLM engine for one lane group."""
+    from tailguard.lanes import engine_settings_for, load_lanes
+    from tailguard.pinning import Pinning
+    from tailguard.served_model import DEMO_NOTICE, served_model
+
+    table = load_lanes()
+    if bool(lane) == bool(worker_name):
+        raise click.UsageError("give exactly one of --lane or --worker")
+    spec = table.worker(worker_name) if worker_name else table.worker_for_lane(lane)
+    lanes = table.lanes_for_queues(spec.lanes)
+    model, is_demo = served_model()
+    if is_demo:
+        click.echo(f"[{spec.name}] {DEMO_NOTICE}", err=True)
+    pin = Pinning(gpu=gpu, cores=tuple(int(c) for c in cores.split(",")) if cores else ())
+    if pin.cores:
+        os.sched_setaffinity(0, pin.cores)  # inherited by vLLM's engine-core process
+    _exec([_bin("celery"), "-A", "tasks", "worker", "-Q", ",".join(spec.lanes),
+           "-n", f"{spec.name}@%h", "-c", str(concurrency or engine_settings_for(lanes)[0]),
+           "-l", loglevel], env={"TAILGUARD_MODEL": model, **pin.env()})
+
+
+@main.command()
+@click.option("--port", type=int, help="default: $TAILGUARD_API_PORT or 8000")
+@click.option("--bind", "host", default="127.0.0.1", show_default=True)
+def api(port: int | None, host: str) -> None:
+    """Serve the REST API with gunicorn (threads, so long-polls do not block each other)."""
+    from tailguard.served_model import served_model
+
+    model, _ = served_model()
+    _exec([_bin("gunicorn"), "--bind", f"{host}:{port or settings.API_PORT.get()}",
+           "--worker-class", "gthread", "--threads", str(settings.API_THREADS.get()),
+           "--workers", "1", "--timeout", "120", "--access-logfile", "-",
+           "app:create_app()"], env={"TAILGUARD_MODEL": model})
+
+
+@main.command()
+@click.option("--port", type=int, help="default: $TAILGUARD_FLOWER_PORT or 5555")
+def flower(port: int | None) -> None:
+    """Run Flower on the lane queues (basic auth from $TAILGUARD_FLOWER_BASIC_AUTH)."""
+    argv = [_bin("celery"), "-A", "tasks", "flower", f"--port={port or settings.FLOWER_PORT.get()}",
+            "--address=127.0.0.1"]
+    auth = settings.FLOWER_BASIC_AUTH.get()
+    if auth:
+        argv.append(f"--basic-auth={auth}")
+    _exec(argv)
+
+
+@main.command()
+@click.option("--port", type=int, help="default: $TAILGUARD_REDIS_PORT or 6379")
+def redis(port: int | None) -> None:
+    """Run the embedded redis-server in the foreground (data and AOF under $TAILGUARD_HOME)."""
+    from tailguard.redis_server import redis_command
+
+    _exec(redis_command(port or settings.REDIS_PORT.get(), settings.home() / "redis"))
+
+
+@main.command()
+def up() -> None:
+    """Start the whole system and stop all of it on Ctrl-C."""
+    from tailguard.supervisor import run_up
+
+    sys.exit(run_up())
+
+
+if __name__ == "__main__":
+    main()

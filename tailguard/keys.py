@@ -1,0 +1,25 @@
+"""Names of Redis keys: built here and nowhere else."""
+
+from __future__ import annotations
+
+import re
+
+PREFIX = "tailguard"
+_JOB_ID_RE = re.compile(r"^[0-9a-f]{32}$")
+
+
+def is_job_id(job_id: str) -> bool:
+    """Job ids are uuid4 hex; anything else cannot be a job and never reaches Redis."""
+    return bool(_JOB_ID_RE.match(job_id))
+
+
+def job_key(job_id: str) -> str:
+    """Hash holding one job's record, state and result."""
+    if not is_job_id(job_id):
+        raise ValueError(f"not a job id: {job_id!r}")
+    return f"{PREFIX}:job:{job_id}"
+
+
+def lane_workers_key(lane: str) -> str:
+    """Sorted set of live workers serving `lane`, scored by when their heartbeat lapses."""
+    return f"{PREFIX}:lane:{lane}:workers"

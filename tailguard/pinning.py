@@ -1,0 +1,73 @@
+"""Where each worker runs: one GPU each on a CUDA host, disjoint CPU cores otherwise."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from tailguard import settings
+from tailguard.errors import ConfigError
+from tailguard.lanes import WorkerSpec
+
+
+@dataclass(frozen=True)
+class Pinning:
+    gpu: int | None = None
+    cores: tuple[int, ...] = ()
+
+    def env(self) -> dict[str, str]:
+        """Environment a worker needs to stay on its device."""
+        if self.gpu is not None:
+            return {"CUDA_VISIBLE_DEVICES": str(self.gpu)}
+        if self.cores:
+            cores = ",".join(map(str, self.cores))
+            # vLLM's CPU backend binds its OpenMP threads itself; give it only our cores.
+            return {"VLLM_CPU_OMP_THREADS_BIND": cores, "OMP_NUM_THREADS": str(len(self.cores)),
+                    "CUDA_VISIBLE_DEVICES": ""}
+        return {}
+
+
+def gpu_count() -> int:
+    if not shutil.which("nvidia-smi"):
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def device_kind() -> str:
+    kind = settings.DEVICE.get()
+    if kind not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"TAILGUARD_DEVICE must be auto, cpu or cuda, got {kind!r}",
+                          field="TAILGUARD_DEVICE")
+    if kind == "auto":
+        return "cuda" if gpu_count() > 0 else "cpu"
+    return kind
+
+
+def plan(workers: tuple[WorkerSpec, ...], kind: str, cores: list[int] | None = None,
+         gpus: int | None = None) -> list[Pinning]:
+    """Pinning of each worker, in order. Pure given `cores`/`gpus`."""
+    if kind == "cuda":
+        n = gpu_count() if gpus is None else gpus
+        pins = [Pinning(gpu=w.gpu if w.gpu is not None else i) for i, w in enumerate(workers)]
+        too_high = [p.gpu for p in pins if p.gpu is not None and p.gpu >= n]
+        if too_high:
+            raise ConfigError(f"{len(workers)} workers need GPUs {sorted({p.gpu for p in pins})} "
+                              f"but this host has {n}", field="workers")
+        return pins
+    cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
+    if len(cores) < len(workers):
+        # Fewer cores than engines: share rather than refuse (a laptop demo still runs).
+        return [Pinning(cores=tuple(cores)) for _ in workers]
+    share, extra = divmod(len(cores), len(workers))
+    pins, start = [], 0
+    for i in range(len(workers)):
+        n = share + (1 if i < extra else 0)
+        pins.append(Pinning(cores=tuple(cores[start:start + n])))
+        start += n
+    return pins

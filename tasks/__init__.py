@@ -1,0 +1,10 @@
+"""The Celery app of tailguard: `celery -A tasks worker -Q short` serves the short lane.
+
+Importing this package builds the app and nothing else: the task bodies and the
+engine live in modules the worker imports (`include`), so the API can import
+`tasks` to publish without pulling in vLLM or torch.
+"""
+
+from tasks.celery import app
+
+__all__ = ["app"]

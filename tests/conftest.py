@@ -1,0 +1,74 @@
+"""Shared fixtures. Real services only: a private redis-server, real Celery workers,
+real vLLM engines on the tiny demo model.
+
+The environment is set here, at import, because celeryconfig and the task
+registry read the lanes file and Redis URL when `tasks` is first imported.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tailguard.redis_server import free_port, start_redis
+
+ROOT = Path(__file__).resolve().parents[1]
+REDIS_PORT = free_port()
+REDIS_URL = f"redis://127.0.0.1:{REDIS_PORT}/0"
+TEST_LANES = ROOT / "tests" / "lanes.test.toml"
+# Built once per machine: the tiny model is deterministic, so reuse across runs is safe.
+MODEL_CACHE = Path(os.environ.get("TAILGUARD_TEST_MODEL_DIR", ROOT / ".tailguard" / "test-models"))
+
+os.environ["TAILGUARD_REDIS_URL"] = REDIS_URL
+os.environ["TAILGUARD_LANES"] = str(TEST_LANES)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """A private, throwaway redis-server for the whole session."""
+    data = Path(tempfile.mkdtemp(prefix="tailguard-redis-"))
+    proc = start_redis(REDIS_PORT, data, appendonly=False)
+    yield REDIS_URL
+    proc.terminate()
+    proc.wait(10)
+    shutil.rmtree(data, ignore_errors=True)
+
+
+@pytest.fixture
+def redis_client(redis_server):
+    import redis
+
+    client = redis.Redis.from_url(redis_server)
+    client.flushdb()  # rq's habit: every test starts from an empty Redis
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> str:
+    """The tiny random-weight demo model, built offline on first use."""
+    from tailguard.demo_model import build_demo_model
+
+    path = build_demo_model(MODEL_CACHE / "tiny", size="tiny")
+    os.environ["TAILGUARD_MODEL"] = str(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def api_app(tiny_model, redis_server):
+    from app import create_app
+
+    app = create_app({"TESTING": True, "TAILGUARD_MODEL": tiny_model,
+                      "TAILGUARD_REDIS_URL": redis_server})
+    return app
+
+
+@pytest.fixture
+def client(api_app, redis_client):
+    return api_app.test_client()

@@ -1,0 +1,131 @@
+"""The lanes file: defaults load, every bad field is named."""
+
+import tomllib
+
+import pytest
+
+from tailguard.errors import ConfigError
+from tailguard.lanes import default_lanes_path, load_lanes, parse_lanes
+
+GOOD = {
+    "lanes": {
+        "short": {"max_cost": 100, "max_tokens": 64, "dedicated": True},
+        "long": {"max_tokens": 512},
+        "batch": {"priority": "batch", "max_tokens": 512, "queue_ttl_s": 3600},
+    },
+    "workers": [{"name": "short", "lanes": ["short"]}, {"name": "long", "lanes": ["long", "batch"]}],
+}
+
+
+def test_default_file_loads_with_short_long_batch():
+    table = load_lanes(default_lanes_path())
+    assert table.names == ["short", "long", "batch"]
+    assert table["short"].dedicated and table["short"].max_cost is not None
+    assert table["batch"].priority == "batch"
+    assert table["batch"].queue_ttl_s > table["long"].queue_ttl_s
+    assert [w.lanes for w in table.workers] == [("short",), ("long", "batch")]
+
+
+def test_queue_and_task_names_are_built_from_the_lane_name():
+    lane = parse_lanes(GOOD)["long"]
+    assert lane.queue == "long"
+    assert lane.task_name == "tailguard.generate.long"
+
+
+def test_default_max_tokens_falls_back_to_min_of_256_and_cap():
+    table = parse_lanes(GOOD)
+    assert table["short"].effective_default_max_tokens == 64
+    assert table["long"].effective_default_max_tokens == 256
+
+
+def _with(path: str, value):
+    data = tomllib.loads(default_lanes_path().read_text())
+    node = data
+    *parents, last = path.split(".")
+    for p in parents:
+        node = node[p]
+    if value is KeyError:
+        del node[last]
+    else:
+        node[last] = value
+    return data
+
+
+@pytest.mark.parametrize("path,value,field", [
+    ("lanes.short.max_tokens", "many", "lanes.short.max_tokens"),
+    ("lanes.short.max_tokens", KeyError, "lanes.short.max_tokens"),
+    ("lanes.short.max_tokens", 0, "lanes.short.max_tokens"),
+    ("lanes.short.max_tokens", True, "lanes.short.max_tokens"),
+    ("lanes.short.priority", "urgent", "lanes.short.priority"),
+    ("lanes.short.deadline_s", -1, "lanes.short.deadline_s"),
+    ("lanes.short.rate_limit", "fast", "lanes.short.rate_limit"),
+    ("lanes.short.max_tokns", 5, "lanes.short.max_tokns"),
+    ("lanes.short.default_max_tokens", 100000, "lanes.short.default_max_tokens"),
+    ("lanes.short.dedicated", "yes", "lanes.short.dedicated"),
+])
+def test_bad_lane_field_is_named(path, value, field):
+    with pytest.raises(ConfigError) as err:
+        parse_lanes(_with(path, value))
+    assert err.value.field == field
+    assert field.split(".")[-1] in err.value.message
+
+
+def test_bad_lane_name_is_rejected():
+    with pytest.raises(ConfigError, match="lane name"):
+        parse_lanes({"lanes": {"Short Lane": {"max_tokens": 1}}})
+
+
+def test_worker_serving_a_dedicated_lane_serves_nothing_else():
+    data = {**GOOD, "workers": [{"lanes": ["short", "long"]}, {"lanes": ["batch"]}]}
+    with pytest.raises(ConfigError, match="dedicated") as err:
+        parse_lanes(data)
+    assert err.value.field == "workers"
+
+
+def test_every_lane_needs_a_worker():
+    data = {**GOOD, "workers": [{"lanes": ["short"]}, {"lanes": ["long"]}]}
+    with pytest.raises(ConfigError, match="batch"):
+        parse_lanes(data)
+
+
+def test_worker_with_unknown_lane():
+    data = {**GOOD, "workers": [{"lanes": ["short"]}, {"lanes": ["long", "batch", "bulk"]}]}
+    with pytest.raises(ConfigError, match="bulk") as err:
+        parse_lanes(data)
+    assert err.value.field == "workers[1].lanes"
+
+
+def test_no_workers_table_means_one_worker_per_lane():
+    data = {"lanes": GOOD["lanes"]}
+    assert [w.lanes for w in parse_lanes(data).workers] == [("short",), ("long",), ("batch",)]
+
+
+def test_unknown_top_level_key():
+    with pytest.raises(ConfigError, match="lane"):
+        parse_lanes({**GOOD, "lane": {}})
+
+
+def test_file_errors_name_the_file(tmp_path):
+    bad = tmp_path / "lanes.toml"
+    bad.write_text("[lanes.short]\nmax_tokens = 'x'\n")
+    with pytest.raises(ConfigError, match=str(bad)):
+        load_lanes(bad)
+    bad.write_text("not toml [")
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        load_lanes(bad)
+    with pytest.raises(ConfigError, match="not found"):
+        load_lanes(tmp_path / "missing.toml")
+
+
+def test_worker_for_lane_and_queues():
+    table = parse_lanes(GOOD)
+    assert table.worker_for_lane("long").lanes == ("long", "batch")
+    assert table.worker_for_lane("batch").lanes == ("long", "batch")
+    assert [l.name for l in table.lanes_for_queues(["long", "batch"])] == ["long", "batch"]
+    with pytest.raises(ConfigError, match="celery"):
+        table.lanes_for_queues(["celery"])
+
+
+def test_visibility_covers_longest_wait_plus_deadline():
+    table = parse_lanes(GOOD)
+    assert table.max_visibility_s == 3600 + 60

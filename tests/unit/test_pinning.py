@@ -1,0 +1,36 @@
+"""Where workers run: disjoint cores on a CPU host, one GPU each on a CUDA host."""
+
+import pytest
+
+from tailguard.errors import ConfigError
+from tailguard.lanes import WorkerSpec
+from tailguard.pinning import Pinning, plan
+
+TWO = (WorkerSpec("short", ("short",)), WorkerSpec("long", ("long", "batch")))
+
+
+@pytest.mark.parametrize("cores,expected", [
+    ([0, 1], [(0,), (1,)]),
+    ([0, 1, 2, 3, 4], [(0, 1, 2), (3, 4)]),
+    ([4, 6], [(4,), (6,)]),
+    ([0], [(0,), (0,)]),  # fewer cores than engines: shared, not refused
+])
+def test_cpu_cores_are_split_disjointly(cores, expected):
+    assert [p.cores for p in plan(TWO, "cpu", cores=cores)] == expected
+
+
+def test_cuda_one_gpu_per_worker_in_order():
+    assert [p.gpu for p in plan(TWO, "cuda", gpus=2)] == [0, 1]
+
+
+def test_cuda_explicit_gpu_and_too_few_gpus():
+    specs = (WorkerSpec("short", ("short",), gpu=3), WorkerSpec("long", ("long",)))
+    assert [p.gpu for p in plan(specs, "cuda", gpus=4)] == [3, 1]
+    with pytest.raises(ConfigError, match="has 1"):
+        plan(TWO, "cuda", gpus=1)
+
+
+def test_pinning_env():
+    assert Pinning(gpu=1).env() == {"CUDA_VISIBLE_DEVICES": "1"}
+    env = Pinning(cores=(2, 3)).env()
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "2,3" and env["OMP_NUM_THREADS"] == "2"
