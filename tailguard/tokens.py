@@ -1,12 +1,16 @@
 """Counting prompt tokens with the served model's own tokenizer.
 
-The API needs the exact count the engine will see (cost, lane choice, context
-check) but must never import torch or vLLM: it loads only the tokenizer.
+The API needs the count the engine will see (cost, lane choice, context check)
+but must never import torch or vLLM, and transformers' AutoTokenizer imports
+torch. So this loads the model's `tokenizer.json` with the bare `tokenizers`
+library and applies what transformers would add on top: a BOS token when
+tokenizer_config.json asks for one and the post-processor does not add it.
+The end-to-end tests check this count against the engine's own.
 """
 
 from __future__ import annotations
 
-import threading
+import json
 from functools import lru_cache
 
 from tailguard.errors import ConfigError
@@ -14,25 +18,43 @@ from tailguard.modelinfo import model_max_len, resolve_model_dir
 
 
 class PromptCounter:
-    """Tokenizer of one model, thread-safe for counting."""
+    """Tokenizer of one model. `tokenizers` encodes are thread-safe and release the GIL."""
 
     def __init__(self, model: str) -> None:
-        folder = resolve_model_dir(model)
-        if folder is None:
-            raise ConfigError(f"cannot find model {model!r} locally (a directory, or a Hugging Face "
-                              "id already in the local cache)", field="TAILGUARD_MODEL")
-        # transformers' tokenizer classes do not import torch; vLLM counts with the same one.
-        from transformers import AutoTokenizer
+        from tokenizers import Tokenizer
 
+        folder = resolve_model_dir(model)
+        if folder is None or not (folder / "tokenizer.json").is_file():
+            raise ConfigError(f"cannot find a tokenizer.json for model {model!r} locally (a "
+                              "directory, or a Hugging Face id already in the local cache)",
+                              field="TAILGUARD_MODEL")
         self.model = model
-        self.tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self.model_max_len = model_max_len(model)
-        self._lock = threading.Lock()  # fast tokenizers are not safe to share mid-call
+        config_path = folder / "tokenizer_config.json"
+        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        self.tokenizer_config = config
+        self._bos_id = self._forced_bos_id(config)
+
+    def _forced_bos_id(self, config: dict) -> int | None:
+        """The BOS id to prepend, when the config wants one that the post-processor omits."""
+        if not config.get("add_bos_token"):
+            return None
+        bos = config.get("bos_token")
+        if isinstance(bos, dict):
+            bos = bos.get("content")
+        bos_id = self.tokenizer.token_to_id(bos) if bos else None
+        if bos_id is None or self.tokenizer.encode("a").ids[:1] == [bos_id]:
+            return None
+        return bos_id
+
+    def encode(self, prompt: str) -> list[int]:
+        """Token ids as vLLM's tokenizer produces them (special tokens such as BOS included)."""
+        ids = self.tokenizer.encode(prompt, add_special_tokens=True).ids
+        return [self._bos_id, *ids] if self._bos_id is not None else ids
 
     def count(self, prompt: str) -> int:
-        """Prompt tokens as vLLM counts them (special tokens such as BOS included)."""
-        with self._lock:
-            return len(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+        return len(self.encode(prompt))
 
 
 @lru_cache(maxsize=4)

@@ -169,8 +169,14 @@ def _on_revoked(request=None, expired: bool = False, **_: Any) -> None:
 
 @signals.worker_shutdown.connect
 def _on_worker_shutdown(**_: Any) -> None:
+    teardown()
+
+
+def teardown() -> None:
+    """Withdraw the heartbeat and shut the engine down (idempotent)."""
     global _context
-    ctx = _context
+    with _context_lock:
+        ctx, _context = _context, None
     if ctx is None:
         return
     ctx.stopping.set()
@@ -179,7 +185,6 @@ def _on_worker_shutdown(**_: Any) -> None:
     except redis.RedisError:
         pass
     ctx.engine.shutdown()
-    _context = None
 
 
 # --- remote control: `celery -A tasks inspect engine_stats` ------------------------------

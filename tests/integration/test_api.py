@@ -1,0 +1,163 @@
+"""The API against a real Redis: routing onto lane queues, caps, errors. No worker runs
+here, so every accepted request stays in its queue where the test can inspect it."""
+
+import base64
+import json
+
+import pytest
+
+from tailguard.jobs import QUEUED
+
+pytestmark = pytest.mark.integration
+
+
+def queued_messages(redis_client, queue):
+    return [json.loads(m) for m in redis_client.lrange(queue, 0, -1)]
+
+
+def submit(client, **body):
+    resp = client.post("/v1/jobs", json=body)
+    assert resp.status_code == 202, resp.get_json()
+    return resp.get_json()
+
+
+def test_short_request_lands_on_the_short_queue(client, redis_client):
+    job = submit(client, prompt="解释什么是Transformer", max_tokens=16)
+    assert job["lane"] == "short" and job["status"] == QUEUED
+    assert job["prompt_tokens"] == 10 and job["max_tokens"] == 16
+    assert job["max_tokens_capped"] is False
+    [msg] = queued_messages(redis_client, "short")
+    assert msg["headers"]["id"] == job["id"]
+    assert msg["headers"]["task"] == "tailguard.generate.short"
+    assert msg["headers"]["expires"] is not None  # the lane's queue TTL travels with it
+    kwargs = json.loads(base64.b64decode(msg["body"]))[1]
+    assert kwargs == {"job_id": job["id"], "prompt": "解释什么是Transformer", "max_tokens": 16,
+                      "sampling": {}, "deadline_s": 30}
+    assert redis_client.llen("long") == 0
+
+
+def test_request_whose_cost_exceeds_short_lands_on_long(client, redis_client):
+    # short: max_cost 256 in tests/lanes.test.toml
+    job = submit(client, prompt="word " * 200, max_tokens=60)
+    assert job["prompt_tokens"] + 60 > 256
+    assert job["lane"] == "long"
+    assert [m["headers"]["id"] for m in queued_messages(redis_client, "long")] == [job["id"]]
+    assert redis_client.llen("short") == 0
+
+
+def test_huge_max_tokens_is_clamped_not_obeyed(client, redis_client):
+    job = submit(client, prompt="hi", max_tokens=100000)
+    assert job["lane"] == "long"
+    assert job["max_tokens"] == 1500 and job["requested_max_tokens"] == 100000
+    assert job["max_tokens_capped"] is True
+    [msg] = queued_messages(redis_client, "long")
+    assert json.loads(base64.b64decode(msg["body"]))[1]["max_tokens"] == 1500
+
+
+def test_missing_max_tokens_gets_the_lane_default(client):
+    job = submit(client, prompt="hi")
+    assert (job["lane"], job["max_tokens"], job["requested_max_tokens"]) == ("short", 16, None)
+
+
+def test_batch_priority_lands_on_batch(client, redis_client):
+    job = submit(client, prompt="hi", max_tokens=8, priority="batch", temperature=0.5)
+    assert job["lane"] == "batch"
+    kwargs = json.loads(base64.b64decode(queued_messages(redis_client, "batch")[0]["body"]))[1]
+    assert kwargs["sampling"] == {"temperature": 0.5}
+
+
+def test_status_of_a_queued_job(client):
+    job = submit(client, prompt="hi", max_tokens=4)
+    resp = client.get(f"/v1/jobs/{job['id']}")
+    assert resp.status_code == 200
+    body = resp.get_json()
+    assert body["status"] == "queued" and body["lane"] == "short" and body["result"] is None
+    assert body["timing"] == {"queued_s": None, "ttft_s": None, "e2e_s": None}
+
+
+def test_lane_table(client):
+    body = client.get("/v1/lanes").get_json()
+    assert [l["name"] for l in body["lanes"]] == ["short", "long", "batch"]
+    assert body["lanes"][0]["max_cost"] == 256 and body["model_max_len"] == 2048
+    assert body["workers"] == [{"name": "short", "lanes": ["short"]},
+                               {"name": "long", "lanes": ["long", "batch"]}]
+
+
+def test_healthz_names_lanes_without_a_worker(client):
+    resp = client.get("/healthz")
+    assert resp.status_code == 503
+    assert resp.get_json()["lanes_without_worker"] == ["short", "long", "batch"]
+
+
+@pytest.mark.parametrize("body,status,code,field", [
+    (b"not json", 400, "invalid_field", "body"),
+    (b'{"prompt": 3}', 400, "invalid_field", "prompt"),
+    (b'{"prompt": "p", "max_tokens": "64"}', 400, "invalid_field", "max_tokens"),
+    (b'{"prompt": "p", "max_tokenz": 64}', 400, "invalid_field", "max_tokenz"),
+    (json.dumps({"prompt": "word " * 3000}).encode(), 400, "prompt_too_long", "prompt"),
+])
+def test_bad_input_is_a_json_400(client, redis_client, body, status, code, field):
+    resp = client.post("/v1/jobs", data=body, content_type="application/json")
+    assert resp.status_code == status
+    assert resp.get_json()["error"]["code"] == code
+    assert resp.get_json()["error"]["field"] == field
+    assert redis_client.dbsize() == 0  # nothing recorded, nothing queued
+
+
+def test_body_too_large_is_a_413(api_app, client):
+    limit = api_app.config["MAX_CONTENT_LENGTH"]
+    resp = client.post("/v1/jobs", data=b"x" * (limit + 1), content_type="application/json")
+    assert resp.status_code == 413
+    assert resp.get_json()["error"]["code"] == "body_too_large"
+
+
+@pytest.mark.parametrize("path", ["/v1/jobs/0123456789abcdef0123456789abcdef", "/v1/jobs/nope",
+                                  "/v1/jobs/..%2F..%2Fetc"])
+def test_unknown_id_is_a_404(client, path):
+    resp = client.get(path)
+    assert resp.status_code == 404
+    assert resp.get_json()["error"]["code"] == "not_found"
+
+
+def test_bad_wait_is_a_400(client):
+    job = submit(client, prompt="hi")
+    for wait in ("soon", "-1", "100000"):
+        resp = client.get(f"/v1/jobs/{job['id']}?wait={wait}")
+        assert resp.status_code == 400 and resp.get_json()["error"]["field"] == "wait"
+
+
+def test_unknown_route_and_method_are_json(client):
+    assert client.get("/v2/nothing").get_json()["error"]["code"] == "not_found"
+    resp = client.put("/v1/jobs")
+    assert resp.status_code == 405 and resp.get_json()["error"]["code"] == "method_not_allowed"
+
+
+def test_redis_down_is_a_503_not_a_500(tiny_model):
+    from app import create_app
+    from tailguard.redis_server import free_port
+
+    dead = create_app({"TESTING": True, "TAILGUARD_MODEL": tiny_model,
+                       "TAILGUARD_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}).test_client()
+    for resp in (dead.post("/v1/jobs", json={"prompt": "hi"}),
+                 dead.get("/v1/jobs/0123456789abcdef0123456789abcdef"), dead.get("/healthz")):
+        assert resp.status_code == 503
+        assert resp.get_json()["error"]["code"] == "broker_unavailable"
+
+
+def test_api_never_imports_torch_or_vllm(tiny_model, redis_server):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    code = (
+        "import sys\n"
+        "from app import create_app\n"
+        f"c = create_app({{'TAILGUARD_MODEL': {tiny_model!r}, 'TAILGUARD_REDIS_URL': {redis_server!r}}})"
+        ".test_client()\n"
+        "assert c.post('/v1/jobs', json={'prompt': 'hi', 'max_tokens': 1}).status_code == 202\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'vllm', 'transformers'}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
