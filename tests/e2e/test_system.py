@@ -1,0 +1,161 @@
+"""End to end: the API, a real Redis, two real worker processes each hosting a vLLM
+engine on the tiny demo model, pinned to disjoint cores, as `tailguard up` runs them.
+
+The short worker is started the way `tailguard up` does (`tailguard worker --worker short
+--cores 0`); the long one as a user would by hand (`celery -A tasks worker -Q long,batch`),
+so both entry points are covered.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.e2e
+
+START_TIMEOUT_S = 300
+
+
+class Workers:
+    def __init__(self, log_dir: Path):
+        self.log_dir = log_dir
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, argv: list[str], env: dict[str, str], cores: set[int]) -> None:
+        log = open(self.log_dir / f"{name}.log", "wb")
+        self.procs[name] = subprocess.Popen(
+            argv, cwd=ROOT, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
+            preexec_fn=lambda: os.sched_setaffinity(0, cores))
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n" + p.read_text(errors="replace")[-3000:]
+                         for p in sorted(self.log_dir.glob("*.log")))
+
+    def stop(self) -> dict[str, int | None]:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)  # Celery: warm shutdown
+        codes = {}
+        for name, proc in self.procs.items():
+            try:
+                codes[name] = proc.wait(120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                codes[name] = None  # hung: the test reading this fails
+        return codes
+
+
+@pytest.fixture(scope="module")
+def workers(tiny_model, redis_server, api_app, tmp_path_factory):
+    ws = Workers(tmp_path_factory.mktemp("worker-logs"))
+    env = {"TAILGUARD_MODEL": tiny_model, "TAILGUARD_WORKER_HEARTBEAT_S": "1"}
+    ws.start("short", [sys.executable, "-m", "tailguard.cli", "worker", "--worker", "short",
+                       "--cores", "0", "-l", "INFO"], env, {0})
+    ws.start("long", [str(Path(sys.executable).parent / "celery"), "-A", "tasks", "worker",
+                      "-Q", "long,batch", "-n", "long@%h", "-l", "INFO"],
+             {**env, "VLLM_CPU_OMP_THREADS_BIND": "1", "OMP_NUM_THREADS": "1"}, {1})
+    client = api_app.test_client()
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while client.get("/healthz").status_code != 200:
+        dead = [n for n, p in ws.procs.items() if p.poll() is not None]
+        if dead or time.monotonic() > deadline:
+            ws.stop()
+            pytest.fail(f"workers did not become healthy (exited: {dead})\n{ws.logs()}")
+        time.sleep(0.5)
+    yield ws
+    ws.stop()
+
+
+@pytest.fixture
+def api(api_app, workers):
+    return api_app.test_client()
+
+
+def engine_stats(name: str) -> dict:
+    from tasks import app
+
+    replies = app.control.broadcast("engine_stats", reply=True, timeout=5)
+    for reply in replies:
+        for node, stats in reply.items():
+            if node.startswith(f"{name}@"):
+                return stats
+    raise AssertionError(f"no engine_stats reply from {name}@: {replies}")
+
+
+def run(api, timeout=120, **body) -> dict:
+    job = api.post("/v1/jobs", json=body)
+    assert job.status_code == 202, job.get_json()
+    return api.get(f"/v1/jobs/{job.get_json()['id']}?wait={min(timeout, 60)}").get_json()
+
+
+def test_result_comes_back_by_id(api, redis_client_noflush):
+    done = run(api, prompt="解释什么是Transformer", max_tokens=16, ignore_eos=True)
+    assert done["status"] == "succeeded", done
+    assert done["lane"] == "short" and done["worker"].startswith("short@")
+    assert isinstance(done["result"]["text"], str) and done["result"]["text"]
+    assert done["result"]["completion_tokens"] == 16
+    assert done["result"]["finish_reason"] == "length"
+    t = done["timing"]
+    assert 0 <= t["queued_s"] <= t["ttft_s"] <= t["e2e_s"]
+    # the API's token count (tokenizer only) is what the engine saw
+    record = redis_client_noflush.hgetall(f"tailguard:job:{done['id']}")
+    assert int(record[b"engine_prompt_tokens"]) == done["prompt_tokens"]
+
+
+def test_costly_request_runs_on_the_long_worker(api):
+    done = run(api, prompt="word " * 200, max_tokens=8, ignore_eos=True)
+    assert done["status"] == "succeeded", done
+    assert done["lane"] == "long" and done["worker"].startswith("long@")
+    assert done["result"]["completion_tokens"] == 8
+
+
+def test_each_worker_consumes_only_its_own_lanes(workers):
+    from tasks import app
+
+    inspect = app.control.inspect(timeout=5)
+    queues = {node.split("@")[0]: [q["name"] for q in qs]
+              for node, qs in inspect.active_queues().items()}
+    assert queues == {"short": ["short"], "long": ["long", "batch"]}
+    # concurrency = the lanes' max_num_seqs, whether given by `tailguard worker` (-c)
+    # or derived by the worker itself from -Q (the plain `celery worker` entry point)
+    pools = {node.split("@")[0]: s["pool"]["max-concurrency"] for node, s in inspect.stats().items()}
+    assert pools == {"short": 4, "long": 4}
+
+
+def test_concurrent_requests_are_batched_in_one_engine(api):
+    ids = [api.post("/v1/jobs", json={"prompt": f"请求 {i}", "max_tokens": 64, "ignore_eos": True})
+           .get_json()["id"] for i in range(4)]
+    done = [api.get(f"/v1/jobs/{i}?wait=60").get_json() for i in ids]
+    assert [d["status"] for d in done] == ["succeeded"] * 4
+    assert {d["worker"].split("@")[0] for d in done} == {"short"}
+    stats = engine_stats("short")
+    # all four were inside the one engine at the same time: continuous batching is alive
+    assert stats["peak_in_flight"] >= 3, stats
+    assert stats["in_flight"] == 0
+
+
+def test_deadline_aborts_the_engine_request(api):
+    # long.deadline_s is 0.5 s in tests/lanes.test.toml; 1,500 tokens take longer on the tiny model
+    done = run(api, prompt="写一篇1000字的人工智能文章", max_tokens=1500, ignore_eos=True)
+    assert done["lane"] == "long" and done["status"] == "succeeded", done
+    assert done["result"]["finish_reason"] == "deadline"
+    assert 0 < done["result"]["completion_tokens"] < 1500
+    stats = engine_stats("long")
+    assert stats["engine_unfinished"] == 0 and stats["in_flight"] == 0, stats
+    assert stats["aborted"] >= 1
+
+
+def test_warm_shutdown_completes(api, workers):
+    codes = workers.stop()
+    assert codes == {"short": 0, "long": 0}, workers.logs()
+    # and the lanes are no longer advertised as served
+    body = api.get("/healthz").get_json()
+    assert body["lanes_without_worker"] == ["short", "long", "batch"]
