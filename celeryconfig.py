@@ -11,7 +11,7 @@ enforced inside the task by aborting the engine request; Celery's hard limit
 is a backstop a little past it.
 """
 
-from kombu import Queue
+from kombu import Exchange, Queue
 
 from tailguard import settings as _settings
 from tailguard.lanes import load_lanes as _load_lanes
@@ -41,7 +41,9 @@ task_acks_late = True
 worker_prefetch_multiplier = 1
 task_reject_on_worker_lost = True
 
-task_queues = [Queue(lane.queue, routing_key=lane.queue) for lane in _lanes]
+# One direct exchange per lane, named like it, so Flower and `inspect active_queues` read plainly.
+task_queues = [Queue(lane.queue, Exchange(lane.queue, type="direct"), routing_key=lane.queue)
+               for lane in _lanes]
 task_default_queue = _lanes.lanes[0].queue
 task_routes = {lane.task_name: {"queue": lane.queue} for lane in _lanes}
 task_create_missing_queues = False

@@ -6,5 +6,6 @@ engine live in modules the worker imports (`include`), so the API can import
 """
 
 from tasks.celery import app
+from tasks import worker  # noqa: F401 - registers `celery -A tasks inspect engine_stats`
 
 __all__ = ["app"]

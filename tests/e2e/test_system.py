@@ -124,6 +124,8 @@ def test_each_worker_consumes_only_its_own_lanes(workers):
     queues = {node.split("@")[0]: [q["name"] for q in qs]
               for node, qs in inspect.active_queues().items()}
     assert queues == {"short": ["short"], "long": ["long", "batch"]}
+    exchanges = {q["name"]: q["exchange"]["name"] for qs in inspect.active_queues().values() for q in qs}
+    assert exchanges == {"short": "short", "long": "long", "batch": "batch"}
     # concurrency = the lanes' max_num_seqs, whether given by `tailguard worker` (-c)
     # or derived by the worker itself from -Q (the plain `celery worker` entry point)
     pools = {node.split("@")[0]: s["pool"]["max-concurrency"] for node, s in inspect.stats().items()}
@@ -139,6 +141,7 @@ def test_concurrent_requests_are_batched_in_one_engine(api):
     stats = engine_stats("short")
     # all four were inside the one engine at the same time: continuous batching is alive
     assert stats["peak_in_flight"] >= 3, stats
+    assert stats["peak_decoding"] >= 2, stats  # and produced tokens side by side
     assert stats["in_flight"] == 0
 
 

@@ -44,3 +44,9 @@ def test_tasks_app_registers_one_task_per_lane():
     names = {t for t in app.tasks if t.startswith("tailguard.generate.")}
     assert names == {lane.task_name for lane in load_lanes()}
     assert app.tasks["tailguard.generate.long"].rate_limit == "50/s"  # from tests/lanes.test.toml
+
+
+def test_engine_stats_is_known_to_the_celery_cli():
+    out = subprocess.run([sys.executable, "-m", "celery", "-A", "tasks", "inspect", "--list"],
+                         cwd=ROOT, capture_output=True, text=True).stdout
+    assert "engine_stats" in out
