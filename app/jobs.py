@@ -5,8 +5,11 @@ from __future__ import annotations
 from flask import Blueprint, current_app, jsonify, request
 
 from app import get_gateway
+from app.sse import HEARTBEAT, sse_event, sse_response
+from tailguard import settings
 from tailguard.errors import InvalidField
 from tailguard.jobrequest import parse_job_request
+from tailguard.stream import valid_stream_id
 
 bp = Blueprint("jobs", __name__, url_prefix="/v1/jobs")
 
@@ -31,3 +34,34 @@ def status(job_id: str):
         raise InvalidField(f"wait must be between 0 and {current_app.config['TAILGUARD_MAX_WAIT_S']} s",
                            field="wait")
     return jsonify(get_gateway().status(job_id, wait_s=wait_s))
+
+
+@bp.delete("/<job_id>")
+def cancel(job_id: str):
+    """Cancel a queued or running job: 200 with the job; 409 if it already ended."""
+    return jsonify(get_gateway().cancel(job_id))
+
+
+@bp.get("/<job_id>/stream")
+def stream(job_id: str):
+    """The job's output as SSE: `delta` events, then one `end` event.
+
+    Each event's id is its Redis Stream id: reconnect with `Last-Event-ID` (or
+    `?after=`) to get exactly the events after it. A disconnect leaves the job
+    running (it can be resumed) unless `?cancel_on_disconnect=true`.
+    """
+    after = request.headers.get("Last-Event-ID") or request.args.get("after") or "0-0"
+    if not valid_stream_id(after):
+        raise InvalidField(f"Last-Event-ID must be a stream id like 1700000000000-0, got {after!r}",
+                           field="Last-Event-ID")
+    cancel_on_disconnect = request.args.get("cancel_on_disconnect", "false").lower() in ("1", "true")
+    gw = get_gateway()
+    events = gw.events(job_id, after, heartbeat_s=settings.SSE_HEARTBEAT_S.get())
+
+    def chunks():
+        for ev in events:
+            yield HEARTBEAT if ev is None else sse_event(ev.data, event=ev.type, id=ev.id)
+
+    on_disconnect = (lambda: gw.cancel(job_id, reason="the client disconnected", missing_ok=True)) \
+        if cancel_on_disconnect else None
+    return sse_response(chunks(), on_disconnect)

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 from celery import Celery
 
-from tailguard.errors import JobNotFound
+from tailguard.errors import JobNotFound, JobStateConflict
 from tailguard.jobrequest import JobRequest
-from tailguard.jobs import FAILED, QUEUED, TERMINAL, JobStore, timing
+from tailguard.jobs import CANCELLED, FAILED, QUEUED, RUNNING, TERMINAL, JobStore, timing
 from tailguard.keys import is_job_id
 from tailguard.lanes import LaneTable
 from tailguard.placement import Placement, place
+from tailguard.stream import StreamEvent, follow
 
 
 class TokenCounter(Protocol):
@@ -70,6 +71,15 @@ class Gateway:
 
     def status(self, job_id: str, wait_s: float = 0.0) -> dict[str, Any]:
         """The job as the client sees it; with wait_s, long-poll until it is terminal."""
+        return render(job_id, self.wait(job_id, wait_s))
+
+    def wait(self, job_id: str, wait_s: float,
+             still_wanted: Callable[[], bool] | None = None) -> dict[str, Any]:
+        """The job record once terminal, or as it is after wait_s.
+
+        `still_wanted` is asked between polls; when it says no (the client hung up),
+        the job is cancelled so it stops holding a place in its lane's engine.
+        """
         if not is_job_id(job_id):
             raise JobNotFound(f"no job {job_id!r}")
         deadline = time.monotonic() + wait_s
@@ -78,8 +88,43 @@ class Gateway:
             if job is None:
                 raise JobNotFound(f"no job {job_id!r} (unknown, or its record expired)")
             if job["status"] in TERMINAL or time.monotonic() >= deadline:
-                return render(job_id, job)
+                return job
+            if still_wanted is not None and not still_wanted():
+                self.cancel(job_id, reason="the client disconnected", missing_ok=True)
+                return self.store.get(job_id) or job
             time.sleep(min(self.poll_interval_s, max(0.0, deadline - time.monotonic())))
+
+    def cancel(self, job_id: str, *, reason: str = "cancelled by the client",
+               missing_ok: bool = False) -> dict[str, Any]:
+        """Cancel a queued or running job. The worker aborts it in the engine within ~50 ms."""
+        if not is_job_id(job_id):
+            raise JobNotFound(f"no job {job_id!r}")
+        moved, before = self.store.transition(job_id, {QUEUED, RUNNING}, CANCELLED,
+                                              {"error": {"code": "cancelled", "message": reason}})
+        if not moved and not missing_ok:
+            if before is None:
+                raise JobNotFound(f"no job {job_id!r} (unknown, or its record expired)")
+            raise JobStateConflict(f"job {job_id} already ended ({before}): nothing to cancel")
+        if moved and before == QUEUED:
+            # Let a worker that already reserved the message drop it without running it
+            # (the job record says cancelled either way); Flower shows it as revoked.
+            self.celery.control.revoke(job_id)
+        job = self.store.get(job_id)
+        return render(job_id, job) if job else {"id": job_id, "status": CANCELLED}
+
+    def events(self, job_id: str, after: str = "0-0", *,
+               heartbeat_s: float = 2.0) -> Iterator[StreamEvent | None]:
+        """The job's output events from `after` on, ending with its end event.
+
+        Yields None on each `heartbeat_s` of silence (so the caller can write a
+        heartbeat and notice a gone client); overdue jobs are settled meanwhile.
+        """
+        if not is_job_id(job_id):
+            raise JobNotFound(f"no job {job_id!r}")
+        if self.store.settle(job_id) is None:
+            raise JobNotFound(f"no job {job_id!r} (unknown, or its record expired)")
+        return follow(self.store.redis, job_id, after, heartbeat_s=heartbeat_s,
+                      on_idle=lambda: self.store.settle(job_id))
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         """Healthy when Redis answers and every lane has a live worker with its engine up."""

@@ -4,6 +4,10 @@
        │
        └─────► expired | cancelled | failed
 
+Every change to a terminal state also appends the terminal event to the job's
+Redis Stream in the same atomic step, so a stream reader always learns how the
+job ended, whoever ended it.
+
 Every change of state is an atomic compare-and-set in a Lua script that also
 stamps ``<state>_at`` from the Redis server clock, so queue wait and latency
 are differences of one clock, never of the API's and a worker's. A transition
@@ -44,10 +48,11 @@ redis.call('EXPIRE', KEYS[1], tonumber(ARGV[1]))
 return string.format('%.6f', now)
 """
 
-# KEYS[1] job key
+# KEYS[1] job key; KEYS[2] its stream
 # ARGV[1] allowed from-states, comma separated; ARGV[2] new state
 # ARGV[3] overdue field ('' = none): only move if now > tonumber(field) + ARGV[4]
-# ARGV[5..] field, value pairs to set
+# ARGV[5] terminal event data ('' = none), appended to the stream in the same step
+# ARGV[6] stream maxlen; ARGV[7..] field, value pairs to set
 # -> {1, previous} when moved; {0, current} when not (current false if no such job)
 _TRANSITION = _NOW_LUA + """
 local cur = redis.call('HGET', KEYS[1], 'status')
@@ -60,7 +65,12 @@ if ARGV[3] ~= '' then
   if not since or now <= since + tonumber(ARGV[4]) then return {0, cur} end
 end
 redis.call('HSET', KEYS[1], 'status', ARGV[2], ARGV[2] .. '_at', string.format('%.6f', now))
-for i = 5, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+for i = 7, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+if ARGV[5] ~= '' then
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'type', 'end', 'data', ARGV[5])
+  local ttl = redis.call('TTL', KEYS[1])
+  if ttl > 0 then redis.call('EXPIRE', KEYS[2], ttl) end
+end
 return {1, cur}
 """
 
@@ -122,9 +132,11 @@ def decode(raw: dict[bytes | str, bytes | str]) -> dict[str, Any]:
 class JobStore:
     """Job records of one Redis. Stateless apart from the client: share freely between threads."""
 
-    def __init__(self, client: redis.Redis, *, ttl_s: int = 86400, worker_lost_grace_s: float = 30.0):
+    def __init__(self, client: redis.Redis, *, ttl_s: int = 86400, worker_lost_grace_s: float = 30.0,
+                 stream_maxlen: int = 10000):
         self.redis = client
         self.ttl_s = ttl_s
+        self.stream_maxlen = stream_maxlen
         self.worker_lost_grace_s = worker_lost_grace_s
         self._create = client.register_script(_CREATE)
         self._transition = client.register_script(_TRANSITION)
@@ -145,13 +157,20 @@ class JobStore:
         With `overdue_field`, only moves when the Redis clock is past that field + grace.
         """
         assert to in STATES
+        fields = fields or {}
+        end_event = json.dumps(end_event_data(to, fields), ensure_ascii=False) if to in TERMINAL else ""
         moved, state = self._transition(
-            keys=[keys.job_key(job_id)],
-            args=[",".join(sorted(from_states)), to, overdue_field, overdue_grace_s,
-                  *_encode(fields or {})])
+            keys=[keys.job_key(job_id), keys.job_stream_key(job_id)],
+            args=[",".join(sorted(from_states)), to, overdue_field, overdue_grace_s, end_event,
+                  self.stream_maxlen, *_encode(fields)])
         if isinstance(state, bytes):
             state = state.decode()
         return bool(moved), state or None
+
+    def status(self, job_id: str) -> str | None:
+        """Just the state: what a running task polls to notice a cancel."""
+        state = self.redis.hget(keys.job_key(job_id), "status")
+        return state.decode() if state is not None else None
 
     def get(self, job_id: str) -> dict[str, Any] | None:
         raw = self.redis.hgetall(keys.job_key(job_id))
@@ -193,6 +212,17 @@ class JobStore:
     def live_workers(self, lanes: list[str]) -> dict[str, int]:
         counts = self._live(keys=[keys.lane_workers_key(l) for l in lanes], args=[])
         return dict(zip(lanes, (int(c) for c in counts)))
+
+
+def end_event_data(status: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """The terminal stream event: how the job ended, without repeating the text."""
+    data: dict[str, Any] = {"status": status}
+    result = fields.get("result")
+    if isinstance(result, dict):
+        data.update({k: v for k, v in result.items() if k != "text"})
+    if fields.get("error") is not None:
+        data["error"] = fields["error"]
+    return data
 
 
 def timing(job: dict[str, Any]) -> dict[str, float | None]:

@@ -20,6 +20,11 @@ def job_key(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}"
 
 
+def job_stream_key(job_id: str) -> str:
+    """Redis Stream of one job's output: text deltas, then one terminal event."""
+    return job_key(job_id) + ":stream"
+
+
 def lane_workers_key(lane: str) -> str:
     """Sorted set of live workers serving `lane`, scored by when their heartbeat lapses."""
     return f"{PREFIX}:lane:{lane}:workers"

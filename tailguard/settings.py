@@ -87,6 +87,17 @@ WORKER_HEARTBEAT_S = Setting(
     "TAILGUARD_WORKER_HEARTBEAT_S", 5.0, float,
     "How often a worker refreshes its liveness key for GET /healthz; the key lives 3x this.")
 
+STREAM_FLUSH_S = Setting(
+    "TAILGUARD_STREAM_FLUSH_S", 0.05, float,
+    "A worker batches text deltas into one Redis Stream entry per this many seconds "
+    "(the first delta is written at once, so time to first token is not held back).")
+STREAM_MAXLEN = Setting(
+    "TAILGUARD_STREAM_MAXLEN", 10000, int, "Approximate cap on entries in one job's stream.")
+SSE_HEARTBEAT_S = Setting(
+    "TAILGUARD_SSE_HEARTBEAT_S", 2.0, float,
+    "Idle SSE streams get a comment line this often; a failed write is how a disconnected "
+    "client is noticed (and, where asked, its request cancelled).")
+
 
 ALL: tuple[Setting, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, Setting))
 

@@ -17,8 +17,10 @@ from celery import Task
 from celery.exceptions import Ignore
 
 from tailguard.errors import EngineDeadError, EngineError
-from tailguard.jobs import EXPIRED, FAILED, QUEUED, RUNNING, SUCCEEDED
+from tailguard import settings
+from tailguard.jobs import CANCELLED, EXPIRED, FAILED, QUEUED, RUNNING, SUCCEEDED
 from tailguard.lanes import load_lanes
+from tailguard.stream import DeltaWriter
 from tasks import worker
 from tasks.celery import app
 
@@ -42,9 +44,20 @@ def run_generation(task: Task, job_id: str, prompt: str, max_tokens: int,
         log.info("job %s is %s, not queued: skipping", job_id, state)
         raise Ignore()
 
+    writer = DeltaWriter(store.redis, job_id, flush_s=settings.STREAM_FLUSH_S.get(),
+                         maxlen=store.stream_maxlen, ttl_s=store.ttl_s)
+
+    def should_cancel() -> bool:
+        # Polled every ~50 ms on this thread while the engine works: a good moment to
+        # write a batch of deltas that is due even if no new token arrived.
+        writer.tick()
+        return store.status(job_id) == CANCELLED
+
     try:
         result = ctx.ready_engine().generate(job_id, prompt, {**sampling, "max_tokens": max_tokens},
-                                     deadline_s=deadline_s)
+                                             deadline_s=deadline_s, on_delta=writer.add,
+                                             should_cancel=should_cancel)
+        writer.flush()
     except EngineError as exc:
         store.transition(job_id, {RUNNING}, FAILED, {"error": exc.to_dict()})
         if isinstance(exc, EngineDeadError):
@@ -56,12 +69,23 @@ def run_generation(task: Task, job_id: str, prompt: str, max_tokens: int,
         store.transition(job_id, {RUNNING}, FAILED,
                          {"error": {"code": "internal_error", "message": f"{type(exc).__name__}: {exc}"}})
         raise
+    if result.finish_reason == "cancelled":
+        # Aborted in the engine because the job was cancelled (DELETE, client gone):
+        # the cancel already ended the job; this only covers an abort from elsewhere.
+        store.transition(job_id, {RUNNING}, CANCELLED, {"error": {
+            "code": "cancelled", "message": "the request was aborted in the engine"}})
+        raise Ignore()
     body = {"text": result.text, "completion_tokens": result.completion_tokens,
             "finish_reason": result.finish_reason}
-    store.transition(job_id, {RUNNING}, SUCCEEDED, {
+    moved, state = store.transition(job_id, {RUNNING}, SUCCEEDED, {
         "result": body, "completion_tokens": result.completion_tokens,
         "ttft_s": None if result.ttft_s is None else f"{result.ttft_s:.6f}",
         "engine_prompt_tokens": result.prompt_tokens})
+    if not moved:
+        # Cancelled (or settled) just as it finished: that state stands, and Celery
+        # must not record a SUCCESS that contradicts it.
+        log.info("job %s finished but is already %s", job_id, state)
+        raise Ignore()
     return body
 
 

@@ -101,7 +101,8 @@ def make_store() -> JobStore:
     client = redis.Redis.from_url(settings.redis_url(), socket_connect_timeout=5,
                                   health_check_interval=30)
     return JobStore(client, ttl_s=settings.JOB_TTL_S.get(),
-                    worker_lost_grace_s=settings.WORKER_LOST_GRACE_S.get())
+                    worker_lost_grace_s=settings.WORKER_LOST_GRACE_S.get(),
+                    stream_maxlen=settings.STREAM_MAXLEN.get())
 
 
 def build_engine(lanes: list[Lane]):

@@ -25,6 +25,7 @@ MODEL_CACHE = Path(os.environ.get("TAILGUARD_TEST_MODEL_DIR", ROOT / ".tailguard
 
 os.environ["TAILGUARD_REDIS_URL"] = REDIS_URL
 os.environ["TAILGUARD_LANES"] = str(TEST_LANES)
+os.environ["TAILGUARD_SSE_HEARTBEAT_S"] = "0.3"  # idle streams notice expiry/disconnects fast
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 

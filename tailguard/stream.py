@@ -1,0 +1,113 @@
+"""A job's output as a Redis Stream: written by its worker, read by the API.
+
+Why a Stream and not Celery's update_state: update_state overwrites and its
+pub/sub is lossy, while a stream keeps every delta in order with an id, so a
+client can resume from the last id it saw (SSE Last-Event-ID) and miss nothing.
+
+Entries: ``type=delta data={"text": ...}`` any number of times, then exactly one
+``type=end`` (written by JobStore.transition with the terminal state).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import redis
+
+from tailguard import keys
+
+
+class DeltaWriter:
+    """Batches a job's text deltas into stream entries; used on one worker thread.
+
+    The first delta is written at once (time to first token is not held back);
+    later ones at most every `flush_s`, plus whatever is left at the end.
+    """
+
+    def __init__(self, client: redis.Redis, job_id: str, *, flush_s: float = 0.05,
+                 maxlen: int = 10000, ttl_s: int = 86400) -> None:
+        self.client = client
+        self.key = keys.job_stream_key(job_id)
+        self.flush_s = flush_s
+        self.maxlen = maxlen
+        self.ttl_s = ttl_s
+        self._pending: list[str] = []
+        self._last_flush: float | None = None
+        self.entries = 0
+
+    def add(self, text: str) -> None:
+        self._pending.append(text)
+        if self._last_flush is None or time.monotonic() - self._last_flush >= self.flush_s:
+            self.flush()
+
+    def tick(self) -> None:
+        """Write what is pending if its batch is due (called while no delta arrives)."""
+        if self._pending and time.monotonic() - (self._last_flush or 0.0) >= self.flush_s:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        text, self._pending = "".join(self._pending), []
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xadd(self.key, {"type": "delta", "data": json.dumps({"text": text}, ensure_ascii=False)},
+                  maxlen=self.maxlen, approximate=True)
+        if self.entries == 0:
+            pipe.expire(self.key, self.ttl_s)
+        pipe.execute()
+        self.entries += 1
+        self._last_flush = time.monotonic()
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    id: str          # the stream entry id: the SSE id a client resumes from
+    type: str        # "delta" | "end"
+    data: dict[str, Any]
+
+
+def read_events(client: redis.Redis, job_id: str, after: str = "0-0",
+                block_ms: int | None = None, count: int = 100) -> list[StreamEvent]:
+    """Events after entry id `after`; with block_ms, wait up to that long for the first."""
+    reply = client.xread({keys.job_stream_key(job_id): after}, count=count, block=block_ms)
+    events = []
+    for _key, entries in reply or []:
+        for entry_id, fields in entries:
+            entry_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+            f = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+                 for k, v in fields.items()}
+            events.append(StreamEvent(entry_id, f.get("type", "delta"), json.loads(f.get("data", "{}"))))
+    return events
+
+
+_STREAM_ID_PARTS = 2
+
+
+def valid_stream_id(value: str) -> bool:
+    """A Last-Event-ID we can pass to XREAD: `<ms>-<seq>`."""
+    parts = value.split("-")
+    return len(parts) == _STREAM_ID_PARTS and all(p.isdigit() for p in parts)
+
+
+def follow(client: redis.Redis, job_id: str, after: str = "0-0", *,
+           heartbeat_s: float = 2.0, on_idle=None) -> Iterator[StreamEvent | None]:
+    """Yield a job's events until its end event; None every `heartbeat_s` of silence.
+
+    `on_idle` runs at each silence (the API settles overdue jobs there, which
+    writes their end event), so a follower never waits forever.
+    """
+    while True:
+        events = read_events(client, job_id, after, block_ms=max(1, int(heartbeat_s * 1000)))
+        if not events:
+            if on_idle is not None:
+                on_idle()
+            yield None
+            continue
+        for event in events:
+            after = event.id
+            yield event
+            if event.type == "end":
+                return
