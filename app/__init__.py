@@ -28,10 +28,11 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
         app.config.update(config)
     app.json.ensure_ascii = False  # Chinese prompts and text stay readable
 
-    from app import errors, health, jobs
+    from app import errors, health, jobs, openai_api
 
     errors.register(app)
     app.register_blueprint(jobs.bp)
+    app.register_blueprint(openai_api.bp)
     app.register_blueprint(health.bp)
     return app
 

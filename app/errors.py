@@ -1,8 +1,11 @@
 """The one place where errors become HTTP responses.
 
-Every error body is JSON: {"error": {"code": <stable code>, "message": ..., "field"?: ...}}.
-Codes and statuses come from the tailguard.errors tree; a Redis outage is a 503;
-anything unexpected is logged here and answered with a 500 that carries no traceback.
+Every error body is JSON. The native API answers
+{"error": {"code": <stable code>, "message": ..., "field"?: ...}}; the OpenAI-compatible
+routes answer OpenAI's shape {"error": {"message", "type", "param", "code"}} with the
+same status and code. Codes and statuses come from the tailguard.errors tree; a Redis
+outage is a 503; anything unexpected is logged here and answered with a 500 that
+carries no traceback.
 """
 
 from __future__ import annotations
@@ -10,11 +13,15 @@ from __future__ import annotations
 import logging
 
 import redis
-from flask import Flask, jsonify
+from flask import Flask, jsonify, request
 from kombu.exceptions import OperationalError
 from werkzeug.exceptions import HTTPException
 
 from tailguard.errors import BodyTooLarge, BrokerUnavailable, TailguardError
+from tailguard.openai_protocol import error_body, openai_error_type
+
+#: blueprints whose clients speak the OpenAI API
+OPENAI_BLUEPRINTS = frozenset({"openai"})
 
 log = logging.getLogger("tailguard.api")
 
@@ -23,6 +30,10 @@ _HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed",
 
 
 def error_response(status: int, code: str, message: str, field: str | None = None):
+    if request and (request.blueprint in OPENAI_BLUEPRINTS or request.path.startswith(
+            ("/v1/completions", "/v1/chat/", "/v1/models"))):
+        return jsonify(error_body(message, type=openai_error_type(status), param=field,
+                                  code=code)), status
     body = {"code": code, "message": message}
     if field is not None:
         body["field"] = field

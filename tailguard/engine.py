@@ -66,7 +66,7 @@ KVCACHE_SPACE_DEFAULT_GIB = "1"
 #: Sampling fields a request may set (OpenAI/vLLM names); anything else is ignored.
 SAMPLING_KEYS = frozenset({
     "max_tokens", "temperature", "top_p", "top_k", "stop", "seed",
-    "ignore_eos", "min_tokens", "repetition_penalty",
+    "ignore_eos", "min_tokens", "repetition_penalty", "frequency_penalty", "presence_penalty",
 })
 
 #: How often the caller's thread polls should_cancel.

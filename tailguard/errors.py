@@ -14,6 +14,7 @@ one place (``app/errors.py``); workers map them to a terminal job state.
     │   ├── NoLaneForRequest            no_lane           400  no lane accepts this priority/cost
     │   └── BodyTooLarge                body_too_large    413
     ├── JobNotFound                     not_found         404  unknown (or expired-from-storage) id
+    │   └── ModelNotFound               model_not_found   404  `model` names a model we do not serve
     ├── JobStateConflict                conflict          409  e.g. cancelling a finished job
     ├── Unavailable                     unavailable       503  recoverable: retry later
     │   └── BrokerUnavailable           broker_unavailable 503 Redis does not answer
@@ -79,6 +80,12 @@ class BodyTooLarge(RequestError):
 class JobNotFound(TailguardError):
     code = "not_found"
     http_status = 404
+
+
+class ModelNotFound(JobNotFound):
+    """The body names a model this deployment does not serve (404, as OpenAI and vLLM answer)."""
+
+    code = "model_not_found"
 
 
 class JobStateConflict(TailguardError):

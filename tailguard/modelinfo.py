@@ -32,3 +32,16 @@ def model_max_len(model: str) -> int | None:
             return config[key]
     return None
 
+
+
+DEMO_SERVED_NAME = "tailguard-demo"
+
+
+def served_model_names(model: str, configured: str = "") -> list[str]:
+    """Names a client may put in `model`: the public one first, then the model itself."""
+    if configured:
+        public = configured
+    else:
+        folder = Path(model)
+        public = DEMO_SERVED_NAME if (folder / "tailguard_demo.json").is_file() else model
+    return [public] if public == model else [public, model]

@@ -51,6 +51,10 @@ MODEL = Setting(
     "TAILGUARD_MODEL", "", str,
     "Served model: a Hugging Face id or a local directory. Empty: `tailguard up` builds and serves "
     "the random-weight demo model (its text is noise).")
+SERVED_MODEL_NAME = Setting(
+    "TAILGUARD_SERVED_MODEL_NAME", "", str,
+    "The `model` name OpenAI clients use (vLLM's --served-model-name). Empty: "
+    "`tailguard-demo` for the demo model, else TAILGUARD_MODEL itself.")
 LANES_FILE = Setting(
     "TAILGUARD_LANES", "", str,
     "Path of the lanes TOML. Empty: the default tailguard/lanes.toml shipped with the package.")

@@ -16,6 +16,8 @@ import pytest
 
 from tailguard.redis_server import free_port, start_redis
 
+pytest_plugins = ["e2e_fixtures"]
+
 ROOT = Path(__file__).resolve().parents[1]
 REDIS_PORT = free_port()
 REDIS_URL = f"redis://127.0.0.1:{REDIS_PORT}/0"

@@ -1,94 +1,16 @@
-"""End to end: the API, a real Redis, two real worker processes each hosting a vLLM
-engine on the tiny demo model, pinned to disjoint cores, as `tailguard up` runs them.
+"""End to end through the native job API: results by id, lanes, batching, deadlines,
+warm shutdown. Workers and the API server come from tests/e2e/conftest.py.
 
-The short worker is started the way `tailguard up` does (`tailguard worker --worker short
---cores 0`); the long one as a user would by hand (`celery -A tasks worker -Q long,batch`),
-so both entry points are covered.
+This module must run last in tests/e2e: its final test shuts the shared workers down.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import pytest
 
-from conftest import ROOT
+from e2e_support import engine_stats
 
 pytestmark = pytest.mark.e2e
-
-START_TIMEOUT_S = 300
-
-
-class Workers:
-    def __init__(self, log_dir: Path):
-        self.log_dir = log_dir
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def start(self, name: str, argv: list[str], env: dict[str, str], cores: set[int]) -> None:
-        log = open(self.log_dir / f"{name}.log", "wb")
-        self.procs[name] = subprocess.Popen(
-            argv, cwd=ROOT, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
-            preexec_fn=lambda: os.sched_setaffinity(0, cores))
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n" + p.read_text(errors="replace")[-3000:]
-                         for p in sorted(self.log_dir.glob("*.log")))
-
-    def stop(self) -> dict[str, int | None]:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)  # Celery: warm shutdown
-        codes = {}
-        for name, proc in self.procs.items():
-            try:
-                codes[name] = proc.wait(120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                codes[name] = None  # hung: the test reading this fails
-        return codes
-
-
-@pytest.fixture(scope="module")
-def workers(tiny_model, redis_server, api_app, tmp_path_factory):
-    ws = Workers(tmp_path_factory.mktemp("worker-logs"))
-    env = {"TAILGUARD_MODEL": tiny_model, "TAILGUARD_WORKER_HEARTBEAT_S": "1"}
-    ws.start("short", [sys.executable, "-m", "tailguard.cli", "worker", "--worker", "short",
-                       "--cores", "0", "-l", "INFO"], env, {0})
-    ws.start("long", [str(Path(sys.executable).parent / "celery"), "-A", "tasks", "worker",
-                      "-Q", "long,batch", "-n", "long@%h", "-l", "INFO"],
-             {**env, "VLLM_CPU_OMP_THREADS_BIND": "1", "OMP_NUM_THREADS": "1"}, {1})
-    client = api_app.test_client()
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while client.get("/healthz").status_code != 200:
-        dead = [n for n, p in ws.procs.items() if p.poll() is not None]
-        if dead or time.monotonic() > deadline:
-            ws.stop()
-            pytest.fail(f"workers did not become healthy (exited: {dead})\n{ws.logs()}")
-        time.sleep(0.5)
-    yield ws
-    ws.stop()
-
-
-@pytest.fixture
-def api(api_app, workers):
-    return api_app.test_client()
-
-
-def engine_stats(name: str) -> dict:
-    from tasks import app
-
-    replies = app.control.broadcast("engine_stats", reply=True, timeout=5)
-    for reply in replies:
-        for node, stats in reply.items():
-            if node.startswith(f"{name}@"):
-                return stats
-    raise AssertionError(f"no engine_stats reply from {name}@: {replies}")
-
 
 def run(api, timeout=120, **body) -> dict:
     job = api.post("/v1/jobs", json=body)

@@ -1,0 +1,165 @@
+"""OpenAI-compatible front door: /v1/completions, /v1/chat/completions, /v1/models.
+
+A front door, not a bypass: every request is classified, capped and queued on
+its lane exactly like a native job, then answered in OpenAI's shapes (as
+vLLM's server answers them). Responses name the lane and whether max_tokens
+was capped in X-Tailguard-* headers. A client that goes away, while streaming
+or while waiting for a non-streaming answer, cancels its request.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+from flask import Blueprint, Response, jsonify, request
+
+from app import get_gateway
+from app.sse import HEARTBEAT, client_connected, sse_response
+from tailguard import settings
+from tailguard.chat import chat_template_for, compile_chat_template, render_chat, special_token
+from tailguard.errors import InvalidField, JobStateConflict, TailguardError, Unavailable
+from tailguard.gateway import Gateway
+from tailguard.jobs import CANCELLED, EXPIRED, FAILED, SUCCEEDED
+from tailguard.modelinfo import resolve_model_dir, served_model_names
+from tailguard.openai_protocol import (OpenAIRequest, chat_chunk, chat_response, completion_chunk,
+                                       completion_response, error_body, openai_error_type,
+                                       openai_finish_reason, parse_chat_request,
+                                       parse_completion_request, sse, usage_chunk)
+
+bp = Blueprint("openai", __name__, url_prefix="/v1")
+
+_renderers: dict[str, Callable[[list[dict]], str]] = {}
+_renderers_lock = threading.Lock()
+
+
+def _served_names(gw: Gateway) -> list[str]:
+    return served_model_names(gw.counter.model, settings.SERVED_MODEL_NAME.get())
+
+
+def _chat_renderer(gw: Gateway) -> Callable[[list[dict]], str]:
+    """The served model's chat template, compiled once (a broken template fails loudly)."""
+    model = gw.counter.model
+    with _renderers_lock:
+        if model not in _renderers:
+            config = gw.counter.tokenizer_config
+            folder = resolve_model_dir(model)
+            template = chat_template_for(folder, config) if folder is not None else None
+            if template is None:
+                def no_template(_: list[dict]) -> str:
+                    raise InvalidField("the served model has no chat template: use /v1/completions",
+                                       field="messages")
+                _renderers[model] = no_template
+            else:
+                compile_chat_template(template)
+                bos, eos = special_token(config, "bos_token"), special_token(config, "eos_token")
+                _renderers[model] = lambda messages: render_chat(
+                    messages, template, bos_token=bos, eos_token=eos)
+        return _renderers[model]
+
+
+def _body() -> Any:
+    body = request.get_json(force=True, silent=True)
+    if body is None:
+        raise InvalidField("the body must be valid JSON", field="body")
+    return body
+
+
+@bp.get("/models")
+def models():
+    gw = get_gateway()
+    created = int(time.time())
+    return jsonify({"object": "list", "data": [
+        {"id": name, "object": "model", "created": created, "owned_by": "tailguard",
+         "root": gw.counter.model, "parent": None, "max_model_len": gw.counter.model_max_len}
+        for name in _served_names(gw)]})
+
+
+@bp.post("/completions")
+def completions():
+    gw = get_gateway()
+    return _serve(gw, parse_completion_request(_body(), set(_served_names(gw))))
+
+
+@bp.post("/chat/completions")
+def chat_completions():
+    gw = get_gateway()
+    return _serve(gw, parse_chat_request(_body(), set(_served_names(gw)), _chat_renderer(gw)))
+
+
+def _serve(gw: Gateway, req: OpenAIRequest) -> Response:
+    accepted = gw.submit(req.job)
+    job_id = accepted["id"]
+    headers = {"X-Tailguard-Job-Id": job_id, "X-Tailguard-Lane": accepted["lane"],
+               "X-Tailguard-Max-Tokens-Capped": "true" if accepted["max_tokens_capped"] else "false"}
+    created = int(time.time())
+    if req.stream:
+        return sse_response(
+            _chunks(gw, req, accepted, created),
+            on_disconnect=lambda: gw.cancel(job_id, reason="the client disconnected", missing_ok=True),
+            headers=headers)
+    lane = gw.lanes[accepted["lane"]]
+    # Every job ends by then: expired past the queue TTL, cut at the deadline, or worker_lost.
+    budget = lane.queue_ttl_s + lane.deadline_s + settings.WORKER_LOST_GRACE_S.get() + 5
+    job = gw.wait(job_id, budget, still_wanted=client_connected())
+    if job["status"] != SUCCEEDED:
+        status, code, message = _failure(job)
+        resp = jsonify(error_body(message, type=openai_error_type(status), param=None, code=code))
+        resp.status_code = status
+        resp.headers.update(headers)
+        return resp
+    result = job["result"]
+    headers["X-Tailguard-Finish-Reason"] = result["finish_reason"]
+    build = chat_response if req.kind == "chat" else completion_response
+    resp = jsonify(build(request_id=job_id, model=req.model, created=created, text=result["text"],
+                         finish_reason=openai_finish_reason(result["finish_reason"]),
+                         prompt_tokens=accepted["prompt_tokens"],
+                         completion_tokens=result["completion_tokens"]))
+    resp.headers.update(headers)
+    return resp
+
+
+def _failure(job: dict[str, Any]) -> tuple[int, str, str]:
+    """HTTP status, code and message for a job that did not succeed."""
+    error = job.get("error") or {}
+    message = error.get("message") or f"the request ended {job['status']}"
+    if job["status"] == EXPIRED:
+        return Unavailable.http_status, "expired", message  # 503: the lane is backed up
+    if job["status"] == CANCELLED:
+        return JobStateConflict.http_status, "cancelled", message
+    if job["status"] == FAILED:
+        return TailguardError.http_status, error.get("code", "engine_error"), message
+    return 504, "timeout", f"no result within the lane's time budget (the job is {job['status']})"
+
+
+def _chunks(gw: Gateway, req: OpenAIRequest, accepted: dict[str, Any], created: int) -> Iterator[bytes]:
+    """The job's stream as OpenAI chunks, ending with `data: [DONE]`."""
+    job_id, chat = accepted["id"], req.kind == "chat"
+    common = {"request_id": job_id, "model": req.model, "created": created}
+    first = True
+    for event in gw.events(job_id, heartbeat_s=settings.SSE_HEARTBEAT_S.get()):
+        if event is None:
+            yield HEARTBEAT
+            continue
+        if event.type == "delta":
+            text = event.data.get("text", "")
+            yield sse(chat_chunk(**common, text=text, first=first) if chat
+                      else completion_chunk(**common, text=text))
+            first = False
+            continue
+        end = event.data  # the end event
+        if end["status"] != SUCCEEDED:
+            status, code, message = _failure({**end, "error": end.get("error")})
+            yield sse(error_body(message, type=openai_error_type(status), param=None, code=code))
+            break
+        reason = openai_finish_reason(end.get("finish_reason", "stop"))
+        if chat and first:  # nothing was generated: the role still comes first
+            yield sse(chat_chunk(**common, first=True))
+        yield sse(chat_chunk(**common, finish_reason=reason) if chat
+                  else completion_chunk(**common, text="", finish_reason=reason))
+        if req.include_usage:
+            yield sse(usage_chunk(kind=req.kind, **common, prompt_tokens=accepted["prompt_tokens"],
+                                  completion_tokens=end.get("completion_tokens", 0)))
+        break
+    yield sse("[DONE]")
