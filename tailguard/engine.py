@@ -307,8 +307,12 @@ class EngineHost:
     def generate(self, request_id: str, prompt: str, sampling: dict, deadline_s: float | None,
                  on_first_token: Callable[[], None] | None = None,
                  should_cancel: Callable[[], bool] | None = None,
-                 on_delta: Callable[[str], None] | None = None) -> GenerationResult:
+                 on_delta: Callable[[str], None] | None = None,
+                 add_special_tokens: bool = True) -> GenerationResult:
         """Run one completion on the shared engine, blocking the calling thread.
+
+        ``add_special_tokens=False`` is for prompts rendered from a chat template,
+        which carries its own BOS (as vLLM's chat endpoint tokenizes them).
 
         The deadline is enforced on the engine's loop: when it passes, the request is
         aborted (KV cache freed) and the text so far comes back with finish_reason
@@ -332,7 +336,7 @@ class EngineHost:
             raise
         call = _Call(f"{request_id}.{next(self._ids)}", want_deltas=on_delta is not None)
         future = asyncio.run_coroutine_threadsafe(
-            self._generate(call, prompt, params, deadline_s, t0), loop)
+            self._generate(call, prompt, params, deadline_s, t0, add_special_tokens), loop)
         future.add_done_callback(lambda _: call.events.put(("done", None)))
 
         wait_until = None if deadline_s is None else time.monotonic() + deadline_s + LOOP_GRACE_S
@@ -388,7 +392,8 @@ class EngineHost:
             pass
 
     async def _generate(self, call: _Call, prompt: str, params: "SamplingParams",
-                        deadline_s: float | None, t0: float) -> GenerationResult:
+                        deadline_s: float | None, t0: float,
+                        add_special_tokens: bool = True) -> GenerationResult:
         """Runs on the loop: one request, its deadline and its cancellation."""
         engine = self._engine
         if engine is None or self._closed:
@@ -402,8 +407,11 @@ class EngineHost:
             # Tokenize through vLLM's renderer (what the engine sees) rather than passing
             # a raw string, which vLLM 0.32 deprecates; this also gives the prompt length
             # even when the deadline passes before the first token.
-            (engine_input,) = await engine.renderer.render_cmpl_async(
-                [parse_model_prompt(engine.model_config, prompt)])
+            renderer = engine.renderer
+            tok_params = (renderer.default_cmpl_tok_params if add_special_tokens
+                          else renderer.default_chat_tok_params)
+            (engine_input,) = await renderer.render_cmpl_async(
+                [parse_model_prompt(engine.model_config, prompt)], tok_params)
         except Exception as exc:
             with self._stats_lock:
                 self._failed += 1

@@ -25,7 +25,7 @@ from tailguard.stream import StreamEvent, follow
 class TokenCounter(Protocol):
     model_max_len: int | None
 
-    def count(self, prompt: str) -> int: ...
+    def count(self, prompt: str, add_special_tokens: bool = True) -> int: ...
 
 
 class Gateway:
@@ -39,7 +39,7 @@ class Gateway:
 
     def place(self, req: JobRequest) -> Placement:
         return place(self.lanes.lanes, priority=req.priority,
-                     prompt_tokens=self.counter.count(req.prompt),
+                     prompt_tokens=self.counter.count(req.prompt, req.add_special_tokens),
                      requested_max_tokens=req.max_tokens, model_max_len=self.counter.model_max_len)
 
     def submit(self, req: JobRequest) -> dict[str, Any]:
@@ -58,7 +58,8 @@ class Gateway:
             self.celery.send_task(
                 lane.task_name, task_id=job_id, queue=lane.queue, expires=lane.queue_ttl_s,
                 kwargs={"job_id": job_id, "prompt": req.prompt, "max_tokens": placement.max_tokens,
-                        "sampling": req.sampling, "deadline_s": lane.deadline_s})
+                        "sampling": req.sampling, "deadline_s": lane.deadline_s,
+                        **({} if req.add_special_tokens else {"add_special_tokens": False})})
         except Exception as exc:
             self.store.transition(job_id, {QUEUED}, FAILED, {
                 "error": {"code": "enqueue_failed", "message": f"could not queue the request: {exc}"}})

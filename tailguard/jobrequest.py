@@ -21,6 +21,8 @@ class JobRequest:
     max_tokens: int | None = None
     priority: str = "interactive"
     sampling: dict[str, Any] = field(default_factory=dict)  # temperature, top_p, ... (no max_tokens)
+    # False for prompts rendered from a chat template: the template writes its own BOS
+    add_special_tokens: bool = True
 
 
 def _int(name: str, v: Any, lo: int | None = None) -> int:

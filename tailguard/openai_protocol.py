@@ -98,7 +98,9 @@ def parse_chat_request(body: Any, served_names: set[str],
         raise InvalidField("the chat template rendered these messages to an empty prompt",
                            field="messages")
     field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    return _build(body, model, prompt, max_tokens_field=field, kind="chat")
+    built = _build(body, model, prompt, max_tokens_field=field, kind="chat")
+    # Like vLLM's chat endpoint: the rendered template is tokenized without special tokens.
+    return replace(built, job=replace(built.job, add_special_tokens=False))
 
 
 def normalize_messages(messages: Any) -> list[dict]:

@@ -48,13 +48,16 @@ class PromptCounter:
             return None
         return bos_id
 
-    def encode(self, prompt: str) -> list[int]:
-        """Token ids as vLLM's tokenizer produces them (special tokens such as BOS included)."""
-        ids = self.tokenizer.encode(prompt, add_special_tokens=True).ids
-        return [self._bos_id, *ids] if self._bos_id is not None else ids
+    def encode(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids as vLLM's tokenizer produces them (with special tokens such as BOS,
+        unless the prompt is a rendered chat template)."""
+        ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens).ids
+        if add_special_tokens and self._bos_id is not None:
+            return [self._bos_id, *ids]
+        return ids
 
-    def count(self, prompt: str) -> int:
-        return len(self.encode(prompt))
+    def count(self, prompt: str, add_special_tokens: bool = True) -> int:
+        return len(self.encode(prompt, add_special_tokens))
 
 
 @lru_cache(maxsize=4)

@@ -28,7 +28,8 @@ log = logging.getLogger("tailguard.task")
 
 
 def run_generation(task: Task, job_id: str, prompt: str, max_tokens: int,
-                   sampling: dict[str, Any], deadline_s: float) -> dict[str, Any]:
+                   sampling: dict[str, Any], deadline_s: float,
+                   add_special_tokens: bool = True) -> dict[str, Any]:
     ctx = worker.current()
     store = ctx.store
     # A prefetched message can sit in the thread pool past its `expires`: look again.
@@ -56,7 +57,8 @@ def run_generation(task: Task, job_id: str, prompt: str, max_tokens: int,
     try:
         result = ctx.ready_engine().generate(job_id, prompt, {**sampling, "max_tokens": max_tokens},
                                              deadline_s=deadline_s, on_delta=writer.add,
-                                             should_cancel=should_cancel)
+                                             should_cancel=should_cancel,
+                                             add_special_tokens=add_special_tokens)
         writer.flush()
     except EngineError as exc:
         store.transition(job_id, {RUNNING}, FAILED, {"error": exc.to_dict()})
@@ -92,8 +94,10 @@ def run_generation(task: Task, job_id: str, prompt: str, max_tokens: int,
 def _register(lane_name: str) -> None:
     @app.task(name=f"tailguard.generate.{lane_name}", bind=True, acks_late=True)
     def generate(self: Task, job_id: str, prompt: str, max_tokens: int,
-                 sampling: dict[str, Any], deadline_s: float) -> dict[str, Any]:
-        return run_generation(self, job_id, prompt, max_tokens, sampling, deadline_s)
+                 sampling: dict[str, Any], deadline_s: float,
+                 add_special_tokens: bool = True) -> dict[str, Any]:
+        return run_generation(self, job_id, prompt, max_tokens, sampling, deadline_s,
+                              add_special_tokens)
 
 
 for _lane in load_lanes():

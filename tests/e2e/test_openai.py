@@ -41,7 +41,7 @@ def test_completion(client):
     assert completion.usage.total_tokens == 22
 
 
-def test_chat_completion(client):
+def test_chat_completion(client, redis_client_noflush):
     raw = client.chat.completions.with_raw_response.create(
         model=MODEL, messages=[{"role": "system", "content": "be brief"},
                                {"role": "user", "content": "解释KV Cache"}],
@@ -50,8 +50,11 @@ def test_chat_completion(client):
     assert chat.object == "chat.completion"
     assert chat.choices[0].message.role == "assistant" and chat.choices[0].message.content
     assert chat.usage.completion_tokens == 10
-    # the prompt is the demo model's chat template applied to both messages
+    # the prompt is the demo model's chat template applied to both messages, tokenized as
+    # vLLM's chat endpoint does (no extra BOS): the API's count is what the engine saw
     assert chat.usage.prompt_tokens > 10
+    record = redis_client_noflush.hgetall(f"tailguard:job:{raw.headers['x-tailguard-job-id']}")
+    assert int(record[b"engine_prompt_tokens"]) == chat.usage.prompt_tokens
 
 
 def test_streamed_completion_adds_up(client, api_url):
