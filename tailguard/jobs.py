@@ -235,4 +235,6 @@ def timing(job: dict[str, Any]) -> dict[str, float | None]:
         # time to first token as the client sees it: queue wait + engine TTFT
         "ttft_s": round(started - submitted + ttft, 6) if started and ttft is not None else None,
         "e2e_s": round(ended - submitted, 6) if ended and submitted else None,
+        # the engine's own TTFT: from the worker calling generate() to the first token
+        "engine_ttft_s": round(ttft, 6) if ttft is not None else None,
     }

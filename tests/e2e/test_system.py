@@ -27,6 +27,7 @@ def test_result_comes_back_by_id(api, redis_client_noflush):
     assert done["result"]["finish_reason"] == "length"
     t = done["timing"]
     assert 0 <= t["queued_s"] <= t["ttft_s"] <= t["e2e_s"]
+    assert 0 < t["engine_ttft_s"] <= t["ttft_s"]
     # the API's token count (tokenizer only) is what the engine saw
     record = redis_client_noflush.hgetall(f"tailguard:job:{done['id']}")
     assert int(record[b"engine_prompt_tokens"]) == done["prompt_tokens"]

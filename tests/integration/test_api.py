@@ -72,7 +72,7 @@ def test_status_of_a_queued_job(client):
     assert resp.status_code == 200
     body = resp.get_json()
     assert body["status"] == "queued" and body["lane"] == "short" and body["result"] is None
-    assert body["timing"] == {"queued_s": None, "ttft_s": None, "e2e_s": None}
+    assert body["timing"] == {"queued_s": None, "ttft_s": None, "e2e_s": None, "engine_ttft_s": None}
 
 
 def test_lane_table(client):
