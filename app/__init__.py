@@ -24,8 +24,10 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
         MAX_CONTENT_LENGTH=settings.MAX_BODY_BYTES.get(),
         JSON_SORT_KEYS=False,
     )
+    app.config.setdefault("TAILGUARD_CONSUME_FINISHED", True)
     if config:
         app.config.update(config)
+    _setup_request_log()
     app.json.ensure_ascii = False  # Chinese prompts and text stay readable
 
     from app import errors, health, jobs, openai_api
@@ -49,13 +51,32 @@ def get_gateway() -> Gateway:
     return gw
 
 
+def _setup_request_log() -> None:
+    """The request log: JSON lines to $TAILGUARD_REQUEST_LOG, else to stdout (gunicorn's log)."""
+    import logging
+    import sys
+
+    logger = logging.getLogger("tailguard.requests")
+    if logger.handlers:
+        return
+    path = settings.REQUEST_LOG.get()
+    handler = logging.FileHandler(path) if path else logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
 def _build_gateway(config: Mapping[str, Any]) -> Gateway:
     import redis
     from celery import Celery
 
     from tailguard.errors import ConfigError
+    from tailguard.finished import FinishedConsumer, log_request
     from tailguard.jobs import JobStore
     from tailguard.lanes import load_lanes
+    from tailguard.metrics import GatewayMetrics
+    from tailguard.stats import StatsStore
     from tailguard.tokens import counter_for
 
     if not config["TAILGUARD_MODEL"]:
@@ -69,5 +90,12 @@ def _build_gateway(config: Mapping[str, Any]) -> Gateway:
     producer = Celery("tailguard-api", set_as_current=False)
     producer.config_from_object("celeryconfig")
     producer.conf.update(broker_url=url, result_backend=url)
-    return Gateway(load_lanes(config["TAILGUARD_LANES"]), store,
-                   counter_for(config["TAILGUARD_MODEL"]), producer)
+    lanes = load_lanes(config["TAILGUARD_LANES"])
+    metrics = GatewayMetrics(lanes.names, client)
+    gateway = Gateway(lanes, store, counter_for(config["TAILGUARD_MODEL"]), producer, metrics=metrics)
+    # Every finished request, whoever ended it: one log line, metrics, `tailguard stats`.
+    stats = StatsStore(client, retention_s=settings.STATS_RETENTION_S.get())
+    gateway.finished = FinishedConsumer(client, [log_request, metrics.observe, stats.record])
+    if config["TAILGUARD_CONSUME_FINISHED"]:
+        gateway.finished.start()
+    return gateway

@@ -17,7 +17,7 @@ from flask import Flask, jsonify, request
 from kombu.exceptions import OperationalError
 from werkzeug.exceptions import HTTPException
 
-from tailguard.errors import BodyTooLarge, BrokerUnavailable, TailguardError
+from tailguard.errors import BodyTooLarge, BrokerUnavailable, RequestError, TailguardError, Unavailable
 from tailguard.openai_protocol import error_body, openai_error_type
 
 #: blueprints whose clients speak the OpenAI API
@@ -41,10 +41,17 @@ def error_response(status: int, code: str, message: str, field: str | None = Non
 
 
 def register(app: Flask) -> None:
+    def count_rejected(code: str) -> None:
+        gateway = app.extensions.get("tailguard")  # never build it here: Redis may be down
+        if gateway is not None:
+            gateway.metrics.rejected.labels(code).inc()
+
     @app.errorhandler(TailguardError)
     def _tailguard(exc: TailguardError):
         if exc.http_status >= 500:
             log.error("%s: %s", exc.code, exc.message)
+        if isinstance(exc, (RequestError, Unavailable)):
+            count_rejected(exc.code)
         return error_response(exc.http_status, exc.code, exc.message, exc.field)
 
     @app.errorhandler(redis.RedisError)
@@ -52,11 +59,14 @@ def register(app: Flask) -> None:
     def _broker_down(exc: Exception):
         log.error("Redis unavailable: %s", exc)
         err = BrokerUnavailable("Redis (broker and job store) is not answering; retry later")
+        count_rejected(err.code)
         return error_response(err.http_status, err.code, err.message)
 
     @app.errorhandler(HTTPException)
     def _http(exc: HTTPException):
         code = _HTTP_CODES.get(exc.code or 500, "http_error")
+        if exc.code == 413:
+            count_rejected(code)
         return error_response(exc.code or 500, code, exc.description or exc.name)
 
     @app.errorhandler(Exception)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, jsonify
+from flask import Blueprint, Response, jsonify
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app import get_gateway
 
@@ -22,3 +23,9 @@ def lanes():
                     "model_max_len": gw.counter.model_max_len,
                     "lanes": [lane.to_dict() for lane in gw.lanes],
                     "workers": [{"name": w.name, "lanes": list(w.lanes)} for w in gw.lanes.workers]})
+
+
+@bp.get("/metrics")
+def metrics():
+    """Prometheus text: per-lane histograms and counters, queue depth (see tailguard/metrics.py)."""
+    return Response(generate_latest(get_gateway().metrics.registry), mimetype=CONTENT_TYPE_LATEST)

@@ -53,9 +53,11 @@ def make_demo_model(out_dir: Path, size: str, seed: int) -> None:
 @click.option("--gpu", type=int, help="pin to this GPU (sets CUDA_VISIBLE_DEVICES)")
 @click.option("--cores", help="pin to these CPU cores, e.g. 0,1 (CPU-only hosts)")
 @click.option("--concurrency", "-c", type=int, help="threads; default: the lanes' max_num_seqs")
+@click.option("--metrics-port", type=int, help="serve Prometheus metrics here (default: "
+              "$TAILGUARD_WORKER_METRICS_PORT, 0 = off)")
 @click.option("--loglevel", "-l", default="INFO", show_default=True)
 def worker(lane: str | None, worker_name: str | None, gpu: int | None, cores: str | None,
-           concurrency: int | None, loglevel: str) -> None:
+           concurrency: int | None, metrics_port: int | None, loglevel: str) -> None:
     """Run one Celery worker hosting one vLLM engine for one lane group."""
     from tailguard.lanes import engine_settings_for, load_lanes
     from tailguard.pinning import Pinning
@@ -74,7 +76,9 @@ def worker(lane: str | None, worker_name: str | None, gpu: int | None, cores: st
         os.sched_setaffinity(0, pin.cores)  # inherited by vLLM's engine-core process
     _exec([_bin("celery"), "-A", "tasks", "worker", "-Q", ",".join(spec.lanes),
            "-n", f"{spec.name}@%h", "-c", str(concurrency or engine_settings_for(lanes)[0]),
-           "-l", loglevel], env={"TAILGUARD_MODEL": model, **pin.env()})
+           "-l", loglevel], env={"TAILGUARD_MODEL": model, **pin.env(),
+                                 **({"TAILGUARD_WORKER_METRICS_PORT": str(metrics_port)}
+                                    if metrics_port is not None else {})})
 
 
 @main.command()
@@ -94,12 +98,15 @@ def api(port: int | None, host: str) -> None:
 @main.command()
 @click.option("--port", type=int, help="default: $TAILGUARD_FLOWER_PORT or 5555")
 def flower(port: int | None) -> None:
-    """Run Flower on the lane queues (basic auth from $TAILGUARD_FLOWER_BASIC_AUTH)."""
+    """Run Flower on the lane queues, always behind basic auth: $TAILGUARD_FLOWER_BASIC_AUTH,
+    else a password generated once into $TAILGUARD_HOME/flower.auth."""
     argv = [_bin("celery"), "-A", "tasks", "flower", f"--port={port or settings.FLOWER_PORT.get()}",
             "--address=127.0.0.1"]
-    auth = settings.FLOWER_BASIC_AUTH.get()
-    if auth:
-        argv.append(f"--basic-auth={auth}")
+    from tailguard.supervisor import flower_auth
+
+    home = settings.home()
+    home.mkdir(parents=True, exist_ok=True)
+    argv.append(f"--basic-auth={flower_auth(home)}")
     _exec(argv)
 
 
@@ -110,6 +117,33 @@ def redis(port: int | None) -> None:
     from tailguard.redis_server import redis_command
 
     _exec(redis_command(port or settings.REDIS_PORT.get(), settings.home() / "redis"))
+
+
+@main.command()
+@click.option("--window", default="15m", show_default=True, help="how far back: 90s, 15m, 2h, 1d")
+@click.option("--top", default=10, show_default=True, help="how many slowest requests to list")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def stats(window: str, top: int, as_json: bool) -> None:
+    """Per-lane latency and length distributions, and the slowest requests, from Redis."""
+    import json
+
+    import redis as redis_lib
+
+    from tailguard.lanes import load_lanes
+    from tailguard.stats import StatsStore, parse_window
+
+    try:
+        seconds = parse_window(window)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--window") from None
+    client = redis_lib.Redis.from_url(settings.redis_url(), socket_connect_timeout=3)
+    try:
+        now_s, now_us = client.time()
+    except redis_lib.RedisError as exc:
+        raise click.ClickException(f"Redis at {settings.redis_url()} does not answer: {exc}")
+    now = now_s + now_us / 1e6
+    result = StatsStore(client).window(load_lanes().names, now - seconds, now, top=top)
+    click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.render())
 
 
 @main.command()

@@ -18,6 +18,8 @@ from tailguard.jobrequest import JobRequest
 from tailguard.jobs import CANCELLED, FAILED, QUEUED, RUNNING, TERMINAL, JobStore, timing
 from tailguard.keys import is_job_id
 from tailguard.lanes import LaneTable
+from tailguard.finished import FinishedConsumer
+from tailguard.metrics import GatewayMetrics
 from tailguard.placement import Placement, place
 from tailguard.stream import StreamEvent, follow
 
@@ -30,11 +32,13 @@ class TokenCounter(Protocol):
 
 class Gateway:
     def __init__(self, lanes: LaneTable, store: JobStore, counter: TokenCounter, celery: Celery,
-                 *, poll_interval_s: float = 0.05) -> None:
+                 *, metrics: GatewayMetrics | None = None, poll_interval_s: float = 0.05) -> None:
         self.lanes = lanes
         self.store = store
         self.counter = counter
         self.celery = celery
+        self.metrics = metrics or GatewayMetrics(lanes.names)
+        self.finished: FinishedConsumer | None = None  # set by the app that runs one
         self.poll_interval_s = poll_interval_s
 
     def place(self, req: JobRequest) -> Placement:
@@ -64,6 +68,7 @@ class Gateway:
             self.store.transition(job_id, {QUEUED}, FAILED, {
                 "error": {"code": "enqueue_failed", "message": f"could not queue the request: {exc}"}})
             raise
+        self.metrics.on_accepted(lane.name, placement.max_tokens_capped)
         return {"id": job_id, "status": QUEUED, "lane": lane.name, "priority": req.priority,
                 "prompt_tokens": placement.prompt_tokens,
                 "requested_max_tokens": placement.requested_max_tokens,

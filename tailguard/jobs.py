@@ -48,7 +48,7 @@ redis.call('EXPIRE', KEYS[1], tonumber(ARGV[1]))
 return string.format('%.6f', now)
 """
 
-# KEYS[1] job key; KEYS[2] its stream
+# KEYS[1] job key; KEYS[2] its stream; KEYS[3] the stream of finished jobs
 # ARGV[1] allowed from-states, comma separated; ARGV[2] new state
 # ARGV[3] overdue field ('' = none): only move if now > tonumber(field) + ARGV[4]
 # ARGV[5] terminal event data ('' = none), appended to the stream in the same step
@@ -70,6 +70,7 @@ if ARGV[5] ~= '' then
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'type', 'end', 'data', ARGV[5])
   local ttl = redis.call('TTL', KEYS[1])
   if ttl > 0 then redis.call('EXPIRE', KEYS[2], ttl) end
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', '100000', '*', 'key', KEYS[1])
 end
 return {1, cur}
 """
@@ -160,7 +161,7 @@ class JobStore:
         fields = fields or {}
         end_event = json.dumps(end_event_data(to, fields), ensure_ascii=False) if to in TERMINAL else ""
         moved, state = self._transition(
-            keys=[keys.job_key(job_id), keys.job_stream_key(job_id)],
+            keys=[keys.job_key(job_id), keys.job_stream_key(job_id), keys.FINISHED_STREAM],
             args=[",".join(sorted(from_states)), to, overdue_field, overdue_grace_s, end_event,
                   self.stream_maxlen, *_encode(fields)])
         if isinstance(state, bytes):

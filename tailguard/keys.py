@@ -28,3 +28,19 @@ def job_stream_key(job_id: str) -> str:
 def lane_workers_key(lane: str) -> str:
     """Sorted set of live workers serving `lane`, scored by when their heartbeat lapses."""
     return f"{PREFIX}:lane:{lane}:workers"
+
+
+FINISHED_STREAM = f"{PREFIX}:finished"
+"""Stream of every job that reached a terminal state (one entry each), for the gateway's
+request log, metrics and stats. Consumed with a consumer group, so each entry is
+handled once however many API processes run."""
+
+
+def stats_key(minute: int, lane: str) -> str:
+    """Hash of one lane's mergeable latency/length histograms for one minute (epoch // 60)."""
+    return f"{PREFIX}:stats:{minute}:{lane}"
+
+
+def slow_key(minute: int) -> str:
+    """Sorted set of that minute's slowest requests, scored by e2e latency."""
+    return f"{PREFIX}:slow:{minute}"

@@ -74,7 +74,8 @@ API_THREADS = Setting(
 FLOWER_PORT = Setting("TAILGUARD_FLOWER_PORT", 5555, int, "Port of Flower.")
 FLOWER_BASIC_AUTH = Setting(
     "TAILGUARD_FLOWER_BASIC_AUTH", "", str,
-    "user:password for Flower's --basic-auth. Empty: Flower runs without auth (localhost only).")
+    "user:password for Flower's --basic-auth. Empty: a password is generated once into "
+    "$TAILGUARD_HOME/flower.auth (user admin); Flower never runs without auth.")
 REDIS_PORT = Setting(
     "TAILGUARD_REDIS_PORT", 6379, int, "Port of the embedded redis-server started by `tailguard up`.")
 MAX_BODY_BYTES = Setting(
@@ -101,6 +102,17 @@ SSE_HEARTBEAT_S = Setting(
     "TAILGUARD_SSE_HEARTBEAT_S", 2.0, float,
     "Idle SSE streams get a comment line this often; a failed write is how a disconnected "
     "client is noticed (and, where asked, its request cancelled).")
+
+WORKER_METRICS_PORT = Setting(
+    "TAILGUARD_WORKER_METRICS_PORT", 0, int,
+    "Port where a worker serves Prometheus metrics (/metrics); 0 = off. `tailguard up` gives "
+    "worker i the port 9101 + i.")
+STATS_RETENTION_S = Setting(
+    "TAILGUARD_STATS_RETENTION_S", 86400, int,
+    "How long the per-minute histograms behind `tailguard stats` are kept in Redis.")
+REQUEST_LOG = Setting(
+    "TAILGUARD_REQUEST_LOG", "", str,
+    "File for the request log (one JSON line per finished request). Empty: the API's stdout.")
 
 
 ALL: tuple[Setting, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, Setting))

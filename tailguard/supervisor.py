@@ -24,6 +24,7 @@ from tailguard.lanes import load_lanes
 from tailguard.pinning import device_kind, plan
 
 STOP_TIMEOUT_S = 90.0
+WORKER_METRICS_BASE = 9101
 COLORS = ["36", "33", "32", "35", "34", "31"]
 
 
@@ -62,6 +63,21 @@ def _stop(children: list[Child]) -> None:
                 child.proc.wait()
 
 
+def flower_auth(home) -> str:
+    """Flower's user:password: $TAILGUARD_FLOWER_BASIC_AUTH, else one generated once and kept
+    in $TAILGUARD_HOME/flower.auth (mode 600), so Flower never runs open by default."""
+    configured = settings.FLOWER_BASIC_AUTH.get()
+    if configured:
+        return configured
+    path = home / "flower.auth"
+    if not path.exists():
+        import secrets
+
+        path.write_text(f"admin:{secrets.token_urlsafe(12)}\n")
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
 def run_up() -> int:
     from tailguard.redis_server import start_redis
     from tailguard.served_model import DEMO_NOTICE, served_model
@@ -86,12 +102,14 @@ def run_up() -> int:
     if is_demo:
         print(f"tailguard up: {DEMO_NOTICE}", flush=True)
 
+    env.setdefault("TAILGUARD_FLOWER_BASIC_AUTH", flower_auth(home))
     kind = device_kind()
     children.append(Child("api", py + ["api"]))
-    for spec, pin in zip(table.workers, plan(table.workers, kind)):
+    for i, (spec, pin) in enumerate(zip(table.workers, plan(table.workers, kind))):
         where = ["--gpu", str(pin.gpu)] if pin.gpu is not None else \
             (["--cores", ",".join(map(str, pin.cores))] if pin.cores else [])
-        children.append(Child(f"worker.{spec.name}", py + ["worker", "--worker", spec.name, *where]))
+        children.append(Child(f"worker.{spec.name}", py + [
+            "worker", "--worker", spec.name, *where, "--metrics-port", str(WORKER_METRICS_BASE + i)]))
         print(f"tailguard up: worker {spec.name} serves {', '.join(spec.lanes)} on "
               f"{'GPU ' + str(pin.gpu) if pin.gpu is not None else 'cores ' + ','.join(map(str, pin.cores))}",
               flush=True)
@@ -104,9 +122,12 @@ def run_up() -> int:
     try:
         for i, child in enumerate(children):
             _start(child, env, COLORS[i % len(COLORS)])
-        print(f"tailguard up: API on http://127.0.0.1:{settings.API_PORT.get()}, Flower on "
-              f"http://127.0.0.1:{settings.FLOWER_PORT.get()}; workers are ready when "
-              f"GET /healthz answers 200. Ctrl-C stops everything.", flush=True)
+        user = env["TAILGUARD_FLOWER_BASIC_AUTH"].split(":", 1)[0]
+        print(f"tailguard up: API on http://127.0.0.1:{settings.API_PORT.get()} (metrics at "
+              f"/metrics), Flower on http://127.0.0.1:{settings.FLOWER_PORT.get()} (user {user!r}, "
+              f"password in {home / 'flower.auth'}), worker metrics on ports "
+              f"{WORKER_METRICS_BASE}-{WORKER_METRICS_BASE + len(table.workers) - 1}; workers are "
+              f"ready when GET /healthz answers 200. Ctrl-C stops everything.", flush=True)
         while not stop.is_set():
             for child in children:
                 if child.proc and child.proc.poll() is not None:

@@ -88,6 +88,7 @@ def setup(hostname: str, queue_names: list[str], *, eager_engine: bool = True) -
             return _context
         ctx = _context = WorkerContext(hostname=hostname, lanes=lanes, store=make_store(),
                                        engine=build_engine(lanes))
+    _serve_metrics(ctx)
     if eager_engine:
         threading.Thread(target=ctx.start_engine, name="tailguard-engine-start", daemon=True).start()
     else:
@@ -118,6 +119,21 @@ def build_engine(lanes: list[Lane]):
     if limit is not None:
         max_len = min(max_len, limit)
     return EngineHost(EngineConfig(model=model, max_num_seqs=max_num_seqs, max_model_len=max_len))
+
+
+def _serve_metrics(ctx: WorkerContext) -> None:
+    """This worker's Prometheus endpoint: its engine host's view, and vLLM's own `vllm:*`
+    metrics, which vLLM registers in this process's default registry."""
+    port = settings.WORKER_METRICS_PORT.get()
+    if not port:
+        return
+    from prometheus_client import REGISTRY, start_http_server
+
+    from tailguard.metrics import WorkerCollector
+
+    REGISTRY.register(WorkerCollector(ctx.hostname, ctx.engine.stats))
+    start_http_server(port, addr="127.0.0.1")
+    log.info("metrics on http://127.0.0.1:%d/metrics", port)
 
 
 def _lanes_for_queue_names(table: LaneTable, names: list[str]) -> list[Lane]:

@@ -78,8 +78,9 @@ def tiny_model() -> str:
 def api_app(tiny_model, redis_server):
     from app import create_app
 
+    # The finished-request consumer is driven by hand in tests (run_once), not by a thread.
     app = create_app({"TESTING": True, "TAILGUARD_MODEL": tiny_model,
-                      "TAILGUARD_REDIS_URL": redis_server})
+                      "TAILGUARD_REDIS_URL": redis_server, "TAILGUARD_CONSUME_FINISHED": False})
     return app
 
 

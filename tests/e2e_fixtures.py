@@ -29,6 +29,7 @@ class Workers:
     def __init__(self, log_dir: Path):
         self.log_dir = log_dir
         self.procs: dict[str, subprocess.Popen] = {}
+        self.metrics_ports: dict[str, int] = {}
 
     def start(self, name: str, argv: list[str], env: dict[str, str], cores: set[int]) -> None:
         log = open(self.log_dir / f"{name}.log", "wb")
@@ -57,12 +58,15 @@ class Workers:
 @pytest.fixture(scope="session")
 def workers(tiny_model, redis_server, api_app, tmp_path_factory):
     ws = Workers(tmp_path_factory.mktemp("worker-logs"))
+    ws.metrics_ports = {"short": free_port(), "long": free_port()}
     env = {"TAILGUARD_MODEL": tiny_model, "TAILGUARD_WORKER_HEARTBEAT_S": "1"}
     ws.start("short", [sys.executable, "-m", "tailguard.cli", "worker", "--worker", "short",
-                       "--cores", "0", "-l", "INFO"], env, {0})
+                       "--cores", "0", "--metrics-port", str(ws.metrics_ports["short"]),
+                       "-l", "INFO"], env, {0})
     ws.start("long", [str(Path(sys.executable).parent / "celery"), "-A", "tasks", "worker",
                       "-Q", "long,batch", "-n", "long@%h", "-l", "INFO"],
-             {**env, "VLLM_CPU_OMP_THREADS_BIND": "1", "OMP_NUM_THREADS": "1"}, {1})
+             {**env, "VLLM_CPU_OMP_THREADS_BIND": "1", "OMP_NUM_THREADS": "1",
+              "TAILGUARD_WORKER_METRICS_PORT": str(ws.metrics_ports["long"])}, {1})
     client = api_app.test_client()
     deadline = time.monotonic() + START_TIMEOUT_S
     while client.get("/healthz").status_code != 200:

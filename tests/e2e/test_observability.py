@@ -1,0 +1,59 @@
+"""Metrics, request log and stats on the real system (gunicorn API, real workers)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.e2e
+
+
+def sample(text: str, name: str, **labels) -> float | None:
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{want}}} "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_api_and_worker_metrics_after_real_requests(api_url, workers, redis_server):
+    before = requests.get(api_url + "/metrics", timeout=10).text
+    n0 = sample(before, "tailguard_e2e_request_latency_seconds_count", lane="short") or 0
+    ids = [requests.post(api_url + "/v1/jobs", json={"prompt": f"p{i}", "max_tokens": 8},
+                         timeout=10).json()["id"] for i in range(5)]
+    for job_id in ids:
+        assert requests.get(f"{api_url}/v1/jobs/{job_id}?wait=30", timeout=40).json()["status"] \
+            == "succeeded"
+    # the API's consumer thread picks the finished requests up from Redis
+    deadline = time.monotonic() + 20
+    while True:
+        text = requests.get(api_url + "/metrics", timeout=10).text
+        n = sample(text, "tailguard_e2e_request_latency_seconds_count", lane="short") or 0
+        if n >= n0 + 5 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert n == n0 + 5
+    assert sample(text, "tailguard_requests_total", lane="short", status="succeeded") >= 5
+    assert sample(text, "tailguard_queue_depth", lane="short") == 0
+    assert sample(text, "tailguard_time_to_first_token_seconds_bucket", lane="short", le="+Inf") >= 5
+
+    worker = requests.get(f"http://127.0.0.1:{workers.metrics_ports['short']}/metrics", timeout=10).text
+    assert 'tailguard_worker_running_requests{worker="short@' in worker
+    assert "tailguard_worker_completed_requests_total" in worker
+    assert "vllm:kv_cache_usage_perc" in worker  # vLLM's own, from the same process
+
+    env = {**os.environ, "TAILGUARD_REDIS_URL": redis_server}
+    stats = json.loads(subprocess.run(
+        [sys.executable, "-m", "tailguard.cli", "stats", "--window", "10m", "--json"], cwd=ROOT,
+        env=env, capture_output=True, text=True, check=True).stdout)
+    assert stats["lanes"]["short"]["count"] >= 5
+    assert stats["lanes"]["short"]["e2e_s"]["p99"] > 0
+    assert stats["slowest"] and stats["slowest_vs_all"]["all_count"] >= 5
