@@ -57,3 +57,47 @@ def test_api_and_worker_metrics_after_real_requests(api_url, workers, redis_serv
     assert stats["lanes"]["short"]["count"] >= 5
     assert stats["lanes"]["short"]["e2e_s"]["p99"] > 0
     assert stats["slowest"] and stats["slowest_vs_all"]["all_count"] >= 5
+
+
+@pytest.fixture(scope="module")
+def flower_url(workers, redis_server, tmp_path_factory):
+    from tailguard.redis_server import free_port
+
+    port = free_port()
+    home = tmp_path_factory.mktemp("flower-home")
+    env = {**os.environ, "TAILGUARD_HOME": str(home), "TAILGUARD_FLOWER_BASIC_AUTH": "ops:s3cret"}
+    proc = subprocess.Popen([sys.executable, "-m", "tailguard.cli", "flower", "--port", str(port)],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            requests.get(url, timeout=2)
+            break
+        except requests.ConnectionError:
+            assert proc.poll() is None and time.monotonic() < deadline, "flower did not start"
+            time.sleep(0.3)
+    yield url
+    proc.terminate()
+    proc.wait(30)
+
+
+def test_flower_needs_auth_and_shows_each_lane(flower_url):
+    assert requests.get(flower_url + "/", timeout=10).status_code == 401
+    assert requests.get(flower_url + "/", auth=("ops", "wrong"), timeout=10).status_code == 401
+    assert requests.get(flower_url + "/", auth=("ops", "s3cret"), timeout=10).status_code == 200
+    # Flower's worker API: which worker consumes which lane (it learns this over a few seconds)
+    deadline = time.monotonic() + 30
+    while True:
+        workers = requests.get(flower_url + "/api/workers?refresh=1", auth=("ops", "s3cret"),
+                               timeout=20).json()
+        queues = {name.split("@")[0]: sorted(q["name"] for q in info.get("active_queues") or [])
+                  for name, info in workers.items()}
+        if queues.get("short") and queues.get("long") or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert queues["short"] == ["short"] and queues["long"] == ["batch", "long"]
+    broker = requests.get(flower_url + "/broker", auth=("ops", "s3cret"), timeout=20)
+    assert broker.status_code == 200
+    for lane in ("short", "long", "batch"):
+        assert f">{lane}<" in broker.text  # one row per lane queue, with its message count
