@@ -216,6 +216,17 @@ def test_every_tailguard_process_reaches_redis_with_the_password(services):
         assert url.startswith("redis://:${TAILGUARD_REDIS_PASSWORD:?") and "@redis:6379/" in url, name
 
 
+def test_every_tailguard_variable_given_to_a_container_is_a_setting(services):
+    """A misspelt TAILGUARD_* in compose.yaml would be silently ignored by the processes."""
+    from tailguard import settings
+
+    known = {s.env for s in settings.ALL}
+    for name, svc in services.items():
+        for var in env_of(svc):
+            if var.startswith("TAILGUARD_"):
+                assert var in known, f"{name}: {var} is not in tailguard/settings.py"
+
+
 def test_redis_has_aof_a_password_and_a_ping_healthcheck(services):
     redis = services["redis"]
     args = argv(redis["command"])
