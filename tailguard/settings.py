@@ -107,6 +107,9 @@ WORKER_METRICS_PORT = Setting(
     "TAILGUARD_WORKER_METRICS_PORT", 0, int,
     "Port where a worker serves Prometheus metrics (/metrics); 0 = off. `tailguard up` gives "
     "worker i the port 9101 + i.")
+WORKER_METRICS_ADDR = Setting(
+    "TAILGUARD_WORKER_METRICS_ADDR", "127.0.0.1", str,
+    "Address the worker metrics server binds; 0.0.0.0 in containers so Prometheus can scrape it.")
 STATS_RETENTION_S = Setting(
     "TAILGUARD_STATS_RETENTION_S", 86400, int,
     "How long the per-minute histograms behind `tailguard stats` are kept in Redis.")

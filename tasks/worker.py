@@ -132,8 +132,9 @@ def _serve_metrics(ctx: WorkerContext) -> None:
     from tailguard.metrics import WorkerCollector
 
     REGISTRY.register(WorkerCollector(ctx.hostname, ctx.engine.stats))
-    start_http_server(port, addr="127.0.0.1")
-    log.info("metrics on http://127.0.0.1:%d/metrics", port)
+    addr = settings.WORKER_METRICS_ADDR.get()
+    start_http_server(port, addr=addr)
+    log.info("metrics on http://%s:%d/metrics", addr, port)
 
 
 def _lanes_for_queue_names(table: LaneTable, names: list[str]) -> list[Lane]:

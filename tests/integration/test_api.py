@@ -136,7 +136,7 @@ def test_redis_down_is_a_503_not_a_500(tiny_model):
     from app import create_app
     from tailguard.redis_server import free_port
 
-    dead = create_app({"TESTING": True, "TAILGUARD_MODEL": tiny_model,
+    dead = create_app({"TESTING": True, "TAILGUARD_MODEL": tiny_model, "TAILGUARD_CONSUME_FINISHED": False,
                        "TAILGUARD_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}).test_client()
     for resp in (dead.post("/v1/jobs", json={"prompt": "hi"}),
                  dead.get("/v1/jobs/0123456789abcdef0123456789abcdef"), dead.get("/healthz")):
