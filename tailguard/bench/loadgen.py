@@ -1,0 +1,224 @@
+"""Open-loop load: every request is sent at its arrival time, whatever the others are doing.
+
+Each request is a streamed ``POST /v1/completions`` (``stream: true``), so the
+client sees its first token: TTFT is measured here, from sending the request to
+the first chunk with text; end-to-end from sending to ``data: [DONE]``. The
+response's ``X-Tailguard-Job-Id`` names the job, whose ``/v1/jobs/<id>`` timing
+gives the queue wait (submission to start on a worker, on Redis's clock).
+
+Requests are sent from a thread pool large enough to keep every request of the
+phase in flight; if it ever is not, the lateness shows in ``lag_s`` (and the
+report says so) instead of silently turning the load closed-loop. Only the
+standard library: no HTTP client to install, and nothing else to import.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+from tailguard.bench.workload import BenchRequest
+
+#: Job states that end a job (tailguard.jobs.TERMINAL, repeated so this module stays import-light).
+TERMINAL = frozenset({"succeeded", "failed", "expired", "cancelled"})
+#: Outcomes decided by the client, which the job's own status must not overwrite.
+CLIENT_FAILURES = frozenset({"http_error", "client_error", "timeout"})
+#: Socket read timeout: the API sends an SSE heartbeat every ~2 s, so silence this long is a fault.
+READ_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Sample:
+    """One request as the client saw it. Times are seconds; *_s offsets are from the phase start."""
+
+    cls: str
+    max_tokens: int
+    arrival_s: float  # when it was due
+    sent_s: float | None = None  # when it was sent
+    status: str = "not_sent"  # the job's final status, or one of CLIENT_FAILURES
+    ok: bool = False  # succeeded and streamed to the end, not cut by the lane deadline
+    accepted: bool = False  # the API answered with a job id
+    finished: bool = False  # that job reached a terminal state
+    job_id: str | None = None
+    lane: str | None = None
+    http_status: int | None = None
+    queue_s: float | None = None  # server: submission -> start on a worker
+    ttft_s: float | None = None  # client: sent -> first chunk with text
+    e2e_s: float | None = None  # client: sent -> data: [DONE]
+    completion_tokens: int | None = None
+    finish_reason: str | None = None  # the job's: length, stop or deadline
+    error: str | None = None
+
+    @property
+    def lag_s(self) -> float | None:
+        return None if self.sent_s is None else self.sent_s - self.arrival_s
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        """This request's output rate after its first token."""
+        if not self.ok or not self.completion_tokens or self.completion_tokens < 2:
+            return None
+        span = (self.e2e_s or 0) - (self.ttft_s or 0)
+        return (self.completion_tokens - 1) / span if span > 0 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Sample":
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+class Client:
+    """The tailguard API at `url` (loopback only: a benchmark must not load anyone else)."""
+
+    def __init__(self, url: str, model: str):
+        parts = urlsplit(url)
+        if parts.hostname not in ("127.0.0.1", "localhost", "::1"):
+            raise ValueError(f"the benchmark only drives a local system, not {url}")
+        self.host, self.port = parts.hostname, parts.port or 80
+        self.model = model
+
+    def _conn(self, timeout: float = READ_TIMEOUT_S) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+
+    def get_json(self, path: str, timeout: float = 30.0) -> tuple[int, Any]:
+        conn = self._conn(timeout)
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            body = resp.read()
+            try:
+                return resp.status, json.loads(body)
+            except ValueError:
+                return resp.status, body.decode(errors="replace")
+        finally:
+            conn.close()
+
+    def stream(self, req: BenchRequest, sample: Sample, t0: float, deadline: float) -> None:
+        """Send one streamed completion and fill `sample` in; never raises."""
+        body = json.dumps({"model": self.model, "prompt": req.prompt, "max_tokens": req.max_tokens,
+                           "ignore_eos": req.ignore_eos, "stream": True,
+                           "stream_options": {"include_usage": True}}).encode()
+        conn = self._conn()
+        sent = time.perf_counter()
+        sample.sent_s = sent - t0
+        sample.status = "sent"
+        done = False
+        try:
+            conn.request("POST", "/v1/completions", body=body,
+                         headers={"content-type": "application/json"})
+            resp = conn.getresponse()
+            sample.http_status = resp.status
+            if resp.status != 200:
+                sample.status = "http_error"
+                sample.error = f"HTTP {resp.status}: {resp.read()[:300].decode(errors='replace')}"
+                return
+            sample.job_id = resp.getheader("X-Tailguard-Job-Id")
+            sample.lane = resp.getheader("X-Tailguard-Lane")
+            sample.accepted = sample.job_id is not None
+            while True:
+                line = resp.readline()
+                now = time.perf_counter()
+                if not line:
+                    break
+                if now > deadline:
+                    sample.status, sample.error = "timeout", "still running at the phase's end"
+                    break
+                if not line.startswith(b"data: "):
+                    continue  # blank separators and ": keep-alive" heartbeats
+                data = line[6:].strip()
+                if data == b"[DONE]":
+                    sample.e2e_s = now - sent
+                    done = True
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    sample.error = json.dumps(chunk["error"], ensure_ascii=False)[:300]
+                    continue
+                if chunk.get("usage"):
+                    sample.completion_tokens = chunk["usage"].get("completion_tokens")
+                if sample.ttft_s is None and any(c.get("text") for c in chunk.get("choices", ())):
+                    sample.ttft_s = now - sent
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            sample.status, sample.error = "client_error", f"{type(exc).__name__}: {exc}"
+        finally:
+            conn.close()  # mid-stream, this makes the API cancel the job
+        if sample.accepted:
+            self.settle(sample, wait_s=5 if done else 0)
+        sample.ok = (done and sample.status == "succeeded" and sample.error is None
+                     and sample.finish_reason != "deadline")
+        if done and sample.finish_reason == "deadline":
+            sample.error = "cut by the lane deadline"
+
+    def settle(self, sample: Sample, wait_s: float = 0) -> None:
+        """Read the job's final state and queue wait from /v1/jobs/<id>."""
+        try:
+            code, job = self.get_json(f"/v1/jobs/{sample.job_id}?wait={wait_s:g}",
+                                      timeout=wait_s + 30)
+        except (OSError, http.client.HTTPException) as exc:
+            sample.error = sample.error or f"job status: {type(exc).__name__}: {exc}"
+            return
+        if code != 200 or not isinstance(job, dict):
+            sample.error = sample.error or f"job status: HTTP {code}"
+            return
+        sample.finished = job["status"] in TERMINAL
+        if sample.status not in CLIENT_FAILURES:
+            sample.status = job["status"]
+        sample.queue_s = (job.get("timing") or {}).get("queued_s")
+        result = job.get("result") or {}
+        if sample.completion_tokens is None:
+            sample.completion_tokens = result.get("completion_tokens")
+        sample.finish_reason = result.get("finish_reason")
+        if job.get("error") and sample.error is None:
+            sample.error = json.dumps(job["error"], ensure_ascii=False)[:300]
+
+
+def run_phase(client: Client, requests: tuple[BenchRequest, ...] | list[BenchRequest], *,
+              duration_s: float, drain_s: float, max_in_flight: int = 512,
+              on_done: Callable[[Sample], None] | None = None) -> list[Sample]:
+    """Send `requests` at their arrival times; return when all are done or time is up.
+
+    Time is bounded: requests arrive within `duration_s` and any still running
+    `drain_s` after it are abandoned (closing the stream cancels the job) and
+    reported as `timeout`. Jobs that did not end are looked up once more at the end.
+    """
+    samples = [Sample(r.cls, r.max_tokens, r.arrival_s) for r in requests]
+    t0 = time.perf_counter() + 0.1
+    deadline = t0 + max(duration_s, max((r.arrival_s for r in requests), default=0)) + drain_s
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        try:
+            client.stream(requests[i], samples[i], t0, deadline)
+        finally:
+            if on_done is not None:
+                with lock:
+                    on_done(samples[i])
+
+    with ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="bench") as pool:
+        for i, req in enumerate(requests):
+            delay = t0 + req.arrival_s - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            if time.perf_counter() > deadline:
+                break
+            pool.submit(one, i)
+    for s in samples:
+        if s.accepted and not s.finished:
+            client.settle(s, wait_s=10)
+    return samples
+
+
+def served_model_name(url: str) -> str:
+    """The `model` name the API answers to (its first /v1/models entry)."""
+    code, body = Client(url, "").get_json("/v1/models")
+    if code != 200:
+        raise RuntimeError(f"GET /v1/models answered {code}: {body}")
+    return body["data"][0]["id"]

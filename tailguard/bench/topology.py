@@ -1,0 +1,239 @@
+"""One topology of the benchmark: a lanes file, its workers, and bringing them up and down.
+
+A topology is the real system, started the way `tailguard up` starts it (the API
+and one `tailguard worker --worker NAME --cores ...` per engine) against a
+private Redis, with a lanes file written for it. The specs are pure; only
+`RunningTopology` starts processes.
+
+* ``shared``: one lane, ``shared``, that takes every interactive request (no
+  max_cost; its cap, deadline, TTL, batch and context are the largest of the
+  interactive lanes in force), consumed by every worker: one FCFS queue.
+* ``lanes``:  the lanes file in force, its workers as it lists them.
+
+Both get the same engines on the same cores: cores are split evenly and
+disjointly between workers (GPUs: one each), as `tailguard up` does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tailguard.lanes import Lane, LaneTable, WorkerSpec, parse_lanes
+from tailguard.pinning import Pinning, plan
+
+SHARED_LANE = "shared"
+TOPOLOGIES = ("shared", "lanes")
+#: How long a warm shutdown may take before the process group is killed.
+STOP_TIMEOUT_S = 60.0
+
+
+class TopologyError(RuntimeError):
+    """A topology did not come up (its logs' tails are in the message)."""
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    name: str
+    lanes: tuple[str, ...]
+    pin: Pinning
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "lanes": list(self.lanes), "gpu": self.pin.gpu,
+                "cores": list(self.pin.cores)}
+
+
+@dataclass(frozen=True)
+class TopologySpec:
+    name: str
+    lanes_toml: str  # the lanes file this topology runs with
+    workers: tuple[WorkerPlan, ...]
+
+    @property
+    def table(self) -> LaneTable:
+        import tomllib
+
+        return parse_lanes(tomllib.loads(self.lanes_toml))
+
+    def workers_per_lane(self) -> dict[str, int]:
+        """How many live workers /healthz must report per lane before the topology is ready."""
+        counts: dict[str, int] = {}
+        for w in self.workers:
+            for lane in w.lanes:
+                counts[lane] = counts.get(lane, 0) + 1
+        return counts
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "engines": [w.to_dict() for w in self.workers],
+                "lanes": [l.to_dict() for l in self.table]}
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def lanes_toml(lanes: list[Lane], workers: list[WorkerSpec], comment: str = "") -> str:
+    """A lanes file for `lanes` and `workers` (round-trips through parse_lanes)."""
+    out = [f"# {line}".rstrip() for line in comment.splitlines()]
+    for lane in lanes:
+        out.append(f"\n[lanes.{lane.name}]")
+        for key, value in lane.__dict__.items():
+            if key != "name" and value is not None and value != "":
+                out.append(f"{key} = {_toml_value(value)}")
+    for w in workers:
+        out.append("\n[[workers]]")
+        out.append(f"name = {_toml_value(w.name)}")
+        out.append(f"lanes = {_toml_value(list(w.lanes))}")
+    return "\n".join(out).lstrip("\n") + "\n"
+
+
+def shared_lane(table: LaneTable) -> Lane:
+    """One lane that can take every interactive request the lanes in force could."""
+    lanes = [l for l in table if l.priority == "interactive"] or list(table)
+    return Lane(name=SHARED_LANE, priority="interactive",
+                max_tokens=max(l.max_tokens for l in lanes),
+                default_max_tokens=max(l.effective_default_max_tokens for l in lanes),
+                deadline_s=max(l.deadline_s for l in lanes),
+                queue_ttl_s=max(l.queue_ttl_s for l in lanes),
+                max_num_seqs=max(l.max_num_seqs for l in lanes),
+                max_model_len=max(l.max_model_len for l in lanes))
+
+
+def shared_spec(table: LaneTable, *, engines: int, kind: str = "cpu",
+                cores: list[int] | None = None, gpus: int | None = None) -> TopologySpec:
+    """Every engine on one FCFS queue: the article's 'before'."""
+    workers = [WorkerSpec(name=f"{SHARED_LANE}-{i}", lanes=(SHARED_LANE,)) for i in range(engines)]
+    text = lanes_toml([shared_lane(table)], workers, comment=(
+        "tailguard bench, topology `shared`: every worker consumes one queue, first come first "
+        "served.\nThe lane's limits are the largest of the interactive lanes in force."))
+    pins = plan(tuple(workers), kind, cores, gpus)
+    return TopologySpec("shared", text, tuple(WorkerPlan(w.name, w.lanes, p)
+                                              for w, p in zip(workers, pins)))
+
+
+def lanes_spec(table: LaneTable, lanes_text: str, *, kind: str = "cpu",
+               cores: list[int] | None = None, gpus: int | None = None) -> TopologySpec:
+    """The lanes file in force, each worker on its own cores: the article's 'after'."""
+    pins = plan(table.workers, kind, cores, gpus)
+    return TopologySpec("lanes", lanes_text, tuple(WorkerPlan(w.name, w.lanes, p)
+                                                   for w, p in zip(table.workers, pins)))
+
+
+def worker_argv(w: WorkerPlan, python: str = sys.executable) -> list[str]:
+    where = (["--gpu", str(w.pin.gpu)] if w.pin.gpu is not None else
+             ["--cores", ",".join(map(str, w.pin.cores))] if w.pin.cores else [])
+    return [python, "-m", "tailguard.cli", "worker", "--worker", w.name, *where, "-l", "WARNING"]
+
+
+class RunningTopology:
+    """The processes of one topology; a context manager that always stops them."""
+
+    def __init__(self, spec: TopologySpec, *, model: str, redis_url: str, workdir: Path,
+                 api_port: int, api_threads: int = 256) -> None:
+        self.spec = spec
+        self.model = model
+        self.redis_url = redis_url
+        self.workdir = Path(workdir)
+        self.api_port = api_port
+        self.api_threads = api_threads
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    def _env(self) -> dict[str, str]:
+        return {**os.environ, "TAILGUARD_REDIS_URL": self.redis_url, "TAILGUARD_MODEL": self.model,
+                "TAILGUARD_LANES": str(self.workdir / "lanes.toml"),
+                "TAILGUARD_API_THREADS": str(self.api_threads),
+                "TAILGUARD_WORKER_HEARTBEAT_S": "1", "TAILGUARD_WORKER_METRICS_PORT": "0",
+                "PYTHONUNBUFFERED": "1"}
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        log = open(self.workdir / f"{name}.log", "wb")
+        # Own session: a Ctrl-C meant for the benchmark does not reach it, and stop()
+        # can end the whole group (vLLM's engine-core process included).
+        self.procs[name] = subprocess.Popen(argv, env=self._env(), stdout=log,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+
+    def start(self, timeout_s: float = 600.0) -> str:
+        """Start the API and the workers; return the API URL once every engine is up."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "lanes.toml").write_text(self.spec.lanes_toml)
+        self._spawn("api", [sys.executable, "-m", "tailguard.cli", "api",
+                            "--port", str(self.api_port)])
+        for w in self.spec.workers:
+            self._spawn(f"worker.{w.name}", worker_argv(w))
+        self._wait_healthy(timeout_s)
+        return self.url
+
+    def _wait_healthy(self, timeout_s: float) -> None:
+        want = self.spec.workers_per_lane()
+        deadline = time.monotonic() + timeout_s
+        last: Any = None
+        while time.monotonic() < deadline:
+            dead = [n for n, p in self.procs.items() if p.poll() is not None]
+            if dead:
+                raise TopologyError(f"{self.spec.name}: {', '.join(dead)} exited while starting\n"
+                                    + self.log_tails())
+            try:
+                with urllib.request.urlopen(self.url + "/healthz", timeout=5) as resp:
+                    last = json.loads(resp.read())
+            except urllib.error.HTTPError as exc:
+                last = json.loads(exc.read() or b"{}")
+            except (OSError, ValueError):
+                last = None
+            live = (last or {}).get("workers_per_lane", {})
+            if last and all(live.get(lane, 0) >= n for lane, n in want.items()):
+                return
+            time.sleep(0.5)
+        raise TopologyError(f"{self.spec.name}: not healthy after {timeout_s:.0f} s "
+                            f"(last /healthz: {last})\n" + self.log_tails())
+
+    def log_tails(self, chars: int = 2500) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-chars:]}"
+                         for p in sorted(self.workdir.glob("*.log")))
+
+    def stop(self) -> None:
+        """Warm shutdown of workers first, then the API; kill what does not stop in time."""
+        order = [n for n in self.procs if n != "api"] + (["api"] if "api" in self.procs else [])
+        for name in order:
+            if self.procs[name].poll() is None:
+                self.procs[name].send_signal(signal.SIGTERM)
+        for name in order:
+            proc = self.procs[name]
+            try:
+                proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        # vLLM's engine core lives in the worker's group; make sure nothing is left behind.
+        for proc in self.procs.values():
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def __enter__(self) -> "RunningTopology":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

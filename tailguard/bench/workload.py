@@ -1,0 +1,230 @@
+"""What the benchmark sends: request classes with open-loop Poisson arrivals. Pure.
+
+* ``seed``: the source article's test: four fixed prompts, ``max_tokens`` drawn from
+  {64, 128, 256}; one class per ``max_tokens`` (``short``, ``medium``, ``long``).
+* ``mixed``: short chat requests (a short prompt, 64 tokens out) and long ones
+  (a ~2,000-token prompt, 512 out) at a given share of the total rate.
+* a JSONL trace: one request per line, ``{"prompt", "max_tokens", "class"?,
+  "arrival_s"?, "ignore_eos"?}``; without ``arrival_s`` the lines are sent in
+  order (cycling) at Poisson arrivals of the given rate.
+
+Every class has its own random stream, so the short requests of a run are the
+same, at the same instants, with and without long traffic and in every topology:
+the comparisons are paired.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+SHORT, MEDIUM, LONG = "short", "medium", "long"
+
+#: The article's prompts (also the demo model's, so its tokenizer has merges for them).
+SEED_PROMPTS = (
+    "解释什么是Transformer",
+    "讲一下深度学习的发展史",
+    "写一篇1000字的人工智能文章",
+    "解释KV Cache",
+)
+SEED_MAX_TOKENS = {SHORT: 64, MEDIUM: 128, LONG: 256}
+
+#: Filler for long prompts. Each long prompt is a fresh random draw, so no two share
+#: a prefix and vLLM's prefix cache cannot make their prefill free.
+_FILLER = (
+    "the transformer model reads a long document about attention layers and key value caches "
+    "while a scheduler decides which request runs next on the engine and how many tokens fit "
+    "in one batch so that short questions are answered quickly and long reports still finish "
+    "a queue holds work until a worker is free and every lane has its own policy for deadlines "
+    "深度学习 人工智能 大语言模型 连续批处理 尾部延迟 注意力机制 推理引擎 吞吐量"
+).split()
+
+#: Rough characters per token, used only when no tokenizer is given.
+CHARS_PER_TOKEN = 4.0
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    cls: str
+    prompt: str
+    max_tokens: int
+    arrival_s: float  # offset from the start of the phase
+    ignore_eos: bool = True  # fixed output lengths, as benchmarks need
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    requests: tuple[BenchRequest, ...]  # sorted by arrival
+    short_class: str | None = SHORT  # the class whose tail latency the product protects
+    long_class: str | None = LONG  # the class that hurts it
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def classes(self) -> list[str]:
+        """Class names, the short one first, the long one last, others by first arrival."""
+        seen = list(dict.fromkeys(r.cls for r in self.requests))
+        head = [c for c in (self.short_class,) if c in seen]
+        tail = [c for c in (self.long_class,) if c in seen and c not in head]
+        return head + [c for c in seen if c not in head + tail] + tail
+
+    def only(self, classes: Iterable[str]) -> "Workload":
+        keep = set(classes)
+        return replace(self, requests=tuple(r for r in self.requests if r.cls in keep))
+
+    def counts(self) -> dict[str, int]:
+        return {c: sum(1 for r in self.requests if r.cls == c) for c in self.classes}
+
+
+def poisson_arrivals(rate: float, duration_s: float, rng: random.Random,
+                     max_count: int | None = None) -> list[float]:
+    """Arrival offsets of a Poisson process of `rate` per second in [0, duration_s)."""
+    if rate < 0 or duration_s < 0:
+        raise ValueError("rate and duration must be >= 0")
+    out: list[float] = []
+    if rate == 0:
+        return out
+    t = rng.expovariate(rate)
+    while t < duration_s and (max_count is None or len(out) < max_count):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
+def _stream(seed: int, name: str) -> random.Random:
+    """An independent, reproducible random stream per class."""
+    return random.Random(f"tailguard-bench/{seed}/{name}")
+
+
+def _finish(name: str, requests: list[BenchRequest], max_requests: int | None,
+            **kw: Any) -> Workload:
+    requests.sort(key=lambda r: (r.arrival_s, r.cls))
+    if max_requests is not None:
+        requests = requests[:max_requests]
+    return Workload(name=name, requests=tuple(requests), **kw)
+
+
+def seed_workload(rate: float, duration_s: float, seed: int = 0,
+                  max_requests: int | None = None) -> Workload:
+    """The article's four prompts at `rate` req/s in total, max_tokens uniform in {64,128,256}."""
+    requests = []
+    for cls, max_tokens in SEED_MAX_TOKENS.items():
+        rng = _stream(seed, cls)
+        for t in poisson_arrivals(rate / len(SEED_MAX_TOKENS), duration_s, rng):
+            requests.append(BenchRequest(cls, rng.choice(SEED_PROMPTS), max_tokens, t))
+    return _finish("seed", requests, max_requests,
+                   params={"rate": rate, "duration_s": duration_s, "seed": seed,
+                           "max_tokens": dict(SEED_MAX_TOKENS)})
+
+
+def long_prompt(target_tokens: int, rng: random.Random,
+                count_tokens: Callable[[str], int] | None = None) -> str:
+    """A random text of about `target_tokens` tokens (exact to a few with `count_tokens`)."""
+    if target_tokens <= 0:
+        raise ValueError("target_tokens must be > 0")
+
+    def words(n: int) -> list[str]:
+        return [rng.choice(_FILLER) for _ in range(n)]
+
+    mean_chars = sum(len(w) + 1 for w in _FILLER) / len(_FILLER)
+    text = words(max(1, round(target_tokens * CHARS_PER_TOKEN / mean_chars)))
+    if count_tokens is None:
+        return " ".join(text)
+    for _ in range(8):  # converge: scale by the measured ratio, then trim or pad
+        n = count_tokens(" ".join(text))
+        if abs(n - target_tokens) <= 2:
+            break
+        want = max(1, round(len(text) * target_tokens / max(n, 1)))
+        if want == len(text):
+            want += 1 if n < target_tokens else -1
+        text = text[:want] if want < len(text) else text + words(want - len(text))
+        if len(text) == 1 and n > target_tokens:
+            break
+    return " ".join(text)
+
+
+def mixed_workload(rate: float, long_share: float, duration_s: float, seed: int = 0, *,
+                   short_tokens: int = 64, long_prompt_tokens: int = 2000, long_tokens: int = 512,
+                   count_tokens: Callable[[str], int] | None = None,
+                   max_requests: int | None = None) -> Workload:
+    """Short chat requests and long ones; `long_share` of `rate` (req/s in total) is long."""
+    if not 0 <= long_share <= 1:
+        raise ValueError("long_share must be within [0, 1]")
+    requests = []
+    rng = _stream(seed, SHORT)
+    for t in poisson_arrivals(rate * (1 - long_share), duration_s, rng):
+        requests.append(BenchRequest(SHORT, rng.choice(SEED_PROMPTS), short_tokens, t))
+    rng = _stream(seed, LONG)
+    for t in poisson_arrivals(rate * long_share, duration_s, rng):
+        requests.append(BenchRequest(LONG, long_prompt(long_prompt_tokens, rng, count_tokens),
+                                     long_tokens, t))
+    return _finish("mixed", requests, max_requests,
+                   params={"rate": rate, "long_share": long_share, "duration_s": duration_s,
+                           "seed": seed, "short_rate": rate * (1 - long_share),
+                           "long_rate": rate * long_share, "short_tokens": short_tokens,
+                           "long_prompt_tokens": long_prompt_tokens, "long_tokens": long_tokens})
+
+
+def parse_jsonl(lines: Iterable[str], where: str = "workload") -> list[dict[str, Any]]:
+    """Validated trace records; a bad line raises ValueError naming it."""
+    records = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError as exc:
+            raise ValueError(f"{where}:{n}: not JSON: {exc}") from None
+        if not isinstance(rec, dict):
+            raise ValueError(f"{where}:{n}: expected an object")
+        unknown = set(rec) - {"prompt", "max_tokens", "class", "arrival_s", "ignore_eos"}
+        if unknown:
+            raise ValueError(f"{where}:{n}: unknown field(s) {sorted(unknown)}")
+        if not isinstance(rec.get("prompt"), str) or not rec["prompt"]:
+            raise ValueError(f"{where}:{n}: prompt must be a non-empty string")
+        mt = rec.get("max_tokens")
+        if not isinstance(mt, int) or isinstance(mt, bool) or mt <= 0:
+            raise ValueError(f"{where}:{n}: max_tokens must be a positive integer")
+        arr = rec.get("arrival_s")
+        if arr is not None and (not isinstance(arr, (int, float)) or isinstance(arr, bool) or arr < 0):
+            raise ValueError(f"{where}:{n}: arrival_s must be a number >= 0")
+        if not isinstance(rec.get("class", SHORT), str):
+            raise ValueError(f"{where}:{n}: class must be a string")
+        records.append(rec)
+    if not records:
+        raise ValueError(f"{where}: no requests")
+    timed = sum(1 for r in records if "arrival_s" in r)
+    if timed not in (0, len(records)):
+        raise ValueError(f"{where}: give arrival_s on every line or on none ({timed} of "
+                         f"{len(records)} have it)")
+    return records
+
+
+def jsonl_workload(path: str | Path, rate: float, duration_s: float | None, seed: int = 0,
+                   max_requests: int | None = None) -> Workload:
+    """A user's trace. With arrival_s: replayed as timed (cut at duration_s if given);
+    without: the lines in order, cycling, at Poisson arrivals of `rate` for duration_s."""
+    path = Path(path)
+    records = parse_jsonl(path.read_text().splitlines(), str(path))
+
+    def req(rec: dict[str, Any], t: float) -> BenchRequest:
+        return BenchRequest(rec.get("class", SHORT), rec["prompt"], rec["max_tokens"], t,
+                            bool(rec.get("ignore_eos", True)))
+
+    if "arrival_s" in records[0]:
+        start = min(r["arrival_s"] for r in records)
+        requests = [req(r, r["arrival_s"] - start) for r in records
+                    if duration_s is None or r["arrival_s"] - start < duration_s]
+    else:
+        if duration_s is None:
+            duration_s = len(records) / rate if rate > 0 else 0
+        times = poisson_arrivals(rate, duration_s, _stream(seed, "jsonl"))
+        requests = [req(records[i % len(records)], t) for i, t in enumerate(times)]
+    classes = {r.cls for r in requests}
+    return _finish(path.stem, requests, max_requests,
+                   short_class=SHORT if SHORT in classes else None,
+                   long_class=LONG if LONG in classes else None,
+                   params={"file": str(path), "rate": rate, "duration_s": duration_s, "seed": seed})

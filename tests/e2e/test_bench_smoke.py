@@ -1,0 +1,80 @@
+"""`tailguard bench` end to end, for a few seconds on the tiny model: the report's shape, not its numbers.
+
+It brings up its own topologies (API and workers on free ports, its own private
+redis-server), one after another, so it shares nothing with the session's e2e
+workers. Latency targets are the benchmark's business (PASS/FAIL lines), never
+asserted here: on the tiny model and 2 cores they mean nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, TEST_LANES
+
+pytestmark = pytest.mark.e2e
+
+STAT_KEYS = {"count", "ok", "errors", "error_kinds", "accepted", "finished", "lanes", "queue_s",
+             "ttft_s", "e2e_s", "output_tokens", "throughput_tok_s", "decode_tok_s", "max_lag_s",
+             "late_sends"}
+SUMMARY_KEYS = {"avg", "p50", "p95", "p99", "max"}
+
+
+def test_bench_smoke(tiny_model, tmp_path):
+    out = tmp_path / "bench"
+    argv = [sys.executable, "-m", "tailguard.cli", "bench", "--model", tiny_model,
+            "--lanes", str(TEST_LANES), "--workload", "mixed", "--rate", "4", "--long-share", "0.25",
+            "--duration", "3", "--short-tokens", "16", "--long-prompt-tokens", "200",
+            "--long-tokens", "64", "--warmup", "1", "--drain", "60", "--no-progress",
+            "--out", str(out)]
+    t0 = time.monotonic()
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    elapsed = time.monotonic() - t0
+    logs = "\n".join(f"--- {p}\n{p.read_text(errors='replace')[-2000:]}"
+                     for p in sorted(out.glob("*/*.log")))
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\n{logs}"
+    print(f"bench smoke: {elapsed:.0f} s")
+
+    report = json.loads((out / "report.json").read_text())
+    assert set(report) >= {"config", "workload", "topologies", "ratios", "targets", "files"}
+    assert report["workload"]["classes"] == ["short", "long"]
+    assert set(report["topologies"]) == {"shared", "lanes"}
+    for name, topo in report["topologies"].items():
+        assert set(topo["phases"]) == {"baseline", "mixed"}
+        assert set(topo["phases"]["baseline"]) == {"short"}
+        assert set(topo["phases"]["mixed"]) <= {"short", "long"} and "short" in topo["phases"]["mixed"]
+        cores = [tuple(e["cores"]) for e in topo["engines"]]
+        assert len(cores) == 2 and cores[0] != cores[1]  # each engine on its own cores
+        for phase in topo["phases"].values():
+            for st in phase.values():
+                assert set(st) >= STAT_KEYS
+                for metric in ("queue_s", "ttft_s", "e2e_s"):
+                    assert set(st[metric]) == SUMMARY_KEYS
+    shared = report["topologies"]["shared"]
+    assert {e["lanes"][0] for e in shared["engines"]} == {"shared"}
+    lanes_used = set(report["topologies"]["lanes"]["phases"]["mixed"]["short"]["lanes"])
+    assert lanes_used <= {"short"}
+    assert set(report["ratios"]) == {"e2e_s", "ttft_s"}
+    assert set(report["ratios"]["e2e_s"]) == {
+        "lanes_short_p99_over_shared", "lanes_short_p99_over_baseline",
+        "shared_short_p99_over_baseline", "lanes_long_tok_s_over_shared"}
+    assert {t["name"] for t in report["targets"]} == {
+        "load", "lanes_vs_shared", "lanes_vs_baseline", "long_throughput", "no_errors_shared",
+        "no_errors_lanes"}
+    for t in report["targets"]:
+        assert t["status"] in ("PASS", "FAIL", "SKIP") and t["line"].startswith(t["status"])
+        assert t["line"] in proc.stdout
+    assert "| topology | phase | class |" in proc.stdout
+    for kind in ("json", "samples", "png"):
+        path = out / {"json": "report.json", "samples": "samples.jsonl", "png": "bench.png"}[kind]
+        assert report["files"][kind] == str(path) and path.stat().st_size > 0
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = [json.loads(l) for l in (out / "samples.jsonl").read_text().splitlines()]
+    assert {(r["topology"], r["phase"]) for r in rows} == {
+        (t, p) for t in ("shared", "lanes") for p in ("baseline", "mixed")}
+    assert all(r["job_id"] for r in rows if r["accepted"])

@@ -1,0 +1,135 @@
+"""Benchmark report: nearest-rank percentiles, per-class stats, ratios, PASS/FAIL/SKIP lines."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from tailguard.bench.loadgen import Client, Sample
+from tailguard.bench.report import build_report, class_stats, percentile, render_text, summarize
+
+
+def test_percentile_is_nearest_rank():
+    values = list(range(1, 101))
+    assert percentile(values, 99) == 99 and percentile(values, 50) == 50
+    assert percentile(values, 100) == 100 and percentile([7.0], 99) == 7.0
+    assert percentile(list(range(1, 11)), 99) == 10
+    assert percentile([], 50) is None
+
+
+def test_summarize():
+    assert summarize([3, None, 1, 2]) == {"avg": 2, "p50": 2, "p95": 3, "p99": 3, "max": 3}
+    assert summarize([None]) == {"avg": None, "p50": None, "p95": None, "p99": None, "max": None}
+
+
+def ok(cls, e2e, sent=0.0, tokens=64, lane="short", ttft=0.05, queue=0.01):
+    return Sample(cls, tokens, arrival_s=sent, sent_s=sent, status="succeeded", ok=True,
+                  accepted=True, finished=True, job_id="j", lane=lane, queue_s=queue, ttft_s=ttft,
+                  e2e_s=e2e, completion_tokens=tokens, finish_reason="length")
+
+
+def test_class_stats_counts_errors_and_throughput():
+    samples = [ok("short", 1.0, sent=0.0), ok("short", 2.0, sent=1.0),
+               Sample("short", 64, 2.0, sent_s=2.2, status="expired", accepted=True, finished=True,
+                      lane="short"),
+               Sample("short", 64, 3.0, sent_s=3.0, status="timeout", accepted=True, finished=False)]
+    st = class_stats(samples)
+    assert (st["count"], st["ok"], st["errors"], st["accepted"], st["finished"]) == (4, 2, 2, 4, 3)
+    assert st["error_kinds"] == {"expired": 1, "timeout": 1}
+    assert st["e2e_s"]["max"] == 2.0 and st["e2e_s"]["avg"] == 1.5
+    assert st["throughput_tok_s"] == pytest.approx(128 / 3.0)  # 128 tokens from t=0 to t=3
+    assert st["lanes"] == {"short": 3}
+    assert st["max_lag_s"] == pytest.approx(0.2) and st["late_sends"] == 1
+    assert st["decode_tok_s"]["avg"] == pytest.approx((63 / 0.95 + 63 / 1.95) / 2)
+
+
+def fake_run(shared_short, shared_base, lanes_short, lanes_base, long_shared=10.0,
+             long_lanes=10.0, lost=False):
+    """Ten short requests per phase (P99 = the slowest); two long ones of 512 tokens."""
+    def short(p99, lane):
+        return [ok("short", 0.1 * p99, sent=i, lane=lane) for i in range(9)] + [ok("short", p99, 9, lane=lane)]
+
+    def long(e2e, lane):
+        return [ok("long", e2e, sent=0, tokens=512, lane=lane),
+                ok("long", e2e, sent=0, tokens=512, lane=lane)]
+
+    lanes_mixed = short(lanes_short, "short") + long(long_lanes, "long")
+    if lost:
+        lanes_mixed.append(Sample("short", 64, 5.0, sent_s=5.0, status="timeout", accepted=True))
+    return {"shared": {"baseline": short(shared_base, "shared"),
+                       "mixed": short(shared_short, "shared") + long(long_shared, "shared")},
+            "lanes": {"baseline": short(lanes_base, "short"), "mixed": lanes_mixed}}
+
+
+def report_of(samples, metric="e2e_s"):
+    return build_report(
+        config={"metric": metric, "model_label": "m", "engines": 2, "cores_per_engine": "1 core"},
+        workload={"name": "mixed", "classes": ["short", "long"], "short_class": "short",
+                  "long_class": "long", "params": {"duration_s": 10}},
+        topologies={"shared": {"engines": []}}, samples=samples)
+
+
+def statuses(report):
+    return {t["name"]: t["status"] for t in report["targets"]}
+
+
+def test_targets_pass():
+    r = report_of(fake_run(shared_short=10.0, shared_base=1.0, lanes_short=1.2, lanes_base=1.0,
+                           long_shared=10.0, long_lanes=11.0))
+    assert r["ratios"]["e2e_s"]["lanes_short_p99_over_shared"] == pytest.approx(0.12)
+    assert r["ratios"]["e2e_s"]["shared_short_p99_over_baseline"] == pytest.approx(10.0)
+    assert r["ratios"]["e2e_s"]["lanes_long_tok_s_over_shared"] == pytest.approx(
+        (1024 / 11) / (1024 / 10))
+    assert set(statuses(r).values()) == {"PASS"}
+    assert set(statuses(r)) == {"load", "lanes_vs_shared", "lanes_vs_baseline", "long_throughput",
+                                "no_errors_shared", "no_errors_lanes"}
+    assert r["topologies"]["shared"]["engines"] == []  # topology facts are kept
+    json.dumps(r)
+
+
+def test_targets_fail_and_say_when_the_load_is_too_light():
+    r = report_of(fake_run(shared_short=2.0, shared_base=1.0, lanes_short=1.6, lanes_base=1.0,
+                           long_lanes=20.0, lost=True))
+    s = statuses(r)
+    assert s["load"] == "FAIL" and s["lanes_vs_shared"] == "FAIL"
+    assert s["lanes_vs_baseline"] == "FAIL" and s["long_throughput"] == "FAIL"
+    assert s["no_errors_shared"] == "PASS" and s["no_errors_lanes"] == "FAIL"
+    lines = {t["name"]: t["line"] for t in r["targets"]}
+    assert "[load condition not met]" in lines["lanes_vs_shared"]
+    assert "1 lost" in lines["no_errors_lanes"]
+
+
+def test_targets_skip_what_was_not_measured():
+    samples = fake_run(10.0, 1.0, 1.2, 1.0)
+    del samples["shared"]
+    s = statuses(report_of(samples))
+    assert s["load"] == s["lanes_vs_shared"] == s["long_throughput"] == "SKIP"
+    assert s["lanes_vs_baseline"] == "PASS"
+
+
+def test_ttft_metric_and_text():
+    r = report_of(fake_run(10.0, 1.0, 1.2, 1.0), metric="ttft_s")
+    assert statuses(r)["load"] == "FAIL"  # every TTFT is 0.05 s: no interference in TTFT
+    text = render_text(r)
+    assert "| shared | mixed | short | 10 | 0 |" in text and "SKIP" not in text
+    assert "TTFT" in text and "lanes / shared" in text
+
+
+def test_sample_round_trip_and_decode_rate():
+    s = ok("long", 11.0, tokens=512, ttft=1.0)
+    assert Sample.from_dict(json.loads(json.dumps(s.to_dict()))) == s
+    assert s.decode_tok_s == pytest.approx(511 / 10.0)
+    assert Sample("short", 64, 0.0).decode_tok_s is None and Sample("short", 64, 0.0).lag_s is None
+
+
+def test_the_load_generator_only_drives_a_local_system():
+    Client("http://127.0.0.1:8000", "m")
+    with pytest.raises(ValueError, match="local"):
+        Client("http://example.com:8000", "m")
+
+
+def test_cli_has_bench():
+    from tailguard.cli import main
+
+    result = CliRunner().invoke(main, ["bench", "--help"])
+    assert result.exit_code == 0 and "--long-share" in result.output

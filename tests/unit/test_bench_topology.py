@@ -1,0 +1,57 @@
+"""Benchmark topologies: same engines, same cores; `shared` is one FCFS lane for everything."""
+
+import tomllib
+
+import pytest
+
+from tailguard.bench.topology import (SHARED_LANE, lanes_spec, lanes_toml, shared_lane, shared_spec,
+                                      worker_argv)
+from tailguard.lanes import default_lanes_path, load_lanes, parse_lanes
+from tailguard.placement import place
+
+
+@pytest.fixture
+def table():
+    return load_lanes(default_lanes_path())
+
+
+def test_lanes_toml_round_trips(table):
+    text = lanes_toml(list(table.lanes), list(table.workers), comment="two\nlines")
+    assert text.startswith("# two\n# lines\n")
+    again = parse_lanes(tomllib.loads(text))
+    assert again.lanes == table.lanes and again.workers == table.workers
+
+
+def test_shared_lane_takes_everything_interactive(table):
+    lane = shared_lane(table)
+    assert lane.max_cost is None and lane.priority == "interactive" and not lane.dedicated
+    assert lane.max_tokens == max(l.max_tokens for l in table if l.priority == "interactive")
+    assert lane.max_num_seqs == 16 and lane.max_model_len == 4096
+    for prompt_tokens, max_tokens in ((10, 64), (2000, 512)):
+        p = place([lane], priority="interactive", prompt_tokens=prompt_tokens,
+                  requested_max_tokens=max_tokens, model_max_len=4096)
+        assert p.lane == SHARED_LANE and p.max_tokens == max_tokens and not p.max_tokens_capped
+
+
+def test_same_engines_same_cores(table):
+    shared = shared_spec(table, engines=2, cores=[0, 1])
+    lanes = lanes_spec(table, default_lanes_path().read_text(), cores=[0, 1])
+    assert [(w.lanes, w.pin.cores) for w in shared.workers] == [((SHARED_LANE,), (0,)),
+                                                                ((SHARED_LANE,), (1,))]
+    assert [(w.name, w.lanes, w.pin.cores) for w in lanes.workers] == [
+        ("short", ("short",), (0,)), ("long", ("long", "batch"), (1,))]
+    assert shared.workers_per_lane() == {SHARED_LANE: 2}
+    assert lanes.workers_per_lane() == {"short": 1, "long": 1, "batch": 1}
+    assert shared.table.names == [SHARED_LANE] and lanes.table == table
+    assert {w.name for w in shared.workers} == {"shared-0", "shared-1"}  # distinct Celery nodes
+    d = shared.to_dict()
+    assert d["engines"][1] == {"name": "shared-1", "lanes": ["shared"], "gpu": None, "cores": [1]}
+
+
+def test_worker_argv_pins_like_tailguard_up(table):
+    w = lanes_spec(table, "", cores=[2, 3, 4, 5]).workers[1]
+    argv = worker_argv(w, python="py")
+    assert argv[:6] == ["py", "-m", "tailguard.cli", "worker", "--worker", "long"]
+    assert argv[argv.index("--cores") + 1] == "4,5"
+    gpu = shared_spec(table, engines=2, kind="cuda", gpus=2).workers[1]
+    assert worker_argv(gpu, python="py")[6:8] == ["--gpu", "1"]
