@@ -1,5 +1,5 @@
 # Two commands on a fresh machine:  make up  |  make test
-.PHONY: up test install install-test test-fast clean
+.PHONY: up test install install-test test-fast bench clean
 
 VENV := .venv
 STAMP := $(VENV)/.installed
@@ -13,6 +13,9 @@ test: $(TEST_STAMP)          ## install and run the whole suite (pure, integrati
 
 test-fast: $(TEST_STAMP)     ## pure tests only
 	$(VENV)/bin/python -m pytest -m "not integration and not e2e"
+
+bench: $(TEST_STAMP)         ## shared queue vs lanes on real engines, small demo model (~10 min); BENCH_ARGS=... to change
+	$(VENV)/bin/tailguard bench $(BENCH_ARGS)
 
 install: $(STAMP)
 install-test: $(TEST_STAMP)

