@@ -32,13 +32,14 @@ def bucket_middle(index: int, unit: float) -> float:
 
 @dataclass
 class Histogram:
-    """Counts per bucket, plus exact count, sum and max."""
+    """Counts per bucket, plus exact count, sum, min and max."""
 
     unit: float  # smallest distinguished value: 1e-3 s for times, 1 token for lengths
     buckets: dict[int, int] = field(default_factory=dict)
     count: int = 0
     total: float = 0.0
     max: float = 0.0
+    min: float = math.inf
 
     def add(self, value: float) -> None:
         i = bucket_of(value, self.unit)
@@ -46,6 +47,7 @@ class Histogram:
         self.count += 1
         self.total += value
         self.max = max(self.max, value)
+        self.min = min(self.min, value)
 
     def merge(self, other: "Histogram") -> "Histogram":
         for i, n in other.buckets.items():
@@ -53,6 +55,7 @@ class Histogram:
         self.count += other.count
         self.total += other.total
         self.max = max(self.max, other.max)
+        self.min = min(self.min, other.min)
         return self
 
     @property
@@ -60,7 +63,8 @@ class Histogram:
         return self.total / self.count if self.count else None
 
     def percentile(self, q: float) -> float | None:
-        """The q-th percentile (0-100), by nearest rank over the buckets; never above max."""
+        """The q-th percentile (0-100), by nearest rank over the buckets, kept within the
+        exact [min, max] (so identical values come back exactly)."""
         if not self.count:
             return None
         rank = max(1, math.ceil(q / 100 * self.count))
@@ -68,7 +72,7 @@ class Histogram:
         for i in sorted(self.buckets):
             seen += self.buckets[i]
             if seen >= rank:
-                return min(bucket_middle(i, self.unit), self.max)
+                return min(max(bucket_middle(i, self.unit), self.min), self.max)
         return self.max  # pragma: no cover - counts always add up
 
     def summary(self) -> dict[str, float | int | None]:

@@ -46,6 +46,8 @@ for i = 6, #ARGV, 3 do
   redis.call('HINCRBYFLOAT', h, m .. ':sum', v)
   local cur = tonumber(redis.call('HGET', h, m .. ':max'))
   if not cur or v > cur then redis.call('HSET', h, m .. ':max', ARGV[i + 1]) end
+  local low = tonumber(redis.call('HGET', h, m .. ':min'))
+  if not low or v < low then redis.call('HSET', h, m .. ':min', ARGV[i + 1]) end
 end
 redis.call('EXPIRE', h, tonumber(ARGV[1]))
 if ARGV[3] ~= '' then
@@ -134,6 +136,8 @@ class LaneStats:
                 h.total = float(v)
             elif part == "max":
                 h.max = float(v)
+            elif part == "min":
+                h.min = float(v)
         for name, h in minute.items():
             self.metrics[name].merge(h)
 

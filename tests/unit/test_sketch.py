@@ -61,3 +61,13 @@ def test_memory_is_bounded_by_the_range_not_the_count():
         h.add(rng.uniform(0.001, 60))
     assert len(h.buckets) <= 130  # log_G(60/0.001) buckets at most
     assert bucket_middle(0, 1.0) == 1.0
+
+
+def test_identical_values_come_back_exactly():
+    h = Histogram(unit=1.0)
+    for _ in range(30):
+        h.add(512)
+    assert h.percentile(50) == h.percentile(99) == 512
+    other = Histogram(unit=1.0)
+    other.add(3)
+    assert h.merge(other).min == 3
