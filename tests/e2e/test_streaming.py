@@ -11,6 +11,7 @@ import pytest
 import requests
 
 from e2e_support import engine_stats
+from waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -34,18 +35,8 @@ def submit(api_url, **body) -> str:
     return resp.json()["id"]
 
 
-def wait_until(predicate, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not reached in {timeout}s")
-
-
 def engine_is_clean(worker: str) -> dict:
-    return wait_until(lambda: (s := engine_stats(worker))["in_flight"] == 0
+    return wait_for(lambda: (s := engine_stats(worker))["in_flight"] == 0
                       and s["engine_unfinished"] == 0 and s, what=f"{worker} engine idle")
 
 
@@ -98,7 +89,7 @@ def test_disconnecting_from_a_stream_cancels_and_frees_the_engine(api_url):
     job_id = submit(api_url, prompt="写一篇1000字的人工智能文章", max_tokens=1500, ignore_eos=True)
     read_then_hang_up(api_url, f"/v1/jobs/{job_id}/stream?cancel_on_disconnect=true",
                       marker=b"event: delta")
-    job = wait_until(lambda: (j := requests.get(f"{api_url}/v1/jobs/{job_id}", timeout=10).json())
+    job = wait_for(lambda: (j := requests.get(f"{api_url}/v1/jobs/{job_id}", timeout=10).json())
                      ["status"] != "running" and j, what="job ended")
     assert job["status"] == "cancelled", job
     assert job["error"]["message"] == "the client disconnected"
@@ -108,7 +99,7 @@ def test_disconnecting_from_a_stream_cancels_and_frees_the_engine(api_url):
 
 def test_delete_a_running_request_aborts_it_in_the_engine(api_url):
     job_id = submit(api_url, prompt="写一篇1000字的人工智能文章", max_tokens=1500, ignore_eos=True)
-    wait_until(lambda: requests.get(f"{api_url}/v1/jobs/{job_id}", timeout=10).json()["status"]
+    wait_for(lambda: requests.get(f"{api_url}/v1/jobs/{job_id}", timeout=10).json()["status"]
                == "running", what="job running")
     resp = requests.delete(f"{api_url}/v1/jobs/{job_id}", timeout=10)
     assert resp.status_code == 200 and resp.json()["status"] == "cancelled"

@@ -10,6 +10,7 @@ from celery.contrib.testing.worker import start_worker, test_worker_started
 from tailguard.jobs import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, JobStore
 from tasks import app
 from tasks import worker as tailguard_worker
+from waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -40,16 +41,6 @@ def run_worker(redis_client):
         yield run
     finally:
         test_worker_started.disconnect(_setup)
-
-
-def wait_for(predicate, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def test_request_past_its_queue_ttl_expires_without_touching_the_engine(client, run_worker,
