@@ -96,7 +96,8 @@ return out
 _JSON_FIELDS = ("result", "error", "sampling", "timing")
 _FLOAT_FIELDS = ("submitted_at", "expires_at", "deadline_s", "queued_at", "running_at",
                  "succeeded_at", "failed_at", "expired_at", "cancelled_at", "ttft_s")
-_INT_FIELDS = ("prompt_tokens", "max_tokens", "requested_max_tokens", "completion_tokens", "cost")
+_INT_FIELDS = ("prompt_tokens", "max_tokens", "requested_max_tokens", "completion_tokens", "cost",
+               "engine_prompt_tokens")
 
 
 def _encode(fields: dict[str, Any]) -> list[str]:
