@@ -157,11 +157,11 @@ def up() -> None:
 @main.command()
 @click.option("--workload", default="mixed", show_default=True,
               help="seed, mixed, or a FILE.jsonl trace ({prompt, max_tokens, class?, arrival_s?})")
-@click.option("--rate", type=float, default=3.0, show_default=True,
+@click.option("--rate", type=float, default=2.5, show_default=True,
               help="requests/s, all classes together (Poisson arrivals per class)")
-@click.option("--long-share", type=float, default=0.1, show_default=True,
+@click.option("--long-share", type=float, default=0.2, show_default=True,
               help="mixed: the share of --rate that is long requests")
-@click.option("--duration", "duration_s", type=float, default=60.0, show_default=True,
+@click.option("--duration", "duration_s", type=float, default=90.0, show_default=True,
               help="seconds of arrivals per phase")
 @click.option("--topologies", default="shared,lanes", show_default=True,
               help="comma-separated: shared (one FCFS queue), lanes (the lanes file in force)")

@@ -202,7 +202,8 @@ def run_phase(client: Client, requests: tuple[BenchRequest, ...] | list[BenchReq
                 with lock:
                     on_done(samples[i])
 
-    with ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="bench") as pool:
+    pool = ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="bench")
+    try:
         for i, req in enumerate(requests):
             delay = t0 + req.arrival_s - time.perf_counter()
             if delay > 0:
@@ -210,6 +211,12 @@ def run_phase(client: Client, requests: tuple[BenchRequest, ...] | list[BenchReq
             if time.perf_counter() > deadline:
                 break
             pool.submit(one, i)
+    except BaseException:
+        # Interrupted: send nothing more and do not wait; the streams in flight end
+        # when the caller stops the topology.
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
     for s in samples:
         if s.accepted and not s.finished:
             client.settle(s, wait_s=10)

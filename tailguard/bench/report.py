@@ -158,7 +158,7 @@ def targets(report: dict) -> list[dict[str, Any]]:
     st = _get(report, "shared", "mixed", long, "throughput_tok_s")
     line("long_throughput", None if v is None else v >= LONG_THROUGHPUT_MIN,
          f"lanes {long} output {'n/a' if lt is None else f'{lt:.1f}'} tok/s >= 85% of shared's "
-         f"{'n/a' if st is None else f'{st:.1f}'}: ratio {'n/a' if v is None else f'{v:.0%}'} "
+         f"{'n/a' if st is None else f'{st:.1f}'}: ratio {'n/a' if v is None else f'{v:.1%}'} "
          f"(>= {LONG_THROUGHPUT_MIN:.0%}){note}", "both topologies and a long class")
     for topo, t in report["topologies"].items():
         errors = sum(c["errors"] for p in t["phases"].values() for c in p.values())
@@ -238,8 +238,14 @@ def render_text(report: dict) -> str:
              f"  lanes / shared output tok/s of class {long!r}: "
              f"{_fmt_x(r['lanes_long_tok_s_over_shared'])}", ""]
     lines += [t["line"] for t in report["targets"]]
+    for topo, t in report["topologies"].items():
+        for phase, h in (t.get("host") or {}).items():
+            if h.get("disturbed"):
+                lines.append(f"note: {topo}/{phase} was disturbed: other processes used "
+                             f"{h['others_share']:.0%} of the CPU (heaviest: "
+                             f"{', '.join(f'{c} {s} s' for c, s in h['others_heaviest'])})")
     late = sum(st["late_sends"] for _, _, _, st in _rows(report))
     if late:
         lines.append(f"note: {late} requests were sent more than {LAG_WARN_S * 1e3:.0f} ms late "
-                     "(the load generator fell behind; raise --max-in-flight)")
+                     "(the load generator fell behind: short of CPU, or of --max-in-flight)")
     return "\n".join(lines) + "\n"

@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -21,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from tailguard.bench.host import Watch
 from tailguard.bench.loadgen import Client, Sample, run_phase, served_model_name
 from tailguard.bench.report import build_report, render_text
 from tailguard.bench.topology import TOPOLOGIES, RunningTopology, lanes_spec, shared_spec
@@ -31,9 +33,11 @@ from tailguard.bench.workload import (BenchRequest, Workload, jsonl_workload, mi
 @dataclass
 class BenchConfig:
     workload: str = "mixed"  # seed | mixed | a .jsonl file
-    rate: float = 3.0  # requests/s, all classes together
-    long_share: float = 0.1  # mixed: share of `rate` that is long
-    duration_s: float | None = 60.0  # of each phase (None: a timed trace's own length)
+    # Defaults: on 2 cores and the small demo model, a load where long traffic hurts
+    # short requests in `shared` (see docs/benchmarks.md).
+    rate: float = 2.5  # requests/s, all classes together
+    long_share: float = 0.2  # mixed: share of `rate` that is long
+    duration_s: float | None = 90.0  # of each phase (None: a timed trace's own length)
     topologies: tuple[str, ...] = TOPOLOGIES
     baseline: bool = True  # also run the short class alone, in each topology
     model: str | None = None  # default: what `tailguard up` serves (the small demo model)
@@ -162,7 +166,24 @@ def log(msg: str) -> None:
 
 
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
-    """Run the benchmark and return the report (also written under cfg.out_dir)."""
+    """Run the benchmark and return the report (also written under cfg.out_dir).
+
+    SIGTERM stops it like Ctrl-C: the processes it started are stopped too.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return _run_bench(cfg)
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        return _run_bench(cfg)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
     from tailguard.lanes import default_lanes_path, load_lanes
     from tailguard.modelinfo import model_max_len
     from tailguard.pinning import device_kind
@@ -257,10 +278,11 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
                 _warm(client, workload, cfg.warmup, len(spec.workers))
                 for t in stopping:  # the previous topology must be gone before measuring
                     t.join()
-                samples[name] = {}
+                samples[name], topo_info[name]["host"] = {}, {}
                 for phase, wl in phases.items():
                     time.sleep(cfg.pause_s)
                     bar = _Progress(cfg.progress, len(wl.requests), f"{name}/{phase}")
+                    watch = Watch()
                     try:
                         samples[name][phase] = run_phase(
                             client, wl.requests, duration_s=wl.params.get("duration_s") or 0,
@@ -268,8 +290,11 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
                             on_done=bar.done)
                     finally:
                         bar.close()
+                    host = topo_info[name]["host"][phase] = watch.stop()
                     bad = sum(1 for s in samples[name][phase] if not s.ok)
-                    log(f"[{name}/{phase}] {len(wl.requests)} requests, {bad} errors")
+                    log(f"[{name}/{phase}] {len(wl.requests)} requests, {bad} errors; other "
+                        f"processes used {host['others_share']:.0%} of the CPU"
+                        + (f" (DISTURBED: {host['others_heaviest']})" if host["disturbed"] else ""))
             finally:
                 # Warm shutdown takes a while; the next topology starts meanwhile.
                 log(f"[{name}] stopping")

@@ -133,3 +133,11 @@ def test_cli_has_bench():
 
     result = CliRunner().invoke(main, ["bench", "--help"])
     assert result.exit_code == 0 and "--long-share" in result.output
+
+
+def test_a_disturbed_phase_is_noted():
+    r = report_of(fake_run(10.0, 1.0, 1.2, 1.0))
+    r["topologies"]["shared"]["host"] = {"mixed": {"disturbed": True, "others_share": 0.4,
+                                                    "others_heaviest": [["pytest", 30.0]]}}
+    assert "note: shared/mixed was disturbed: other processes used 40% of the CPU (heaviest: " \
+           "pytest 30.0 s)" in render_text(r)

@@ -1,0 +1,101 @@
+"""What else ran on this machine during a phase: CPU time used outside the benchmark's process tree.
+
+A benchmark on a shared machine is only as good as its quiet: the report keeps,
+per phase, the CPU seconds that processes other than the benchmark and the
+topology it started (its descendants) used, so a disturbed run says so. Linux
+only (/proc); elsewhere nothing is measured.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+#: A phase is flagged disturbed when others used more than this share of the machine's CPU.
+DISTURBED_SHARE = 0.05
+
+
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    ppid: int
+    comm: str
+    cpu_s: float  # user + system
+
+
+def parse_stat(text: str, ticks: int) -> Proc:
+    """One /proc/<pid>/stat line (the command may hold spaces and parentheses)."""
+    head, _, rest = text.rpartition(")")
+    pid, _, comm = head.partition(" (")
+    fields = rest.split()
+    # fields[0] is the state (stat field 3): ppid is field 4, utime 14, stime 15
+    return Proc(int(pid), int(fields[1]), comm, (int(fields[11]) + int(fields[12])) / ticks)
+
+
+def snapshot() -> dict[int, Proc]:
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    procs = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return {}
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                p = parse_stat(fh.read(), ticks)
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        procs[p.pid] = p
+    return procs
+
+
+def descendants(procs: dict[int, Proc], root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for p in procs.values():
+        children.setdefault(p.ppid, []).append(p.pid)
+    out, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in out:
+            out.add(pid)
+            todo.extend(children.get(pid, ()))
+    return out
+
+
+def others_cpu(before: dict[int, Proc], after: dict[int, Proc], root: int,
+               top: int = 3) -> tuple[float, list[tuple[str, float]]]:
+    """CPU seconds used between two snapshots by processes outside `root`'s tree,
+    and the heaviest of them by command name."""
+    ours = descendants(after, root) | descendants(before, root)
+    by_comm: dict[str, float] = {}
+    for pid, p in after.items():
+        if pid in ours:
+            continue
+        prev = before.get(pid)
+        delta = p.cpu_s - (prev.cpu_s if prev and prev.comm == p.comm else 0.0)
+        if delta > 0:
+            by_comm[p.comm] = by_comm.get(p.comm, 0.0) + delta
+    heaviest = sorted(by_comm.items(), key=lambda kv: -kv[1])[:top]
+    return sum(by_comm.values()), [(c, round(s, 1)) for c, s in heaviest]
+
+
+class Watch:
+    """CPU used by others over one phase; `stop()` returns the report's `host` entry."""
+
+    def __init__(self) -> None:
+        self.before = snapshot()
+        self.t0 = os.times().elapsed
+        self.load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+
+    def stop(self) -> dict:
+        after = snapshot()
+        wall = os.times().elapsed - self.t0
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        cpu, heaviest = others_cpu(self.before, after, os.getpid())
+        share = cpu / (wall * (cpus or 1)) if wall > 0 else 0.0
+        return {"wall_s": round(wall, 1), "others_cpu_s": round(cpu, 1),
+                "others_share": round(share, 3), "others_heaviest": heaviest,
+                "disturbed": bool(after) and share > DISTURBED_SHARE,
+                "loadavg_1m": [self.load0, os.getloadavg()[0] if hasattr(os, "getloadavg") else None]}

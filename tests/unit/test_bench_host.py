@@ -1,0 +1,33 @@
+"""Benchmark host watch: CPU used by processes outside the benchmark's tree."""
+
+import os
+
+from tailguard.bench.host import Proc, Watch, descendants, others_cpu, parse_stat
+
+
+def test_parse_stat_with_a_strange_command_name():
+    line = "4242 (VLLM::Engine (x) 1) S 17 4242 4242 0 -1 4194560 0 0 0 0 250 50 0 0 20 0 3 0"
+    assert parse_stat(line, ticks=100) == Proc(4242, 17, "VLLM::Engine (x) 1", 3.0)
+
+
+def procs(*rows):
+    return {pid: Proc(pid, ppid, comm, cpu) for pid, ppid, comm, cpu in rows}
+
+
+def test_others_cpu_leaves_out_our_tree():
+    before = procs((1, 0, "init", 1.0), (10, 1, "bench", 5.0), (11, 10, "celery", 1.0),
+                   (12, 11, "VLLM::EngineCore", 2.0), (20, 1, "pytest", 3.0))
+    after = procs((1, 0, "init", 1.1), (10, 1, "bench", 9.0), (11, 10, "celery", 8.0),
+                  (12, 11, "VLLM::EngineCore", 40.0), (20, 1, "pytest", 13.0),
+                  (21, 20, "VLLM::EngineCore", 4.0), (30, 1, "reused", 0.5))
+    assert descendants(after, 10) == {10, 11, 12}
+    cpu, heaviest = others_cpu(before, after, root=10)
+    assert round(cpu, 3) == round(0.1 + 10.0 + 4.0 + 0.5, 3)
+    assert heaviest == [("pytest", 10.0), ("VLLM::EngineCore", 4.0), ("reused", 0.5)]
+
+
+def test_watch_reports_this_machine():
+    h = Watch().stop()
+    assert set(h) >= {"wall_s", "others_cpu_s", "others_share", "disturbed", "others_heaviest"}
+    if os.path.isdir("/proc"):
+        assert h["others_cpu_s"] >= 0
