@@ -194,13 +194,14 @@ def bench(topologies: str, cores: str | None, metric: str, check: bool, **opts) 
     from tailguard.bench.report import render_text
     from tailguard.bench.run import BenchConfig, run_bench
     from tailguard.bench.topology import TopologyError
+    from tailguard.errors import ConfigError
 
     cfg = BenchConfig(topologies=tuple(t.strip() for t in topologies.split(",") if t.strip()),
                       cores=tuple(int(c) for c in cores.split(",")) if cores else None,
                       metric=f"{metric}_s", **opts)
     try:
         report = run_bench(cfg)
-    except (ValueError, TopologyError) as exc:
+    except (ValueError, TopologyError, ConfigError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(render_text(report))
     for kind, path in report["files"].items():

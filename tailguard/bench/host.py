@@ -11,8 +11,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-#: A phase is flagged disturbed when others used more than this share of the machine's CPU.
+#: A phase is flagged disturbed when others used more than this share of the machine's CPU
+#: (and at least DISTURBED_MIN_S CPU seconds, so a few seconds of noise in a short phase is not).
 DISTURBED_SHARE = 0.05
+DISTURBED_MIN_S = 2.0
+#: kthreadd: kernel threads (writeback, RCU, ...) are its children and mostly work for everyone.
+KTHREADD_PID = 2
 
 
 @dataclass(frozen=True)
@@ -66,9 +70,10 @@ def descendants(procs: dict[int, Proc], root: int) -> set[int]:
 
 def others_cpu(before: dict[int, Proc], after: dict[int, Proc], root: int,
                top: int = 3) -> tuple[float, list[tuple[str, float]]]:
-    """CPU seconds used between two snapshots by processes outside `root`'s tree,
-    and the heaviest of them by command name."""
+    """CPU seconds used between two snapshots by processes outside `root`'s tree (kernel
+    threads left out), and the heaviest of them by command name."""
     ours = descendants(after, root) | descendants(before, root)
+    ours |= descendants(after, KTHREADD_PID)
     by_comm: dict[str, float] = {}
     for pid, p in after.items():
         if pid in ours:
@@ -97,5 +102,5 @@ class Watch:
         share = cpu / (wall * (cpus or 1)) if wall > 0 else 0.0
         return {"wall_s": round(wall, 1), "others_cpu_s": round(cpu, 1),
                 "others_share": round(share, 3), "others_heaviest": heaviest,
-                "disturbed": bool(after) and share > DISTURBED_SHARE,
+                "disturbed": bool(after) and share > DISTURBED_SHARE and cpu >= DISTURBED_MIN_S,
                 "loadavg_1m": [self.load0, os.getloadavg()[0] if hasattr(os, "getloadavg") else None]}

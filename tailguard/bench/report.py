@@ -142,7 +142,7 @@ def targets(report: dict) -> list[dict[str, Any]]:
          f"{_fmt_x(cond)} its no-long-traffic {_fmt_s(p99('shared', 'baseline'))} "
          f"(>= {LOAD_MIN_INTERFERENCE:g}x makes the targets below meaningful)",
          "the shared topology with a baseline phase")
-    note = "" if valid else "  [load condition not met]"
+    note = "  [load condition not met]" if cond is not None and not valid else ""
     v = r["lanes_short_p99_over_shared"]
     line("lanes_vs_shared", None if v is None else v <= LANES_VS_SHARED_MAX,
          f"lanes {short} P99 {_fmt_s(p99('lanes', 'mixed'))} <= 1/4 of shared's "

@@ -20,6 +20,7 @@ def test_others_cpu_leaves_out_our_tree():
     after = procs((1, 0, "init", 1.1), (10, 1, "bench", 9.0), (11, 10, "celery", 8.0),
                   (12, 11, "VLLM::EngineCore", 40.0), (20, 1, "pytest", 13.0),
                   (21, 20, "VLLM::EngineCore", 4.0), (30, 1, "reused", 0.5))
+    after[40] = Proc(40, 2, "kworker/0:1", 3.0)  # a kernel thread: not counted
     assert descendants(after, 10) == {10, 11, 12}
     cpu, heaviest = others_cpu(before, after, root=10)
     assert round(cpu, 3) == round(0.1 + 10.0 + 4.0 + 0.5, 3)
