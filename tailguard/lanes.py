@@ -145,7 +145,7 @@ def engine_settings_for(lanes: list[Lane]) -> tuple[int, int]:
     return max(l.max_num_seqs for l in lanes), max(l.max_model_len for l in lanes)
 
 
-def check_worker_lanes(table: LaneTable, lanes: list[Lane]) -> None:
+def check_worker_lanes(lanes: list[Lane]) -> None:
     """A worker serving a dedicated lane (e.g. short) must serve nothing else."""
     if len(lanes) > 1:
         for lane in lanes:
@@ -229,7 +229,7 @@ def _workers_from(raw: Any, lanes: tuple[Lane, ...]) -> tuple[WorkerSpec, ...]:
         name = w.get("name", wl[0])
         validate_lane_name(name)
         spec = WorkerSpec(name=name, lanes=tuple(wl), gpu=gpu)
-        check_worker_lanes(LaneTable(lanes), [names[x] for x in wl])
+        check_worker_lanes([names[x] for x in wl])
         specs.append(spec)
     if len({s.name for s in specs}) != len(specs):
         raise ConfigError("worker names must be unique", field="workers")

@@ -43,5 +43,7 @@ def served_model_names(model: str, configured: str = "") -> list[str]:
         public = configured
     else:
         folder = Path(model)
-        public = DEMO_SERVED_NAME if (folder / "tailguard_demo.json").is_file() else model
+        from tailguard.demo_model import MARKER_FILE  # torch is imported only when building
+
+        public = DEMO_SERVED_NAME if (folder / MARKER_FILE).is_file() else model
     return [public] if public == model else [public, model]

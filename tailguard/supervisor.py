@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 
 from tailguard import settings

@@ -139,7 +139,7 @@ def _serve_metrics(ctx: WorkerContext) -> None:
 
 def _lanes_for_queue_names(table: LaneTable, names: list[str]) -> list[Lane]:
     lanes = table.lanes_for_queues(names)
-    check_worker_lanes(table, lanes)
+    check_worker_lanes(lanes)
     return lanes
 
 
