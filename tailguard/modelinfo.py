@@ -33,6 +33,18 @@ def model_max_len(model: str) -> int | None:
     return None
 
 
+def serving_dtype(model: str, configured: str = "") -> str:
+    """The dtype to give vLLM: the configured one, else what a demo model records, else auto."""
+    if configured:
+        return configured
+    from tailguard.demo_model import MARKER_FILE  # torch is imported only when building
+
+    try:
+        meta = json.loads((Path(model) / MARKER_FILE).read_text())
+    except (OSError, ValueError):
+        return "auto"
+    return meta.get("dtype") or "auto"
+
 
 DEMO_SERVED_NAME = "tailguard-demo"
 

@@ -55,6 +55,10 @@ SERVED_MODEL_NAME = Setting(
     "TAILGUARD_SERVED_MODEL_NAME", "", str,
     "The `model` name OpenAI clients use (vLLM's --served-model-name). Empty: "
     "`tailguard-demo` for the demo model, else TAILGUARD_MODEL itself.")
+DTYPE = Setting(
+    "TAILGUARD_DTYPE", "", str,
+    "vLLM's dtype for the engine (auto, bfloat16, float32, ...). Empty: what a demo model records "
+    "it was verified with (float32 for tiny), else auto.")
 LANES_FILE = Setting(
     "TAILGUARD_LANES", "", str,
     "Path of the lanes TOML. Empty: the default tailguard/lanes.toml shipped with the package.")

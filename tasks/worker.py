@@ -23,7 +23,7 @@ from tailguard import settings
 from tailguard.errors import EngineDeadError
 from tailguard.jobs import EXPIRED, QUEUED, JobStore
 from tailguard.lanes import Lane, LaneTable, check_worker_lanes, engine_settings_for, load_lanes
-from tailguard.modelinfo import model_max_len
+from tailguard.modelinfo import model_max_len, serving_dtype
 
 log = logging.getLogger("tailguard.worker")
 
@@ -118,7 +118,8 @@ def build_engine(lanes: list[Lane]):
     limit = model_max_len(model)
     if limit is not None:
         max_len = min(max_len, limit)
-    return EngineHost(EngineConfig(model=model, max_num_seqs=max_num_seqs, max_model_len=max_len))
+    return EngineHost(EngineConfig(model=model, max_num_seqs=max_num_seqs, max_model_len=max_len,
+                                   dtype=serving_dtype(model, settings.DTYPE.get())))
 
 
 def _serve_metrics(ctx: WorkerContext) -> None:

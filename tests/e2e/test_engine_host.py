@@ -12,6 +12,7 @@ import pytest
 
 from tailguard.errors import EngineError
 from tailguard.engine import EngineConfig, EngineHost
+from tailguard.modelinfo import serving_dtype
 
 pytestmark = pytest.mark.e2e
 
@@ -25,7 +26,7 @@ def host(tmp_path_factory):
 
     model = build_demo_model(tmp_path_factory.mktemp("models") / "tiny", size="tiny")
     engine = EngineHost(EngineConfig(model=str(model), max_num_seqs=8,
-                                     max_model_len=MAX_MODEL_LEN,
+                                     max_model_len=MAX_MODEL_LEN, dtype=serving_dtype(str(model)),
                                      extra={"disable_log_stats": True}))
     engine.start()
     yield engine
