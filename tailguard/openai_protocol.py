@@ -11,7 +11,8 @@ prompt (no batches, no token ids), ``n == 1``, no logprobs, no tools. A field
 tailguard does not know is a 400 naming it, as on the native API: a typo
 silently ignored is worse than an error. Fields that OpenAI clients send by
 default with inert values (``user``, ``logprobs: false``, ``echo: false``,
-``logit_bias: {}``, penalties of 0, …) are accepted and ignored.
+``logit_bias: {}``, penalties of 0, …) are accepted and ignored. The sampling
+fields and their bounds are ``tailguard.sampling``'s table.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from tailguard.errors import InvalidField, ModelNotFound, TailguardError
-from tailguard.jobrequest import JobRequest, _float, _int, parse_job_request
+from tailguard.jobrequest import JobRequest, parse_job_request
+from tailguard.sampling import MAX_TOKENS, as_int, field_names
 
 Kind = Literal["completion", "chat"]
 
@@ -32,15 +34,12 @@ CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 #: Message keys passed to the template besides role and content.
 _MESSAGE_PASSTHROUGH = ("name", "tool_call_id")
 
-#: Fields passed through to tailguard's native validator unchanged.
-_NATIVE = ("max_tokens", "temperature", "top_p", "stop", "seed",
-           "top_k", "min_tokens", "ignore_eos", "repetition_penalty", "priority")
-
-#: vLLM/OpenAI penalties tailguard passes to the engine when non-zero.
-PENALTIES = ("frequency_penalty", "presence_penalty")
+#: Fields passed through to tailguard's request validator unchanged: the sampling table's and
+#: tailguard's own priority.
+_PASSED = ("priority", *field_names("openai"))
 
 #: Fields read here (not part of the native body).
-_OWN = ("model", "stream", "stream_options", "n", *PENALTIES)
+_OWN = ("model", "stream", "stream_options", "n")
 
 #: Fields clients send by default; only their inert value is accepted, and then ignored.
 _INERT: dict[str, Callable[[Any], bool]] = {
@@ -175,7 +174,7 @@ def _check_fields(body: Any, own: tuple[str, ...], inert: dict[str, Callable[[An
     """Unknown fields and non-inert values of ignored fields are 400s naming the field."""
     if not isinstance(body, dict):
         raise InvalidField("the body must be a JSON object", field="body")
-    known = {*own, *_OWN, *_NATIVE, *inert}
+    known = {*own, *_OWN, *_PASSED, *inert}
     unknown = sorted(set(body) - known)
     if unknown:
         raise InvalidField(f"unknown or unsupported field(s): {', '.join(unknown)} "
@@ -197,7 +196,7 @@ def _model(body: dict, served_names: set[str]) -> str:
 
 def _build(body: dict, model: str, prompt: str, *, max_tokens_field: str,
            kind: Kind) -> OpenAIRequest:
-    """Fields common to both endpoints; sampling goes through the native validator."""
+    """Fields common to both endpoints; sampling goes through the request validator."""
     stream = body.get("stream")
     if stream is None:
         stream = False
@@ -205,21 +204,17 @@ def _build(body: dict, model: str, prompt: str, *, max_tokens_field: str,
         raise InvalidField("stream must be true or false", field="stream")
     include_usage = _include_usage(body.get("stream_options"))
     n = body.get("n")
-    if n is not None and _int("n", n, 1) > 1:
+    if n is not None and as_int("n", n, 1) > 1:
         raise InvalidField(f"n > 1 is not supported: send {n} requests (got n={n})", field="n")
 
     # null means "default" in OpenAI bodies; the native validator wants it absent
-    native = {k: body[k] for k in _NATIVE if body.get(k) is not None}
-    if max_tokens_field != "max_tokens":  # max_completion_tokens wins; a bad max_tokens is still a 400
-        native["max_tokens"] = _int(max_tokens_field, body[max_tokens_field], 1)
-        if body.get("max_tokens") is not None:
-            _int("max_tokens", body["max_tokens"], 1)
+    native = {k: body[k] for k in _PASSED if body.get(k) is not None}
+    if max_tokens_field != MAX_TOKENS.name:  # max_completion_tokens wins; a bad max_tokens is still a 400
+        native[MAX_TOKENS.name] = MAX_TOKENS.parse(body[max_tokens_field], max_tokens_field)
+        if body.get(MAX_TOKENS.name) is not None:
+            MAX_TOKENS.parse(body[MAX_TOKENS.name])
     native["prompt"] = prompt
-    job = parse_job_request(native)
-    penalties = {k: _float(k, body[k], -2.0, 2.0) for k in PENALTIES if body.get(k) is not None}
-    penalties = {k: v for k, v in penalties.items() if v != 0.0}
-    if penalties:
-        job = replace(job, sampling={**job.sampling, **penalties})
+    job = parse_job_request(native, api="openai")
     return OpenAIRequest(job=job, model=model, stream=stream,
                          include_usage=stream and include_usage, kind=kind)
 
