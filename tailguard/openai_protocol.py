@@ -3,8 +3,10 @@
 Why: clients already speak OpenAI's ``/v1/completions`` and
 ``/v1/chat/completions`` (vLLM's server does too). This module turns such a
 body into tailguard's own ``JobRequest``, so the lanes, costs and caps apply
-unchanged, and builds OpenAI-shaped answers, chunks and errors. It is pure: no
-Flask, no Redis, no engine; the chat template is passed in as ``render``.
+unchanged, and builds OpenAI-shaped answers, chunks and error bodies. It is
+pure: no Flask, no Redis, no engine; the chat template is passed in as
+``render``. Framing chunks as server-sent events and choosing HTTP statuses is
+the app's (``app/sse.py``, ``app/errors.py``).
 
 What is accepted is what vLLM accepts, less what tailguard cannot honour: one
 prompt (no batches, no token ids), ``n == 1``, no logprobs, no tools. A field
@@ -17,12 +19,11 @@ fields and their bounds are ``tailguard.sampling``'s table.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from tailguard.errors import InvalidField, ModelNotFound, TailguardError
+from tailguard.errors import InvalidField, ModelNotFound
 from tailguard.jobrequest import JobRequest, parse_job_request
 from tailguard.sampling import MAX_TOKENS, as_int, field_names
 
@@ -55,6 +56,9 @@ _INERT_COMPLETION: dict[str, Callable[[Any], bool]] = {
 _INERT_CHAT: dict[str, Callable[[Any], bool]] = {
     "top_logprobs": lambda v: v is None or (v == 0 and not isinstance(v, bool)),
 }
+
+#: The payload of the last event of an OpenAI stream.
+STREAM_DONE = "[DONE]"
 
 #: finish_reason values of the OpenAI API; anything else is mapped by openai_finish_reason.
 OPENAI_FINISH_REASONS = frozenset({"stop", "length", "tool_calls", "content_filter", "function_call"})
@@ -323,48 +327,7 @@ def usage_chunk(*, kind: Kind, request_id: str, model: str, created: int, prompt
     }
 
 
-def sse(data: dict | str) -> bytes:
-    """One server-sent event: ``data: <compact json>\\n\\n``, or the ``data: [DONE]`` terminator.
-
-    json.dumps escapes newlines inside strings, so one event is always one line.
-    """
-    if isinstance(data, str):
-        if data != "[DONE]":
-            raise ValueError(f"the only raw SSE payload is [DONE], got {data!r}")
-        payload = data
-    else:
-        payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    return f"data: {payload}\n\n".encode()
-
-
-# ---------------------------------------------------------------- errors
-
-
-def openai_error_type(status: int) -> str:
-    """The OpenAI ``error.type`` for an HTTP status.
-
-    OpenAI spells client errors "invalid_request_error", including an unknown
-    model (404, code "model_not_found") and conflicts; it does not use vLLM's
-    class-like names ("NotFoundError"). The openai client picks its exception
-    class from the status alone, so the type is for humans and dashboards.
-    """
-    if status == 401:
-        return "authentication_error"
-    if status == 403:
-        return "permission_error"
-    if status == 429:
-        return "rate_limit_error"
-    if status >= 500:
-        return "server_error"
-    return "invalid_request_error"
-
-
 def error_body(message: str, *, type: str, param: str | None, code: str | int | None) -> dict:
     """``{"error": {message, type, param, code}}``, the OpenAI error shape."""
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
-
-def error_body_for(exc: TailguardError) -> dict:
-    """The OpenAI error body of a tailguard error: its field is the param, its code the code."""
-    return error_body(exc.message, type=openai_error_type(exc.http_status), param=exc.field,
-                      code=exc.code)
