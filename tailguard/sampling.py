@@ -71,6 +71,9 @@ class SamplingField:
     native: bool = True  # the native API takes it too (the OpenAI API takes every field)
     inert: float | None = None  # a value that does nothing: dropped, not sent to the engine
 
+    def accepted_by(self, api: Api) -> bool:
+        return api == "openai" or self.native
+
     def parse(self, value: Any, name: str | None = None) -> Any:
         """The validated value, or InvalidField naming ``name`` (the field's own name by default)."""
         name = name or self.name
@@ -109,14 +112,14 @@ MAX_TOKENS = BY_NAME["max_tokens"]
 
 def field_names(api: Api) -> tuple[str, ...]:
     """The sampling fields a request body of ``api`` may carry."""
-    return tuple(f.name for f in FIELDS if api == "openai" or f.native)
+    return tuple(f.name for f in FIELDS if f.accepted_by(api))
 
 
 def parse_sampling(body: Mapping[str, Any], api: Api) -> dict[str, Any]:
     """The sampling fields of ``body`` for ``api``, validated; null and inert values left out."""
     out = {}
     for f in FIELDS:
-        if (api == "openai" or f.native) and body.get(f.name) is not None:
+        if f.accepted_by(api) and body.get(f.name) is not None:
             value = f.parse(body[f.name])
             if f.inert is None or value != f.inert:
                 out[f.name] = value
