@@ -3,41 +3,96 @@
 Every error body is JSON. The native API answers
 {"error": {"code": <stable code>, "message": ..., "field"?: ...}}; the OpenAI-compatible
 routes answer OpenAI's shape {"error": {"message", "type", "param", "code"}} with the
-same status and code. Codes and statuses come from the tailguard.errors tree; a Redis
-outage is a 503; anything unexpected is logged here and answered with a 500 that
-carries no traceback.
+same status and code. Codes and statuses come from the tailguard.errors tree, a job
+that did not succeed included (``job_error``); a Redis outage is a 503; anything
+unexpected is logged here and answered with a 500 that carries no traceback.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import redis
-from flask import Flask, jsonify, request
+from flask import Flask, Response, jsonify, request
 from kombu.exceptions import OperationalError
 from werkzeug.exceptions import HTTPException
 
-from tailguard.errors import BodyTooLarge, BrokerUnavailable, RequestError, TailguardError, Unavailable
-from tailguard.openai_protocol import error_body, openai_error_type
+from tailguard.errors import (BodyTooLarge, BrokerUnavailable, EngineError, JobCancelled, JobExpired,
+                              JobNotFound, RequestError, ResultTimeout, TailguardError, Unavailable,
+                              error_class)
+from tailguard.jobs import CANCELLED, EXPIRED, TERMINAL
+from tailguard.openai_protocol import error_body
 
 #: blueprints whose clients speak the OpenAI API
 OPENAI_BLUEPRINTS = frozenset({"openai"})
 
 log = logging.getLogger("tailguard.api")
 
-_HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed",
+#: codes of the HTTP errors Flask raises itself (unknown route, wrong method, ...)
+_HTTP_CODES = {400: RequestError.code, 404: JobNotFound.code, 405: "method_not_allowed",
                413: BodyTooLarge.code, 415: "unsupported_media_type"}
 
+#: how a job that ended in this state failed, when its record names no known code
+_STATE_ERRORS: dict[str, type[TailguardError]] = {EXPIRED: JobExpired, CANCELLED: JobCancelled}
 
-def error_response(status: int, code: str, message: str, field: str | None = None):
+
+def job_error(job: dict[str, Any]) -> TailguardError:
+    """The error a caller waiting for a job that did not succeed gets (status and code with it).
+
+    A terminal job maps through the code in its record (else through its state);
+    a job still queued or running when the caller stopped waiting is a ResultTimeout.
+    """
+    status = job["status"]
+    if status not in TERMINAL:
+        return ResultTimeout(f"no result within the lane's time budget (the job is {status})")
+    error = job.get("error") or {}
+    cls = error_class(error.get("code")) or _STATE_ERRORS.get(status, EngineError)
+    return cls(error.get("message") or f"the request ended {status}")
+
+
+def openai_error_type(status: int) -> str:
+    """The OpenAI ``error.type`` for an HTTP status.
+
+    OpenAI spells client errors "invalid_request_error", including an unknown
+    model (404, code "model_not_found") and conflicts; it does not use vLLM's
+    class-like names ("NotFoundError"). The openai client picks its exception
+    class from the status alone, so the type is for humans and dashboards.
+    """
+    if status == 401:
+        return "authentication_error"
+    if status == 403:
+        return "permission_error"
+    if status == 429:
+        return "rate_limit_error"
+    if status >= 500:
+        return "server_error"
+    return "invalid_request_error"
+
+
+def openai_error(err: TailguardError) -> dict:
+    """The OpenAI error body of a tree member: also what a failed OpenAI stream sends last."""
+    return error_body(err.message, type=openai_error_type(err.http_status), param=err.field,
+                      code=err.code)
+
+
+def error_response(status: int, code: str, message: str, field: str | None = None, *,
+                   headers: dict[str, str] | None = None) -> Response:
+    """The error answer to this request, in the shape its API speaks."""
     if request and (request.blueprint in OPENAI_BLUEPRINTS or request.path.startswith(
             ("/v1/completions", "/v1/chat/", "/v1/models"))):
-        return jsonify(error_body(message, type=openai_error_type(status), param=field,
-                                  code=code)), status
-    body = {"code": code, "message": message}
-    if field is not None:
-        body["field"] = field
-    return jsonify({"error": body}), status
+        body = error_body(message, type=openai_error_type(status), param=field, code=code)
+    else:
+        body = {"error": {"code": code, "message": message, **({} if field is None else {"field": field})}}
+    resp = jsonify(body)
+    resp.status_code = status
+    resp.headers.update(headers or {})
+    return resp
+
+
+def exception_response(err: TailguardError, *, headers: dict[str, str] | None = None) -> Response:
+    """error_response for a member of the tree: its status, code, message and field."""
+    return error_response(err.http_status, err.code, err.message, err.field, headers=headers)
 
 
 def register(app: Flask) -> None:
@@ -52,7 +107,7 @@ def register(app: Flask) -> None:
             log.error("%s: %s", exc.code, exc.message)
         if isinstance(exc, (RequestError, Unavailable)):
             count_rejected(exc.code)
-        return error_response(exc.http_status, exc.code, exc.message, exc.field)
+        return exception_response(exc)
 
     @app.errorhandler(redis.RedisError)
     @app.errorhandler(OperationalError)
@@ -60,7 +115,7 @@ def register(app: Flask) -> None:
         log.error("Redis unavailable: %s", exc)
         err = BrokerUnavailable("Redis (broker and job store) is not answering; retry later")
         count_rejected(err.code)
-        return error_response(err.http_status, err.code, err.message)
+        return exception_response(err)
 
     @app.errorhandler(HTTPException)
     def _http(exc: HTTPException):
@@ -72,4 +127,4 @@ def register(app: Flask) -> None:
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):
         log.exception("unhandled error")
-        return error_response(500, "internal", "internal error; it has been logged")
+        return error_response(500, TailguardError.code, "internal error; it has been logged")

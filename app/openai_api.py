@@ -16,17 +16,17 @@ from typing import Any, Callable, Iterator
 from flask import Blueprint, Response, jsonify, request
 
 from app import get_gateway
-from app.sse import HEARTBEAT, client_connected, sse_response
+from app.errors import exception_response, job_error, openai_error
+from app.sse import HEARTBEAT, client_connected, sse_event, sse_response
 from tailguard import settings
 from tailguard.chat import chat_template_for, compile_chat_template, render_chat, special_token
-from tailguard.errors import InvalidField, JobStateConflict, TailguardError, Unavailable
+from tailguard.errors import InvalidField
 from tailguard.gateway import Gateway
-from tailguard.jobs import CANCELLED, EXPIRED, FAILED, SUCCEEDED
+from tailguard.jobs import SUCCEEDED
 from tailguard.modelinfo import resolve_model_dir, served_model_names
-from tailguard.openai_protocol import (OpenAIRequest, chat_chunk, chat_response, completion_chunk,
-                                       completion_response, error_body, openai_error_type,
-                                       openai_finish_reason, parse_chat_request,
-                                       parse_completion_request, sse, usage_chunk)
+from tailguard.openai_protocol import (STREAM_DONE, OpenAIRequest, chat_chunk, chat_response,
+                                       completion_chunk, completion_response, openai_finish_reason,
+                                       parse_chat_request, parse_completion_request, usage_chunk)
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
 
@@ -104,11 +104,7 @@ def _serve(gw: Gateway, req: OpenAIRequest) -> Response:
     budget = lane.queue_ttl_s + lane.deadline_s + settings.WORKER_LOST_GRACE_S.get() + 5
     job = gw.wait(job_id, budget, still_wanted=client_connected())
     if job["status"] != SUCCEEDED:
-        status, code, message = _failure(job)
-        resp = jsonify(error_body(message, type=openai_error_type(status), param=None, code=code))
-        resp.status_code = status
-        resp.headers.update(headers)
-        return resp
+        return exception_response(job_error(job), headers=headers)
     result = job["result"]
     headers["X-Tailguard-Finish-Reason"] = result["finish_reason"]
     build = chat_response if req.kind == "chat" else completion_response
@@ -118,19 +114,6 @@ def _serve(gw: Gateway, req: OpenAIRequest) -> Response:
                          completion_tokens=result["completion_tokens"]))
     resp.headers.update(headers)
     return resp
-
-
-def _failure(job: dict[str, Any]) -> tuple[int, str, str]:
-    """HTTP status, code and message for a job that did not succeed."""
-    error = job.get("error") or {}
-    message = error.get("message") or f"the request ended {job['status']}"
-    if job["status"] == EXPIRED:
-        return Unavailable.http_status, "expired", message  # 503: the lane is backed up
-    if job["status"] == CANCELLED:
-        return JobStateConflict.http_status, "cancelled", message
-    if job["status"] == FAILED:
-        return TailguardError.http_status, error.get("code", "engine_error"), message
-    return 504, "timeout", f"no result within the lane's time budget (the job is {job['status']})"
 
 
 def _chunks(gw: Gateway, req: OpenAIRequest, accepted: dict[str, Any], created: int) -> Iterator[bytes]:
@@ -144,22 +127,22 @@ def _chunks(gw: Gateway, req: OpenAIRequest, accepted: dict[str, Any], created: 
             continue
         if event.type == "delta":
             text = event.data.get("text", "")
-            yield sse(chat_chunk(**common, text=text, first=first) if chat
-                      else completion_chunk(**common, text=text))
+            yield sse_event(chat_chunk(**common, text=text, first=first) if chat
+                            else completion_chunk(**common, text=text))
             first = False
             continue
         end = event.data  # the end event
         if end["status"] != SUCCEEDED:
-            status, code, message = _failure({**end, "error": end.get("error")})
-            yield sse(error_body(message, type=openai_error_type(status), param=None, code=code))
+            yield sse_event(openai_error(job_error(end)))
             break
         reason = openai_finish_reason(end.get("finish_reason", "stop"))
         if chat and first:  # nothing was generated: the role still comes first
-            yield sse(chat_chunk(**common, first=True))
-        yield sse(chat_chunk(**common, finish_reason=reason) if chat
-                  else completion_chunk(**common, text="", finish_reason=reason))
+            yield sse_event(chat_chunk(**common, first=True))
+        yield sse_event(chat_chunk(**common, finish_reason=reason) if chat
+                        else completion_chunk(**common, text="", finish_reason=reason))
         if req.include_usage:
-            yield sse(usage_chunk(kind=req.kind, **common, prompt_tokens=accepted["prompt_tokens"],
-                                  completion_tokens=end.get("completion_tokens", 0)))
+            yield sse_event(usage_chunk(kind=req.kind, **common,
+                                        prompt_tokens=accepted["prompt_tokens"],
+                                        completion_tokens=end.get("completion_tokens", 0)))
         break
-    yield sse("[DONE]")
+    yield sse_event(STREAM_DONE)

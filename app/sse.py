@@ -1,4 +1,4 @@
-"""Server-Sent Events over WSGI, with disconnect detection.
+"""Server-Sent Events over WSGI, with disconnect detection: the framing of every stream.
 
 A WSGI app learns that a client went away only when a write fails: the server
 (gunicorn) then closes our response iterator, which raises GeneratorExit at the
@@ -16,6 +16,11 @@ from flask import Response, request
 
 
 def sse_event(data: Any, *, event: str | None = None, id: str | None = None) -> bytes:
+    """One event, for native and OpenAI streams alike: ``data:`` is compact JSON, or a raw string.
+
+    JSON escapes newlines inside strings, so a JSON event is one ``data:`` line
+    (the shape OpenAI clients parse); a raw string (OpenAI's ``[DONE]``) goes as is.
+    """
     lines = []
     if id is not None:
         lines.append(f"id: {id}")

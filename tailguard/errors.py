@@ -6,23 +6,36 @@ one place (``app/errors.py``); workers map them to a terminal job state.
 
 ::
 
-    TailguardError                      code              HTTP
-    ├── ConfigError                     config_error      500 (startup only: never reaches a client)
-    ├── RequestError                    bad_request       400  the caller sent something we will not run
-    │   ├── InvalidField                invalid_field     400  a field has the wrong type or value
-    │   ├── PromptTooLong               prompt_too_long   400  prompt does not fit any lane's context
-    │   ├── NoLaneForRequest            no_lane           400  no lane accepts this priority/cost
-    │   └── BodyTooLarge                body_too_large    413
-    ├── JobNotFound                     not_found         404  unknown (or expired-from-storage) id
-    │   └── ModelNotFound               model_not_found   404  `model` names a model we do not serve
-    ├── JobStateConflict                conflict          409  e.g. cancelling a finished job
-    ├── Unavailable                     unavailable       503  recoverable: retry later
-    │   └── BrokerUnavailable           broker_unavailable 503 Redis does not answer
-    └── EngineError                     engine_error      (worker side) one request failed; job -> failed
-        └── EngineDeadError             engine_dead       (worker side) the engine is gone; fatal for the worker
+    TailguardError                      code               HTTP
+    ├── ConfigError                     config_error       500 (startup only: never reaches a client)
+    ├── RequestError                    bad_request        400  the caller sent something we will not run
+    │   ├── InvalidField                invalid_field      400  a field has the wrong type or value
+    │   ├── PromptTooLong               prompt_too_long    400  prompt does not fit any lane's context
+    │   ├── NoLaneForRequest            no_lane            400  no lane accepts this priority/cost
+    │   └── BodyTooLarge                body_too_large     413
+    ├── JobNotFound                     not_found          404  unknown (or expired-from-storage) id
+    │   └── ModelNotFound               model_not_found    404  `model` names a model we do not serve
+    ├── JobStateConflict                conflict           409  e.g. cancelling a finished job
+    ├── Unavailable                     unavailable        503  recoverable: retry later
+    │   └── BrokerUnavailable           broker_unavailable 503  Redis does not answer
+    ├── ResultTimeout                   timeout            504  a waiting call gave up; the job goes on
+    ├── EngineError                     engine_error       500  one request failed; job -> failed
+    │   └── EngineDeadError             engine_dead        500  the engine is gone; fatal for the worker
+    └── JobError                        job_error          500  why a job ended without a result:
+        ├── JobExpired                  expired            503  waited in its queue past queue_ttl_s
+        ├── JobCancelled                cancelled          409  DELETE, or the client went away
+        ├── WorkerLost                  worker_lost        500  no result long past the deadline
+        ├── InternalJobError            internal_error     500  a bug in the task (the root's code too)
+        └── EnqueueFailed               enqueue_failed     500  the broker did not take the message
 
-``RequestError`` and ``Unavailable`` are recoverable by the caller (fix the request,
-retry later); ``EngineDeadError`` is fatal for the worker process that raised it.
+The root's code, ``internal_error``, is what any unexpected exception is
+answered with. ``RequestError`` and ``Unavailable`` are recoverable by the
+caller (fix the request, retry later); ``EngineDeadError`` is fatal for the
+worker process that raised it.
+
+A job that ends without a result keeps ``{"code", "message"}`` of one of the
+classes from ``EngineError`` down in its record (``to_dict``); ``error_class``
+turns the code back into its class, and with it its HTTP status.
 """
 
 from __future__ import annotations
@@ -31,7 +44,7 @@ from __future__ import annotations
 class TailguardError(Exception):
     """Root of every error tailguard raises on purpose."""
 
-    code = "internal"
+    code = "internal_error"
     http_status = 500
 
     def __init__(self, message: str, *, field: str | None = None) -> None:
@@ -104,6 +117,13 @@ class BrokerUnavailable(Unavailable):
     code = "broker_unavailable"
 
 
+class ResultTimeout(TailguardError):
+    """A caller waiting for a job's result gave up before the job ended (it still may)."""
+
+    code = "timeout"
+    http_status = 504
+
+
 class EngineError(TailguardError):
     """One generation failed; the worker and its engine carry on."""
 
@@ -114,3 +134,48 @@ class EngineDeadError(EngineError):
     """The engine process is gone; the worker cannot serve anything more."""
 
     code = "engine_dead"
+
+
+class JobError(TailguardError):
+    """Why a job ended without a result: the code is recorded in the job record."""
+
+    code = "job_error"
+
+
+class JobExpired(JobError):
+    """It waited in its lane's queue past queue_ttl_s: 503, the lane is backed up."""
+
+    code = "expired"
+    http_status = 503
+
+
+class JobCancelled(JobError):
+    code = "cancelled"
+    http_status = 409
+
+
+class WorkerLost(JobError):
+    code = "worker_lost"
+
+
+class InternalJobError(JobError):
+    code = "internal_error"
+
+
+class EnqueueFailed(JobError):
+    """The job was recorded but its message could not be published to the lane's queue."""
+
+    code = "enqueue_failed"
+
+
+def error_class(code: str | None) -> type[TailguardError] | None:
+    """The class of the tree (below the root) whose code this is; None for an unknown code."""
+    return _BY_CODE.get(code) if code is not None else None
+
+
+def _below(cls: type[TailguardError]) -> list[type[TailguardError]]:
+    return [c for sub in cls.__subclasses__() for c in (sub, *_below(sub))]
+
+
+#: code -> class; the codes below the root are unique (tests/unit/test_errors.py)
+_BY_CODE: dict[str, type[TailguardError]] = {c.code: c for c in _below(TailguardError)}

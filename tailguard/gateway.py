@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator, Protocol
 
 from celery import Celery
 
-from tailguard.errors import JobNotFound, JobStateConflict
+from tailguard.errors import EnqueueFailed, JobCancelled, JobNotFound, JobStateConflict
 from tailguard.jobrequest import JobRequest
 from tailguard.jobs import CANCELLED, FAILED, QUEUED, RUNNING, TERMINAL, JobStore, timing
 from tailguard.keys import is_job_id
@@ -66,7 +66,7 @@ class Gateway:
                         **({} if req.add_special_tokens else {"add_special_tokens": False})})
         except Exception as exc:
             self.store.transition(job_id, {QUEUED}, FAILED, {
-                "error": {"code": "enqueue_failed", "message": f"could not queue the request: {exc}"}})
+                "error": EnqueueFailed(f"could not queue the request: {exc}").to_dict()})
             raise
         self.metrics.on_accepted(lane.name, placement.max_tokens_capped)
         return {"id": job_id, "status": QUEUED, "lane": lane.name, "priority": req.priority,
@@ -106,7 +106,7 @@ class Gateway:
         if not is_job_id(job_id):
             raise JobNotFound(f"no job {job_id!r}")
         moved, before = self.store.transition(job_id, {QUEUED, RUNNING}, CANCELLED,
-                                              {"error": {"code": "cancelled", "message": reason}})
+                                              {"error": JobCancelled(reason).to_dict()})
         if not moved and not missing_ok:
             if before is None:
                 raise JobNotFound(f"no job {job_id!r} (unknown, or its record expired)")

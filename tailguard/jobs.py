@@ -28,6 +28,7 @@ from typing import Any
 import redis
 
 from tailguard import keys
+from tailguard.errors import JobExpired, WorkerLost
 
 QUEUED, RUNNING = "queued", "running"
 SUCCEEDED, FAILED, EXPIRED, CANCELLED = "succeeded", "failed", "expired", "cancelled"
@@ -186,15 +187,14 @@ class JobStore:
         if job["status"] == QUEUED and "expires_at" in job:
             moved, _ = self.transition(
                 job_id, {QUEUED}, EXPIRED,
-                {"error": {"code": "expired",
-                           "message": "the request waited in its lane's queue past queue_ttl_s"}},
+                {"error": JobExpired("the request waited in its lane's queue past queue_ttl_s")
+                 .to_dict()},
                 overdue_field="expires_at")
         elif job["status"] == RUNNING and "deadline_s" in job:
             moved, _ = self.transition(
                 job_id, {RUNNING}, FAILED,
-                {"error": {"code": "worker_lost",
-                           "message": "no result arrived within the lane deadline; "
-                                      "the worker running it is gone"}},
+                {"error": WorkerLost("no result arrived within the lane deadline; "
+                                     "the worker running it is gone").to_dict()},
                 overdue_field="running_at",
                 overdue_grace_s=job["deadline_s"] + self.worker_lost_grace_s)
         else:

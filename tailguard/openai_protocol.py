@@ -3,26 +3,29 @@
 Why: clients already speak OpenAI's ``/v1/completions`` and
 ``/v1/chat/completions`` (vLLM's server does too). This module turns such a
 body into tailguard's own ``JobRequest``, so the lanes, costs and caps apply
-unchanged, and builds OpenAI-shaped answers, chunks and errors. It is pure: no
-Flask, no Redis, no engine; the chat template is passed in as ``render``.
+unchanged, and builds OpenAI-shaped answers, chunks and error bodies. It is
+pure: no Flask, no Redis, no engine; the chat template is passed in as
+``render``. Framing chunks as server-sent events and choosing HTTP statuses is
+the app's (``app/sse.py``, ``app/errors.py``).
 
 What is accepted is what vLLM accepts, less what tailguard cannot honour: one
 prompt (no batches, no token ids), ``n == 1``, no logprobs, no tools. A field
 tailguard does not know is a 400 naming it, as on the native API: a typo
 silently ignored is worse than an error. Fields that OpenAI clients send by
 default with inert values (``user``, ``logprobs: false``, ``echo: false``,
-``logit_bias: {}``, penalties of 0, …) are accepted and ignored.
+``logit_bias: {}``, penalties of 0, …) are accepted and ignored. The sampling
+fields and their bounds are ``tailguard.sampling``'s table.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from tailguard.errors import InvalidField, ModelNotFound, TailguardError
-from tailguard.jobrequest import JobRequest, _float, _int, parse_job_request
+from tailguard.errors import InvalidField, ModelNotFound
+from tailguard.jobrequest import JobRequest, parse_job_request
+from tailguard.sampling import MAX_TOKENS, as_int, field_names
 
 Kind = Literal["completion", "chat"]
 
@@ -32,15 +35,12 @@ CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 #: Message keys passed to the template besides role and content.
 _MESSAGE_PASSTHROUGH = ("name", "tool_call_id")
 
-#: Fields passed through to tailguard's native validator unchanged.
-_NATIVE = ("max_tokens", "temperature", "top_p", "stop", "seed",
-           "top_k", "min_tokens", "ignore_eos", "repetition_penalty", "priority")
-
-#: vLLM/OpenAI penalties tailguard passes to the engine when non-zero.
-PENALTIES = ("frequency_penalty", "presence_penalty")
+#: Fields passed through to tailguard's request validator unchanged: the sampling table's and
+#: tailguard's own priority.
+_PASSED = ("priority", *field_names("openai"))
 
 #: Fields read here (not part of the native body).
-_OWN = ("model", "stream", "stream_options", "n", *PENALTIES)
+_OWN = ("model", "stream", "stream_options", "n")
 
 #: Fields clients send by default; only their inert value is accepted, and then ignored.
 _INERT: dict[str, Callable[[Any], bool]] = {
@@ -56,6 +56,9 @@ _INERT_COMPLETION: dict[str, Callable[[Any], bool]] = {
 _INERT_CHAT: dict[str, Callable[[Any], bool]] = {
     "top_logprobs": lambda v: v is None or (v == 0 and not isinstance(v, bool)),
 }
+
+#: The payload of the last event of an OpenAI stream.
+STREAM_DONE = "[DONE]"
 
 #: finish_reason values of the OpenAI API; anything else is mapped by openai_finish_reason.
 OPENAI_FINISH_REASONS = frozenset({"stop", "length", "tool_calls", "content_filter", "function_call"})
@@ -175,7 +178,7 @@ def _check_fields(body: Any, own: tuple[str, ...], inert: dict[str, Callable[[An
     """Unknown fields and non-inert values of ignored fields are 400s naming the field."""
     if not isinstance(body, dict):
         raise InvalidField("the body must be a JSON object", field="body")
-    known = {*own, *_OWN, *_NATIVE, *inert}
+    known = {*own, *_OWN, *_PASSED, *inert}
     unknown = sorted(set(body) - known)
     if unknown:
         raise InvalidField(f"unknown or unsupported field(s): {', '.join(unknown)} "
@@ -197,7 +200,7 @@ def _model(body: dict, served_names: set[str]) -> str:
 
 def _build(body: dict, model: str, prompt: str, *, max_tokens_field: str,
            kind: Kind) -> OpenAIRequest:
-    """Fields common to both endpoints; sampling goes through the native validator."""
+    """Fields common to both endpoints; sampling goes through the request validator."""
     stream = body.get("stream")
     if stream is None:
         stream = False
@@ -205,21 +208,17 @@ def _build(body: dict, model: str, prompt: str, *, max_tokens_field: str,
         raise InvalidField("stream must be true or false", field="stream")
     include_usage = _include_usage(body.get("stream_options"))
     n = body.get("n")
-    if n is not None and _int("n", n, 1) > 1:
+    if n is not None and as_int("n", n, 1) > 1:
         raise InvalidField(f"n > 1 is not supported: send {n} requests (got n={n})", field="n")
 
     # null means "default" in OpenAI bodies; the native validator wants it absent
-    native = {k: body[k] for k in _NATIVE if body.get(k) is not None}
-    if max_tokens_field != "max_tokens":  # max_completion_tokens wins; a bad max_tokens is still a 400
-        native["max_tokens"] = _int(max_tokens_field, body[max_tokens_field], 1)
-        if body.get("max_tokens") is not None:
-            _int("max_tokens", body["max_tokens"], 1)
+    native = {k: body[k] for k in _PASSED if body.get(k) is not None}
+    if max_tokens_field != MAX_TOKENS.name:  # max_completion_tokens wins; a bad max_tokens is still a 400
+        native[MAX_TOKENS.name] = MAX_TOKENS.parse(body[max_tokens_field], max_tokens_field)
+        if body.get(MAX_TOKENS.name) is not None:
+            MAX_TOKENS.parse(body[MAX_TOKENS.name])
     native["prompt"] = prompt
-    job = parse_job_request(native)
-    penalties = {k: _float(k, body[k], -2.0, 2.0) for k in PENALTIES if body.get(k) is not None}
-    penalties = {k: v for k, v in penalties.items() if v != 0.0}
-    if penalties:
-        job = replace(job, sampling={**job.sampling, **penalties})
+    job = parse_job_request(native, api="openai")
     return OpenAIRequest(job=job, model=model, stream=stream,
                          include_usage=stream and include_usage, kind=kind)
 
@@ -328,48 +327,7 @@ def usage_chunk(*, kind: Kind, request_id: str, model: str, created: int, prompt
     }
 
 
-def sse(data: dict | str) -> bytes:
-    """One server-sent event: ``data: <compact json>\\n\\n``, or the ``data: [DONE]`` terminator.
-
-    json.dumps escapes newlines inside strings, so one event is always one line.
-    """
-    if isinstance(data, str):
-        if data != "[DONE]":
-            raise ValueError(f"the only raw SSE payload is [DONE], got {data!r}")
-        payload = data
-    else:
-        payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    return f"data: {payload}\n\n".encode()
-
-
-# ---------------------------------------------------------------- errors
-
-
-def openai_error_type(status: int) -> str:
-    """The OpenAI ``error.type`` for an HTTP status.
-
-    OpenAI spells client errors "invalid_request_error", including an unknown
-    model (404, code "model_not_found") and conflicts; it does not use vLLM's
-    class-like names ("NotFoundError"). The openai client picks its exception
-    class from the status alone, so the type is for humans and dashboards.
-    """
-    if status == 401:
-        return "authentication_error"
-    if status == 403:
-        return "permission_error"
-    if status == 429:
-        return "rate_limit_error"
-    if status >= 500:
-        return "server_error"
-    return "invalid_request_error"
-
-
 def error_body(message: str, *, type: str, param: str | None, code: str | int | None) -> dict:
     """``{"error": {message, type, param, code}}``, the OpenAI error shape."""
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
-
-def error_body_for(exc: TailguardError) -> dict:
-    """The OpenAI error body of a tailguard error: its field is the param, its code the code."""
-    return error_body(exc.message, type=openai_error_type(exc.http_status), param=exc.field,
-                      code=exc.code)

@@ -161,3 +161,25 @@ def test_api_never_imports_torch_or_vllm(tiny_model, redis_server):
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_openai_call_whose_job_expires_is_a_503_expired(client, tiny_model):
+    # batch.queue_ttl_s is 3 s and no worker runs: the waiting call settles the job expired
+    resp = client.post("/v1/completions", json={"model": tiny_model, "prompt": "hi",
+                                                "max_tokens": 4, "priority": "batch"})
+    assert resp.status_code == 503
+    assert resp.get_json()["error"] == {
+        "message": "the request waited in its lane's queue past queue_ttl_s",
+        "type": "server_error", "param": None, "code": "expired"}
+    assert resp.headers["X-Tailguard-Lane"] == "batch" and resp.headers["X-Tailguard-Job-Id"]
+
+
+def test_openai_stream_whose_job_expires_ends_with_an_error_event(client, tiny_model):
+    resp = client.post("/v1/chat/completions", json={
+        "model": tiny_model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+        "priority": "batch", "stream": True})
+    assert resp.status_code == 200 and resp.mimetype == "text/event-stream"
+    events = [block.removeprefix("data: ") for block in resp.get_data(as_text=True).split("\n\n")
+              if block.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["error"]["code"] == "expired"

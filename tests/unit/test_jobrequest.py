@@ -41,6 +41,7 @@ def test_sampling_fields_pass_through_with_openai_names():
     ({"prompt": "p", "priority": "urgent"}, "priority"),
     ({"prompt": "p", "max_tokens": 4, "min_tokens": 5}, "min_tokens"),
     ({"prompt": "p", "max_token": 4}, "max_token"),
+    ({"prompt": "p", "frequency_penalty": 0.5}, "frequency_penalty"),  # OpenAI API only
 ])
 def test_bad_field_is_named(body, field):
     with pytest.raises(InvalidField) as err:

@@ -1,16 +1,13 @@
 """OpenAI bodies to JobRequests, and OpenAI-shaped answers: every bad field is named."""
 
-import json
-
 import pytest
 
 from tailguard.chat import render_chat
 from tailguard.demo_model import CHAT_TEMPLATE
-from tailguard.errors import InvalidField, JobNotFound, PromptTooLong, Unavailable
+from tailguard.errors import InvalidField, JobNotFound
 from tailguard.openai_protocol import (
     ModelNotFound, chat_chunk, chat_response, completion_chunk, completion_response, error_body,
-    error_body_for, openai_error_type, openai_finish_reason, parse_chat_request,
-    parse_completion_request, sse, usage_chunk,
+    openai_finish_reason, parse_chat_request, parse_completion_request, usage_chunk,
 )
 
 SERVED = {"demo", "/models/demo"}
@@ -299,13 +296,6 @@ def test_usage_chunk(kind, id_, obj):
         "usage": {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}}
 
 
-def test_sse_bytes():
-    assert sse({"a": "é\n", "b": [1, None]}) == 'data: {"a":"é\\n","b":[1,null]}\n\n'.encode()
-    assert sse("[DONE]") == b"data: [DONE]\n\n"
-    with pytest.raises(ValueError):
-        sse("hello")
-
-
 def test_responses_parse_as_the_openai_client_types():
     types = pytest.importorskip("openai.types")
     chunk_types = pytest.importorskip("openai.types.chat")
@@ -333,24 +323,6 @@ def test_finish_reason(reason, expected):
 # ---------------------------------------------------------------- errors
 
 
-@pytest.mark.parametrize("status,type_", [
-    (400, "invalid_request_error"), (404, "invalid_request_error"), (409, "invalid_request_error"),
-    (413, "invalid_request_error"), (422, "invalid_request_error"), (401, "authentication_error"),
-    (403, "permission_error"), (429, "rate_limit_error"), (500, "server_error"),
-    (503, "server_error"),
-])
-def test_openai_error_type(status, type_):
-    assert openai_error_type(status) == type_
-
-
-def test_error_bodies():
+def test_error_body():
     assert error_body("boom", type="server_error", param=None, code=None) == \
         {"error": {"message": "boom", "type": "server_error", "param": None, "code": None}}
-    assert error_body_for(ModelNotFound("The model `x` does not exist.", field="model")) == \
-        {"error": {"message": "The model `x` does not exist.", "type": "invalid_request_error",
-                   "param": "model", "code": "model_not_found"}}
-    assert error_body_for(PromptTooLong("too long"))["error"]["param"] is None
-    assert error_body_for(Unavailable("later"))["error"]["type"] == "server_error"
-    # mid-stream failures go out as an SSE event the openai client raises on
-    event = sse(error_body("engine died", type="server_error", param=None, code="engine_error"))
-    assert json.loads(event.decode().removeprefix("data: "))["error"]["code"] == "engine_error"
