@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 from tailguard.bench.loadgen import Sample
 
-METRICS = {"queue_s": "queue wait", "ttft_s": "TTFT", "e2e_s": "end-to-end"}
+METRICS = {"queued_s": "queue wait", "ttft_s": "TTFT", "e2e_s": "end-to-end"}
 PHASES = ("baseline", "mixed")
 
 #: Targets (issue 4), on the short class's P99 of the chosen metric.

@@ -24,7 +24,7 @@ def test_summarize():
 
 def ok(cls, e2e, sent=0.0, tokens=64, lane="short", ttft=0.05, queue=0.01):
     return Sample(cls, tokens, arrival_s=sent, sent_s=sent, status="succeeded", ok=True,
-                  accepted=True, finished=True, job_id="j", lane=lane, queue_s=queue, ttft_s=ttft,
+                  accepted=True, finished=True, job_id="j", lane=lane, queued_s=queue, ttft_s=ttft,
                   e2e_s=e2e, completion_tokens=tokens, finish_reason="length")
 
 
