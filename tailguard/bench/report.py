@@ -29,6 +29,7 @@ LAG_WARN_S = 0.05
 
 
 def percentile(values: Iterable[float], q: float) -> float | None:
+    """Nearest-rank percentile (no interpolation: P99 of 100 samples is the 99th value)."""
     ordered = sorted(values)
     if not ordered:
         return None
