@@ -13,21 +13,28 @@ from tailguard.gateway import Gateway
 _gateway_lock = threading.Lock()
 
 
-def create_app(config: Mapping[str, Any] | None = None) -> Flask:
-    """Build the API. Nothing connects or loads here: the gateway is built on first use."""
+#: Every setting the API reads: create_app puts each into app.config under its env name.
+APP_SETTINGS = (settings.REDIS_URL, settings.MODEL, settings.SERVED_MODEL_NAME, settings.LANES_FILE,
+                settings.MAX_BODY_BYTES, settings.MAX_WAIT_S, settings.JOB_TTL_S,
+                settings.WORKER_LOST_GRACE_S, settings.STREAM_MAXLEN, settings.SSE_HEARTBEAT_S,
+                settings.STATS_RETENTION_S, settings.REQUEST_LOG)
+
+
+def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
+    """Build the API. Nothing connects or loads here: the gateway is built on first use.
+
+    app.config holds every setting the API reads, keyed by its env name: the
+    environment's value (or the default), overridden by `test_config`. Views read
+    them from there (``settings.X.get(current_app.config)``), never from the environment.
+    """
     app = Flask(__name__)
-    app.config.from_mapping(
-        TAILGUARD_REDIS_URL=settings.redis_url(),
-        TAILGUARD_MODEL=settings.MODEL.get(),
-        TAILGUARD_LANES=settings.LANES_FILE.get() or None,
-        TAILGUARD_MAX_WAIT_S=settings.MAX_WAIT_S.get(),
-        MAX_CONTENT_LENGTH=settings.MAX_BODY_BYTES.get(),
-        JSON_SORT_KEYS=False,
-    )
-    app.config.setdefault("TAILGUARD_CONSUME_FINISHED", True)
-    if config:
-        app.config.update(config)
-    _setup_request_log()
+    app.config.from_mapping({s.env: s.get() for s in APP_SETTINGS}, JSON_SORT_KEYS=False,
+                            TAILGUARD_CONSUME_FINISHED=True)
+    app.config[settings.REDIS_URL.env] = settings.redis_url()
+    if test_config:
+        app.config.update(test_config)
+    app.config["MAX_CONTENT_LENGTH"] = settings.MAX_BODY_BYTES.get(app.config)  # Flask's name for it
+    _setup_request_log(settings.REQUEST_LOG.get(app.config))
     app.json.ensure_ascii = False  # Chinese prompts and text stay readable
 
     from app import errors, health, jobs, openai_api
@@ -51,15 +58,14 @@ def get_gateway() -> Gateway:
     return gw
 
 
-def _setup_request_log() -> None:
-    """The request log: JSON lines to $TAILGUARD_REQUEST_LOG, else to stdout (gunicorn's log)."""
+def _setup_request_log(path: str) -> None:
+    """The request log: JSON lines to `path` (TAILGUARD_REQUEST_LOG), else to stdout (gunicorn's log)."""
     import logging
     import sys
 
     logger = logging.getLogger("tailguard.requests")
     if logger.handlers:
         return
-    path = settings.REQUEST_LOG.get()
     handler = logging.FileHandler(path) if path else logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter("%(message)s"))
     logger.addHandler(handler)
@@ -79,22 +85,22 @@ def _build_gateway(config: Mapping[str, Any]) -> Gateway:
     from tailguard.stats import StatsStore
     from tailguard.tokens import counter_for
 
-    if not config["TAILGUARD_MODEL"]:
-        raise ConfigError("TAILGUARD_MODEL is not set: the API needs the served model's tokenizer",
-                          field="TAILGUARD_MODEL")
-    url = config["TAILGUARD_REDIS_URL"]
+    model = settings.MODEL.get(config)
+    if not model:
+        raise ConfigError(f"{settings.MODEL.env} is not set: the API needs the served model's tokenizer",
+                          field=settings.MODEL.env)
+    url = settings.REDIS_URL.get(config)
     client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10)
-    store = JobStore(client, ttl_s=settings.JOB_TTL_S.get(),
-                     worker_lost_grace_s=settings.WORKER_LOST_GRACE_S.get())
+    store = JobStore.from_settings(client, config)
     # A producer-only Celery app: it publishes by task name and never imports the task bodies.
     producer = Celery("tailguard-api", set_as_current=False)
     producer.config_from_object("celeryconfig")
     producer.conf.update(broker_url=url, result_backend=url)
-    lanes = load_lanes(config["TAILGUARD_LANES"])
+    lanes = load_lanes(settings.LANES_FILE.get(config) or None)
     metrics = GatewayMetrics(lanes.names, client)
-    gateway = Gateway(lanes, store, counter_for(config["TAILGUARD_MODEL"]), producer, metrics=metrics)
+    gateway = Gateway(lanes, store, counter_for(model), producer, metrics=metrics)
     # Every finished request, whoever ended it: one log line, metrics, `tailguard stats`.
-    stats = StatsStore(client, retention_s=settings.STATS_RETENTION_S.get())
+    stats = StatsStore(client, retention_s=settings.STATS_RETENTION_S.get(config))
     gateway.finished = FinishedConsumer(client, [log_request, metrics.observe, stats.record])
     if config["TAILGUARD_CONSUME_FINISHED"]:
         gateway.finished.start()

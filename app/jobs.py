@@ -30,9 +30,9 @@ def status(job_id: str):
         wait_s = float(raw)
     except ValueError:
         raise InvalidField(f"wait must be a number of seconds, got {raw!r}", field="wait") from None
-    if not 0 <= wait_s <= current_app.config["TAILGUARD_MAX_WAIT_S"]:
-        raise InvalidField(f"wait must be between 0 and {current_app.config['TAILGUARD_MAX_WAIT_S']} s",
-                           field="wait")
+    max_wait_s = settings.MAX_WAIT_S.get(current_app.config)
+    if not 0 <= wait_s <= max_wait_s:
+        raise InvalidField(f"wait must be between 0 and {max_wait_s} s", field="wait")
     return jsonify(get_gateway().status(job_id, wait_s=wait_s))
 
 
@@ -56,7 +56,7 @@ def stream(job_id: str):
                            field="Last-Event-ID")
     cancel_on_disconnect = request.args.get("cancel_on_disconnect", "false").lower() in ("1", "true")
     gw = get_gateway()
-    events = gw.events(job_id, after, heartbeat_s=settings.SSE_HEARTBEAT_S.get())
+    events = gw.events(job_id, after, heartbeat_s=settings.SSE_HEARTBEAT_S.get(current_app.config))
 
     def chunks():
         for ev in events:

@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any, Callable, Iterator
 
-from flask import Blueprint, Response, jsonify, request
+from flask import Blueprint, Response, current_app, jsonify, request
 
 from app import get_gateway
 from app.errors import exception_response, job_error, openai_error
@@ -35,7 +35,7 @@ _renderers_lock = threading.Lock()
 
 
 def _served_names(gw: Gateway) -> list[str]:
-    return served_model_names(gw.counter.model, settings.SERVED_MODEL_NAME.get())
+    return served_model_names(gw.counter.model, settings.SERVED_MODEL_NAME.get(current_app.config))
 
 
 def _chat_renderer(gw: Gateway) -> Callable[[list[dict]], str]:
@@ -96,12 +96,12 @@ def _serve(gw: Gateway, req: OpenAIRequest) -> Response:
     created = int(time.time())
     if req.stream:
         return sse_response(
-            _chunks(gw, req, accepted, created),
+            _chunks(gw, req, accepted, created, settings.SSE_HEARTBEAT_S.get(current_app.config)),
             on_disconnect=lambda: gw.cancel(job_id, reason="the client disconnected", missing_ok=True),
             headers=headers)
     lane = gw.lanes[accepted["lane"]]
     # Every job ends by then: expired past the queue TTL, cut at the deadline, or worker_lost.
-    budget = lane.queue_ttl_s + lane.deadline_s + settings.WORKER_LOST_GRACE_S.get() + 5
+    budget = lane.queue_ttl_s + lane.deadline_s + settings.WORKER_LOST_GRACE_S.get(current_app.config) + 5
     job = gw.wait(job_id, budget, still_wanted=client_connected())
     if job["status"] != SUCCEEDED:
         return exception_response(job_error(job), headers=headers)
@@ -116,12 +116,13 @@ def _serve(gw: Gateway, req: OpenAIRequest) -> Response:
     return resp
 
 
-def _chunks(gw: Gateway, req: OpenAIRequest, accepted: dict[str, Any], created: int) -> Iterator[bytes]:
+def _chunks(gw: Gateway, req: OpenAIRequest, accepted: dict[str, Any], created: int,
+            heartbeat_s: float) -> Iterator[bytes]:
     """The job's stream as OpenAI chunks, ending with `data: [DONE]`."""
     job_id, chat = accepted["id"], req.kind == "chat"
     common = {"request_id": job_id, "model": req.model, "created": created}
     first = True
-    for event in gw.events(job_id, heartbeat_s=settings.SSE_HEARTBEAT_S.get()):
+    for event in gw.events(job_id, heartbeat_s=heartbeat_s):
         if event is None:
             yield HEARTBEAT
             continue

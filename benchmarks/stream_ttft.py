@@ -23,12 +23,7 @@ import time
 
 import requests
 
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (no interpolation: P99 of 100 samples is the 99th value)."""
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
-    return ordered[rank - 1]
+from tailguard.bench.report import percentile
 
 
 def one(session: requests.Session, url: str, model: str, max_tokens: int) -> dict:

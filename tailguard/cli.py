@@ -8,13 +8,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
+import typing
 from pathlib import Path
+from typing import Any, Callable
 
 import click
 
 from tailguard import settings
+from tailguard.bench.report import render_text
+from tailguard.bench.run import BenchConfig, run_bench
+from tailguard.bench.topology import TopologyError
+from tailguard.errors import ConfigError
 
 
 def _exec(argv: list[str], env: dict[str, str] | None = None) -> None:
@@ -154,51 +161,48 @@ def up() -> None:
     sys.exit(run_up())
 
 
-@main.command()
-@click.option("--workload", default="mixed", show_default=True,
-              help="seed, mixed, or a FILE.jsonl trace ({prompt, max_tokens, class?, arrival_s?})")
-@click.option("--rate", type=float, default=2.5, show_default=True,
-              help="requests/s, all classes together (Poisson arrivals per class)")
-@click.option("--long-share", type=float, default=0.2, show_default=True,
-              help="mixed: the share of --rate that is long requests")
-@click.option("--duration", "duration_s", type=float, default=90.0, show_default=True,
-              help="seconds of arrivals per phase")
-@click.option("--topologies", default="shared,lanes", show_default=True,
-              help="comma-separated: shared (one FCFS queue), lanes (the lanes file in force)")
-@click.option("--baseline/--no-baseline", default=True, show_default=True,
-              help="also run the short class alone in each topology (the no-long-traffic P99)")
-@click.option("--model", help="default: what `tailguard up` serves (the small demo model)")
-@click.option("--cores", help="CPU cores to split between the engines, e.g. 0,1 (default: all)")
-@click.option("--engines", type=int, help="engines per topology (default: the lanes file's workers)")
-@click.option("--short-tokens", type=int, default=64, show_default=True)
-@click.option("--long-prompt-tokens", type=int, default=2000, show_default=True)
-@click.option("--long-tokens", type=int, default=512, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--max-requests", type=int, default=5000, show_default=True, help="per phase")
-@click.option("--drain", "drain_s", type=float, default=180.0, show_default=True,
-              help="seconds in-flight requests may take to finish after the last arrival")
-@click.option("--warmup", type=int, default=2, show_default=True,
-              help="requests per class and engine sent (and discarded) first")
-@click.option("--metric", type=click.Choice(["e2e", "ttft"]), default="e2e", show_default=True,
-              help="the latency whose P99 the targets compare")
-@click.option("--max-in-flight", type=int, default=512, show_default=True)
-@click.option("--lanes", "lanes_file", type=click.Path(dir_okay=False, path_type=Path),
-              help="lanes file of the `lanes` topology (default: $TAILGUARD_LANES or the shipped one)")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
-              help="where report.json, bench.png, samples.jsonl and logs go "
-                   "(default: $TAILGUARD_HOME/bench/<time>)")
-@click.option("--progress/--no-progress", default=True, show_default=True)
-@click.option("--check", is_flag=True, help="exit 1 when a target line says FAIL")
-def bench(topologies: str, cores: str | None, metric: str, check: bool, **opts) -> None:
-    """Benchmark short-request tail latency: one shared queue vs lanes, on real engines."""
-    from tailguard.bench.report import render_text
-    from tailguard.bench.run import BenchConfig, run_bench
-    from tailguard.bench.topology import TopologyError
-    from tailguard.errors import ConfigError
+def _bench_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """One option per BenchConfig field that declares one: name, default and help come from the
+    field (tailguard/bench/run.py), so none is written twice."""
+    hints = typing.get_type_hints(BenchConfig)
+    for f in reversed(dataclasses.fields(BenchConfig)):
+        opt = f.metadata.get("option")
+        if opt is None:
+            continue
+        flag = opt.flag or "--" + f.name.replace("_", "-")
+        kind = next(t for t in (typing.get_args(hints[f.name]) or (hints[f.name],))
+                    if t is not type(None))
+        how: dict[str, Any] = {"help": opt.help, "show_default": True, "default": f.default}
+        if kind is bool:
+            flag = f"{flag}/--no-{flag[2:]}"
+        elif opt.parse:
+            how.update(type=click.Choice(opt.choices) if opt.choices else str,
+                       default=None if f.default is None else opt.text(f.default),
+                       callback=_parsed_by(opt.parse))
+        elif kind is Path:  # *_file must not be a folder, *_dir must not be a file
+            how["type"] = click.Path(path_type=Path, dir_okay=not f.name.endswith("_file"),
+                                     file_okay=not f.name.endswith("_dir"))
+        else:
+            how["type"] = kind
+        command = click.option(flag, f.name, **how)(command)
+    return command
 
-    cfg = BenchConfig(topologies=tuple(t.strip() for t in topologies.split(",") if t.strip()),
-                      cores=tuple(int(c) for c in cores.split(",")) if cores else None,
-                      metric=f"{metric}_s", **opts)
+
+def _parsed_by(parse: Callable[[str], Any]) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    def callback(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+        try:
+            return None if value is None else parse(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return callback
+
+
+@main.command()
+@_bench_options
+@click.option("--check", is_flag=True, help="exit 1 when a target line says FAIL")
+def bench(check: bool, **config: Any) -> None:
+    """Benchmark short-request tail latency: one shared queue vs lanes, on real engines."""
+    cfg = BenchConfig(**config)
     try:
         report = run_bench(cfg)
     except (ValueError, TopologyError, ConfigError) as exc:

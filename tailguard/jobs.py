@@ -23,11 +23,11 @@ request can stay "queued" or "running" forever even if every worker is gone.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Mapping
 
 import redis
 
-from tailguard import keys
+from tailguard import keys, lua, settings
 from tailguard.errors import JobExpired, WorkerLost
 
 QUEUED, RUNNING = "queued", "running"
@@ -35,63 +35,9 @@ SUCCEEDED, FAILED, EXPIRED, CANCELLED = "succeeded", "failed", "expired", "cance
 TERMINAL = frozenset({SUCCEEDED, FAILED, EXPIRED, CANCELLED})
 STATES = frozenset({QUEUED, RUNNING}) | TERMINAL
 
-_NOW_LUA = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-"""
-
-# KEYS[1] job key; ARGV: record ttl_s, queue ttl_s, field, value, ...  -> submitted_at
-_CREATE = _NOW_LUA + """
-redis.call('HSET', KEYS[1], 'status', 'queued', 'submitted_at', string.format('%.6f', now),
-           'expires_at', string.format('%.6f', now + tonumber(ARGV[2])))
-for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
-redis.call('EXPIRE', KEYS[1], tonumber(ARGV[1]))
-return string.format('%.6f', now)
-"""
-
-# KEYS[1] job key; KEYS[2] its stream; KEYS[3] the stream of finished jobs
-# ARGV[1] allowed from-states, comma separated; ARGV[2] new state
-# ARGV[3] overdue field ('' = none): only move if now > tonumber(field) + ARGV[4]
-# ARGV[5] terminal event data ('' = none), appended to the stream in the same step
-# ARGV[6] stream maxlen; ARGV[7..] field, value pairs to set
-# -> {1, previous} when moved; {0, current} when not (current false if no such job)
-_TRANSITION = _NOW_LUA + """
-local cur = redis.call('HGET', KEYS[1], 'status')
-if not cur then return {0, false} end
-local allowed = false
-for s in string.gmatch(ARGV[1], '[^,]+') do if s == cur then allowed = true end end
-if not allowed then return {0, cur} end
-if ARGV[3] ~= '' then
-  local since = tonumber(redis.call('HGET', KEYS[1], ARGV[3]))
-  if not since or now <= since + tonumber(ARGV[4]) then return {0, cur} end
-end
-redis.call('HSET', KEYS[1], 'status', ARGV[2], ARGV[2] .. '_at', string.format('%.6f', now))
-for i = 7, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
-if ARGV[5] ~= '' then
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'type', 'end', 'data', ARGV[5])
-  local ttl = redis.call('TTL', KEYS[1])
-  if ttl > 0 then redis.call('EXPIRE', KEYS[2], ttl) end
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', '100000', '*', 'key', KEYS[1])
-end
-return {1, cur}
-"""
-
-# KEYS[1] zset; ARGV[1] member; ARGV[2] ttl_s
-_HEARTBEAT = _NOW_LUA + """
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
-redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2])) * 2)
-return 1
-"""
-
-# KEYS = lane zsets -> live member count of each
-_LIVE = _NOW_LUA + """
-local out = {}
-for i, k in ipairs(KEYS) do
-  redis.call('ZREMRANGEBYSCORE', k, '-inf', now)
-  out[i] = redis.call('ZCARD', k)
-end
-return out
-"""
+#: Approximate cap on the stream of finished jobs: its consumer (tailguard.finished) keeps up
+#: within seconds, so this only bounds it while no API process reads it.
+FINISHED_STREAM_MAXLEN = 100_000
 
 # fields stored as JSON (the rest are strings or numbers)
 _JSON_FIELDS = ("result", "error", "sampling", "timing")
@@ -101,8 +47,9 @@ _INT_FIELDS = ("prompt_tokens", "max_tokens", "requested_max_tokens", "completio
                "engine_prompt_tokens")
 
 
-def _encode(fields: dict[str, Any]) -> list[str]:
-    flat: list[str] = []
+def _encode(fields: dict[str, Any]) -> dict[str, str]:
+    """Job fields as the strings stored in the hash (None: not stored)."""
+    out: dict[str, str] = {}
     for k, v in fields.items():
         if v is None:
             continue
@@ -110,8 +57,8 @@ def _encode(fields: dict[str, Any]) -> list[str]:
             v = json.dumps(v, ensure_ascii=False)
         elif isinstance(v, bool):
             v = "1" if v else "0"
-        flat += [k, str(v)]
-    return flat
+        out[k] = str(v)
+    return out
 
 
 def decode(raw: dict[bytes | str, bytes | str]) -> dict[str, Any]:
@@ -135,21 +82,29 @@ def decode(raw: dict[bytes | str, bytes | str]) -> dict[str, Any]:
 class JobStore:
     """Job records of one Redis. Stateless apart from the client: share freely between threads."""
 
-    def __init__(self, client: redis.Redis, *, ttl_s: int = 86400, worker_lost_grace_s: float = 30.0,
-                 stream_maxlen: int = 10000):
+    def __init__(self, client: redis.Redis, *, ttl_s: int = settings.JOB_TTL_S.default,
+                 worker_lost_grace_s: float = settings.WORKER_LOST_GRACE_S.default,
+                 stream_maxlen: int = settings.STREAM_MAXLEN.default):
         self.redis = client
         self.ttl_s = ttl_s
         self.stream_maxlen = stream_maxlen
         self.worker_lost_grace_s = worker_lost_grace_s
-        self._create = client.register_script(_CREATE)
-        self._transition = client.register_script(_TRANSITION)
-        self._heartbeat = client.register_script(_HEARTBEAT)
-        self._live = client.register_script(_LIVE)
+        self._create = lua.Script(client, "clock", "create_job")
+        self._transition = lua.Script(client, "clock", "transition_job")
+        self._heartbeat = lua.Script(client, "clock", "heartbeat")
+        self._live = lua.Script(client, "clock", "live_workers")
+
+    @classmethod
+    def from_settings(cls, client: redis.Redis, config: Mapping[str, Any] | None = None) -> JobStore:
+        """The store the settings describe (the API passes its app config, keyed by env name)."""
+        return cls(client, ttl_s=settings.JOB_TTL_S.get(config),
+                   worker_lost_grace_s=settings.WORKER_LOST_GRACE_S.get(config),
+                   stream_maxlen=settings.STREAM_MAXLEN.get(config))
 
     def create(self, job_id: str, fields: dict[str, Any], queue_ttl_s: float) -> float:
         """Store a new queued job; returns submitted_at and sets expires_at (Redis clock)."""
-        return float(self._create(keys=[keys.job_key(job_id)],
-                                  args=[self.ttl_s, queue_ttl_s, *_encode(fields)]))
+        return float(self._create([keys.job_key(job_id)], ttl_s=self.ttl_s,
+                                  queue_ttl_s=queue_ttl_s, fields=_encode(fields)))
 
     def transition(self, job_id: str, from_states: set[str] | frozenset[str], to: str,
                    fields: dict[str, Any] | None = None, *, overdue_field: str = "",
@@ -161,11 +116,15 @@ class JobStore:
         """
         assert to in STATES
         fields = fields or {}
-        end_event = json.dumps(end_event_data(to, fields), ensure_ascii=False) if to in TERMINAL else ""
+        args: dict[str, Any] = {"from": sorted(from_states), "to": to, "fields": _encode(fields),
+                                "stream_maxlen": self.stream_maxlen,
+                                "finished_maxlen": FINISHED_STREAM_MAXLEN}
+        if overdue_field:
+            args.update(overdue_field=overdue_field, grace_s=overdue_grace_s)
+        if to in TERMINAL:
+            args["end_event"] = json.dumps(end_event_data(to, fields), ensure_ascii=False)
         moved, state = self._transition(
-            keys=[keys.job_key(job_id), keys.job_stream_key(job_id), keys.FINISHED_STREAM],
-            args=[",".join(sorted(from_states)), to, overdue_field, overdue_grace_s, end_event,
-                  self.stream_maxlen, *_encode(fields)])
+            [keys.job_key(job_id), keys.job_stream_key(job_id), keys.FINISHED_STREAM], **args)
         if isinstance(state, bytes):
             state = state.decode()
         return bool(moved), state or None
@@ -205,14 +164,14 @@ class JobStore:
 
     def heartbeat(self, lanes: list[str], worker: str, ttl_s: float) -> None:
         for lane in lanes:
-            self._heartbeat(keys=[keys.lane_workers_key(lane)], args=[worker, ttl_s])
+            self._heartbeat([keys.lane_workers_key(lane)], worker=worker, ttl_s=ttl_s)
 
     def forget_worker(self, lanes: list[str], worker: str) -> None:
         for lane in lanes:
             self.redis.zrem(keys.lane_workers_key(lane), worker)
 
     def live_workers(self, lanes: list[str]) -> dict[str, int]:
-        counts = self._live(keys=[keys.lane_workers_key(l) for l in lanes], args=[])
+        counts = self._live([keys.lane_workers_key(l) for l in lanes])
         return dict(zip(lanes, (int(c) for c in counts)))
 
 

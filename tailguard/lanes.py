@@ -265,9 +265,9 @@ def load_lanes(path: str | Path | None = None) -> LaneTable:
         with open(path, "rb") as fh:
             data = tomllib.load(fh)
     except FileNotFoundError:
-        raise ConfigError(f"lanes file not found: {path}", field="TAILGUARD_LANES") from None
+        raise ConfigError(f"lanes file not found: {path}", field=settings.LANES_FILE.env) from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: invalid TOML: {exc}", field="TAILGUARD_LANES") from None
+        raise ConfigError(f"{path}: invalid TOML: {exc}", field=settings.LANES_FILE.env) from None
     try:
         return parse_lanes(data)
     except ConfigError as exc:

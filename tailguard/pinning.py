@@ -42,8 +42,8 @@ def gpu_count() -> int:
 def device_kind() -> str:
     kind = settings.DEVICE.get()
     if kind not in ("auto", "cpu", "cuda"):
-        raise ConfigError(f"TAILGUARD_DEVICE must be auto, cpu or cuda, got {kind!r}",
-                          field="TAILGUARD_DEVICE")
+        raise ConfigError(f"{settings.DEVICE.env} must be auto, cpu or cuda, got {kind!r}",
+                          field=settings.DEVICE.env)
     if kind == "auto":
         return "cuda" if gpu_count() > 0 else "cpu"
     return kind

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, Mapping, TypeVar
 
 from tailguard.errors import ConfigError
 
@@ -24,7 +24,11 @@ class Setting(Generic[T]):
     parse: Callable[[str], T]
     doc: str
 
-    def get(self) -> T:
+    def get(self, config: Mapping[str, Any] | None = None) -> T:
+        """The value in `config` (keyed by env name: a Flask app's config) if there, else the
+        environment's, else the default."""
+        if config is not None and self.env in config:
+            return config[self.env]
         raw = os.environ.get(self.env)
         if raw is None or raw == "":
             return self.default

@@ -17,7 +17,7 @@ from typing import Any
 
 import redis
 
-from tailguard import keys
+from tailguard import keys, lua, settings
 from tailguard.finished import FinishedRequest
 from tailguard.sketch import Histogram, bucket_of
 
@@ -33,55 +33,30 @@ METRICS: dict[str, tuple[str, float]] = {
 }
 SLOW_PER_MINUTE = 20
 
-# KEYS[1] stats hash, KEYS[2] slow zset
-# ARGV: ttl, status, slow member ('' = none), slow score, top-k, then (metric, value, bucket)*
-_RECORD = """
-local h = KEYS[1]
-redis.call('HINCRBY', h, 'n', 1)
-redis.call('HINCRBY', h, 'status:' .. ARGV[2], 1)
-for i = 6, #ARGV, 3 do
-  local m, v, b = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
-  redis.call('HINCRBY', h, m .. ':b' .. b, 1)
-  redis.call('HINCRBY', h, m .. ':n', 1)
-  redis.call('HINCRBYFLOAT', h, m .. ':sum', v)
-  local cur = tonumber(redis.call('HGET', h, m .. ':max'))
-  if not cur or v > cur then redis.call('HSET', h, m .. ':max', ARGV[i + 1]) end
-  local low = tonumber(redis.call('HGET', h, m .. ':min'))
-  if not low or v < low then redis.call('HSET', h, m .. ':min', ARGV[i + 1]) end
-end
-redis.call('EXPIRE', h, tonumber(ARGV[1]))
-if ARGV[3] ~= '' then
-  redis.call('ZADD', KEYS[2], tonumber(ARGV[4]), ARGV[3])
-  redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -(tonumber(ARGV[5]) + 1))
-  redis.call('EXPIRE', KEYS[2], tonumber(ARGV[1]))
-end
-return 1
-"""
-
-
 class StatsStore:
-    def __init__(self, client: redis.Redis, *, retention_s: int = 86400) -> None:
+    def __init__(self, client: redis.Redis, *,
+                 retention_s: int = settings.STATS_RETENTION_S.default) -> None:
         self.client = client
         self.retention_s = retention_s
-        self._record = client.register_script(_RECORD)
+        self._record = lua.Script(client, "record_stats")
 
     def record(self, r: FinishedRequest) -> None:
         """Add one finished request to its minute's histograms (a FinishedConsumer sink)."""
         minute = int(r.finished_at // 60)
         lane = r.lane or "unknown"
-        args: list[Any] = []
+        metrics: dict[str, list[Any]] = {}
         for name, (attr, unit) in METRICS.items():
             value = getattr(r, attr)
             if value is not None:
-                args += [name, repr(float(value)), bucket_of(float(value), unit)]
-        slow = ""
+                metrics[name] = [repr(float(value)), bucket_of(float(value), unit)]
+        args: dict[str, Any] = {"ttl_s": self.retention_s, "status": r.status, "metrics": metrics}
         if r.e2e_s is not None:
-            slow = json.dumps({"id": r.id, "lane": lane, "status": r.status,
-                               "prompt_tokens": r.prompt_tokens, "output_tokens": r.completion_tokens,
-                               "queued_s": r.queued_s, "ttft_s": r.ttft_s, "e2e_s": r.e2e_s,
-                               "worker": r.worker}, separators=(",", ":"))
-        self._record(keys=[keys.stats_key(minute, lane), keys.slow_key(minute)],
-                     args=[self.retention_s, r.status, slow, r.e2e_s or 0, SLOW_PER_MINUTE, *args])
+            member = json.dumps({"id": r.id, "lane": lane, "status": r.status,
+                                 "prompt_tokens": r.prompt_tokens, "output_tokens": r.completion_tokens,
+                                 "queued_s": r.queued_s, "ttft_s": r.ttft_s, "e2e_s": r.e2e_s,
+                                 "worker": r.worker}, separators=(",", ":"))
+            args["slow"] = {"member": member, "score": r.e2e_s, "keep": SLOW_PER_MINUTE}
+        self._record([keys.stats_key(minute, lane), keys.slow_key(minute)], **args)
 
     def window(self, lanes: list[str], start: float, end: float, *, top: int = 10) -> "Window":
         """Merge the minutes overlapping [start, end] (Redis-clock seconds)."""

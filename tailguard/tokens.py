@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 
+from tailguard import settings
 from tailguard.errors import ConfigError
 from tailguard.modelinfo import model_max_len, resolve_model_dir
 
@@ -27,7 +28,7 @@ class PromptCounter:
         if folder is None or not (folder / "tokenizer.json").is_file():
             raise ConfigError(f"cannot find a tokenizer.json for model {model!r} locally (a "
                               "directory, or a Hugging Face id already in the local cache)",
-                              field="TAILGUARD_MODEL")
+                              field=settings.MODEL.env)
         self.model = model
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self.model_max_len = model_max_len(model)

@@ -48,7 +48,7 @@ class Sample:
     job_id: str | None = None
     lane: str | None = None
     http_status: int | None = None
-    queue_s: float | None = None  # server: submission -> start on a worker
+    queued_s: float | None = None  # server: submission -> start on a worker
     ttft_s: float | None = None  # client: sent -> first chunk with text
     e2e_s: float | None = None  # client: sent -> data: [DONE]
     completion_tokens: int | None = None
@@ -171,7 +171,7 @@ class Client:
         sample.finished = job["status"] in TERMINAL
         if sample.status not in CLIENT_FAILURES:
             sample.status = job["status"]
-        sample.queue_s = (job.get("timing") or {}).get("queued_s")
+        sample.queued_s = (job.get("timing") or {}).get("queued_s")
         result = job.get("result") or {}
         if sample.completion_tokens is None:
             sample.completion_tokens = result.get("completion_tokens")

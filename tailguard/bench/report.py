@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 from tailguard.bench.loadgen import Sample
 
-METRICS = {"queue_s": "queue wait", "ttft_s": "TTFT", "e2e_s": "end-to-end"}
+METRICS = {"queued_s": "queue wait", "ttft_s": "TTFT", "e2e_s": "end-to-end"}
 PHASES = ("baseline", "mixed")
 
 #: Targets (issue 4), on the short class's P99 of the chosen metric.
@@ -29,6 +29,7 @@ LAG_WARN_S = 0.05
 
 
 def percentile(values: Iterable[float], q: float) -> float | None:
+    """Nearest-rank percentile (no interpolation: P99 of 100 samples is the 99th value)."""
     ordered = sorted(values)
     if not ordered:
         return None

@@ -18,10 +18,11 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from tailguard import settings
 from tailguard.bench.host import Watch
 from tailguard.bench.loadgen import Client, Sample, run_phase, served_model_name
 from tailguard.bench.report import build_report, render_text
@@ -30,32 +31,77 @@ from tailguard.bench.workload import (BenchRequest, Workload, jsonl_workload, mi
                                       seed_workload)
 
 
+@dataclass(frozen=True)
+class Option:
+    """How a BenchConfig field appears on `tailguard bench`'s command line. tailguard/cli.py builds
+    the options from the fields, so each default and help text is written once, here."""
+
+    help: str = ""
+    flag: str | None = None  # default: --field-name (a bool field gets --x/--no-x)
+    choices: tuple[str, ...] | None = None
+    parse: Callable[[str], Any] | None = None  # command-line text -> value (else: the field's type)
+    text: Callable[[Any], str] = str  # value -> command-line text (the default shown), with parse
+
+
+def option(default: Any, help: str = "", **how: Any) -> Any:
+    """A BenchConfig field that `tailguard bench` offers as an option."""
+    return field(default=default, metadata={"option": Option(help, **how)})
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(t.strip() for t in text.split(",") if t.strip())
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(c) for c in text.split(","))
+
+
+def _metric(choice: str) -> str:
+    return f"{choice}_s"
+
+
+def _metric_choice(metric: str) -> str:
+    return metric.removesuffix("_s")
+
+
 @dataclass
 class BenchConfig:
-    workload: str = "mixed"  # seed | mixed | a .jsonl file
+    workload: str = option(
+        "mixed", "seed, mixed, or a FILE.jsonl trace ({prompt, max_tokens, class?, arrival_s?})")
     # Defaults: on 2 cores and the small demo model, a load where long traffic hurts
     # short requests in `shared` (see docs/benchmarks.md).
-    rate: float = 2.5  # requests/s, all classes together
-    long_share: float = 0.2  # mixed: share of `rate` that is long
-    duration_s: float | None = 90.0  # of each phase (None: a timed trace's own length)
-    topologies: tuple[str, ...] = TOPOLOGIES
-    baseline: bool = True  # also run the short class alone, in each topology
-    model: str | None = None  # default: what `tailguard up` serves (the small demo model)
-    cores: tuple[int, ...] | None = None  # default: this process's CPU affinity
-    engines: int | None = None  # default: the lanes file's worker count
-    short_tokens: int = 64
-    long_prompt_tokens: int = 2000
-    long_tokens: int = 512
-    seed: int = 0
-    max_requests: int = 5000  # per phase
-    drain_s: float = 180.0  # after the last arrival, how long in-flight requests may finish
-    warmup: int = 2  # requests per class and engine, sent and discarded before each topology
-    metric: str = "e2e_s"  # what the targets' P99 is of: e2e_s or ttft_s
-    max_in_flight: int = 512
+    rate: float = option(2.5, "requests/s, all classes together (Poisson arrivals per class)")
+    long_share: float = option(0.2, "mixed: the share of --rate that is long requests")
+    # None (not from the command line): a timed trace's own length
+    duration_s: float | None = option(90.0, "seconds of arrivals per phase", flag="--duration")
+    topologies: tuple[str, ...] = option(
+        TOPOLOGIES, "comma-separated: shared (one FCFS queue), lanes (the lanes file in force)",
+        parse=_names, text=",".join)
+    baseline: bool = option(
+        True, "also run the short class alone in each topology (the no-long-traffic P99)")
+    model: str | None = option(None, "default: what `tailguard up` serves (the small demo model)")
+    cores: tuple[int, ...] | None = option(
+        None, "CPU cores to split between the engines, e.g. 0,1 (default: all)", parse=_ints)
+    engines: int | None = option(None, "engines per topology (default: the lanes file's workers)")
+    short_tokens: int = option(64)
+    long_prompt_tokens: int = option(2000)
+    long_tokens: int = option(512)
+    seed: int = option(0)
+    max_requests: int = option(5000, "per phase")
+    drain_s: float = option(
+        180.0, "seconds in-flight requests may take to finish after the last arrival", flag="--drain")
+    warmup: int = option(2, "requests per class and engine sent (and discarded) first")
+    metric: str = option("e2e_s", "the latency whose P99 the targets compare",
+                         choices=("e2e", "ttft"), parse=_metric, text=_metric_choice)
+    max_in_flight: int = option(512)
     start_timeout_s: float = 600.0
-    out_dir: Path | None = None
-    lanes_file: Path | None = None  # default: $TAILGUARD_LANES or the packaged lanes.toml
-    progress: bool = True
+    lanes_file: Path | None = option(
+        None, f"lanes file of the `lanes` topology (default: ${settings.LANES_FILE.env} or the "
+              "shipped one)", flag="--lanes")
+    out_dir: Path | None = option(
+        None, "where report.json, bench.png, samples.jsonl and logs go "
+              f"(default: ${settings.HOME.env}/bench/<time>)", flag="--out")
+    progress: bool = option(True)
     pause_s: float = 1.0  # quiet time between phases
 
     def to_dict(self) -> dict[str, Any]:
@@ -188,7 +234,6 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
     from tailguard.modelinfo import model_max_len
     from tailguard.pinning import device_kind
     from tailguard.redis_server import free_port, start_redis
-    from tailguard import settings
 
     if cfg.metric not in ("e2e_s", "ttft_s"):
         raise ValueError("metric must be e2e_s or ttft_s")

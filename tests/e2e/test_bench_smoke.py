@@ -19,7 +19,7 @@ from conftest import ROOT, TEST_LANES
 
 pytestmark = pytest.mark.e2e
 
-STAT_KEYS = {"count", "ok", "errors", "error_kinds", "accepted", "finished", "lanes", "queue_s",
+STAT_KEYS = {"count", "ok", "errors", "error_kinds", "accepted", "finished", "lanes", "queued_s",
              "ttft_s", "e2e_s", "output_tokens", "throughput_tok_s", "decode_tok_s", "max_lag_s",
              "late_sends"}
 SUMMARY_KEYS = {"avg", "p50", "p95", "p99", "max"}
@@ -53,7 +53,7 @@ def test_bench_smoke(tiny_model, tmp_path):
         for phase in topo["phases"].values():
             for st in phase.values():
                 assert set(st) >= STAT_KEYS
-                for metric in ("queue_s", "ttft_s", "e2e_s"):
+                for metric in ("queued_s", "ttft_s", "e2e_s"):
                     assert set(st[metric]) == SUMMARY_KEYS
     shared = report["topologies"]["shared"]
     assert {e["lanes"][0] for e in shared["engines"]} == {"shared"}

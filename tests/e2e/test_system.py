@@ -1,5 +1,5 @@
 """End to end through the native job API: results by id, lanes, batching, deadlines,
-warm shutdown. Workers and the API server come from tests/e2e/conftest.py.
+warm shutdown. Workers and the API server come from tests/e2e_fixtures.py.
 
 This module must run last in tests/e2e: its final test shuts the shared workers down.
 """

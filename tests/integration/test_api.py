@@ -183,3 +183,31 @@ def test_openai_stream_whose_job_expires_ends_with_an_error_event(client, tiny_m
               if block.startswith("data: ")]
     assert events[-1] == "[DONE]"
     assert json.loads(events[-2])["error"]["code"] == "expired"
+
+
+def test_create_app_takes_every_setting_the_api_reads(tiny_model, redis_server):
+    """Flask-tutorial style: test_config overrides any setting, and the API's JobStore honours
+    them as the workers' does (TAILGUARD_STREAM_MAXLEN included)."""
+    import re
+
+    from app import APP_SETTINGS, create_app, get_gateway
+    from conftest import ROOT
+    from tailguard import settings
+
+    app = create_app({"TESTING": True, "TAILGUARD_CONSUME_FINISHED": False,
+                      settings.MODEL.env: tiny_model, settings.REDIS_URL.env: redis_server,
+                      settings.STREAM_MAXLEN.env: 123, settings.JOB_TTL_S.env: 77,
+                      settings.WORKER_LOST_GRACE_S.env: 4.0, settings.MAX_BODY_BYTES.env: 1000,
+                      settings.MAX_WAIT_S.env: 1.0})
+    with app.app_context():
+        store = get_gateway().store
+    assert (store.stream_maxlen, store.ttl_s, store.worker_lost_grace_s) == (123, 77, 4.0)
+    assert app.config["MAX_CONTENT_LENGTH"] == 1000
+    resp = app.test_client().get("/v1/jobs/0123456789abcdef0123456789abcdef?wait=2")
+    assert resp.status_code == 400 and resp.get_json()["error"]["field"] == "wait"
+
+    read = {name for path in (ROOT / "app").glob("*.py")
+            for name in re.findall(r"settings\.([A-Z][A-Z_]+)\b", path.read_text())}
+    assert read <= {name for name, value in vars(settings).items() if value in APP_SETTINGS}
+    assert not any("os.environ" in p.read_text() or "getenv" in p.read_text()
+                   for p in (ROOT / "app").glob("*.py"))

@@ -24,7 +24,7 @@ def test_summarize():
 
 def ok(cls, e2e, sent=0.0, tokens=64, lane="short", ttft=0.05, queue=0.01):
     return Sample(cls, tokens, arrival_s=sent, sent_s=sent, status="succeeded", ok=True,
-                  accepted=True, finished=True, job_id="j", lane=lane, queue_s=queue, ttft_s=ttft,
+                  accepted=True, finished=True, job_id="j", lane=lane, queued_s=queue, ttft_s=ttft,
                   e2e_s=e2e, completion_tokens=tokens, finish_reason="length")
 
 
@@ -133,6 +133,49 @@ def test_cli_has_bench():
 
     result = CliRunner().invoke(main, ["bench", "--help"])
     assert result.exit_code == 0 and "--long-share" in result.output
+
+
+@pytest.fixture
+def bench_config(monkeypatch):
+    """The BenchConfig `tailguard bench ARGS` builds (the benchmark itself is not run)."""
+    import tailguard.cli
+    from tailguard.cli import main
+
+    seen = []
+
+    def fake_run(cfg):
+        seen.append(cfg)
+        raise ValueError("not run here")
+
+    monkeypatch.setattr(tailguard.cli, "run_bench", fake_run)
+
+    def build(*args):
+        result = CliRunner().invoke(main, ["bench", *args])
+        assert seen, result.output
+        return seen.pop()
+    return build
+
+
+def test_bench_options_default_to_the_configs_defaults(bench_config):
+    from tailguard.bench.run import BenchConfig
+
+    assert bench_config() == BenchConfig()
+
+
+def test_bench_options_set_the_configs_fields(bench_config, tmp_path):
+    cfg = bench_config("--topologies", "lanes", "--cores", "0,1", "--metric", "ttft", "--no-baseline",
+                       "--duration", "5", "--drain", "7", "--lanes", str(tmp_path / "l.toml"),
+                       "--out", str(tmp_path / "out"), "--engines", "3", "--long-share", "0.5")
+    assert (cfg.topologies, cfg.cores, cfg.metric, cfg.baseline) == (("lanes",), (0, 1), "ttft_s", False)
+    assert (cfg.duration_s, cfg.drain_s, cfg.engines, cfg.long_share) == (5.0, 7.0, 3, 0.5)
+    assert (cfg.lanes_file, cfg.out_dir) == (tmp_path / "l.toml", tmp_path / "out")
+
+
+def test_bench_rejects_a_bad_core_list():
+    from tailguard.cli import main
+
+    result = CliRunner().invoke(main, ["bench", "--cores", "0,x"])
+    assert result.exit_code == 2 and "--cores" in result.output
 
 
 def test_a_disturbed_phase_is_noted():

@@ -1,0 +1,31 @@
+-- Compare-and-set of a job's state; a terminal state also ends the job's stream and
+-- announces the job on the stream of finished jobs, in the same atomic step.
+-- KEYS[1] job hash, KEYS[2] its stream, KEYS[3] the stream of finished jobs
+-- ARGV[1] JSON {
+--   from: [state, ...]       move only from one of these
+--   to: state                the new state; `<to>_at` is stamped with `now`
+--   overdue_field, grace_s   optional: move only if now > the job's overdue_field + grace_s
+--   end_event                optional: terminal event data (a JSON text) for the job's stream
+--   stream_maxlen, finished_maxlen   approximate caps of the two streams
+--   fields: {name: string value}     set with the new state
+-- }
+-- -> {1, previous state} when moved; {0, current state} when not (false if no such job)
+local a = cjson.decode(ARGV[1])
+local cur = redis.call('HGET', KEYS[1], 'status')
+if not cur then return {0, false} end
+local allowed = false
+for _, s in ipairs(a.from) do if s == cur then allowed = true end end
+if not allowed then return {0, cur} end
+if a.overdue_field then
+  local since = tonumber(redis.call('HGET', KEYS[1], a.overdue_field))
+  if not since or now <= since + a.grace_s then return {0, cur} end
+end
+redis.call('HSET', KEYS[1], 'status', a.to, a.to .. '_at', string.format('%.6f', now))
+for name, value in pairs(a.fields) do redis.call('HSET', KEYS[1], name, value) end
+if a.end_event then
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', a.stream_maxlen, '*', 'type', 'end', 'data', a.end_event)
+  local ttl = redis.call('TTL', KEYS[1])
+  if ttl > 0 then redis.call('EXPIRE', KEYS[2], ttl) end
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', a.finished_maxlen, '*', 'key', KEYS[1])
+end
+return {1, cur}

@@ -1,0 +1,38 @@
+"""Every Lua script compiles on a real Redis, and the job store names its arguments."""
+
+import pytest
+
+from conftest import ROOT
+from tailguard import keys
+from tailguard.jobs import CANCELLED, QUEUED, JobStore
+
+pytestmark = pytest.mark.integration
+
+# what each script is run as (the clock prelude first where the script stamps times)
+SCRIPTS = {"create_job": ("clock", "create_job"), "transition_job": ("clock", "transition_job"),
+           "heartbeat": ("clock", "heartbeat"), "live_workers": ("clock", "live_workers"),
+           "record_stats": ("record_stats",)}
+
+
+def test_every_script_file_is_listed_here():
+    files = {p.stem for p in (ROOT / "tailguard" / "lua").glob("*.lua")} - {"clock"}
+    assert files == set(SCRIPTS)
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_script_compiles(redis_client, name):
+    from tailguard import lua
+
+    sha = redis_client.script_load(lua.source(*SCRIPTS[name]))
+    assert redis_client.script_exists(sha) == [True]
+
+
+def test_a_terminal_transition_ends_both_streams_in_one_step(redis_client):
+    store = JobStore(redis_client)
+    job_id = "ab" * 16
+    store.create(job_id, {"lane": "short", "prompt": "你好"}, queue_ttl_s=60)
+    assert store.transition(job_id, {QUEUED}, CANCELLED, {"error": {"code": "cancelled"}}) == (
+        True, QUEUED)
+    assert store.get(job_id)["prompt"] == "你好"
+    assert redis_client.xlen(keys.FINISHED_STREAM) == 1
+    assert redis_client.xlen(keys.job_stream_key(job_id)) == 1
