@@ -114,3 +114,25 @@ class EngineDeadError(EngineError):
     """The engine process is gone; the worker cannot serve anything more."""
 
     code = "engine_dead"
+
+
+class JobError(TailguardError):
+    """Why a job ended without a result: the code is recorded in the job record."""
+
+    code = "job_error"
+
+
+class JobExpired(JobError):
+    code = "expired"
+
+
+class JobCancelled(JobError):
+    code = "cancelled"
+
+
+class WorkerLost(JobError):
+    code = "worker_lost"
+
+
+class InternalJobError(JobError):
+    code = "internal_error"

@@ -75,23 +75,6 @@ end
 return {1, cur}
 """
 
-# KEYS[1] zset; ARGV[1] member; ARGV[2] ttl_s
-_HEARTBEAT = _NOW_LUA + """
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
-redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2])) * 2)
-return 1
-"""
-
-# KEYS = lane zsets -> live member count of each
-_LIVE = _NOW_LUA + """
-local out = {}
-for i, k in ipairs(KEYS) do
-  redis.call('ZREMRANGEBYSCORE', k, '-inf', now)
-  out[i] = redis.call('ZCARD', k)
-end
-return out
-"""
-
 # fields stored as JSON (the rest are strings or numbers)
 _JSON_FIELDS = ("result", "error", "sampling", "timing")
 _FLOAT_FIELDS = ("submitted_at", "expires_at", "deadline_s", "queued_at", "running_at",
@@ -142,8 +125,6 @@ class JobStore:
         self.worker_lost_grace_s = worker_lost_grace_s
         self._create = client.register_script(_CREATE)
         self._transition = client.register_script(_TRANSITION)
-        self._heartbeat = client.register_script(_HEARTBEAT)
-        self._live = client.register_script(_LIVE)
 
     def create(self, job_id: str, fields: dict[str, Any], queue_ttl_s: float) -> float:
         """Store a new queued job; returns submitted_at and sets expires_at (Redis clock)."""
@@ -200,20 +181,6 @@ class JobStore:
         else:
             return job
         return self.get(job_id) if moved else job
-
-    # --- worker liveness, for /healthz ---------------------------------------------------
-
-    def heartbeat(self, lanes: list[str], worker: str, ttl_s: float) -> None:
-        for lane in lanes:
-            self._heartbeat(keys=[keys.lane_workers_key(lane)], args=[worker, ttl_s])
-
-    def forget_worker(self, lanes: list[str], worker: str) -> None:
-        for lane in lanes:
-            self.redis.zrem(keys.lane_workers_key(lane), worker)
-
-    def live_workers(self, lanes: list[str]) -> dict[str, int]:
-        counts = self._live(keys=[keys.lane_workers_key(l) for l in lanes], args=[])
-        return dict(zip(lanes, (int(c) for c in counts)))
 
 
 def end_event_data(status: str, fields: dict[str, Any]) -> dict[str, Any]:

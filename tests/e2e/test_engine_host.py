@@ -36,8 +36,8 @@ def host(tmp_path_factory):
 def assert_idle(host: EngineHost) -> None:
     """Nothing left in the host or in vLLM: aborted requests were released."""
     stats = host.stats()
-    assert stats["in_flight"] == 0
-    assert stats["engine_unfinished"] == 0
+    assert stats.in_flight == 0
+    assert stats.engine_unfinished == 0
 
 
 def test_generation_returns_exactly_max_tokens(host):
@@ -76,19 +76,19 @@ def test_concurrent_calls_are_batched_by_one_engine(host):
     assert not errors
     assert [r.completion_tokens for r in results] == [256] * n
     stats = host.stats()
-    assert stats["peak_in_flight"] >= 2
+    assert stats.peak_in_flight >= 2
     # At least two requests were producing tokens at the same time: a real batch.
-    assert stats["peak_decoding"] >= 2
+    assert stats.peak_decoding >= 2
     assert_idle(host)
 
 
 def test_deadline_returns_partial_text_and_frees_the_request(host):
-    aborted_before = host.stats()["aborted"]
+    aborted_before = host.stats().aborted
     result = host.generate("deadline", PROMPT, {"max_tokens": 2000, "ignore_eos": True},
                            deadline_s=0.2)
     assert result.finish_reason == "deadline"
     assert result.completion_tokens < 2000
-    assert host.stats()["aborted"] == aborted_before + 1
+    assert host.stats().aborted == aborted_before + 1
     assert_idle(host)
     # The engine carries on normally afterwards.
     after = host.generate("after-deadline", PROMPT, {"max_tokens": 8, "ignore_eos": True}, 60)
