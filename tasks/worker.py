@@ -56,9 +56,12 @@ class WorkerRuntime:
     #: True for a real worker: an engine that cannot serve stops the process non-zero.
     exit_on_engine_failure: bool = False
     engine_error: BaseException | None = None
+    #: Set once the lanes may be advertised: the engine is warm, failed, or starts lazily.
     ready: threading.Event = field(default_factory=threading.Event)
     stopping: threading.Event = field(default_factory=threading.Event)
     runner: JobRunner = field(init=False)
+    _start_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _warm: bool = False
 
     def __post_init__(self) -> None:
         self.runner = JobRunner(self.ready_engine, self.store, self._writer_for, self.hostname)
@@ -76,32 +79,35 @@ class WorkerRuntime:
         return [l.name for l in self.lanes]
 
     def start_engine(self) -> None:
-        """Start the engine and warm it up (idempotent; blocks until ready or failed)."""
+        """Start the engine and warm it up, once: later and concurrent callers wait for
+        that one attempt (a task must not run, nor warm up again, beside it)."""
         from tailguard.tokens import PromptCounter
         from tailguard.warmup import exact_length_prompts, failure_message, warm_up
 
         config = self.engine.config
-        try:
-            self.engine.start()
-            log.info("%s", warm_up(self.engine, exact_length_prompts(PromptCounter(config.model)))
-                     .describe())
-        except BaseException as exc:  # noqa: BLE001 - reported to every task and to the log
-            self.engine_error = exc
-            if self.exit_on_engine_failure:
-                # Before `ready`: tasks that then fail must not ask for a second shutdown.
-                self.stopping.set()
-                log.critical("%s", failure_message(config.model, config.dtype, exc))
-                _exit_worker()
-            else:
-                log.exception("engine failed to start; this worker will fail its tasks")
-        finally:
-            self.ready.set()
+        with self._start_lock:
+            if self._warm or self.engine_error is not None:
+                return
+            try:
+                self.engine.start()
+                log.info("%s", warm_up(self.engine,
+                                       exact_length_prompts(PromptCounter(config.model))).describe())
+                self._warm = True
+            except BaseException as exc:  # noqa: BLE001 - reported to every task and to the log
+                self.engine_error = exc
+                if self.exit_on_engine_failure:
+                    # Before the waiting tasks fail: they must not ask for a second shutdown.
+                    self.stopping.set()
+                    log.critical("%s", failure_message(config.model, config.dtype, exc))
+                    _exit_worker()
+                else:
+                    log.exception("engine failed to start; this worker will fail its tasks")
+            finally:
+                self.ready.set()
 
     def ready_engine(self) -> EngineHost:
         """The started, warmed-up engine, for a task about to generate; starts it if nobody has."""
-        if not self.engine.started and self.engine_error is None:
-            self.start_engine()
-        self.ready.wait()
+        self.start_engine()
         if self.engine_error is not None:
             raise EngineDeadError(f"the engine failed to start: {self.engine_error}")
         return self.engine
