@@ -73,6 +73,7 @@ SAMPLING_KEYS = frozenset({
     "ignore_eos", "min_tokens", "repetition_penalty", "frequency_penalty", "presence_penalty",
 })
 
+
 @dataclass
 class EngineConfig:
     """What one engine serves; the fields map onto vLLM's ``AsyncEngineArgs``."""
