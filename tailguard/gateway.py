@@ -132,13 +132,6 @@ class Gateway:
         return follow(self.store.redis, job_id, after, heartbeat_s=heartbeat_s,
                       on_idle=lambda: self.store.settle(job_id))
 
-    def health(self) -> tuple[bool, dict[str, Any]]:
-        """Healthy when Redis answers and every lane has a live worker with its engine up."""
-        live = self.store.live_workers(self.lanes.names)
-        missing = [lane for lane, n in live.items() if n == 0]
-        return not missing, {"status": "ok" if not missing else "degraded", "redis": "ok",
-                             "workers_per_lane": live, "lanes_without_worker": missing}
-
 
 def render(job_id: str, job: dict[str, Any]) -> dict[str, Any]:
     """The public view of a job record."""

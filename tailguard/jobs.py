@@ -91,8 +91,6 @@ class JobStore:
         self.worker_lost_grace_s = worker_lost_grace_s
         self._create = lua.Script(client, "clock", "create_job")
         self._transition = lua.Script(client, "clock", "transition_job")
-        self._heartbeat = lua.Script(client, "clock", "heartbeat")
-        self._live = lua.Script(client, "clock", "live_workers")
 
     @classmethod
     def from_settings(cls, client: redis.Redis, config: Mapping[str, Any] | None = None) -> JobStore:
@@ -159,20 +157,6 @@ class JobStore:
         else:
             return job
         return self.get(job_id) if moved else job
-
-    # --- worker liveness, for /healthz ---------------------------------------------------
-
-    def heartbeat(self, lanes: list[str], worker: str, ttl_s: float) -> None:
-        for lane in lanes:
-            self._heartbeat([keys.lane_workers_key(lane)], worker=worker, ttl_s=ttl_s)
-
-    def forget_worker(self, lanes: list[str], worker: str) -> None:
-        for lane in lanes:
-            self.redis.zrem(keys.lane_workers_key(lane), worker)
-
-    def live_workers(self, lanes: list[str]) -> dict[str, int]:
-        counts = self._live([keys.lane_workers_key(l) for l in lanes])
-        return dict(zip(lanes, (int(c) for c in counts)))
 
 
 def end_event_data(status: str, fields: dict[str, Any]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from tailguard.engine_stats import HostStats
 from tailguard.finished import FinishedRequest
 
 PREFIX = "tailguard"
@@ -131,22 +132,23 @@ class GatewayMetrics:
 class WorkerCollector(Collector):
     """A worker's engine, as its host observes it."""
 
-    def __init__(self, worker: str, stats: Callable[[], dict]) -> None:
+    def __init__(self, worker: str, stats: Callable[[], HostStats]) -> None:
         self.worker, self.stats = worker, stats
 
     def collect(self):
+        # HostStats is a snapshot of plain counters: a scrape never waits on the engine loop.
         s = self.stats()
         for name, doc, key in (
                 ("worker_running_requests", "Requests inside the engine now", "in_flight"),
                 ("worker_peak_running_requests", "Most requests inside the engine at once",
                  "peak_in_flight")):
             g = GaugeMetricFamily(metric_name(name), doc, labels=["worker"])
-            g.add_metric([self.worker], s.get(key, 0))
+            g.add_metric([self.worker], getattr(s, key))
             yield g
         for name, doc, key in (
                 ("worker_aborted_requests", "Requests aborted in the engine (deadline, cancel)",
                  "aborted"),
                 ("worker_completed_requests", "Requests the engine finished", "completed")):
             c = CounterMetricFamily(metric_name(name), doc, labels=["worker"])
-            c.add_metric([self.worker], s.get(key, 0))
+            c.add_metric([self.worker], getattr(s, key))
             yield c

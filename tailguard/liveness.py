@@ -1,0 +1,44 @@
+"""Which workers serve which lane, now: what GET /healthz reads.
+
+A worker whose engine is up refreshes one heartbeat per lane it serves: a member
+of the lane's sorted set (``keys.lane_workers_key``) scored by when it lapses,
+on the Redis clock. A worker that stops withdraws its members; one that dies
+lapses after a few missed periods. Readers drop lapsed members as they count.
+"""
+
+from __future__ import annotations
+
+import redis
+
+from tailguard import keys, lua
+
+class Liveness:
+    """Worker heartbeats per lane in one Redis; stateless apart from the client."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.redis = client
+        self._heartbeat = lua.Script(client, "clock", "heartbeat")
+        self._live = lua.Script(client, "clock", "live_workers")
+
+    def heartbeat(self, lanes: list[str], worker: str, ttl_s: float) -> None:
+        """Mark `worker` as serving `lanes` for the next `ttl_s` seconds."""
+        for lane in lanes:
+            self._heartbeat([keys.lane_workers_key(lane)], worker=worker, ttl_s=ttl_s)
+
+    def forget(self, lanes: list[str], worker: str) -> None:
+        """Withdraw `worker` from `lanes` at once (a clean stop need not wait for the lapse)."""
+        for lane in lanes:
+            self.redis.zrem(keys.lane_workers_key(lane), worker)
+
+    def live_workers(self, lanes: list[str]) -> dict[str, int]:
+        """How many workers serve each lane now."""
+        counts = self._live([keys.lane_workers_key(l) for l in lanes])
+        return dict(zip(lanes, (int(c) for c in counts)))
+
+
+def lane_health(liveness: Liveness, lanes: list[str]) -> tuple[bool, dict]:
+    """Healthy when Redis answers and every lane has a live worker with its engine up."""
+    live = liveness.live_workers(lanes)
+    missing = [lane for lane, n in live.items() if n == 0]
+    return not missing, {"status": "ok" if not missing else "degraded", "redis": "ok",
+                         "workers_per_lane": live, "lanes_without_worker": missing}

@@ -1,0 +1,120 @@
+"""The job lifecycle of tailguard/runner.py against a real Redis, with an in-process fake
+engine (the e2e tier runs the same runner on a real engine inside real workers)."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import pytest
+
+from tailguard.engine import GenerationResult
+from tailguard.errors import EngineDeadError, EngineError
+from tailguard.jobs import CANCELLED, QUEUED, RUNNING, JobStore
+from tailguard.runner import GenerationJob, JobRunner, JobSkipped
+from tailguard.stream import DeltaWriter, read_events
+
+pytestmark = pytest.mark.integration
+
+JOB_ID = "ab" * 16
+
+
+class FakeEngine:
+    """Streams `deltas` (polling should_cancel between them) or raises `error`."""
+
+    def __init__(self, deltas: list[str] = ("a", "b", "c"), error: BaseException | None = None,
+                 during: Callable[[], None] | None = None) -> None:
+        self.deltas, self.error, self.during = list(deltas), error, during
+        self.calls: list[tuple[str, str, dict]] = []
+
+    def generate(self, request_id, prompt, sampling, deadline_s, on_first_token=None,
+                 should_cancel=None, on_delta=None, add_special_tokens=True) -> GenerationResult:
+        self.calls.append((request_id, prompt, sampling))
+        if self.error is not None:
+            raise self.error
+        sent: list[str] = []
+        for text in self.deltas:
+            if self.during is not None:
+                self.during()
+            if should_cancel is not None and should_cancel():
+                return GenerationResult("".join(sent), 3, len(sent), "cancelled", 0.01, 0.02)
+            sent.append(text)
+            if on_delta is not None:
+                on_delta(text)
+        return GenerationResult("".join(sent), 3, len(sent), "length", 0.01, 0.02)
+
+
+@pytest.fixture
+def store(redis_client) -> JobStore:
+    return JobStore(redis_client)
+
+
+def runner_for(store: JobStore, engine: FakeEngine) -> JobRunner:
+    return JobRunner(lambda: engine, store, lambda job_id: DeltaWriter(store.redis, job_id, flush_s=0),
+                     worker="test@host")
+
+
+def queue_job(store: JobStore, queue_ttl_s: float = 60) -> GenerationJob:
+    store.create(JOB_ID, {"lane": "short", "deadline_s": 5}, queue_ttl_s=queue_ttl_s)
+    return GenerationJob(JOB_ID, "hi", max_tokens=3, sampling={"temperature": 0}, deadline_s=5)
+
+
+def test_a_job_runs_streams_and_succeeds(store):
+    engine = FakeEngine()
+    body = runner_for(store, engine).run(queue_job(store))
+    assert body == {"text": "abc", "completion_tokens": 3, "finish_reason": "length"}
+    assert engine.calls == [(JOB_ID, "hi", {"temperature": 0, "max_tokens": 3})]
+    job = store.get(JOB_ID)
+    assert job["status"] == "succeeded" and job["worker"] == "test@host"
+    assert job["result"] == body and job["engine_prompt_tokens"] == 3
+    events = read_events(store.redis, JOB_ID)
+    assert "".join(e.data["text"] for e in events if e.type == "delta") == "abc"
+    assert events[-1].type == "end" and events[-1].data["status"] == "succeeded"
+
+
+def test_a_job_past_its_queue_ttl_expires_without_touching_the_engine(store):
+    engine = FakeEngine()
+    job = queue_job(store, queue_ttl_s=0.01)
+    time.sleep(0.05)
+    with pytest.raises(JobSkipped):
+        runner_for(store, engine).run(job)
+    assert engine.calls == []
+    record = store.get(JOB_ID)
+    assert record["status"] == "expired" and record["error"]["code"] == "expired"
+
+
+@pytest.mark.parametrize("state", [RUNNING, CANCELLED])
+def test_a_job_that_is_not_queued_is_skipped(store, state):
+    # RUNNING: a redelivered duplicate; CANCELLED: cancelled while queued
+    engine = FakeEngine()
+    job = queue_job(store)
+    store.transition(JOB_ID, {QUEUED}, state)
+    with pytest.raises(JobSkipped):
+        runner_for(store, engine).run(job)
+    assert engine.calls == [] and store.status(JOB_ID) == state
+
+
+def test_a_cancel_while_running_stops_the_engine_and_stands(store):
+    def cancel_after_first_delta() -> None:
+        if store.get(JOB_ID).get("worker") and read_events(store.redis, JOB_ID):
+            store.transition(JOB_ID, {RUNNING}, CANCELLED, {"error": {"code": "cancelled",
+                                                                      "message": "by test"}})
+
+    engine = FakeEngine(deltas=["a", "b", "c", "d"], during=cancel_after_first_delta)
+    with pytest.raises(JobSkipped):
+        runner_for(store, engine).run(queue_job(store))
+    job = store.get(JOB_ID)
+    assert job["status"] == CANCELLED and "result" not in job
+
+
+@pytest.mark.parametrize("error, code", [
+    (EngineError("the prompt was rejected: boom"), "engine_error"),
+    (EngineDeadError("the vLLM engine is dead"), "engine_dead"),
+    (ValueError("a bug"), "internal_error"),
+])
+def test_a_failure_ends_the_job_failed_and_propagates(store, error, code):
+    with pytest.raises(type(error)):
+        runner_for(store, FakeEngine(error=error)).run(queue_job(store))
+    job = store.get(JOB_ID)
+    assert job["status"] == "failed" and job["error"]["code"] == code
+    assert read_events(store.redis, JOB_ID)[-1].data["error"]["code"] == code
