@@ -181,6 +181,24 @@ def _echo(child: Child, tag: str) -> None:
         sys.stdout.flush()
 
 
+def running(pid: int) -> bool:
+    """Whether process `pid` exists and has not exited (a zombie has: it only awaits its
+    parent's wait). Any process, not only our children; Linux /proc, else a signal 0 probe."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+
+
 def log_tails(children: Iterable[Child], chars: int = LOG_TAIL_CHARS) -> str:
     return "\n".join(c.log_tail(chars) for c in children)
 

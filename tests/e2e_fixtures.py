@@ -22,15 +22,18 @@ import pytest
 
 from conftest import ROOT
 from tailguard import settings
+from tailguard.bench.host import descendants, snapshot
 from tailguard.pinning import Pinning
-from tailguard.procs import (Child, ChildFailed, ChildSpec, Group, console_script, start,
-                             tailguard_argv, wait_until, worker_spec)
+from tailguard.procs import (Child, ChildFailed, ChildSpec, Group, console_script, running,
+                             start, tailguard_argv, wait_until, worker_spec)
 from tailguard.redis_server import free_port
 
 START_TIMEOUT_S = 300
 #: How long /healthz may stay degraded while every worker process is alive (a heartbeat
 #: late on a busy machine) before the check fails.
 HEALTH_GRACE_S = 10
+#: How vLLM names its processes (`VLLM::EngineCore`, as /proc/<pid>/stat shows it).
+VLLM_COMM = "VLLM::"
 
 
 class Workers:
@@ -40,14 +43,32 @@ class Workers:
         self.group = group
         self.api = api  # a test client of the API: its /healthz reads the engines' heartbeats
         self.metrics_ports = metrics_ports
+        self.engines: dict[int, str] = {}  # vLLM's processes under the workers: pid -> worker
 
     def healthy(self) -> bool:
         """Every lane has a live worker whose engine is up (GET /healthz answers 200)."""
         return self.api.get("/healthz").status_code == 200
 
+    def note_engines(self) -> None:
+        """Remember vLLM's processes under each worker (its engine core), once they are up.
+
+        A worker's heartbeat can outlive its engine by a few seconds (the worker notices on
+        its next request, then shuts itself down), so the check watches these too.
+        """
+        procs = snapshot()
+        for child in self.group.children:
+            for pid in descendants(procs, child.pid) - {child.pid}:
+                if procs[pid].comm.startswith(VLLM_COMM):
+                    self.engines[pid] = child.name
+
     def check(self) -> None:
         """Fail the current test at once, with the workers' log tails, when a worker process
-        has exited or its engine stopped serving."""
+        or one of its engine processes has exited, or the engines stopped serving."""
+        gone = [f"{worker}'s engine process {pid}" for pid, worker in self.engines.items()
+                if not running(pid)]
+        if gone:
+            pytest.fail(f"the session's e2e workers: {', '.join(gone)} exited\n"
+                        + self.group.log_tails(), pytrace=False)
         try:
             self.group.wait_until(self.healthy, HEALTH_GRACE_S, "the session's e2e workers")
         except ChildFailed as exc:
@@ -71,6 +92,7 @@ def workers(tiny_model, redis_server, api_app, tmp_path_factory):
             env={**env, settings.WORKER_METRICS_PORT.env: str(ports["long"])},
             pin=Pinning(cores=(1,)), cwd=ROOT))
         group.wait_until(ws.healthy, START_TIMEOUT_S, "workers healthy")
+        ws.note_engines()
     except ChildFailed as exc:
         group.stop()
         pytest.fail(str(exc), pytrace=False)

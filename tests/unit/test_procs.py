@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tailguard.pinning import Pinning
-from tailguard.procs import ChildFailed, ChildSpec, Group, start, wait_until
+from tailguard.procs import ChildFailed, ChildSpec, Group, running, start, wait_until
 
 PY = sys.executable
 
@@ -50,7 +50,8 @@ def test_stop_is_warm_first(tmp_path):
                              "print('ready', flush=True); time.sleep(60)"),
                   log=tmp_path / "warm.log")
     wait_until(lambda: "ready" in child.log_tail(), [child], 10, "ready")
-    assert child.stop() == 0 and not child.alive()
+    assert running(child.pid)
+    assert child.stop() == 0 and not child.alive() and not running(child.pid)
 
 
 def test_stop_kills_what_does_not_exit_in_time(tmp_path):
@@ -73,15 +74,7 @@ def test_stop_kills_the_whole_process_group(tmp_path):
                          "grandchild started"))
     child.stop()
     # Reaped by init once killed; until then it may linger as a zombie.
-    wait_until(lambda: not _running(pid), [], 10, "grandchild gone")
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rpartition(")")[2].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    wait_until(lambda: not running(pid), [], 10, "grandchild gone")
 
 
 def test_wait_until_fails_fast_with_the_log_when_a_child_dies(tmp_path):
