@@ -16,7 +16,7 @@ e2e module runs alone or in any order.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Callable, TypeVar
 
 import pytest
 
@@ -28,12 +28,26 @@ from tailguard.procs import (Child, ChildFailed, ChildSpec, Group, console_scrip
                              start, tailguard_argv, wait_until, worker_spec)
 from tailguard.redis_server import free_port
 
+T = TypeVar("T")
+
 START_TIMEOUT_S = 300
 #: How long /healthz may stay degraded while every worker process is alive (a heartbeat
 #: late on a busy machine) before the check fails.
 HEALTH_GRACE_S = 10
 #: How vLLM names its processes (`VLLM::EngineCore`, as /proc/<pid>/stat shows it).
 VLLM_COMM = "VLLM::"
+
+
+def or_fail(call: Callable[[], T], cleanup: Callable[[], object] | None = None) -> T:
+    """`call()`; a ChildFailed fails the test with its message (what died, the log tails)
+    alone, after `cleanup()`."""
+    try:
+        return call()
+    except ChildFailed as exc:
+        failure = str(exc)
+    if cleanup is not None:
+        cleanup()
+    pytest.fail(failure, pytrace=False)  # outside the except: no chained traceback
 
 
 class Workers:
@@ -69,11 +83,8 @@ class Workers:
         if gone:
             pytest.fail(f"the session's e2e workers: {', '.join(gone)} exited\n"
                         + self.group.log_tails(), pytrace=False)
-        try:
-            self.group.wait_until(self.healthy, HEALTH_GRACE_S, "the session's e2e workers")
-        except ChildFailed as exc:
-            pytest.fail(f"{exc}\n(/healthz: {self.api.get('/healthz').get_json()})",
-                        pytrace=False)
+        or_fail(lambda: self.group.wait_until(self.healthy, HEALTH_GRACE_S,
+                                              "the session's e2e workers"))
 
 
 @pytest.fixture(scope="session")
@@ -82,7 +93,8 @@ def workers(tiny_model, redis_server, api_app, tmp_path_factory):
     ports = {"short": free_port(), "long": free_port()}
     env = {settings.MODEL.env: tiny_model, settings.WORKER_HEARTBEAT_S.env: "1"}
     ws = Workers(group, api_app.test_client(), ports)
-    try:
+
+    def start_all() -> None:
         group.start(dataclasses.replace(
             worker_spec("short", Pinning(cores=(0,)), "--metrics-port", str(ports["short"]),
                         "-l", "INFO", env=env), cwd=ROOT))
@@ -93,9 +105,8 @@ def workers(tiny_model, redis_server, api_app, tmp_path_factory):
             pin=Pinning(cores=(1,)), cwd=ROOT))
         group.wait_until(ws.healthy, START_TIMEOUT_S, "workers healthy")
         ws.note_engines()
-    except ChildFailed as exc:
-        group.stop()
-        pytest.fail(str(exc), pytrace=False)
+
+    or_fail(start_all, cleanup=group.stop)
     yield ws
     group.stop()
 
@@ -126,11 +137,8 @@ def serve(spec: ChildSpec, log_dir, ready: Callable[[], object], timeout_s: floa
     """Start a server child and return once `ready()`; fails the test with its log tail
     when it exits first or is not ready in time."""
     child = start(dataclasses.replace(spec, cwd=ROOT), log=log_dir / f"{spec.name}.log")
-    try:
-        wait_until(ready, [child], timeout_s, f"{spec.name} ready")
-    except ChildFailed as exc:
-        child.stop()
-        pytest.fail(str(exc), pytrace=False)
+    or_fail(lambda: wait_until(ready, [child], timeout_s, f"{spec.name} ready"),
+            cleanup=child.stop)
     return child
 
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import pytest
 
+from e2e_fixtures import or_fail
 from e2e_support import engine_stats, wait_job
 from tailguard import settings
 from tailguard.pinning import Pinning
-from tailguard.procs import ChildFailed, Group, worker_spec
+from tailguard.procs import Group, worker_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -103,10 +104,7 @@ def test_warm_shutdown_completes(tiny_model, redis_server, tmp_path):
             if not worker.alive():
                 pytest.fail(worker.log_tail(), pytrace=False)
 
-        try:
-            group.wait_until(short_served, 300, "own worker serving the short lane")
-        except ChildFailed as exc:
-            pytest.fail(str(exc), pytrace=False)
+        or_fail(lambda: group.wait_until(short_served, 300, "own worker serving the short lane"))
         job = api.post("/v1/jobs", json={"prompt": "解释什么是Transformer", "max_tokens": 16,
                                          "ignore_eos": True})
         assert wait_job(api, job.get_json()["id"], alive)["status"] == "succeeded"
