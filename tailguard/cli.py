@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import typing
 from pathlib import Path
@@ -22,19 +21,7 @@ from tailguard.bench.report import render_text
 from tailguard.bench.run import BenchConfig, run_bench
 from tailguard.bench.topology import TopologyError
 from tailguard.errors import ConfigError
-
-
-def _exec(argv: list[str], env: dict[str, str] | None = None) -> None:
-    """Replace this process, so signals reach the real program (Celery, gunicorn) directly."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execvpe(argv[0], argv, {**os.environ, **(env or {})})
-
-
-def _bin(name: str) -> str:
-    """A console script of this environment (next to the running python)."""
-    candidate = Path(sys.executable).parent / name
-    return str(candidate) if candidate.exists() else name
+from tailguard.procs import become, console_script
 
 
 @click.group()
@@ -61,7 +48,7 @@ def make_demo_model(out_dir: Path, size: str, seed: int) -> None:
 @click.option("--cores", help="pin to these CPU cores, e.g. 0,1 (CPU-only hosts)")
 @click.option("--concurrency", "-c", type=int, help="threads; default: the lanes' max_num_seqs")
 @click.option("--metrics-port", type=int, help="serve Prometheus metrics here (default: "
-              "$TAILGUARD_WORKER_METRICS_PORT, 0 = off)")
+              f"${settings.WORKER_METRICS_PORT.env}, 0 = off)")
 @click.option("--loglevel", "-l", default="INFO", show_default=True)
 def worker(lane: str | None, worker_name: str | None, gpu: int | None, cores: str | None,
            concurrency: int | None, metrics_port: int | None, loglevel: str) -> None:
@@ -78,52 +65,53 @@ def worker(lane: str | None, worker_name: str | None, gpu: int | None, cores: st
     model, is_demo = served_model()
     if is_demo:
         click.echo(f"[{spec.name}] {DEMO_NOTICE}", err=True)
-    pin = Pinning(gpu=gpu, cores=tuple(int(c) for c in cores.split(",")) if cores else ())
-    if pin.cores:
-        os.sched_setaffinity(0, pin.cores)  # inherited by vLLM's engine-core process
-    _exec([_bin("celery"), "-A", "tasks", "worker", "-Q", ",".join(spec.lanes),
-           "-n", f"{spec.name}@%h", "-c", str(concurrency or engine_settings_for(lanes)[0]),
-           "-l", loglevel], env={"TAILGUARD_MODEL": model, **pin.env(),
-                                 **({"TAILGUARD_WORKER_METRICS_PORT": str(metrics_port)}
-                                    if metrics_port is not None else {})})
+    env = {settings.MODEL.env: model}
+    if metrics_port is not None:
+        env[settings.WORKER_METRICS_PORT.env] = str(metrics_port)
+    become([console_script("celery"), "-A", "tasks", "worker", "-Q", ",".join(spec.lanes),
+            "-n", f"{spec.name}@%h", "-c", str(concurrency or engine_settings_for(lanes)[0]),
+            "-l", loglevel], env=env, pin=Pinning.from_options(gpu, cores))
 
 
 @main.command()
-@click.option("--port", type=int, help="default: $TAILGUARD_API_PORT or 8000")
+@click.option("--port", type=int,
+              help=f"default: ${settings.API_PORT.env} or {settings.API_PORT.default}")
 @click.option("--bind", "host", default="127.0.0.1", show_default=True)
 def api(port: int | None, host: str) -> None:
     """Serve the REST API with gunicorn (threads, so long-polls do not block each other)."""
     from tailguard.served_model import served_model
 
     model, _ = served_model()
-    _exec([_bin("gunicorn"), "--bind", f"{host}:{port or settings.API_PORT.get()}",
-           "--worker-class", "gthread", "--threads", str(settings.API_THREADS.get()),
-           "--workers", "1", "--timeout", "120", "--access-logfile", "-",
-           "app:create_app()"], env={"TAILGUARD_MODEL": model})
+    become([console_script("gunicorn"), "--bind", f"{host}:{port or settings.API_PORT.get()}",
+            "--worker-class", "gthread", "--threads", str(settings.API_THREADS.get()),
+            "--workers", "1", "--timeout", "120", "--access-logfile", "-",
+            "app:create_app()"], env={settings.MODEL.env: model})
 
 
 @main.command()
-@click.option("--port", type=int, help="default: $TAILGUARD_FLOWER_PORT or 5555")
+@click.option("--port", type=int,
+              help=f"default: ${settings.FLOWER_PORT.env} or {settings.FLOWER_PORT.default}")
 def flower(port: int | None) -> None:
     """Run Flower on the lane queues, always behind basic auth: $TAILGUARD_FLOWER_BASIC_AUTH,
     else a password generated once into $TAILGUARD_HOME/flower.auth."""
-    argv = [_bin("celery"), "-A", "tasks", "flower", f"--port={port or settings.FLOWER_PORT.get()}",
-            "--address=127.0.0.1"]
+    argv = [console_script("celery"), "-A", "tasks", "flower",
+            f"--port={port or settings.FLOWER_PORT.get()}", "--address=127.0.0.1"]
     from tailguard.supervisor import flower_auth
 
     home = settings.home()
     home.mkdir(parents=True, exist_ok=True)
     argv.append(f"--basic-auth={flower_auth(home)}")
-    _exec(argv)
+    become(argv)
 
 
 @main.command()
-@click.option("--port", type=int, help="default: $TAILGUARD_REDIS_PORT or 6379")
+@click.option("--port", type=int,
+              help=f"default: ${settings.REDIS_PORT.env} or {settings.REDIS_PORT.default}")
 def redis(port: int | None) -> None:
     """Run the embedded redis-server in the foreground (data and AOF under $TAILGUARD_HOME)."""
     from tailguard.redis_server import redis_command
 
-    _exec(redis_command(port or settings.REDIS_PORT.get(), settings.home() / "redis"))
+    become(redis_command(port or settings.REDIS_PORT.get(), settings.home() / "redis"))
 
 
 @main.command()

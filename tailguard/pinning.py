@@ -14,8 +14,27 @@ from tailguard.lanes import WorkerSpec
 
 @dataclass(frozen=True)
 class Pinning:
+    """One GPU, or a set of CPU cores, or (neither) anywhere."""
+
     gpu: int | None = None
     cores: tuple[int, ...] = ()
+
+    @classmethod
+    def from_options(cls, gpu: int | None, cores: str | None) -> "Pinning":
+        """The pin given by `tailguard worker --gpu N` or `--cores 0,1` (see `options`)."""
+        return cls(gpu=gpu, cores=tuple(int(c) for c in cores.split(",")) if cores else ())
+
+    def options(self) -> list[str]:
+        """The `tailguard worker` options that pin a worker here."""
+        if self.gpu is not None:
+            return ["--gpu", str(self.gpu)]
+        return ["--cores", ",".join(map(str, self.cores))] if self.cores else []
+
+    def label(self) -> str:
+        """For people: `GPU 1`, `cores 0,1`."""
+        if self.gpu is not None:
+            return f"GPU {self.gpu}"
+        return f"cores {','.join(map(str, self.cores))}" if self.cores else "any core"
 
     def env(self) -> dict[str, str]:
         """Environment a worker needs to stay on its device."""

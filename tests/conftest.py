@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tailguard import settings
 from tailguard.redis_server import free_port, start_redis
 
 pytest_plugins = ["e2e_fixtures"]
@@ -25,9 +26,9 @@ TEST_LANES = ROOT / "tests" / "lanes.test.toml"
 # Built once per machine: the tiny model is deterministic, so reuse across runs is safe.
 MODEL_CACHE = Path(os.environ.get("TAILGUARD_TEST_MODEL_DIR", ROOT / ".tailguard" / "test-models"))
 
-os.environ["TAILGUARD_REDIS_URL"] = REDIS_URL
-os.environ["TAILGUARD_LANES"] = str(TEST_LANES)
-os.environ["TAILGUARD_SSE_HEARTBEAT_S"] = "0.3"  # idle streams notice expiry/disconnects fast
+os.environ[settings.REDIS_URL.env] = REDIS_URL
+os.environ[settings.LANES_FILE.env] = str(TEST_LANES)
+os.environ[settings.SSE_HEARTBEAT_S.env] = "0.3"  # idle streams notice expiry/disconnects fast
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -36,10 +37,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 def redis_server():
     """A private, throwaway redis-server for the whole session."""
     data = Path(tempfile.mkdtemp(prefix="tailguard-redis-"))
-    proc = start_redis(REDIS_PORT, data, appendonly=False)
+    redis = start_redis(REDIS_PORT, data, appendonly=False)
     yield REDIS_URL
-    proc.terminate()
-    proc.wait(10)
+    redis.stop()
     shutil.rmtree(data, ignore_errors=True)
 
 
@@ -70,7 +70,7 @@ def tiny_model() -> str:
     from tailguard.demo_model import build_demo_model
 
     path = build_demo_model(MODEL_CACHE / "tiny", size="tiny")
-    os.environ["TAILGUARD_MODEL"] = str(path)
+    os.environ[settings.MODEL.env] = str(path)
     return str(path)
 
 

@@ -4,79 +4,118 @@ runs them, and the API also served by a real gunicorn for tests that need real s
 
 The short worker is started the way `tailguard up` does (`tailguard worker --worker short
 --cores 0`); the long one as a user would by hand (`celery -A tasks worker -Q long,batch`),
-so both entry points are covered. Loaded by tests/conftest.py as a plugin. The workers live for the whole session: test modules
-run in file order and test_system.py, last, ends with the warm-shutdown test.
+so both entry points are covered. Loaded by tests/conftest.py as a plugin.
+
+The workers live for the whole session, and every test that uses them is preceded by a
+check: when a worker process or its engine is gone, the test fails at once with the tail
+of the workers' logs, instead of each remaining test waiting for its own timeout. No test
+stops the session's workers (one that needs to stop a worker starts its own), so each
+e2e module runs alone or in any order.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
+import dataclasses
+from typing import Callable, TypeVar
 
 import pytest
 
 from conftest import ROOT
+from tailguard import settings
+from tailguard.bench.host import descendants, snapshot
+from tailguard.pinning import Pinning
+from tailguard.procs import (Child, ChildFailed, ChildSpec, Group, console_script, running,
+                             start, tailguard_argv, wait_until, worker_spec)
 from tailguard.redis_server import free_port
 
+T = TypeVar("T")
+
 START_TIMEOUT_S = 300
+#: How long /healthz may stay degraded while every worker process is alive (a heartbeat
+#: late on a busy machine) before the check fails.
+HEALTH_GRACE_S = 10
+#: How vLLM names its processes (`VLLM::EngineCore`, as /proc/<pid>/stat shows it).
+VLLM_COMM = "VLLM::"
+
+
+def or_fail(call: Callable[[], T], cleanup: Callable[[], object] | None = None) -> T:
+    """`call()`; a ChildFailed fails the test with its message (what died, the log tails)
+    alone, after `cleanup()`."""
+    try:
+        return call()
+    except ChildFailed as exc:
+        failure = str(exc)
+    if cleanup is not None:
+        cleanup()
+    pytest.fail(failure, pytrace=False)  # outside the except: no chained traceback
 
 
 class Workers:
-    def __init__(self, log_dir: Path):
-        self.log_dir = log_dir
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.metrics_ports: dict[str, int] = {}
+    """The session's worker processes, and whether they can still serve."""
 
-    def start(self, name: str, argv: list[str], env: dict[str, str], cores: set[int]) -> None:
-        log = open(self.log_dir / f"{name}.log", "wb")
-        self.procs[name] = subprocess.Popen(
-            argv, cwd=ROOT, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
-            preexec_fn=lambda: os.sched_setaffinity(0, cores))
+    def __init__(self, group: Group, api, metrics_ports: dict[str, int]) -> None:
+        self.group = group
+        self.api = api  # a test client of the API: its /healthz reads the engines' heartbeats
+        self.metrics_ports = metrics_ports
+        self.engines: dict[int, str] = {}  # vLLM's processes under the workers: pid -> worker
 
-    def logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n" + p.read_text(errors="replace")[-3000:]
-                         for p in sorted(self.log_dir.glob("*.log")))
+    def healthy(self) -> bool:
+        """Every lane has a live worker whose engine is up (GET /healthz answers 200)."""
+        return self.api.get("/healthz").status_code == 200
 
-    def stop(self) -> dict[str, int | None]:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)  # Celery: warm shutdown
-        codes = {}
-        for name, proc in self.procs.items():
-            try:
-                codes[name] = proc.wait(120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                codes[name] = None  # hung: the test reading this fails
-        return codes
+    def note_engines(self) -> None:
+        """Remember vLLM's processes under each worker (its engine core), once they are up.
+
+        A worker's heartbeat can outlive its engine by a few seconds (the worker notices on
+        its next request, then shuts itself down), so the check watches these too.
+        """
+        procs = snapshot()
+        for child in self.group.children:
+            for pid in descendants(procs, child.pid) - {child.pid}:
+                if procs[pid].comm.startswith(VLLM_COMM):
+                    self.engines[pid] = child.name
+
+    def check(self) -> None:
+        """Fail the current test at once, with the workers' log tails, when a worker process
+        or one of its engine processes has exited, or the engines stopped serving."""
+        gone = [f"{worker}'s engine process {pid}" for pid, worker in self.engines.items()
+                if not running(pid)]
+        if gone:
+            pytest.fail(f"the session's e2e workers: {', '.join(gone)} exited\n"
+                        + self.group.log_tails(), pytrace=False)
+        or_fail(lambda: self.group.wait_until(self.healthy, HEALTH_GRACE_S,
+                                              "the session's e2e workers"))
 
 
 @pytest.fixture(scope="session")
 def workers(tiny_model, redis_server, api_app, tmp_path_factory):
-    ws = Workers(tmp_path_factory.mktemp("worker-logs"))
-    ws.metrics_ports = {"short": free_port(), "long": free_port()}
-    env = {"TAILGUARD_MODEL": tiny_model, "TAILGUARD_WORKER_HEARTBEAT_S": "1"}
-    ws.start("short", [sys.executable, "-m", "tailguard.cli", "worker", "--worker", "short",
-                       "--cores", "0", "--metrics-port", str(ws.metrics_ports["short"]),
-                       "-l", "INFO"], env, {0})
-    ws.start("long", [str(Path(sys.executable).parent / "celery"), "-A", "tasks", "worker",
-                      "-Q", "long,batch", "-n", "long@%h", "-l", "INFO"],
-             {**env, "VLLM_CPU_OMP_THREADS_BIND": "1", "OMP_NUM_THREADS": "1",
-              "TAILGUARD_WORKER_METRICS_PORT": str(ws.metrics_ports["long"])}, {1})
-    client = api_app.test_client()
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while client.get("/healthz").status_code != 200:
-        dead = [n for n, p in ws.procs.items() if p.poll() is not None]
-        if dead or time.monotonic() > deadline:
-            ws.stop()
-            pytest.fail(f"workers did not become healthy (exited: {dead})\n{ws.logs()}")
-        time.sleep(0.5)
+    group = Group(tmp_path_factory.mktemp("worker-logs"))
+    ports = {"short": free_port(), "long": free_port()}
+    env = {settings.MODEL.env: tiny_model, settings.WORKER_HEARTBEAT_S.env: "1"}
+    ws = Workers(group, api_app.test_client(), ports)
+
+    def start_all() -> None:
+        group.start(dataclasses.replace(
+            worker_spec("short", Pinning(cores=(0,)), "--metrics-port", str(ports["short"]),
+                        "-l", "INFO", env=env), cwd=ROOT))
+        group.start(ChildSpec(
+            "worker.long", (console_script("celery"), "-A", "tasks", "worker", "-Q", "long,batch",
+                            "-n", "long@%h", "-l", "INFO"),
+            env={**env, settings.WORKER_METRICS_PORT.env: str(ports["long"])},
+            pin=Pinning(cores=(1,)), cwd=ROOT))
+        group.wait_until(ws.healthy, START_TIMEOUT_S, "workers healthy")
+        ws.note_engines()
+
+    or_fail(start_all, cleanup=group.stop)
     yield ws
-    ws.stop()
+    group.stop()
+
+
+@pytest.fixture(autouse=True)
+def _workers_alive(request):
+    """Before each test that uses the session's workers: are they (and their engines) alive?"""
+    if "workers" in request.fixturenames:
+        request.getfixturevalue("workers").check()
 
 
 @pytest.fixture
@@ -84,28 +123,32 @@ def api(api_app, workers):
     return api_app.test_client()
 
 
+def http_status(url: str) -> int | None:
+    """The status `url` answers with, or None while nothing listens there."""
+    import requests
+
+    try:
+        return requests.get(url, timeout=2).status_code
+    except requests.ConnectionError:
+        return None
+
+
+def serve(spec: ChildSpec, log_dir, ready: Callable[[], object], timeout_s: float = 60) -> Child:
+    """Start a server child and return once `ready()`; fails the test with its log tail
+    when it exits first or is not ready in time."""
+    child = start(dataclasses.replace(spec, cwd=ROOT), log=log_dir / f"{spec.name}.log")
+    or_fail(lambda: wait_until(ready, [child], timeout_s, f"{spec.name} ready"),
+            cleanup=child.stop)
+    return child
+
+
 @pytest.fixture(scope="session")
 def api_url(workers, tiny_model, redis_server, tmp_path_factory):
     """The API under gunicorn (gthread), as `tailguard api` serves it."""
     port = free_port()
-    log = open(tmp_path_factory.mktemp("api-log") / "api.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "tailguard.cli", "api", "--port", str(port)],
-                            cwd=ROOT, env={**os.environ, "TAILGUARD_MODEL": tiny_model},
-                            stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    import requests
-
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if requests.get(url + "/healthz", timeout=2).status_code == 200:
-                break
-        except requests.ConnectionError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"gunicorn did not serve: {Path(log.name).read_text()[-3000:]}")
-        time.sleep(0.2)
+    child = serve(ChildSpec("api", tailguard_argv("api", "--port", str(port)),
+                            env={settings.MODEL.env: tiny_model}),
+                  tmp_path_factory.mktemp("api-log"), lambda: http_status(url + "/healthz") == 200)
     yield url
-    proc.terminate()
-    proc.wait(30)
+    child.stop()

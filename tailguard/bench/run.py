@@ -298,16 +298,13 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
         """Wait for the topologies to stop (workers need Redis for that), then stop Redis."""
         for t in stopping:
             t.join()
-        redis_proc.terminate()
-        redis_proc.wait(30)
+        redis_proc.stop()
         shutil.rmtree(redis_dir, ignore_errors=True)
 
     try:
         for i, (name, spec) in enumerate(specs.items()):
-            engines_desc = "; ".join(
-                f"{w.name} serves {','.join(w.lanes)} on "
-                + (f"GPU {w.pin.gpu}" if w.pin.gpu is not None else
-                   f"cores {','.join(map(str, w.pin.cores))}") for w in spec.workers)
+            engines_desc = "; ".join(f"{w.name} serves {','.join(w.lanes)} on {w.pin.label()}"
+                                     for w in spec.workers)
             log(f"[{name}] starting: {engines_desc}")
             t_start = time.monotonic()
             # A Redis database of its own, so nothing of the previous topology is seen.

@@ -17,24 +17,20 @@ disjointly between workers (GPUs: one each), as `tailguard up` does.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tailguard import procs, settings
 from tailguard.lanes import Lane, LaneTable, WorkerSpec, parse_lanes
 from tailguard.pinning import Pinning, plan
+from tailguard.procs import ChildFailed, ChildSpec, Group, tailguard_argv
 
 SHARED_LANE = "shared"
 TOPOLOGIES = ("shared", "lanes")
-#: How long a warm shutdown may take before the process group is killed.
-STOP_TIMEOUT_S = 60.0
 
 
 class TopologyError(RuntimeError):
@@ -136,10 +132,9 @@ def lanes_spec(table: LaneTable, lanes_text: str, *, kind: str = "cpu",
                                                    for w, p in zip(table.workers, pins)))
 
 
-def worker_argv(w: WorkerPlan, python: str = sys.executable) -> list[str]:
-    where = (["--gpu", str(w.pin.gpu)] if w.pin.gpu is not None else
-             ["--cores", ",".join(map(str, w.pin.cores))] if w.pin.cores else [])
-    return [python, "-m", "tailguard.cli", "worker", "--worker", w.name, *where, "-l", "WARNING"]
+def worker_spec(w: WorkerPlan, env: dict[str, str], python: str = sys.executable) -> ChildSpec:
+    """The `tailguard worker` child of one engine, as `tailguard up` starts it."""
+    return procs.worker_spec(w.name, w.pin, "-l", "WARNING", env=env, python=python)
 
 
 class RunningTopology:
@@ -153,84 +148,52 @@ class RunningTopology:
         self.workdir = Path(workdir)
         self.api_port = api_port
         self.api_threads = api_threads
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.group = Group(self.workdir)
+        self._last_health: Any = None  # for the error message when it never gets healthy
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.api_port}"
 
     def _env(self) -> dict[str, str]:
-        return {**os.environ, "TAILGUARD_REDIS_URL": self.redis_url, "TAILGUARD_MODEL": self.model,
-                "TAILGUARD_LANES": str(self.workdir / "lanes.toml"),
-                "TAILGUARD_API_THREADS": str(self.api_threads),
-                "TAILGUARD_WORKER_HEARTBEAT_S": "1", "TAILGUARD_WORKER_METRICS_PORT": "0",
+        return {settings.REDIS_URL.env: self.redis_url, settings.MODEL.env: self.model,
+                settings.LANES_FILE.env: str(self.workdir / "lanes.toml"),
+                settings.API_THREADS.env: str(self.api_threads),
+                settings.WORKER_HEARTBEAT_S.env: "1", settings.WORKER_METRICS_PORT.env: "0",
                 "PYTHONUNBUFFERED": "1"}
-
-    def _spawn(self, name: str, argv: list[str]) -> None:
-        log = open(self.workdir / f"{name}.log", "wb")
-        # Own session: a Ctrl-C meant for the benchmark does not reach it, and stop()
-        # can end the whole group (vLLM's engine-core process included).
-        self.procs[name] = subprocess.Popen(argv, env=self._env(), stdout=log,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
 
     def start(self, timeout_s: float = 600.0) -> str:
         """Start the API and the workers; return the API URL once every engine is up."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "lanes.toml").write_text(self.spec.lanes_toml)
-        self._spawn("api", [sys.executable, "-m", "tailguard.cli", "api",
-                            "--port", str(self.api_port)])
+        env = self._env()
+        self.group.start(ChildSpec("api", tailguard_argv("api", "--port", str(self.api_port)),
+                                   env=env))
         for w in self.spec.workers:
-            self._spawn(f"worker.{w.name}", worker_argv(w))
-        self._wait_healthy(timeout_s)
+            self.group.start(worker_spec(w, env))
+        try:
+            self.group.wait_until(self._healthy, timeout_s, f"topology {self.spec.name} healthy")
+        except ChildFailed as exc:
+            raise TopologyError(f"{exc} (last /healthz: {self._last_health})") from None
         return self.url
 
-    def _wait_healthy(self, timeout_s: float) -> None:
-        want = self.spec.workers_per_lane()
-        deadline = time.monotonic() + timeout_s
-        last: Any = None
-        while time.monotonic() < deadline:
-            dead = [n for n, p in self.procs.items() if p.poll() is not None]
-            if dead:
-                raise TopologyError(f"{self.spec.name}: {', '.join(dead)} exited while starting\n"
-                                    + self.log_tails())
-            try:
-                with urllib.request.urlopen(self.url + "/healthz", timeout=5) as resp:
-                    last = json.loads(resp.read())
-            except urllib.error.HTTPError as exc:
-                last = json.loads(exc.read() or b"{}")
-            except (OSError, ValueError):
-                last = None
-            live = (last or {}).get("workers_per_lane", {})
-            if last and all(live.get(lane, 0) >= n for lane, n in want.items()):
-                return
-            time.sleep(0.5)
-        raise TopologyError(f"{self.spec.name}: not healthy after {timeout_s:.0f} s "
-                            f"(last /healthz: {last})\n" + self.log_tails())
-
-    def log_tails(self, chars: int = 2500) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-chars:]}"
-                         for p in sorted(self.workdir.glob("*.log")))
+    def _healthy(self) -> bool:
+        """Whether /healthz reports as many live workers per lane as the topology has."""
+        try:
+            with urllib.request.urlopen(self.url + "/healthz", timeout=5) as resp:
+                last = json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            last = json.loads(exc.read() or b"{}")
+        except (OSError, ValueError):
+            last = None
+        self._last_health = last
+        live = (last or {}).get("workers_per_lane", {})
+        return bool(last) and all(live.get(lane, 0) >= n
+                                  for lane, n in self.spec.workers_per_lane().items())
 
     def stop(self) -> None:
-        """Warm shutdown of workers first, then the API; kill what does not stop in time."""
-        order = [n for n in self.procs if n != "api"] + (["api"] if "api" in self.procs else [])
-        for name in order:
-            if self.procs[name].poll() is None:
-                self.procs[name].send_signal(signal.SIGTERM)
-        for name in order:
-            proc = self.procs[name]
-            try:
-                proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        # vLLM's engine core lives in the worker's group; make sure nothing is left behind.
-        for proc in self.procs.values():
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        """Warm shutdown of the workers first, then the API; kill what does not stop in time."""
+        self.group.stop()
 
     def __enter__(self) -> "RunningTopology":
         return self

@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import time
+from typing import Any, Callable
+
+from tailguard.jobs import TERMINAL
+
+#: Each poll of a job long-polls this long, so a dead worker is noticed within it.
+POLL_WAIT_S = 1
+
 
 def engine_stats(name: str) -> dict:
     """What the engine host of worker `name@…` observed (`celery inspect engine_stats`)."""
@@ -17,3 +25,19 @@ def engine_stats(name: str) -> dict:
             if node.startswith(f"{name}@"):
                 return stats
     raise AssertionError(f"no engine_stats reply from {name}@: {replies}")
+
+
+def wait_job(api, job_id: str, check: Callable[[], None], timeout: float = 120) -> dict[str, Any]:
+    """The job once it has ended, polled through the API test client `api`.
+
+    `check` runs between polls (the workers fixture's `check`): a worker that died fails
+    the test at once instead of after `timeout`.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        job = api.get(f"/v1/jobs/{job_id}?wait={POLL_WAIT_S}").get_json()
+        if job["status"] in TERMINAL:
+            return job
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job_id} still {job['status']} after {timeout} s: {job}")
+        check()

@@ -12,6 +12,10 @@ import pytest
 import requests
 
 from conftest import ROOT
+from e2e_fixtures import http_status, serve
+from tailguard import settings
+from tailguard.procs import ChildSpec, tailguard_argv
+from tailguard.redis_server import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -50,7 +54,7 @@ def test_api_and_worker_metrics_after_real_requests(api_url, workers, redis_serv
     assert "tailguard_worker_completed_requests_total" in worker
     assert "vllm:kv_cache_usage_perc" in worker  # vLLM's own, from the same process
 
-    env = {**os.environ, "TAILGUARD_REDIS_URL": redis_server}
+    env = {**os.environ, settings.REDIS_URL.env: redis_server}
     stats = json.loads(subprocess.run(
         [sys.executable, "-m", "tailguard.cli", "stats", "--window", "10m", "--json"], cwd=ROOT,
         env=env, capture_output=True, text=True, check=True).stdout)
@@ -61,25 +65,13 @@ def test_api_and_worker_metrics_after_real_requests(api_url, workers, redis_serv
 
 @pytest.fixture(scope="module")
 def flower_url(workers, redis_server, tmp_path_factory):
-    from tailguard.redis_server import free_port
-
     port = free_port()
     home = tmp_path_factory.mktemp("flower-home")
-    env = {**os.environ, "TAILGUARD_HOME": str(home), "TAILGUARD_FLOWER_BASIC_AUTH": "ops:s3cret"}
-    proc = subprocess.Popen([sys.executable, "-m", "tailguard.cli", "flower", "--port", str(port)],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            requests.get(url, timeout=2)
-            break
-        except requests.ConnectionError:
-            assert proc.poll() is None and time.monotonic() < deadline, "flower did not start"
-            time.sleep(0.3)
-    yield url
-    proc.terminate()
-    proc.wait(30)
+    flower = serve(ChildSpec("flower", tailguard_argv("flower", "--port", str(port)), env={
+        settings.HOME.env: str(home), settings.FLOWER_BASIC_AUTH.env: "ops:s3cret"}),
+        home, lambda: http_status(f"http://127.0.0.1:{port}") is not None)
+    yield f"http://127.0.0.1:{port}"
+    flower.stop()
 
 
 def test_flower_needs_auth_and_shows_each_lane(flower_url):

@@ -1,25 +1,29 @@
 """End to end through the native job API: results by id, lanes, batching, deadlines,
-warm shutdown. Workers and the API server come from tests/e2e_fixtures.py.
-
-This module must run last in tests/e2e: its final test shuts the shared workers down.
+warm shutdown. The session's workers come from tests/e2e_fixtures.py; the warm-shutdown
+test starts a worker of its own, so this module runs alone or in any order.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from e2e_support import engine_stats
+from e2e_fixtures import or_fail
+from e2e_support import engine_stats, wait_job
+from tailguard import settings
+from tailguard.pinning import Pinning
+from tailguard.procs import Group, worker_spec
 
 pytestmark = pytest.mark.e2e
 
-def run(api, timeout=120, **body) -> dict:
+
+def run(api, workers, timeout=120, **body) -> dict:
     job = api.post("/v1/jobs", json=body)
     assert job.status_code == 202, job.get_json()
-    return api.get(f"/v1/jobs/{job.get_json()['id']}?wait={min(timeout, 60)}").get_json()
+    return wait_job(api, job.get_json()["id"], workers.check, timeout)
 
 
-def test_result_comes_back_by_id(api, redis_client_noflush):
-    done = run(api, prompt="解释什么是Transformer", max_tokens=16, ignore_eos=True)
+def test_result_comes_back_by_id(api, workers, redis_client_noflush):
+    done = run(api, workers, prompt="解释什么是Transformer", max_tokens=16, ignore_eos=True)
     assert done["status"] == "succeeded", done
     assert done["lane"] == "short" and done["worker"].startswith("short@")
     assert isinstance(done["result"]["text"], str) and done["result"]["text"]
@@ -33,8 +37,8 @@ def test_result_comes_back_by_id(api, redis_client_noflush):
     assert int(record[b"engine_prompt_tokens"]) == done["prompt_tokens"]
 
 
-def test_costly_request_runs_on_the_long_worker(api):
-    done = run(api, prompt="word " * 200, max_tokens=8, ignore_eos=True)
+def test_costly_request_runs_on_the_long_worker(api, workers):
+    done = run(api, workers, prompt="word " * 200, max_tokens=8, ignore_eos=True)
     assert done["status"] == "succeeded", done
     assert done["lane"] == "long" and done["worker"].startswith("long@")
     assert done["result"]["completion_tokens"] == 8
@@ -55,10 +59,10 @@ def test_each_worker_consumes_only_its_own_lanes(workers):
     assert pools == {"short": 4, "long": 4}
 
 
-def test_concurrent_requests_are_batched_in_one_engine(api):
+def test_concurrent_requests_are_batched_in_one_engine(api, workers):
     ids = [api.post("/v1/jobs", json={"prompt": f"请求 {i}", "max_tokens": 64, "ignore_eos": True})
            .get_json()["id"] for i in range(4)]
-    done = [api.get(f"/v1/jobs/{i}?wait=60").get_json() for i in ids]
+    done = [wait_job(api, i, workers.check) for i in ids]
     assert [d["status"] for d in done] == ["succeeded"] * 4
     assert {d["worker"].split("@")[0] for d in done} == {"short"}
     stats = engine_stats("short")
@@ -68,9 +72,9 @@ def test_concurrent_requests_are_batched_in_one_engine(api):
     assert stats["in_flight"] == 0
 
 
-def test_deadline_aborts_the_engine_request(api):
+def test_deadline_aborts_the_engine_request(api, workers):
     # batch.deadline_s is 0.5 s in tests/lanes.test.toml; 1,500 tokens take ~2 s on the tiny model
-    done = run(api, prompt="写一篇1000字的人工智能文章", max_tokens=1500, ignore_eos=True,
+    done = run(api, workers, prompt="写一篇1000字的人工智能文章", max_tokens=1500, ignore_eos=True,
                priority="batch")
     assert done["lane"] == "batch" and done["status"] == "succeeded", done
     assert done["result"]["finish_reason"] == "deadline"
@@ -80,9 +84,31 @@ def test_deadline_aborts_the_engine_request(api):
     assert stats["aborted"] >= 1
 
 
-def test_warm_shutdown_completes(api, workers):
-    codes = workers.stop()
-    assert codes == {"short": 0, "long": 0}, workers.logs()
+def test_warm_shutdown_completes(tiny_model, redis_server, tmp_path):
+    """A worker of its own, on a Redis database of its own (the session's workers never see
+    it), serves a job and then, on SIGTERM, shuts down warm: exit status 0, lanes withdrawn."""
+    from app import create_app
+
+    url = redis_server.rsplit("/", 1)[0] + "/1"
+    api = create_app({"TESTING": True, "TAILGUARD_MODEL": tiny_model, "TAILGUARD_REDIS_URL": url,
+                      "TAILGUARD_CONSUME_FINISHED": False}).test_client()
+    with Group(tmp_path) as group:
+        worker = group.start(worker_spec("short", Pinning(cores=(0,)), "-l", "INFO", env={
+            settings.MODEL.env: tiny_model, settings.REDIS_URL.env: url,
+            settings.WORKER_HEARTBEAT_S.env: "1"}))
+
+        def short_served() -> bool:
+            return api.get("/healthz").get_json()["workers_per_lane"]["short"] >= 1
+
+        def alive() -> None:
+            if not worker.alive():
+                pytest.fail(worker.log_tail(), pytrace=False)
+
+        or_fail(lambda: group.wait_until(short_served, 300, "own worker serving the short lane"))
+        job = api.post("/v1/jobs", json={"prompt": "解释什么是Transformer", "max_tokens": 16,
+                                         "ignore_eos": True})
+        assert wait_job(api, job.get_json()["id"], alive)["status"] == "succeeded"
+        assert worker.stop() == 0, worker.log_tail()
     # and the lanes are no longer advertised as served
     body = api.get("/healthz").get_json()
     assert body["lanes_without_worker"] == ["short", "long", "batch"]

@@ -5,7 +5,7 @@ import tomllib
 import pytest
 
 from tailguard.bench.topology import (SHARED_LANE, lanes_spec, lanes_toml, shared_lane, shared_spec,
-                                      worker_argv)
+                                      worker_spec)
 from tailguard.lanes import default_lanes_path, load_lanes, parse_lanes
 from tailguard.placement import place
 
@@ -48,10 +48,12 @@ def test_same_engines_same_cores(table):
     assert d["engines"][1] == {"name": "shared-1", "lanes": ["shared"], "gpu": None, "cores": [1]}
 
 
-def test_worker_argv_pins_like_tailguard_up(table):
+def test_worker_spec_pins_like_tailguard_up(table):
     w = lanes_spec(table, "", cores=[2, 3, 4, 5]).workers[1]
-    argv = worker_argv(w, python="py")
+    spec = worker_spec(w, {"X": "1"}, python="py")
+    argv = list(spec.argv)
     assert argv[:6] == ["py", "-m", "tailguard.cli", "worker", "--worker", "long"]
     assert argv[argv.index("--cores") + 1] == "4,5"
+    assert spec.name == "worker.long" and spec.env == {"X": "1"}
     gpu = shared_spec(table, engines=2, kind="cuda", gpus=2).workers[1]
-    assert worker_argv(gpu, python="py")[6:8] == ["--gpu", "1"]
+    assert list(worker_spec(gpu, {}, python="py").argv)[6:8] == ["--gpu", "1"]

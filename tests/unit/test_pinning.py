@@ -34,3 +34,15 @@ def test_pinning_env():
     assert Pinning(gpu=1).env() == {"CUDA_VISIBLE_DEVICES": "1"}
     env = Pinning(cores=(2, 3)).env()
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "2,3" and env["OMP_NUM_THREADS"] == "2"
+
+
+@pytest.mark.parametrize("pin,options,label", [
+    (Pinning(gpu=1), ["--gpu", "1"], "GPU 1"),
+    (Pinning(cores=(0, 2)), ["--cores", "0,2"], "cores 0,2"),
+    (Pinning(), [], "any core"),
+])
+def test_pinning_as_worker_options_and_back(pin, options, label):
+    assert pin.options() == options and pin.label() == label
+    gpu = int(options[1]) if options[:1] == ["--gpu"] else None
+    cores = options[1] if options[:1] == ["--cores"] else None
+    assert Pinning.from_options(gpu, cores) == pin
