@@ -18,7 +18,9 @@ pytestmark = pytest.mark.e2e
 
 def test_every_worker_logged_its_warm_up_before_serving(workers):
     # the fixture waited for /healthz, which only counts warmed-up workers
-    for log in sorted(workers.log_dir.glob("*.log")):
+    logs = sorted(workers.group.log_dir.glob("worker.*.log"))
+    assert [log.name for log in logs] == ["worker.long.log", "worker.short.log"]
+    for log in logs:
         text = log.read_text(errors="replace")
         assert "warm-up passed: 8 prompts of 1...8 tokens, one at a time then 8 at once" in text, \
             f"{log.name}:\n{text[-3000:]}"
