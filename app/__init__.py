@@ -17,7 +17,8 @@ _gateway_lock = threading.Lock()
 APP_SETTINGS = (settings.REDIS_URL, settings.MODEL, settings.SERVED_MODEL_NAME, settings.LANES_FILE,
                 settings.MAX_BODY_BYTES, settings.MAX_WAIT_S, settings.JOB_TTL_S,
                 settings.WORKER_LOST_GRACE_S, settings.STREAM_MAXLEN, settings.SSE_HEARTBEAT_S,
-                settings.STATS_RETENTION_S, settings.REQUEST_LOG)
+                settings.STATS_RETENTION_S, settings.REQUEST_LOG, settings.RATE_WINDOW_S,
+                settings.PRIOR_TOKENS_PER_S, settings.ADMIT_WITHOUT_WORKER)
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
@@ -77,9 +78,11 @@ def _build_gateway(config: Mapping[str, Any]) -> Gateway:
     import redis
     from celery import Celery
 
+    from tailguard.admission import AdmissionPolicy
     from tailguard.errors import ConfigError
     from tailguard.finished import FinishedConsumer, log_request
     from tailguard.jobs import JobStore
+    from tailguard.laneload import LaneLoadStore
     from tailguard.lanes import load_lanes
     from tailguard.metrics import GatewayMetrics
     from tailguard.stats import StatsStore
@@ -98,10 +101,16 @@ def _build_gateway(config: Mapping[str, Any]) -> Gateway:
     producer.conf.update(broker_url=url, result_backend=url)
     lanes = load_lanes(settings.LANES_FILE.get(config) or None)
     metrics = GatewayMetrics(lanes.names, client)
-    gateway = Gateway(lanes, store, counter_for(model), producer, metrics=metrics)
-    # Every finished request, whoever ended it: one log line, metrics, `tailguard stats`.
     stats = StatsStore(client, retention_s=settings.STATS_RETENTION_S.get(config))
-    gateway.finished = FinishedConsumer(client, [log_request, metrics.observe, stats.record])
+    load = LaneLoadStore(client, window_s=settings.RATE_WINDOW_S.get(config))
+    admission = AdmissionPolicy(prior_tokens_per_s=settings.PRIOR_TOKENS_PER_S.get(config),
+                                admit_without_worker=settings.ADMIT_WITHOUT_WORKER.get(config))
+    gateway = Gateway(lanes, store, counter_for(model), producer, metrics=metrics,
+                      admission=admission, load=load, stats=stats)
+    # Every finished request, whoever ended it: one log line, metrics, `tailguard stats`,
+    # and the lane's measured service rate (admission).
+    gateway.finished = FinishedConsumer(client, [log_request, metrics.observe, stats.record,
+                                                 load.record])
     if config["TAILGUARD_CONSUME_FINISHED"]:
         gateway.finished.start()
     return gateway

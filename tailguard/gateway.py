@@ -13,14 +13,18 @@ from typing import Any, Callable, Iterator, Protocol
 
 from celery import Celery
 
-from tailguard.errors import EnqueueFailed, JobCancelled, JobNotFound, JobStateConflict
+from tailguard.admission import AdmissionPolicy
+from tailguard.errors import (EnqueueFailed, JobCancelled, JobNotFound, JobStateConflict, NoLiveWorker,
+                              Refused)
 from tailguard.jobrequest import JobRequest
 from tailguard.jobs import CANCELLED, FAILED, QUEUED, RUNNING, TERMINAL, JobStore, timing
 from tailguard.keys import is_job_id
 from tailguard.lanes import LaneTable
 from tailguard.finished import FinishedConsumer
+from tailguard.laneload import LaneLoadStore
 from tailguard.metrics import GatewayMetrics
 from tailguard.placement import Placement, place
+from tailguard.stats import StatsStore
 from tailguard.stream import StreamEvent, follow
 
 
@@ -32,12 +36,17 @@ class TokenCounter(Protocol):
 
 class Gateway:
     def __init__(self, lanes: LaneTable, store: JobStore, counter: TokenCounter, celery: Celery,
-                 *, metrics: GatewayMetrics | None = None, poll_interval_s: float = 0.05) -> None:
+                 *, metrics: GatewayMetrics | None = None, poll_interval_s: float = 0.05,
+                 admission: AdmissionPolicy | None = None, load: LaneLoadStore | None = None,
+                 stats: StatsStore | None = None) -> None:
         self.lanes = lanes
         self.store = store
         self.counter = counter
         self.celery = celery
         self.metrics = metrics or GatewayMetrics(lanes.names)
+        self.admission = admission or AdmissionPolicy()
+        self.load = load or LaneLoadStore(store.redis)
+        self.stats = stats or StatsStore(store.redis)
         self.finished: FinishedConsumer | None = None  # set by the app that runs one
         self.poll_interval_s = poll_interval_s
 
@@ -47,9 +56,18 @@ class Gateway:
                      requested_max_tokens=req.max_tokens, model_max_len=self.counter.model_max_len)
 
     def submit(self, req: JobRequest) -> dict[str, Any]:
-        """Record the job, then publish it to its lane's queue. Returns the 202 body."""
+        """Admit the request on its lane, record the job, then publish it to the lane's queue.
+
+        Returns the 202 body; raises Refused (429) or NoLiveWorker (503), counted per lane.
+        """
         placement = self.place(req)
         lane = self.lanes[placement.lane]
+        try:
+            wait_s = self.admission.admit(lane, self.load.load(lane.name), placement.cost)
+        except (Refused, NoLiveWorker) as exc:
+            self.metrics.on_refused(lane.name, exc.code)
+            self.stats.record_refused(lane.name, exc.code)
+            raise
         job_id = uuid.uuid4().hex
         # The record exists before the message, so a worker never runs an unknown job.
         self.store.create(job_id, {
@@ -73,7 +91,8 @@ class Gateway:
                 "prompt_tokens": placement.prompt_tokens,
                 "requested_max_tokens": placement.requested_max_tokens,
                 "max_tokens": placement.max_tokens,
-                "max_tokens_capped": placement.max_tokens_capped, "cost": placement.cost}
+                "max_tokens_capped": placement.max_tokens_capped, "cost": placement.cost,
+                "estimated_start_s": round(wait_s, 3)}
 
     def status(self, job_id: str, wait_s: float = 0.0) -> dict[str, Any]:
         """The job as the client sees it; with wait_s, long-poll until it is terminal."""

@@ -106,6 +106,9 @@ class GatewayMetrics:
         self.rejected = Counter(metric_name("requests_rejected"),
                                 "Requests refused before queueing, by error code", ["code"],
                                 registry=r)
+        self.refused = Counter(metric_name("requests_refused"),
+                               "Requests a lane refused at admission (429 lane_full, wait_too_long; "
+                               "503 no_live_worker), by code", ["lane", "code"], registry=r)
         for lane in lanes:  # so every lane shows up (as 0) before its first request
             self.accepted.labels(lane)
             self.capped.labels(lane)
@@ -127,6 +130,10 @@ class GatewayMetrics:
         self.accepted.labels(lane).inc()
         if capped:
             self.capped.labels(lane).inc()
+
+
+    def on_refused(self, lane: str, code: str) -> None:
+        self.refused.labels(lane, code).inc()
 
 
 class WorkerCollector(Collector):

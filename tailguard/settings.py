@@ -121,6 +121,19 @@ WORKER_METRICS_ADDR = Setting(
 STATS_RETENTION_S = Setting(
     "TAILGUARD_STATS_RETENTION_S", 86400, int,
     "How long the per-minute histograms behind `tailguard stats` are kept in Redis.")
+RATE_WINDOW_S = Setting(
+    "TAILGUARD_RATE_WINDOW_S", 30, int,
+    "A lane's service rate is the cost tokens of its requests that finished over this many "
+    "seconds, divided by it: what admission divides the lane's backlog by.")
+PRIOR_TOKENS_PER_S = Setting(
+    "TAILGUARD_PRIOR_TOKENS_PER_S", 20.0, float,
+    "Floor of a lane's service rate per engine sequence (x max_num_seqs x live workers): used "
+    "before anything was measured, and while a lightly used lane measures less than it can do. "
+    "Set it near what your slowest engine sustains per sequence.")
+ADMIT_WITHOUT_WORKER = Setting(
+    "TAILGUARD_ADMIT_WITHOUT_WORKER", False, _bool,
+    "Queue requests for a lane no live worker serves (they wait up to queue_ttl_s for one to "
+    "come) instead of answering 503 no_live_worker.")
 REQUEST_LOG = Setting(
     "TAILGUARD_REQUEST_LOG", "", str,
     "File for the request log (one JSON line per finished request). Empty: the API's stdout.")

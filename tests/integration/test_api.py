@@ -153,7 +153,8 @@ def test_api_never_imports_torch_or_vllm(tiny_model, redis_server):
     code = (
         "import sys\n"
         "from app import create_app\n"
-        f"c = create_app({{'TAILGUARD_MODEL': {tiny_model!r}, 'TAILGUARD_REDIS_URL': {redis_server!r}}})"
+        f"c = create_app({{'TAILGUARD_MODEL': {tiny_model!r}, 'TAILGUARD_REDIS_URL': {redis_server!r}, "
+        "'TAILGUARD_ADMIT_WITHOUT_WORKER': True})"
         ".test_client()\n"
         "assert c.post('/v1/jobs', json={'prompt': 'hi', 'max_tokens': 1}).status_code == 202\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'vllm', 'transformers'}))\n"
