@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Mapping
 
-from flask import Flask, current_app
+from flask import Flask, current_app, g, request
 
 from tailguard import settings
 from tailguard.gateway import Gateway
@@ -41,6 +41,12 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from app import errors, health, jobs, openai_api
 
     errors.register(app)
+
+    @app.before_request
+    def _authenticate() -> None:
+        """Every /v1/ route needs an API key once one exists; /healthz and /metrics never do."""
+        if request.path.startswith("/v1/"):
+            g.api_key = get_gateway().api_keys.authenticate(request.headers.get("Authorization"))
     app.register_blueprint(jobs.bp)
     app.register_blueprint(openai_api.bp)
     app.register_blueprint(health.bp)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, current_app, jsonify, request
+from flask import Blueprint, current_app, g, jsonify, request
 
 from app import get_gateway
 from app.sse import HEARTBEAT, sse_event, sse_response
@@ -19,7 +19,7 @@ def submit():
     body = request.get_json(force=True, silent=True)
     if body is None:
         raise InvalidField("the body must be valid JSON", field="body")
-    accepted = get_gateway().submit(parse_job_request(body))
+    accepted = get_gateway().submit(parse_job_request(body), caller=g.get("api_key"))
     return jsonify(accepted), 202, {"Location": f"/v1/jobs/{accepted['id']}"}
 
 

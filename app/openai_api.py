@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any, Callable, Iterator
 
-from flask import Blueprint, Response, current_app, jsonify, request
+from flask import Blueprint, Response, current_app, g, jsonify, request
 
 from app import get_gateway
 from app.errors import exception_response, job_error, openai_error
@@ -89,7 +89,7 @@ def chat_completions():
 
 
 def _serve(gw: Gateway, req: OpenAIRequest) -> Response:
-    accepted = gw.submit(req.job)
+    accepted = gw.submit(req.job, caller=g.get("api_key"))
     job_id = accepted["id"]
     headers = {"X-Tailguard-Job-Id": job_id, "X-Tailguard-Lane": accepted["lane"],
                "X-Tailguard-Max-Tokens-Capped": "true" if accepted["max_tokens_capped"] else "false"}

@@ -59,3 +59,12 @@ def lane_backlog_key(lane: str) -> str:
 def lane_served_key(lane: str) -> str:
     """Hash of cost tokens served per second (field: the Redis-clock second) over the rate window."""
     return f"{PREFIX}:lane:{lane}:served"
+
+
+API_KEYS = f"{PREFIX}:apikeys"
+"""Hash of API keys: sha256 hex of the key -> its record (JSON). Keys are never stored."""
+
+
+def api_key_bucket_key(digest: str) -> str:
+    """Hash of one API key's token buckets (requests, tokens): level and when last filled."""
+    return f"{PREFIX}:apikey:{digest}:bucket"

@@ -79,6 +79,11 @@ API_PORT = Setting("TAILGUARD_API_PORT", 8000, int, "Port of the REST API (gunic
 API_THREADS = Setting(
     "TAILGUARD_API_THREADS", 32, int,
     "gunicorn gthread threads: each long-poll (?wait=) holds one while it waits.")
+API_OPEN = Setting(
+    "TAILGUARD_API_OPEN", False, _bool,
+    "Let `tailguard api` bind a non-loopback address while no API key exists (it refuses "
+    "otherwise). Only where something else guards the port: a container published to the "
+    "host's loopback, an authenticating proxy.")
 FLOWER_PORT = Setting("TAILGUARD_FLOWER_PORT", 5555, int, "Port of Flower.")
 FLOWER_BASIC_AUTH = Setting(
     "TAILGUARD_FLOWER_BASIC_AUTH", "", str,

@@ -127,6 +127,9 @@ def run_up() -> int:
               f"password in {home / 'flower.auth'}), worker metrics on ports "
               f"{WORKER_METRICS_BASE}-{WORKER_METRICS_BASE + len(table.workers) - 1}; workers are "
               f"ready when GET /healthz answers 200. Ctrl-C stops everything.", flush=True)
+        print("tailguard up: API keys: `tailguard keys add NAME` prints one (send it as "
+              "Authorization: Bearer <key>); once one exists, every /v1/ call needs one. "
+              "With none, the API serves loopback only.", flush=True)
         while not stop.is_set():
             for child in children:
                 if child.proc and child.proc.poll() is not None:
