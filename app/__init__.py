@@ -53,6 +53,22 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     return app
 
 
+def json_body() -> Any:
+    """The decoded JSON body of this POST: 415 unless sent as application/json (a web page can
+    send text/plain or a form cross-origin without a CORS preflight; never read those), 400
+    unless it parses."""
+    from tailguard.errors import InvalidField, UnsupportedMediaType
+
+    if not request.is_json:
+        raise UnsupportedMediaType(
+            f"send the body as application/json (got {request.mimetype or 'no content type'})",
+            field="Content-Type")
+    body = request.get_json(silent=True)
+    if body is None:
+        raise InvalidField("the body must be valid JSON", field="body")
+    return body
+
+
 def get_gateway() -> Gateway:
     """The app's Gateway, built once per app from its config."""
     app = current_app
