@@ -195,17 +195,25 @@ def flower(port: int | None) -> None:
 
     home = settings.home()
     home.mkdir(parents=True, exist_ok=True)
-    argv.append(f"--basic-auth={flower_auth(home)}")
-    _exec(argv)
+    # Flower reads its options from FLOWER_<NAME> variables: the password stays off argv.
+    _exec(argv, env={"FLOWER_BASIC_AUTH": flower_auth(home)})
 
 
 @main.command()
 @click.option("--port", type=int, help="default: $TAILGUARD_REDIS_PORT or 6379")
 def redis(port: int | None) -> None:
-    """Run the embedded redis-server in the foreground (data and AOF under $TAILGUARD_HOME)."""
-    from tailguard.redis_server import redis_command
+    """Run the embedded redis-server in the foreground (data and AOF under $TAILGUARD_HOME), with
+    the password kept in $TAILGUARD_HOME/redis.password (made on first use)."""
+    from tailguard.redis_server import redis_command, redis_config
 
-    _exec(redis_command(port or settings.REDIS_PORT.get(), settings.home() / "redis"))
+    argv = redis_command(port or settings.REDIS_PORT.get(), settings.home() / "redis")
+    # The config, password included, goes through a pipe to redis-server's stdin: never argv.
+    read_end, write_end = os.pipe()
+    os.write(write_end, redis_config(settings.embedded_redis_password()).encode())
+    os.close(write_end)
+    os.dup2(read_end, 0)
+    os.close(read_end)
+    _exec(argv)
 
 
 @main.command()

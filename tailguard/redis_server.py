@@ -14,7 +14,13 @@ import subprocess
 import time
 from pathlib import Path
 
+from tailguard import settings
 from tailguard.errors import ConfigError
+
+#: Commands nothing of tailguard, Celery, kombu or Flower sends, and with which any client could
+#: reconfigure the server (CONFIG SET dir/dbfilename writes files), load code (MODULE LOAD),
+#: crash it (DEBUG) or copy it elsewhere: the embedded server knows them by no name.
+DISABLED_COMMANDS = ("CONFIG", "MODULE", "DEBUG", "ACL", "SLAVEOF", "REPLICAOF", "MIGRATE")
 
 
 def find_redis_server() -> str:
@@ -38,10 +44,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def redis_config(password: str | None = None, maxmemory: str | None = None) -> str:
+    """The config redis-server reads on its stdin: what must not be on its command line (the
+    password), the disabled commands, and maxmemory with noeviction (a full Redis refuses
+    writes, which callers see, rather than evicting queued jobs, which nobody would)."""
+    lines = [f'rename-command {name} ""' for name in DISABLED_COMMANDS]
+    lines += [f"maxmemory {maxmemory or settings.REDIS_MAXMEMORY.get()}", "maxmemory-policy noeviction"]
+    if password:
+        lines.append(f"requirepass {password}")
+    return "\n".join(lines) + "\n"
+
+
 def redis_command(port: int, data_dir: Path, *, appendonly: bool = True) -> list[str]:
-    """argv of a loopback-only redis-server keeping its data (and AOF) in `data_dir`."""
+    """argv of a loopback-only redis-server keeping its data (and AOF) in `data_dir`; it reads
+    the rest of its config (``redis_config``) from stdin ("-")."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    return [find_redis_server(), "--port", str(port), "--bind", "127.0.0.1",
+    return [find_redis_server(), "-", "--port", str(port), "--bind", "127.0.0.1",
             "--dir", str(data_dir), "--appendonly", "yes" if appendonly else "no",
             "--save", "", "--daemonize", "no", "--protected-mode", "yes", "--loglevel", "warning"]
 
@@ -54,7 +72,7 @@ def wait_for_port(port: int, timeout: float = 15.0, proc: subprocess.Popen | Non
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
                 s.sendall(b"PING\r\n")
-                if s.recv(16).startswith(b"+PONG"):
+                if s.recv(16).startswith((b"+PONG", b"-NOAUTH")):  # answering, password or not
                     return
         except OSError:
             pass
@@ -63,10 +81,13 @@ def wait_for_port(port: int, timeout: float = 15.0, proc: subprocess.Popen | Non
 
 
 def start_redis(port: int, data_dir: Path, *, appendonly: bool = True,
-                log_path: Path | None = None) -> subprocess.Popen:
+                log_path: Path | None = None, password: str | None = None) -> subprocess.Popen:
     """Start redis-server and return once it answers PING."""
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL
     proc = subprocess.Popen(redis_command(port, data_dir, appendonly=appendonly),
-                            stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
+                            stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
+                            env=os.environ.copy())
+    proc.stdin.write(redis_config(password).encode())
+    proc.stdin.close()
     wait_for_port(port, proc=proc)
     return proc

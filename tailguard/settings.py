@@ -91,6 +91,10 @@ FLOWER_BASIC_AUTH = Setting(
     "$TAILGUARD_HOME/flower.auth (user admin); Flower never runs without auth.")
 REDIS_PORT = Setting(
     "TAILGUARD_REDIS_PORT", 6379, int, "Port of the embedded redis-server started by `tailguard up`.")
+REDIS_MAXMEMORY = Setting(
+    "TAILGUARD_REDIS_MAXMEMORY", "1gb", str,
+    "maxmemory of the embedded redis-server (noeviction: when full, writes fail visibly and "
+    "submissions answer 503, instead of Redis silently dropping queued jobs).")
 MAX_BODY_BYTES = Setting(
     "TAILGUARD_MAX_BODY_BYTES", 1 << 20, int, "Largest request body the API reads; larger is a 413.")
 MAX_WAIT_S = Setting(
@@ -147,11 +151,28 @@ REQUEST_LOG = Setting(
 ALL: tuple[Setting, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, Setting))
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+#: the embedded Redis's password, generated once (mode 600), next to flower.auth
+REDIS_PASSWORD_FILE = "redis.password"
 
 
 def redis_url() -> str:
-    """The Redis every process talks to."""
-    return REDIS_URL.get() or DEFAULT_REDIS_URL
+    """The Redis every process talks to: TAILGUARD_REDIS_URL, else the embedded one (with its
+    password once `tailguard up` has made one)."""
+    configured = REDIS_URL.get()
+    if configured:
+        return configured
+    password_file = home() / REDIS_PASSWORD_FILE
+    if password_file.exists():
+        return f"redis://:{password_file.read_text().strip()}@127.0.0.1:{REDIS_PORT.get()}/0"
+    return DEFAULT_REDIS_URL
+
+
+def embedded_redis_password() -> str:
+    """The embedded Redis's password, made on first use (see tailguard.secretfile)."""
+    from tailguard.secretfile import kept_secret
+
+    home().mkdir(parents=True, exist_ok=True)
+    return kept_secret(home() / REDIS_PASSWORD_FILE)
 
 
 def home() -> Path:

@@ -65,16 +65,12 @@ def _stop(children: list[Child]) -> None:
 def flower_auth(home) -> str:
     """Flower's user:password: $TAILGUARD_FLOWER_BASIC_AUTH, else one generated once and kept
     in $TAILGUARD_HOME/flower.auth (mode 600), so Flower never runs open by default."""
-    configured = settings.FLOWER_BASIC_AUTH.get()
-    if configured:
-        return configured
-    path = home / "flower.auth"
-    if not path.exists():
-        import secrets
+    import secrets
 
-        path.write_text(f"admin:{secrets.token_urlsafe(12)}\n")
-        path.chmod(0o600)
-    return path.read_text().strip()
+    from tailguard.secretfile import kept_secret
+
+    return settings.FLOWER_BASIC_AUTH.get() or kept_secret(
+        home / "flower.auth", lambda: f"admin:{secrets.token_urlsafe(12)}")
 
 
 def run_up() -> int:
@@ -93,8 +89,9 @@ def run_up() -> int:
         port = settings.REDIS_PORT.get()
         print(f"tailguard up: starting redis-server on 127.0.0.1:{port} (data in {home / 'redis'})",
               flush=True)
-        redis_proc = start_redis(port, home / "redis", log_path=home / "redis.log")
-        env["TAILGUARD_REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
+        redis_proc = start_redis(port, home / "redis", log_path=home / "redis.log",
+                                 password=settings.embedded_redis_password())
+        env["TAILGUARD_REDIS_URL"] = settings.redis_url()
     print("tailguard up: preparing the model (the first run builds the demo model)", flush=True)
     model, is_demo = served_model()
     env["TAILGUARD_MODEL"] = model
