@@ -18,7 +18,7 @@ APP_SETTINGS = (settings.REDIS_URL, settings.MODEL, settings.SERVED_MODEL_NAME, 
                 settings.MAX_BODY_BYTES, settings.MAX_WAIT_S, settings.JOB_TTL_S,
                 settings.WORKER_LOST_GRACE_S, settings.STREAM_MAXLEN, settings.SSE_HEARTBEAT_S,
                 settings.STATS_RETENTION_S, settings.REQUEST_LOG, settings.RATE_WINDOW_S,
-                settings.PRIOR_TOKENS_PER_S, settings.ADMIT_WITHOUT_WORKER)
+                settings.PRIOR_TOKENS_PER_S, settings.ADMIT_WITHOUT_WORKER, settings.API_THREADS)
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
@@ -115,7 +115,10 @@ def _build_gateway(config: Mapping[str, Any]) -> Gateway:
         raise ConfigError(f"{settings.MODEL.env} is not set: the API needs the served model's tokenizer",
                           field=settings.MODEL.env)
     url = settings.REDIS_URL.get(config)
-    client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10)
+    # Every request thread may hold a connection (an SSE stream blocks in XREAD), plus the
+    # finished-stream consumer: redis-py's pool stops at 100 unless told otherwise.
+    client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10,
+                                  max_connections=settings.API_THREADS.get(config) + 16)
     store = JobStore.from_settings(client, config)
     # A producer-only Celery app: it publishes by task name and never imports the task bodies.
     producer = Celery("tailguard-api", set_as_current=False)

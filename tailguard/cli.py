@@ -112,6 +112,8 @@ def api(port: int | None, host: str) -> None:
     model, _ = served_model()
     _exec([_bin("gunicorn"), "--bind", f"{host}:{port or settings.API_PORT.get()}",
            "--worker-class", "gthread", "--threads", str(settings.API_THREADS.get()),
+           # connections past this wait unaccepted: room for every thread, plus idle keep-alives
+           "--worker-connections", str(2 * settings.API_THREADS.get()),
            "--workers", "1", "--timeout", "120", "--access-logfile", "-",
            "app:create_app()"], env={"TAILGUARD_MODEL": model})
 
