@@ -47,6 +47,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         """Every /v1/ route needs an API key once one exists; /healthz and /metrics never do."""
         if request.path.startswith("/v1/"):
             g.api_key = get_gateway().api_keys.authenticate(request.headers.get("Authorization"))
+
     app.register_blueprint(jobs.bp)
     app.register_blueprint(openai_api.bp)
     app.register_blueprint(health.bp)

@@ -85,7 +85,8 @@ def _serve(gw: Gateway, req: OpenAIRequest) -> Response:
     accepted = gw.submit(req.job, caller=g.get("api_key"))
     job_id = accepted["id"]
     headers = {"X-Tailguard-Job-Id": job_id, "X-Tailguard-Lane": accepted["lane"],
-               "X-Tailguard-Max-Tokens-Capped": "true" if accepted["max_tokens_capped"] else "false"}
+               "X-Tailguard-Max-Tokens-Capped": "true" if accepted["max_tokens_capped"] else "false",
+               "X-Tailguard-Estimated-Start-S": str(accepted["estimated_start_s"])}
     created = int(time.time())
     if req.stream:
         return sse_response(
