@@ -206,16 +206,10 @@ def flower(port: int | None) -> None:
 def redis(port: int | None) -> None:
     """Run the embedded redis-server in the foreground (data and AOF under $TAILGUARD_HOME), with
     the password kept in $TAILGUARD_HOME/redis.password (made on first use)."""
-    from tailguard.redis_server import redis_command, redis_config
+    from tailguard.redis_server import redis_command
 
-    argv = redis_command(port or settings.REDIS_PORT.get(), settings.home() / "redis")
-    # The config, password included, goes through a pipe to redis-server's stdin: never argv.
-    read_end, write_end = os.pipe()
-    os.write(write_end, redis_config(settings.embedded_redis_password()).encode())
-    os.close(write_end)
-    os.dup2(read_end, 0)
-    os.close(read_end)
-    _exec(argv)
+    _exec(redis_command(port or settings.REDIS_PORT.get(), settings.home() / "redis",
+                        password=settings.embedded_redis_password()))
 
 
 @main.command()

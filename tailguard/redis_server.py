@@ -45,9 +45,9 @@ def free_port() -> int:
 
 
 def redis_config(password: str | None = None, maxmemory: str | None = None) -> str:
-    """The config redis-server reads on its stdin: what must not be on its command line (the
-    password), the disabled commands, and maxmemory with noeviction (a full Redis refuses
-    writes, which callers see, rather than evicting queued jobs, which nobody would)."""
+    """The config file of redis-server: what must not be on its command line (the password),
+    the disabled commands, and maxmemory with noeviction (a full Redis refuses writes, which
+    callers see, rather than evicting queued jobs, which nobody would)."""
     lines = [f'rename-command {name} ""' for name in DISABLED_COMMANDS]
     lines += [f"maxmemory {maxmemory or settings.REDIS_MAXMEMORY.get()}", "maxmemory-policy noeviction"]
     if password:
@@ -55,11 +55,15 @@ def redis_config(password: str | None = None, maxmemory: str | None = None) -> s
     return "\n".join(lines) + "\n"
 
 
-def redis_command(port: int, data_dir: Path, *, appendonly: bool = True) -> list[str]:
-    """argv of a loopback-only redis-server keeping its data (and AOF) in `data_dir`; it reads
-    the rest of its config (``redis_config``) from stdin ("-")."""
+def redis_command(port: int, data_dir: Path, *, appendonly: bool = True,
+                  password: str | None = None) -> list[str]:
+    """argv of a loopback-only redis-server keeping its data (and AOF) in `data_dir`; the rest
+    of its config (``redis_config``) is in `data_dir`/redis.conf, written anew, mode 600."""
+    from tailguard.secretfile import write_private
+
     data_dir.mkdir(parents=True, exist_ok=True)
-    return [find_redis_server(), "-", "--port", str(port), "--bind", "127.0.0.1",
+    conf = write_private(data_dir / "redis.conf", redis_config(password))
+    return [find_redis_server(), str(conf), "--port", str(port), "--bind", "127.0.0.1",
             "--dir", str(data_dir), "--appendonly", "yes" if appendonly else "no",
             "--save", "", "--daemonize", "no", "--protected-mode", "yes", "--loglevel", "warning"]
 
@@ -84,10 +88,7 @@ def start_redis(port: int, data_dir: Path, *, appendonly: bool = True,
                 log_path: Path | None = None, password: str | None = None) -> subprocess.Popen:
     """Start redis-server and return once it answers PING."""
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL
-    proc = subprocess.Popen(redis_command(port, data_dir, appendonly=appendonly),
-                            stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
-                            env=os.environ.copy())
-    proc.stdin.write(redis_config(password).encode())
-    proc.stdin.close()
+    proc = subprocess.Popen(redis_command(port, data_dir, appendonly=appendonly, password=password),
+                            stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
     wait_for_port(port, proc=proc)
     return proc

@@ -1,4 +1,5 @@
-"""Secrets `tailguard up` generates once and keeps in $TAILGUARD_HOME (flower.auth, redis.password)."""
+"""Secrets `tailguard up` generates once and keeps in $TAILGUARD_HOME (flower.auth, redis.password),
+and files that hold one: never readable by others, not even for an instant."""
 
 from __future__ import annotations
 
@@ -21,3 +22,13 @@ def kept_secret(path: Path, make: Callable[[], str] = lambda: secrets.token_urls
     with os.fdopen(fd, "w") as fh:
         fh.write(make() + "\n")
     return path.read_text().strip()
+
+
+def write_private(path: Path, text: str) -> Path:
+    """Write `path` anew with mode 600: a fresh file (O_EXCL) renamed over the old one."""
+    tmp = path.with_name(path.name + ".new")
+    tmp.unlink(missing_ok=True)
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+    return path

@@ -3,7 +3,7 @@
 import stat
 
 from tailguard.redis_server import DISABLED_COMMANDS, redis_command, redis_config
-from tailguard.secretfile import kept_secret
+from tailguard.secretfile import kept_secret, write_private
 
 
 def test_a_secret_is_made_once_with_mode_600(tmp_path):
@@ -29,6 +29,16 @@ def test_redis_config_disables_commands_bounds_memory_and_holds_the_password():
 
 
 def test_the_password_is_never_on_redis_servers_command_line(tmp_path):
-    argv = redis_command(6390, tmp_path)
-    assert argv[1] == "-"  # the config comes on stdin
-    assert not any("requirepass" in a for a in argv)
+    argv = redis_command(6390, tmp_path, password="s3cret")
+    assert not any("s3cret" in a for a in argv)
+    conf = tmp_path / "redis.conf"
+    assert argv[1] == str(conf) and "requirepass s3cret" in conf.read_text()
+    assert stat.S_IMODE(conf.stat().st_mode) == 0o600
+
+
+def test_a_private_file_is_replaced_whole_with_mode_600(tmp_path):
+    path = tmp_path / "redis.conf"
+    path.write_text("old")
+    path.chmod(0o644)
+    write_private(path, "new")
+    assert path.read_text() == "new" and stat.S_IMODE(path.stat().st_mode) == 0o600
