@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Mapping
 
-from flask import Flask, current_app
+from flask import Flask, current_app, g, request
 
 from tailguard import settings
 from tailguard.gateway import Gateway
@@ -17,7 +17,8 @@ _gateway_lock = threading.Lock()
 APP_SETTINGS = (settings.REDIS_URL, settings.MODEL, settings.SERVED_MODEL_NAME, settings.LANES_FILE,
                 settings.MAX_BODY_BYTES, settings.MAX_WAIT_S, settings.JOB_TTL_S,
                 settings.WORKER_LOST_GRACE_S, settings.STREAM_MAXLEN, settings.SSE_HEARTBEAT_S,
-                settings.STATS_RETENTION_S, settings.REQUEST_LOG)
+                settings.STATS_RETENTION_S, settings.REQUEST_LOG, settings.RATE_WINDOW_S,
+                settings.PRIOR_TOKENS_PER_S, settings.ADMIT_WITHOUT_WORKER, settings.API_THREADS)
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
@@ -40,10 +41,33 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     from app import errors, health, jobs, openai_api
 
     errors.register(app)
+
+    @app.before_request
+    def _authenticate() -> None:
+        """Every /v1/ route needs an API key once one exists; /healthz and /metrics never do."""
+        if request.path.startswith("/v1/"):
+            g.api_key = get_gateway().api_keys.authenticate(request.headers.get("Authorization"))
+
     app.register_blueprint(jobs.bp)
     app.register_blueprint(openai_api.bp)
     app.register_blueprint(health.bp)
     return app
+
+
+def json_body() -> Any:
+    """The decoded JSON body of this POST: 415 unless sent as application/json (a web page can
+    send text/plain or a form cross-origin without a CORS preflight; never read those), 400
+    unless it parses."""
+    from tailguard.errors import InvalidField, UnsupportedMediaType
+
+    if not request.is_json:
+        raise UnsupportedMediaType(
+            f"send the body as application/json (got {request.mimetype or 'no content type'})",
+            field="Content-Type")
+    body = request.get_json(silent=True)
+    if body is None:
+        raise InvalidField("the body must be valid JSON", field="body")
+    return body
 
 
 def get_gateway() -> Gateway:
@@ -77,9 +101,11 @@ def _build_gateway(config: Mapping[str, Any]) -> Gateway:
     import redis
     from celery import Celery
 
+    from tailguard.admission import AdmissionPolicy
     from tailguard.errors import ConfigError
     from tailguard.finished import FinishedConsumer, log_request
     from tailguard.jobs import JobStore
+    from tailguard.laneload import LaneLoadStore
     from tailguard.lanes import load_lanes
     from tailguard.metrics import GatewayMetrics
     from tailguard.stats import StatsStore
@@ -90,7 +116,10 @@ def _build_gateway(config: Mapping[str, Any]) -> Gateway:
         raise ConfigError(f"{settings.MODEL.env} is not set: the API needs the served model's tokenizer",
                           field=settings.MODEL.env)
     url = settings.REDIS_URL.get(config)
-    client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10)
+    # Every request thread may hold a connection (an SSE stream blocks in XREAD), plus the
+    # finished-stream consumer: redis-py's pool stops at 100 unless told otherwise.
+    client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10,
+                                  max_connections=settings.API_THREADS.get(config) + 16)
     store = JobStore.from_settings(client, config)
     # A producer-only Celery app: it publishes by task name and never imports the task bodies.
     producer = Celery("tailguard-api", set_as_current=False)
@@ -98,10 +127,16 @@ def _build_gateway(config: Mapping[str, Any]) -> Gateway:
     producer.conf.update(broker_url=url, result_backend=url)
     lanes = load_lanes(settings.LANES_FILE.get(config) or None)
     metrics = GatewayMetrics(lanes.names, client)
-    gateway = Gateway(lanes, store, counter_for(model), producer, metrics=metrics)
-    # Every finished request, whoever ended it: one log line, metrics, `tailguard stats`.
     stats = StatsStore(client, retention_s=settings.STATS_RETENTION_S.get(config))
-    gateway.finished = FinishedConsumer(client, [log_request, metrics.observe, stats.record])
+    load = LaneLoadStore(client, window_s=settings.RATE_WINDOW_S.get(config))
+    admission = AdmissionPolicy(prior_tokens_per_s=settings.PRIOR_TOKENS_PER_S.get(config),
+                                admit_without_worker=settings.ADMIT_WITHOUT_WORKER.get(config))
+    gateway = Gateway(lanes, store, counter_for(model), producer, metrics=metrics,
+                      admission=admission, load=load, stats=stats)
+    # Every finished request, whoever ended it: one log line, metrics, `tailguard stats`,
+    # and the lane's measured service rate (admission).
+    gateway.finished = FinishedConsumer(client, [log_request, metrics.observe, stats.record,
+                                                 load.record])
     if config["TAILGUARD_CONSUME_FINISHED"]:
         gateway.finished.start()
     return gateway

@@ -19,8 +19,8 @@ from kombu.exceptions import OperationalError
 from werkzeug.exceptions import HTTPException
 
 from tailguard.errors import (BodyTooLarge, BrokerUnavailable, EngineError, JobCancelled, JobExpired,
-                              JobNotFound, RequestError, ResultTimeout, TailguardError, Unavailable,
-                              error_class)
+                              JobNotFound, Refused, RequestError, ResultTimeout, TailguardError,
+                              Unauthenticated, Unavailable, UnsupportedMediaType, error_class)
 from tailguard.jobs import CANCELLED, EXPIRED, TERMINAL
 from tailguard.openai_protocol import error_body
 
@@ -31,7 +31,7 @@ log = logging.getLogger("tailguard.api")
 
 #: codes of the HTTP errors Flask raises itself (unknown route, wrong method, ...)
 _HTTP_CODES = {400: RequestError.code, 404: JobNotFound.code, 405: "method_not_allowed",
-               413: BodyTooLarge.code, 415: "unsupported_media_type"}
+               413: BodyTooLarge.code, 415: UnsupportedMediaType.code}
 
 #: how a job that ended in this state failed, when its record names no known code
 _STATE_ERRORS: dict[str, type[TailguardError]] = {EXPIRED: JobExpired, CANCELLED: JobCancelled}
@@ -91,7 +91,13 @@ def error_response(status: int, code: str, message: str, field: str | None = Non
 
 
 def exception_response(err: TailguardError, *, headers: dict[str, str] | None = None) -> Response:
-    """error_response for a member of the tree: its status, code, message and field."""
+    """error_response for a member of the tree: its status, code, message and field; a refusal
+    says when to come back (Retry-After, which OpenAI clients honour); a 401 how to authenticate."""
+    headers = dict(headers or {})
+    if isinstance(err, Refused):
+        headers["Retry-After"] = str(err.retry_after_s)
+    if isinstance(err, Unauthenticated):
+        headers["WWW-Authenticate"] = "Bearer"
     return error_response(err.http_status, err.code, err.message, err.field, headers=headers)
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, current_app, jsonify, request
+from flask import Blueprint, current_app, g, jsonify, request
 
-from app import get_gateway
+from app import get_gateway, json_body
 from app.sse import HEARTBEAT, sse_event, sse_response
 from tailguard import settings
 from tailguard.errors import InvalidField
@@ -16,10 +16,7 @@ bp = Blueprint("jobs", __name__, url_prefix="/v1/jobs")
 
 @bp.post("")
 def submit():
-    body = request.get_json(force=True, silent=True)
-    if body is None:
-        raise InvalidField("the body must be valid JSON", field="body")
-    accepted = get_gateway().submit(parse_job_request(body))
+    accepted = get_gateway().submit(parse_job_request(json_body()), caller=g.get("api_key"))
     return jsonify(accepted), 202, {"Location": f"/v1/jobs/{accepted['id']}"}
 
 

@@ -13,9 +13,9 @@ import threading
 import time
 from typing import Any, Callable, Iterator
 
-from flask import Blueprint, Response, current_app, jsonify, request
+from flask import Blueprint, Response, current_app, g, jsonify
 
-from app import get_gateway
+from app import get_gateway, json_body
 from app.errors import exception_response, job_error, openai_error
 from app.sse import HEARTBEAT, client_connected, sse_event, sse_response
 from tailguard import settings
@@ -59,13 +59,6 @@ def _chat_renderer(gw: Gateway) -> Callable[[list[dict]], str]:
         return _renderers[model]
 
 
-def _body() -> Any:
-    body = request.get_json(force=True, silent=True)
-    if body is None:
-        raise InvalidField("the body must be valid JSON", field="body")
-    return body
-
-
 @bp.get("/models")
 def models():
     gw = get_gateway()
@@ -79,20 +72,21 @@ def models():
 @bp.post("/completions")
 def completions():
     gw = get_gateway()
-    return _serve(gw, parse_completion_request(_body(), set(_served_names(gw))))
+    return _serve(gw, parse_completion_request(json_body(), set(_served_names(gw))))
 
 
 @bp.post("/chat/completions")
 def chat_completions():
     gw = get_gateway()
-    return _serve(gw, parse_chat_request(_body(), set(_served_names(gw)), _chat_renderer(gw)))
+    return _serve(gw, parse_chat_request(json_body(), set(_served_names(gw)), _chat_renderer(gw)))
 
 
 def _serve(gw: Gateway, req: OpenAIRequest) -> Response:
-    accepted = gw.submit(req.job)
+    accepted = gw.submit(req.job, caller=g.get("api_key"))
     job_id = accepted["id"]
     headers = {"X-Tailguard-Job-Id": job_id, "X-Tailguard-Lane": accepted["lane"],
-               "X-Tailguard-Max-Tokens-Capped": "true" if accepted["max_tokens_capped"] else "false"}
+               "X-Tailguard-Max-Tokens-Capped": "true" if accepted["max_tokens_capped"] else "false",
+               "X-Tailguard-Estimated-Start-S": str(accepted["estimated_start_s"])}
     created = int(time.time())
     if req.stream:
         return sse_response(

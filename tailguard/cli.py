@@ -3,6 +3,7 @@
     tailguard up                       everything: Redis, API, one worker per lane group, Flower
     tailguard worker --lane long [--gpu 1 | --cores 2,3]
     tailguard api | flower | redis     one process each (what the Procfile runs)
+    tailguard keys add|list|revoke     API keys (authentication is on once one exists)
     tailguard make-demo-model DIR [--size tiny|small]
 """
 
@@ -78,14 +79,97 @@ def worker(lane: str | None, worker_name: str | None, gpu: int | None, cores: st
               help=f"default: ${settings.API_PORT.env} or {settings.API_PORT.default}")
 @click.option("--bind", "host", default="127.0.0.1", show_default=True)
 def api(port: int | None, host: str) -> None:
-    """Serve the REST API with gunicorn (threads, so long-polls do not block each other)."""
+    """Serve the REST API with gunicorn (threads, so long-polls do not block each other).
+
+    With no API key in Redis it serves loopback only: binding elsewhere refuses to start
+    (unless $TAILGUARD_API_OPEN)."""
+    from tailguard.apikeys import check_bind
     from tailguard.served_model import served_model
 
+    try:
+        have_keys = _key_store().any()
+    except ConfigError:
+        have_keys = False  # Redis not up yet: as if no key existed (the stricter case)
+    try:
+        click.echo(f"tailguard api: {check_bind(host, have_keys=have_keys, open_api=settings.API_OPEN.get())}",
+                   err=True)
+    except ConfigError as exc:
+        raise click.ClickException(exc.message) from None
     model, _ = served_model()
     become([console_script("gunicorn"), "--bind", f"{host}:{port or settings.API_PORT.get()}",
             "--worker-class", "gthread", "--threads", str(settings.API_THREADS.get()),
+            # connections past this wait unaccepted: room for every thread, plus idle keep-alives
+            "--worker-connections", str(2 * settings.API_THREADS.get()),
             "--workers", "1", "--timeout", "120", "--access-logfile", "-",
             "app:create_app()"], env={settings.MODEL.env: model})
+
+
+def _key_store():
+    """The API keys of the configured Redis (ConfigError when it does not answer)."""
+    import redis as redis_lib
+
+    from tailguard.apikeys import ApiKeyStore
+
+    client = redis_lib.Redis.from_url(settings.redis_url(), socket_connect_timeout=3)
+    try:
+        client.ping()
+    except redis_lib.RedisError as exc:
+        raise ConfigError(f"Redis at {settings.redis_url()} does not answer: {exc}",
+                          field=settings.REDIS_URL.env) from None
+    return ApiKeyStore(client)
+
+
+@main.group()
+def keys() -> None:
+    """API keys, kept hashed in Redis. Once one exists every /v1/ call needs one
+    (Authorization: Bearer <key>); with none, the API serves loopback only."""
+
+
+@keys.command("add")
+@click.argument("name")
+@click.option("--rpm", type=int, help="requests per minute (default: no limit)")
+@click.option("--tpm", type=int, help="cost tokens (prompt + max_tokens) per minute (default: no limit)")
+@click.option("--max-priority", type=click.Choice(["interactive", "batch"]), default="interactive",
+              show_default=True, help="highest class: a batch key's requests all run as batch")
+def keys_add(name: str, rpm: int | None, tpm: int | None, max_priority: str) -> None:
+    """Make a key named NAME and print it (the only time it is shown)."""
+    from tailguard.apikeys import ApiKey
+
+    try:
+        secret = _key_store().add(ApiKey(name, requests_per_min=rpm, tokens_per_min=tpm,
+                                         max_priority=max_priority))
+    except ConfigError as exc:
+        raise click.ClickException(exc.message) from None
+    click.echo(secret)
+    click.echo(f"key {name!r} made; it is shown only now (Redis keeps its sha256). "
+               "Send it as: Authorization: Bearer <key>", err=True)
+
+
+@keys.command("list")
+def keys_list() -> None:
+    """Names and limits of the keys (never the keys themselves)."""
+    try:
+        found = _key_store().list()
+    except ConfigError as exc:
+        raise click.ClickException(exc.message) from None
+    if not found:
+        click.echo("no API keys: authentication is off (the API serves loopback only)")
+    for k in found:
+        click.echo(f"{k.name:<24} sha256 {k.id[:12]}  rpm {k.requests_per_min or '-'}  "
+                   f"tpm {k.tokens_per_min or '-'}  max priority {k.max_priority}")
+
+
+@keys.command("revoke")
+@click.argument("name")
+def keys_revoke(name: str) -> None:
+    """Delete the key named NAME: its next request is a 401."""
+    try:
+        gone = _key_store().revoke(name)
+    except ConfigError as exc:
+        raise click.ClickException(exc.message) from None
+    if not gone:
+        raise click.ClickException(f"no key named {name!r}")
+    click.echo(f"key {name!r} revoked")
 
 
 @main.command()
@@ -100,18 +184,20 @@ def flower(port: int | None) -> None:
 
     home = settings.home()
     home.mkdir(parents=True, exist_ok=True)
-    argv.append(f"--basic-auth={flower_auth(home)}")
-    become(argv)
+    # Flower reads its options from FLOWER_<NAME> variables: the password stays off argv.
+    become(argv, env={"FLOWER_BASIC_AUTH": flower_auth(home)})
 
 
 @main.command()
 @click.option("--port", type=int,
               help=f"default: ${settings.REDIS_PORT.env} or {settings.REDIS_PORT.default}")
 def redis(port: int | None) -> None:
-    """Run the embedded redis-server in the foreground (data and AOF under $TAILGUARD_HOME)."""
+    """Run the embedded redis-server in the foreground (data and AOF under $TAILGUARD_HOME), with
+    the password kept in $TAILGUARD_HOME/redis.password (made on first use)."""
     from tailguard.redis_server import redis_command
 
-    become(redis_command(port or settings.REDIS_PORT.get(), settings.home() / "redis"))
+    become(redis_command(port or settings.REDIS_PORT.get(), settings.home() / "redis",
+                         password=settings.embedded_redis_password()))
 
 
 @main.command()

@@ -6,32 +6,39 @@ one place (``app/errors.py``); workers map them to a terminal job state.
 
 ::
 
-    TailguardError                      code               HTTP
-    ├── ConfigError                     config_error       500 (startup only: never reaches a client)
-    ├── RequestError                    bad_request        400  the caller sent something we will not run
-    │   ├── InvalidField                invalid_field      400  a field has the wrong type or value
-    │   ├── PromptTooLong               prompt_too_long    400  prompt does not fit any lane's context
-    │   ├── NoLaneForRequest            no_lane            400  no lane accepts this priority/cost
-    │   └── BodyTooLarge                body_too_large     413
-    ├── JobNotFound                     not_found          404  unknown (or expired-from-storage) id
-    │   └── ModelNotFound               model_not_found    404  `model` names a model we do not serve
-    ├── JobStateConflict                conflict           409  e.g. cancelling a finished job
-    ├── Unavailable                     unavailable        503  recoverable: retry later
-    │   └── BrokerUnavailable           broker_unavailable 503  Redis does not answer
-    ├── ResultTimeout                   timeout            504  a waiting call gave up; the job goes on
-    ├── EngineError                     engine_error       500  one request failed; job -> failed
-    │   └── EngineDeadError             engine_dead        500  the engine is gone; fatal for the worker
-    └── JobError                        job_error          500  why a job ended without a result:
-        ├── JobExpired                  expired            503  waited in its queue past queue_ttl_s
-        ├── JobCancelled                cancelled          409  DELETE, or the client went away
-        ├── WorkerLost                  worker_lost        500  no result long past the deadline
-        ├── InternalJobError            internal_error     500  a bug in the task (the root's code too)
-        └── EnqueueFailed               enqueue_failed     500  the broker did not take the message
+    TailguardError                      code                   HTTP
+    ├── ConfigError                     config_error           500 (startup only: never reaches a client)
+    ├── RequestError                    bad_request            400  the caller sent something we will not run
+    │   ├── InvalidField                invalid_field          400  a field has the wrong type or value
+    │   ├── PromptTooLong               prompt_too_long        400  prompt does not fit any lane's context
+    │   ├── NoLaneForRequest            no_lane                400  no lane accepts this priority/cost
+    │   ├── BodyTooLarge                body_too_large         413
+    │   └── UnsupportedMediaType        unsupported_media_type 415  a POST body that is not JSON
+    ├── Unauthenticated                 invalid_api_key        401  no API key, or not a known one
+    ├── Refused                         refused                429  not now: come back after Retry-After
+    │   ├── LaneFull                    lane_full              429  the lane's backlog is at its bound
+    │   ├── WaitTooLong                 wait_too_long          429  predicted wait > what the lane promises
+    │   └── RateLimited                 rate_limited           429  the API key's per-minute limit
+    ├── JobNotFound                     not_found              404  unknown (or expired-from-storage) id
+    │   └── ModelNotFound               model_not_found        404  `model` names a model we do not serve
+    ├── JobStateConflict                conflict               409  e.g. cancelling a finished job
+    ├── Unavailable                     unavailable            503  recoverable: retry later
+    │   ├── BrokerUnavailable           broker_unavailable     503  Redis does not answer
+    │   └── NoLiveWorker                no_live_worker         503  no worker serves the lane now
+    ├── ResultTimeout                   timeout                504  a waiting call gave up; the job goes on
+    ├── EngineError                     engine_error           500  one request failed; job -> failed
+    │   └── EngineDeadError             engine_dead            500  the engine is gone; fatal for the worker
+    └── JobError                        job_error              500  why a job ended without a result:
+        ├── JobExpired                  expired                503  waited in its queue past queue_ttl_s
+        ├── JobCancelled                cancelled              409  DELETE, or the client went away
+        ├── WorkerLost                  worker_lost            500  no result long past the deadline
+        ├── InternalJobError            internal_error         500  a bug in the task (the root's code too)
+        └── EnqueueFailed               enqueue_failed         500  the broker did not take the message
 
 The root's code, ``internal_error``, is what any unexpected exception is
-answered with. ``RequestError`` and ``Unavailable`` are recoverable by the
-caller (fix the request, retry later); ``EngineDeadError`` is fatal for the
-worker process that raised it.
+answered with. ``RequestError``, ``Refused`` and ``Unavailable`` are recoverable
+by the caller (fix the request, retry after ``Retry-After``, retry later);
+``EngineDeadError`` is fatal for the worker process that raised it.
 
 A job that ends without a result keeps ``{"code", "message"}`` of one of the
 classes from ``EngineError`` down in its record (``to_dict``); ``error_class``
@@ -90,6 +97,48 @@ class BodyTooLarge(RequestError):
     http_status = 413
 
 
+class UnsupportedMediaType(RequestError):
+    """A POST body not sent as application/json: a plain form or text/plain (which a web page
+    may send cross-origin without a CORS preflight) is never read."""
+
+    code = "unsupported_media_type"
+    http_status = 415
+
+
+class Unauthenticated(TailguardError):
+    """No API key, or one we do not know (OpenAI's code for it)."""
+
+    code = "invalid_api_key"
+    http_status = 401
+
+
+class Refused(TailguardError):
+    """Not run now, and not queued to expire either: the caller may retry after ``retry_after_s``
+    (sent as ``Retry-After``)."""
+
+    code = "refused"
+    http_status = 429
+
+    def __init__(self, message: str, *, field: str | None = None, retry_after_s: int = 1,
+                 lane: str | None = None) -> None:
+        super().__init__(message, field=field)
+        self.retry_after_s = max(1, int(retry_after_s))
+        #: the lane that refused (None: refused before placement, e.g. a key's rate limit)
+        self.lane = lane
+
+
+class LaneFull(Refused):
+    code = "lane_full"
+
+
+class WaitTooLong(Refused):
+    code = "wait_too_long"
+
+
+class RateLimited(Refused):
+    code = "rate_limited"
+
+
 class JobNotFound(TailguardError):
     code = "not_found"
     http_status = 404
@@ -115,6 +164,12 @@ class Unavailable(TailguardError):
 
 class BrokerUnavailable(Unavailable):
     code = "broker_unavailable"
+
+
+class NoLiveWorker(Unavailable):
+    """No worker has advertised the lane lately: accepting would only let the request expire."""
+
+    code = "no_live_worker"
 
 
 class ResultTimeout(TailguardError):

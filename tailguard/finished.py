@@ -50,6 +50,7 @@ class FinishedRequest:
     worker: str | None
     error: str | None         # error code, when not succeeded
     finished_at: float        # Redis clock
+    api_key: str | None = None  # the name of the API key that submitted it
 
     def log_line(self) -> str:
         return json.dumps({"event": "request_finished", **asdict(self)}, ensure_ascii=False,
@@ -79,6 +80,7 @@ def finished_request(job_id: str, job: dict[str, Any]) -> FinishedRequest:
         completion_tokens=completion, finish_reason=result.get("finish_reason"),
         queued_s=_r(queued), ttft_s=_r(ttft), e2e_s=_r(e2e), engine_s=_r(engine), tpot_s=_r(tpot),
         worker=job.get("worker"), error=(job.get("error") or {}).get("code"),
+        api_key=job.get("api_key"),
         finished_at=ended or 0.0)
 
 

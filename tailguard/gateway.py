@@ -7,20 +7,26 @@ app) are passed in.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from typing import Any, Callable, Iterator, Protocol
 
 from celery import Celery
 
-from tailguard.errors import EnqueueFailed, JobCancelled, JobNotFound, JobStateConflict
+from tailguard.admission import AdmissionPolicy
+from tailguard.apikeys import ApiKey, ApiKeyStore
+from tailguard.errors import (EnqueueFailed, JobCancelled, JobNotFound, JobStateConflict, NoLiveWorker,
+                              Refused)
 from tailguard.jobrequest import JobRequest
 from tailguard.jobs import CANCELLED, FAILED, QUEUED, RUNNING, TERMINAL, JobStore, timing
 from tailguard.keys import is_job_id
 from tailguard.lanes import LaneTable
 from tailguard.finished import FinishedConsumer
+from tailguard.laneload import LaneLoadStore
 from tailguard.metrics import GatewayMetrics
 from tailguard.placement import Placement, place
+from tailguard.stats import StatsStore
 from tailguard.stream import StreamEvent, follow
 
 
@@ -32,12 +38,18 @@ class TokenCounter(Protocol):
 
 class Gateway:
     def __init__(self, lanes: LaneTable, store: JobStore, counter: TokenCounter, celery: Celery,
-                 *, metrics: GatewayMetrics | None = None, poll_interval_s: float = 0.05) -> None:
+                 *, metrics: GatewayMetrics | None = None, poll_interval_s: float = 0.05,
+                 admission: AdmissionPolicy | None = None, load: LaneLoadStore | None = None,
+                 stats: StatsStore | None = None, api_keys: ApiKeyStore | None = None) -> None:
         self.lanes = lanes
         self.store = store
         self.counter = counter
         self.celery = celery
         self.metrics = metrics or GatewayMetrics(lanes.names)
+        self.admission = admission or AdmissionPolicy()
+        self.load = load or LaneLoadStore(store.redis)
+        self.stats = stats or StatsStore(store.redis)
+        self.api_keys = api_keys or ApiKeyStore(store.redis)
         self.finished: FinishedConsumer | None = None  # set by the app that runs one
         self.poll_interval_s = poll_interval_s
 
@@ -46,10 +58,29 @@ class Gateway:
                      prompt_tokens=self.counter.count(req.prompt, req.add_special_tokens),
                      requested_max_tokens=req.max_tokens, model_max_len=self.counter.model_max_len)
 
-    def submit(self, req: JobRequest) -> dict[str, Any]:
-        """Record the job, then publish it to its lane's queue. Returns the 202 body."""
+    def submit(self, req: JobRequest, caller: ApiKey | None = None) -> dict[str, Any]:
+        """Admit the request on its lane, charge it to the caller's key, record the job, then
+        publish it to the lane's queue.
+
+        Returns the 202 body; raises Refused (429) or NoLiveWorker (503), counted per lane
+        and per key. A key's priority ceiling lowers the request's class before placement.
+        """
+        if caller is not None:
+            req = dataclasses.replace(req, priority=caller.priority_for(req.priority))
         placement = self.place(req)
         lane = self.lanes[placement.lane]
+        try:
+            wait_s = self.admission.admit(lane, self.load.load(lane.name), placement.cost)
+        except (Refused, NoLiveWorker) as exc:
+            self.metrics.on_refused(lane.name, exc.code, caller.name if caller else None)
+            self.stats.record_refused(lane.name, exc.code)
+            raise
+        if caller is not None:
+            try:
+                self.api_keys.take(caller, placement.cost)
+            except Refused as exc:
+                self.metrics.on_refused(lane.name, exc.code, caller.name)
+                raise
         job_id = uuid.uuid4().hex
         # The record exists before the message, so a worker never runs an unknown job.
         self.store.create(job_id, {
@@ -57,6 +88,7 @@ class Gateway:
             "requested_max_tokens": placement.requested_max_tokens,
             "max_tokens": placement.max_tokens, "max_tokens_capped": placement.max_tokens_capped,
             "cost": placement.cost, "deadline_s": lane.deadline_s, "sampling": req.sampling,
+            "api_key": caller.name if caller else None,
         }, queue_ttl_s=lane.queue_ttl_s)
         try:
             self.celery.send_task(
@@ -68,12 +100,14 @@ class Gateway:
             self.store.transition(job_id, {QUEUED}, FAILED, {
                 "error": EnqueueFailed(f"could not queue the request: {exc}").to_dict()})
             raise
-        self.metrics.on_accepted(lane.name, placement.max_tokens_capped)
+        self.metrics.on_accepted(lane.name, placement.max_tokens_capped,
+                                 caller.name if caller else None)
         return {"id": job_id, "status": QUEUED, "lane": lane.name, "priority": req.priority,
                 "prompt_tokens": placement.prompt_tokens,
                 "requested_max_tokens": placement.requested_max_tokens,
                 "max_tokens": placement.max_tokens,
-                "max_tokens_capped": placement.max_tokens_capped, "cost": placement.cost}
+                "max_tokens_capped": placement.max_tokens_capped, "cost": placement.cost,
+                "estimated_start_s": round(wait_s, 3)}
 
     def status(self, job_id: str, wait_s: float = 0.0) -> dict[str, Any]:
         """The job as the client sees it; with wait_s, long-poll until it is terminal."""

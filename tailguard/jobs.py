@@ -47,6 +47,10 @@ _INT_FIELDS = ("prompt_tokens", "max_tokens", "requested_max_tokens", "completio
                "engine_prompt_tokens")
 
 
+#: the lane keys transition_job.lua leaves when a job stops being queued (%s: the lane)
+_LANE_KEY_PATTERNS = {"queued": keys.lane_queued_key("%s"), "backlog": keys.lane_backlog_key("%s")}
+
+
 def _encode(fields: dict[str, Any]) -> dict[str, str]:
     """Job fields as the strings stored in the hash (None: not stored)."""
     out: dict[str, str] = {}
@@ -100,9 +104,13 @@ class JobStore:
                    stream_maxlen=settings.STREAM_MAXLEN.get(config))
 
     def create(self, job_id: str, fields: dict[str, Any], queue_ttl_s: float) -> float:
-        """Store a new queued job; returns submitted_at and sets expires_at (Redis clock)."""
-        return float(self._create([keys.job_key(job_id)], ttl_s=self.ttl_s,
-                                  queue_ttl_s=queue_ttl_s, fields=_encode(fields)))
+        """Store a new queued job and count its cost in its lane's backlog (tailguard.laneload);
+        returns submitted_at and sets expires_at (Redis clock)."""
+        lane = fields["lane"]
+        return float(self._create(
+            [keys.job_key(job_id), keys.lane_queued_key(lane), keys.lane_backlog_key(lane)],
+            ttl_s=self.ttl_s, queue_ttl_s=queue_ttl_s, cost=int(fields.get("cost") or 0),
+            fields=_encode(fields)))
 
     def transition(self, job_id: str, from_states: set[str] | frozenset[str], to: str,
                    fields: dict[str, Any] | None = None, *, overdue_field: str = "",
@@ -117,6 +125,8 @@ class JobStore:
         args: dict[str, Any] = {"from": sorted(from_states), "to": to, "fields": _encode(fields),
                                 "stream_maxlen": self.stream_maxlen,
                                 "finished_maxlen": FINISHED_STREAM_MAXLEN}
+        if QUEUED in from_states:
+            args["lane_keys"] = _LANE_KEY_PATTERNS
         if overdue_field:
             args.update(overdue_field=overdue_field, grace_s=overdue_grace_s)
         if to in TERMINAL:

@@ -44,3 +44,27 @@ def stats_key(minute: int, lane: str) -> str:
 def slow_key(minute: int) -> str:
     """Sorted set of that minute's slowest requests, scored by e2e latency."""
     return f"{PREFIX}:slow:{minute}"
+
+
+def lane_queued_key(lane: str) -> str:
+    """Sorted set of a lane's queued jobs, member ``<cost> <job key>``, scored by expires_at."""
+    return f"{PREFIX}:lane:{lane}:queued"
+
+
+def lane_backlog_key(lane: str) -> str:
+    """Integer: the cost tokens of the members of ``lane_queued_key`` (admission's backlog)."""
+    return f"{PREFIX}:lane:{lane}:backlog"
+
+
+def lane_served_key(lane: str) -> str:
+    """Hash of cost tokens served per second (field: the Redis-clock second) over the rate window."""
+    return f"{PREFIX}:lane:{lane}:served"
+
+
+API_KEYS = f"{PREFIX}:apikeys"
+"""Hash of API keys: sha256 hex of the key -> its record (JSON). Keys are never stored."""
+
+
+def api_key_bucket_key(digest: str) -> str:
+    """Hash of one API key's token buckets (requests, tokens): level and when last filled."""
+    return f"{PREFIX}:apikey:{digest}:bucket"

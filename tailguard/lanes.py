@@ -45,6 +45,8 @@ class Lane:
     max_num_seqs: int = 8
     max_model_len: int = 2048
     dedicated: bool = False
+    max_backlog_tokens: int | None = None
+    max_wait_s: float | None = None
 
     @property
     def queue(self) -> str:
@@ -55,6 +57,11 @@ class Lane:
     def task_name(self) -> str:
         """One Celery task name per lane, so Celery's per-task rate_limit is a per-lane limit."""
         return f"tailguard.generate.{self.name}"
+
+    @property
+    def promised_wait_s(self) -> float:
+        """The longest predicted wait a request is accepted with: max_wait_s, else queue_ttl_s."""
+        return self.max_wait_s if self.max_wait_s is not None else self.queue_ttl_s
 
     @property
     def effective_default_max_tokens(self) -> int:
@@ -161,6 +168,7 @@ _LANE_FIELDS: dict[str, tuple[type, ...]] = {
     "priority": (str,), "max_cost": (int,), "max_tokens": (int,), "default_max_tokens": (int,),
     "deadline_s": (int, float), "queue_ttl_s": (int, float), "rate_limit": (str,),
     "max_num_seqs": (int,), "max_model_len": (int,), "dedicated": (bool,),
+    "max_backlog_tokens": (int,), "max_wait_s": (int, float),
 }
 
 
@@ -190,8 +198,17 @@ def _lane_from(name: str, raw: Any) -> Lane:
         raise ConfigError(f"{where}.priority must be one of {PRIORITY_CLASSES}, got {lane.priority!r}",
                           field=f"{where}.priority")
     for key in ("max_cost", "max_tokens", "default_max_tokens", "deadline_s", "queue_ttl_s",
-                "max_num_seqs", "max_model_len"):
+                "max_num_seqs", "max_model_len", "max_backlog_tokens", "max_wait_s"):
         positive(key, getattr(lane, key))
+    if lane.max_backlog_tokens is not None and lane.max_backlog_tokens < lane.max_model_len:
+        # so the costliest request the lane can take always fits when its queue is empty
+        raise ConfigError(f"{where}.max_backlog_tokens ({lane.max_backlog_tokens}) is below "
+                          f"max_model_len ({lane.max_model_len}): one request could never fit",
+                          field=f"{where}.max_backlog_tokens")
+    if lane.max_wait_s is not None and lane.max_wait_s > lane.queue_ttl_s:
+        raise ConfigError(f"{where}.max_wait_s ({lane.max_wait_s}) exceeds queue_ttl_s "
+                          f"({lane.queue_ttl_s}): such a request would expire in the queue",
+                          field=f"{where}.max_wait_s")
     if lane.default_max_tokens is not None and lane.default_max_tokens > lane.max_tokens:
         raise ConfigError(f"{where}.default_max_tokens ({lane.default_max_tokens}) exceeds "
                           f"max_tokens ({lane.max_tokens})", field=f"{where}.default_max_tokens")

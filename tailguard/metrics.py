@@ -24,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from tailguard.engine_stats import HostStats
+from tailguard.errors import RateLimited
 from tailguard.finished import FinishedRequest
 
 PREFIX = "tailguard"
@@ -106,6 +107,12 @@ class GatewayMetrics:
         self.rejected = Counter(metric_name("requests_rejected"),
                                 "Requests refused before queueing, by error code", ["code"],
                                 registry=r)
+        self.refused = Counter(metric_name("requests_refused"),
+                               "Requests a lane refused at admission (429 lane_full, wait_too_long; "
+                               "503 no_live_worker), by code", ["lane", "code"], registry=r)
+        self.by_key = Counter(metric_name("api_key_requests"),
+                              "Submissions by API key name: accepted, or the refusal's code",
+                              ["key", "result"], registry=r)
         for lane in lanes:  # so every lane shows up (as 0) before its first request
             self.accepted.labels(lane)
             self.capped.labels(lane)
@@ -123,10 +130,19 @@ class GatewayMetrics:
             if value is not None:
                 hist.labels(lane).observe(value)
 
-    def on_accepted(self, lane: str, capped: bool) -> None:
+    def on_accepted(self, lane: str, capped: bool, key: str | None = None) -> None:
         self.accepted.labels(lane).inc()
         if capped:
             self.capped.labels(lane).inc()
+        if key is not None:
+            self.by_key.labels(key, "accepted").inc()
+
+    def on_refused(self, lane: str, code: str, key: str | None = None) -> None:
+        """A refusal at admission (per lane) or by the key's own limit (per key only)."""
+        if key is not None:
+            self.by_key.labels(key, code).inc()
+        if code != RateLimited.code:
+            self.refused.labels(lane, code).inc()
 
 
 class WorkerCollector(Collector):

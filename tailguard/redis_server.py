@@ -15,6 +15,11 @@ from tailguard import settings
 from tailguard.errors import ConfigError
 from tailguard.procs import Child, ChildFailed, ChildSpec, start, wait_until
 
+#: Commands nothing of tailguard, Celery, kombu or Flower sends, and with which any client could
+#: reconfigure the server (CONFIG SET dir/dbfilename writes files), load code (MODULE LOAD),
+#: crash it (DEBUG) or copy it elsewhere: the embedded server knows them by no name.
+DISABLED_COMMANDS = ("CONFIG", "MODULE", "DEBUG", "ACL", "SLAVEOF", "REPLICAOF", "MIGRATE")
+
 
 def find_redis_server() -> str:
     found = shutil.which("redis-server")
@@ -38,10 +43,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def redis_command(port: int, data_dir: Path, *, appendonly: bool = True) -> list[str]:
-    """argv of a loopback-only redis-server keeping its data (and AOF) in `data_dir`."""
+def redis_config(password: str | None = None, maxmemory: str | None = None) -> str:
+    """The config file of redis-server: what must not be on its command line (the password),
+    the disabled commands, and maxmemory with noeviction (a full Redis refuses writes, which
+    callers see, rather than evicting queued jobs, which nobody would)."""
+    lines = [f'rename-command {name} ""' for name in DISABLED_COMMANDS]
+    lines += [f"maxmemory {maxmemory or settings.REDIS_MAXMEMORY.get()}", "maxmemory-policy noeviction"]
+    if password:
+        lines.append(f"requirepass {password}")
+    return "\n".join(lines) + "\n"
+
+
+def redis_command(port: int, data_dir: Path, *, appendonly: bool = True,
+                  password: str | None = None) -> list[str]:
+    """argv of a loopback-only redis-server keeping its data (and AOF) in `data_dir`; the rest
+    of its config (``redis_config``) is in `data_dir`/redis.conf, written anew, mode 600."""
+    from tailguard.secretfile import write_private
+
     data_dir.mkdir(parents=True, exist_ok=True)
-    return [find_redis_server(), "--port", str(port), "--bind", "127.0.0.1",
+    conf = write_private(data_dir / "redis.conf", redis_config(password))
+    return [find_redis_server(), str(conf), "--port", str(port), "--bind", "127.0.0.1",
             "--dir", str(data_dir), "--appendonly", "yes" if appendonly else "no",
             "--save", "", "--daemonize", "no", "--protected-mode", "yes", "--loglevel", "warning"]
 
@@ -51,16 +72,18 @@ def answers_ping(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
             s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
+            return s.recv(16).startswith((b"+PONG", b"-NOAUTH"))  # answering, password or not
     except OSError:
         return False
 
 
 def start_redis(port: int, data_dir: Path, *, appendonly: bool = True,
-                log_path: Path | None = None, timeout_s: float = 15.0) -> Child:
+                log_path: Path | None = None, timeout_s: float = 15.0,
+                password: str | None = None) -> Child:
     """Start redis-server and return once it answers PING (its log in `log_path`, else
     in `data_dir`)."""
-    spec = ChildSpec("redis", tuple(redis_command(port, data_dir, appendonly=appendonly)))
+    spec = ChildSpec("redis", tuple(redis_command(port, data_dir, appendonly=appendonly,
+                                                   password=password)))
     child = start(spec, log=log_path or data_dir / "redis.log")
     try:
         wait_until(lambda: answers_ping(port), [child], timeout_s,

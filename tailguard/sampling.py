@@ -9,6 +9,7 @@ accepted, validated and passed to vLLM everywhere at once.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -17,6 +18,13 @@ from tailguard.errors import InvalidField
 
 Api = Literal["native", "openai"]
 Kind = Literal["int", "float", "bool", "stop"]
+
+#: Longest stop string, in characters: vLLM matches each against the growing output text, so
+#: their length is work done per token, and their count is bounded by the table.
+MAX_STOP_CHARS = 256
+#: Largest sampling payload (the validated fields as compact JSON): it travels in every queue
+#: message and job record.
+MAX_SAMPLING_BYTES = 2048
 
 
 def as_int(name: str, value: Any, lo: int | None = None) -> int:
@@ -55,6 +63,9 @@ def as_stop(name: str, value: Any, most: int) -> list[str]:
         raise InvalidField(f"{name} must be a non-empty string or a list of them", field=name)
     if len(items) > most:
         raise InvalidField(f"{name} takes at most {most} sequences", field=name)
+    if any(len(s) > MAX_STOP_CHARS for s in items):
+        raise InvalidField(f"{name}: each sequence may be at most {MAX_STOP_CHARS} characters",
+                           field=name)
     return items
 
 
@@ -123,6 +134,10 @@ def parse_sampling(body: Mapping[str, Any], api: Api) -> dict[str, Any]:
             value = f.parse(body[f.name])
             if f.inert is None or value != f.inert:
                 out[f.name] = value
+    size = len(json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode())
+    if size > MAX_SAMPLING_BYTES:
+        raise InvalidField(f"the sampling fields take {size} bytes, more than {MAX_SAMPLING_BYTES}",
+                           field="stop" if "stop" in out else "body")
     return out
 
 

@@ -77,8 +77,16 @@ DEVICE = Setting(
     "cpu, cuda or auto (cuda when `nvidia-smi -L` lists a GPU). Decides how workers are pinned.")
 API_PORT = Setting("TAILGUARD_API_PORT", 8000, int, "Port of the REST API (gunicorn).")
 API_THREADS = Setting(
-    "TAILGUARD_API_THREADS", 32, int,
-    "gunicorn gthread threads: each long-poll (?wait=) holds one while it waits.")
+    "TAILGUARD_API_THREADS", 1024, int,
+    "gunicorn gthread threads. Every open SSE stream, long-poll (?wait=) and waiting OpenAI call "
+    "holds one (and a Redis connection) while it waits, so this bounds how many can be open "
+    "before submits and /healthz queue behind them: 500 open streams leave both under 100 ms at "
+    "P99 (benchmarks/open_streams.py). An idle thread costs little.")
+API_OPEN = Setting(
+    "TAILGUARD_API_OPEN", False, _bool,
+    "Let `tailguard api` bind a non-loopback address while no API key exists (it refuses "
+    "otherwise). Only where something else guards the port: a container published to the "
+    "host's loopback, an authenticating proxy.")
 FLOWER_PORT = Setting("TAILGUARD_FLOWER_PORT", 5555, int, "Port of Flower.")
 FLOWER_BASIC_AUTH = Setting(
     "TAILGUARD_FLOWER_BASIC_AUTH", "", str,
@@ -86,6 +94,10 @@ FLOWER_BASIC_AUTH = Setting(
     "$TAILGUARD_HOME/flower.auth (user admin); Flower never runs without auth.")
 REDIS_PORT = Setting(
     "TAILGUARD_REDIS_PORT", 6379, int, "Port of the embedded redis-server started by `tailguard up`.")
+REDIS_MAXMEMORY = Setting(
+    "TAILGUARD_REDIS_MAXMEMORY", "1gb", str,
+    "maxmemory of the embedded redis-server (noeviction: when full, writes fail visibly and "
+    "submissions answer 503, instead of Redis silently dropping queued jobs).")
 MAX_BODY_BYTES = Setting(
     "TAILGUARD_MAX_BODY_BYTES", 1 << 20, int, "Largest request body the API reads; larger is a 413.")
 MAX_WAIT_S = Setting(
@@ -121,6 +133,19 @@ WORKER_METRICS_ADDR = Setting(
 STATS_RETENTION_S = Setting(
     "TAILGUARD_STATS_RETENTION_S", 86400, int,
     "How long the per-minute histograms behind `tailguard stats` are kept in Redis.")
+RATE_WINDOW_S = Setting(
+    "TAILGUARD_RATE_WINDOW_S", 30, int,
+    "A lane's service rate is the cost tokens of its requests that finished over this many "
+    "seconds, divided by it: what admission divides the lane's backlog by.")
+PRIOR_TOKENS_PER_S = Setting(
+    "TAILGUARD_PRIOR_TOKENS_PER_S", 20.0, float,
+    "Floor of a lane's service rate per engine sequence (x max_num_seqs x live workers): used "
+    "before anything was measured, and while a lightly used lane measures less than it can do. "
+    "Set it near what your slowest engine sustains per sequence.")
+ADMIT_WITHOUT_WORKER = Setting(
+    "TAILGUARD_ADMIT_WITHOUT_WORKER", False, _bool,
+    "Queue requests for a lane no live worker serves (they wait up to queue_ttl_s for one to "
+    "come) instead of answering 503 no_live_worker.")
 REQUEST_LOG = Setting(
     "TAILGUARD_REQUEST_LOG", "", str,
     "File for the request log (one JSON line per finished request). Empty: the API's stdout.")
@@ -129,11 +154,28 @@ REQUEST_LOG = Setting(
 ALL: tuple[Setting, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, Setting))
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+#: the embedded Redis's password, generated once (mode 600), next to flower.auth
+REDIS_PASSWORD_FILE = "redis.password"
 
 
 def redis_url() -> str:
-    """The Redis every process talks to."""
-    return REDIS_URL.get() or DEFAULT_REDIS_URL
+    """The Redis every process talks to: TAILGUARD_REDIS_URL, else the embedded one (with its
+    password once `tailguard up` has made one)."""
+    configured = REDIS_URL.get()
+    if configured:
+        return configured
+    password_file = home() / REDIS_PASSWORD_FILE
+    if password_file.exists():
+        return f"redis://:{password_file.read_text().strip()}@127.0.0.1:{REDIS_PORT.get()}/0"
+    return DEFAULT_REDIS_URL
+
+
+def embedded_redis_password() -> str:
+    """The embedded Redis's password, made on first use (see tailguard.secretfile)."""
+    from tailguard.secretfile import kept_secret
+
+    home().mkdir(parents=True, exist_ok=True)
+    return kept_secret(home() / REDIS_PASSWORD_FILE)
 
 
 def home() -> Path:

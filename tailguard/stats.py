@@ -58,6 +58,15 @@ class StatsStore:
             args["slow"] = {"member": member, "score": r.e2e_s, "keep": SLOW_PER_MINUTE}
         self._record([keys.stats_key(minute, lane), keys.slow_key(minute)], **args)
 
+    def record_refused(self, lane: str, code: str) -> None:
+        """Count one request the lane refused at admission in this minute (Redis clock)."""
+        secs, _micros = self.client.time()
+        key = keys.stats_key(int(secs) // 60, lane)
+        pipe = self.client.pipeline()
+        pipe.hincrby(key, f"refused:{code}", 1)
+        pipe.expire(key, self.retention_s)
+        pipe.execute()
+
     def window(self, lanes: list[str], start: float, end: float, *, top: int = 10) -> "Window":
         """Merge the minutes overlapping [start, end] (Redis-clock seconds)."""
         minutes = range(int(start // 60), int(end // 60) + 1)
@@ -84,6 +93,7 @@ class LaneStats:
     lane: str
     count: int = 0
     statuses: dict[str, int] = field(default_factory=dict)
+    refused: dict[str, int] = field(default_factory=dict)  # by code, at admission
     metrics: dict[str, Histogram] = field(default_factory=lambda: {
         name: Histogram(unit=unit) for name, (_attr, unit) in METRICS.items()})
 
@@ -98,6 +108,9 @@ class LaneStats:
         for k, v in fields.items():
             if k.startswith("status:"):
                 self.statuses[k[7:]] = self.statuses.get(k[7:], 0) + int(v)
+                continue
+            if k.startswith("refused:"):
+                self.refused[k[8:]] = self.refused.get(k[8:], 0) + int(v)
                 continue
             name, _, part = k.partition(":")
             h = minute.get(name)
@@ -127,7 +140,7 @@ class Window:
     def to_dict(self) -> dict[str, Any]:
         return {
             "window": {"start": self.start, "end": self.end},
-            "lanes": {lane: {"count": s.count, "statuses": s.statuses,
+            "lanes": {lane: {"count": s.count, "statuses": s.statuses, "refused": s.refused,
                              **{name: h.summary() for name, h in s.metrics.items()}}
                       for lane, s in self.lanes.items()},
             "slowest": self.slowest,
@@ -186,6 +199,11 @@ class Window:
                 + "       " + "  ".join(_fmt(e2e[c]) for c in ("avg", "p50", "p95", "p99", "max"))
                 + f" | {_fmt(s.metrics['ttft_s'].percentile(99)):>8} | "
                   f"{_fmt(s.metrics['queued_s'].percentile(99)):>9}")
+        refused = {lane: s.refused for lane, s in self.lanes.items() if s.refused}
+        if refused:
+            out += ["", "refused at admission (not queued): "
+                    + "; ".join(f"{lane} " + ", ".join(f"{code} {n}" for code, n in sorted(r.items()))
+                                for lane, r in refused.items())]
         out += ["", "lengths (tokens): prompt p50/p95/p99/max | output p50/p95/p99/max"]
         for lane, s in self.lanes.items():
             p, o = s.metrics["prompt_tokens"], s.metrics["output_tokens"]

@@ -38,16 +38,12 @@ def _say(text: str) -> None:
 def flower_auth(home) -> str:
     """Flower's user:password: $TAILGUARD_FLOWER_BASIC_AUTH, else one generated once and kept
     in $TAILGUARD_HOME/flower.auth (mode 600), so Flower never runs open by default."""
-    configured = settings.FLOWER_BASIC_AUTH.get()
-    if configured:
-        return configured
-    path = home / "flower.auth"
-    if not path.exists():
-        import secrets
+    import secrets
 
-        path.write_text(f"admin:{secrets.token_urlsafe(12)}\n")
-        path.chmod(0o600)
-    return path.read_text().strip()
+    from tailguard.secretfile import kept_secret
+
+    return settings.FLOWER_BASIC_AUTH.get() or kept_secret(
+        home / "flower.auth", lambda: f"admin:{secrets.token_urlsafe(12)}")
 
 
 def run_up() -> int:
@@ -66,8 +62,9 @@ def run_up() -> int:
             port = settings.REDIS_PORT.get()
             _say(f"starting redis-server on 127.0.0.1:{port} (data in {home / 'redis'})")
             # Started first and stopped last: workers need Redis to shut down.
-            group.adopt(start_redis(port, home / "redis", log_path=home / "redis.log"))
-            env[settings.REDIS_URL.env] = f"redis://127.0.0.1:{port}/0"
+            group.adopt(start_redis(port, home / "redis", log_path=home / "redis.log",
+                                    password=settings.embedded_redis_password()))
+            env[settings.REDIS_URL.env] = settings.redis_url()
         _say("preparing the model (the first run builds the demo model)")
         model, is_demo = served_model()
         env[settings.MODEL.env] = model
@@ -91,6 +88,9 @@ def run_up() -> int:
              f"password in {home / 'flower.auth'}), worker metrics on ports "
              f"{WORKER_METRICS_BASE}-{WORKER_METRICS_BASE + len(table.workers) - 1}; workers are "
              f"ready when GET /healthz answers 200. Ctrl-C stops everything.")
+        _say("API keys: `tailguard keys add NAME` prints one (send it as Authorization: Bearer "
+             "<key>); once one exists, every /v1/ call needs one. With none, the API serves "
+             "loopback only.")
         while not stop.is_set():
             exited = group.exited()
             if exited:

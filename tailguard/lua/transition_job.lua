@@ -8,6 +8,8 @@
 --   end_event                optional: terminal event data (a JSON text) for the job's stream
 --   stream_maxlen, finished_maxlen   approximate caps of the two streams
 --   fields: {name: string value}     set with the new state
+--   lane_keys: {queued, backlog}     the lane key names with %s for the lane (keys.py):
+--                                    a job leaving `queued` leaves its lane's backlog
 -- }
 -- -> {1, previous state} when moved; {0, current state} when not (false if no such job)
 local a = cjson.decode(ARGV[1])
@@ -21,6 +23,14 @@ if a.overdue_field then
   if not since or now <= since + a.grace_s then return {0, cur} end
 end
 redis.call('HSET', KEYS[1], 'status', a.to, a.to .. '_at', string.format('%.6f', now))
+if cur == 'queued' and a.lane_keys then
+  local lane, cost = redis.call('HGET', KEYS[1], 'lane'), redis.call('HGET', KEYS[1], 'cost')
+  -- ZREM says whether it was still counted (lane_load may have dropped it as lapsed)
+  if lane and cost and redis.call('ZREM', string.format(a.lane_keys.queued, lane),
+                                  cost .. ' ' .. KEYS[1]) == 1 then
+    redis.call('DECRBY', string.format(a.lane_keys.backlog, lane), cost)
+  end
+end
 for name, value in pairs(a.fields) do redis.call('HSET', KEYS[1], name, value) end
 if a.end_event then
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', a.stream_maxlen, '*', 'type', 'end', 'data', a.end_event)

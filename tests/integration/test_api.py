@@ -104,6 +104,17 @@ def test_bad_input_is_a_json_400(client, redis_client, body, status, code, field
     assert redis_client.dbsize() == 0  # nothing recorded, nothing queued
 
 
+@pytest.mark.parametrize("path", ["/v1/jobs", "/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_a_body_not_sent_as_json_is_a_415_and_never_read(client, redis_client, path, content_type):
+    # what a web page may POST cross-origin without a CORS preflight
+    resp = client.post(path, data=b'{"prompt": "hi", "model": "m", "messages": []}',
+                       **({"content_type": content_type} if content_type else {}))
+    assert resp.status_code == 415
+    assert resp.get_json()["error"]["code"] == "unsupported_media_type"
+    assert redis_client.dbsize() == 0
+
+
 def test_body_too_large_is_a_413(api_app, client):
     limit = api_app.config["MAX_CONTENT_LENGTH"]
     resp = client.post("/v1/jobs", data=b"x" * (limit + 1), content_type="application/json")
@@ -153,7 +164,8 @@ def test_api_never_imports_torch_or_vllm(tiny_model, redis_server):
     code = (
         "import sys\n"
         "from app import create_app\n"
-        f"c = create_app({{'TAILGUARD_MODEL': {tiny_model!r}, 'TAILGUARD_REDIS_URL': {redis_server!r}}})"
+        f"c = create_app({{'TAILGUARD_MODEL': {tiny_model!r}, 'TAILGUARD_REDIS_URL': {redis_server!r}, "
+        "'TAILGUARD_ADMIT_WITHOUT_WORKER': True})"
         ".test_client()\n"
         "assert c.post('/v1/jobs', json={'prompt': 'hi', 'max_tokens': 1}).status_code == 202\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'vllm', 'transformers'}))\n"

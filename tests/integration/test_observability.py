@@ -103,7 +103,8 @@ def test_request_log_has_one_line_per_finished_request(client, redis_client, gat
     assert set(line) == {"event", "id", "lane", "priority", "status", "prompt_tokens",
                          "requested_max_tokens", "max_tokens", "max_tokens_capped",
                          "completion_tokens", "finish_reason", "queued_s", "ttft_s", "e2e_s",
-                         "engine_s", "tpot_s", "worker", "error", "finished_at"}
+                         "engine_s", "tpot_s", "worker", "error", "finished_at", "api_key"}
+    assert line["api_key"] is None  # no key exists: authentication is off
     assert (line["id"], line["lane"], line["status"], line["worker"]) == \
         (job_id, "long", "succeeded", "short@test")
     assert (line["requested_max_tokens"], line["max_tokens"], line["max_tokens_capped"]) == \

@@ -38,6 +38,13 @@ def test_default_max_tokens_falls_back_to_min_of_256_and_cap():
     assert table["long"].effective_default_max_tokens == 256
 
 
+def test_a_lane_promises_its_max_wait_else_its_queue_ttl():
+    table = load_lanes(default_lanes_path())
+    assert table["short"].promised_wait_s == table["short"].max_wait_s < table["short"].queue_ttl_s
+    assert table["batch"].max_wait_s is None
+    assert table["batch"].promised_wait_s == table["batch"].queue_ttl_s
+
+
 def _with(path: str, value):
     data = tomllib.loads(default_lanes_path().read_text())
     node = data
@@ -62,6 +69,11 @@ def _with(path: str, value):
     ("lanes.short.max_tokns", 5, "lanes.short.max_tokns"),
     ("lanes.short.default_max_tokens", 100000, "lanes.short.default_max_tokens"),
     ("lanes.short.dedicated", "yes", "lanes.short.dedicated"),
+    ("lanes.short.max_backlog_tokens", 0, "lanes.short.max_backlog_tokens"),
+    ("lanes.short.max_backlog_tokens", 1.5, "lanes.short.max_backlog_tokens"),
+    ("lanes.short.max_backlog_tokens", 100, "lanes.short.max_backlog_tokens"),  # < max_model_len
+    ("lanes.short.max_wait_s", -1, "lanes.short.max_wait_s"),
+    ("lanes.short.max_wait_s", 61, "lanes.short.max_wait_s"),  # > queue_ttl_s
 ])
 def test_bad_lane_field_is_named(path, value, field):
     with pytest.raises(ConfigError) as err:

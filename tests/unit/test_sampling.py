@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from tailguard.errors import InvalidField
-from tailguard.sampling import (BY_NAME, FIELDS, MAX_TOKENS, as_float, as_int, field_names,
-                                parse_sampling, vllm_kwargs)
+from tailguard.sampling import (BY_NAME, FIELDS, MAX_SAMPLING_BYTES, MAX_STOP_CHARS, MAX_TOKENS,
+                                as_float, as_int, field_names, parse_sampling, vllm_kwargs)
 
 # name -> (accepted value, what it becomes), refused values
 CASES = {
@@ -16,7 +16,7 @@ CASES = {
     "temperature": ((0, 0.0), [-0.01, 2.01, "hot", True, None]),
     "top_p": ((1, 1.0), [0, -0.5, 1.01, False]),
     "top_k": ((-1, -1), [0, -2, 1.5, "5"]),
-    "stop": (("\n", ["\n"]), ["", ["a", 1], ["a", ""], ["a"] * 5, 3]),
+    "stop": (("\n", ["\n"]), ["", ["a", 1], ["a", ""], ["a"] * 5, 3, "x" * (MAX_STOP_CHARS + 1)]),
     "seed": ((-7, -7), [1.5, "1", True]),
     "ignore_eos": ((True, True), [1, "yes", None]),
     "min_tokens": ((0, 0), [-1, 0.5]),
@@ -105,3 +105,12 @@ def test_every_row_is_a_vllm_sampling_params_field():
     fields = {node.target.id for node in cls.body
               if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
     assert set(BY_NAME) <= fields
+
+
+def test_the_sampling_payload_is_bounded_as_a_whole():
+    longest = ["停" * MAX_STOP_CHARS] * 4  # each within bounds: 3 bytes a character
+    assert len(parse_sampling({"stop": longest[:1]}, "native")["stop"][0]) == MAX_STOP_CHARS
+    assert 4 * 3 * MAX_STOP_CHARS > MAX_SAMPLING_BYTES
+    with pytest.raises(InvalidField, match="bytes") as exc:
+        parse_sampling({"stop": longest}, "native")
+    assert exc.value.field == "stop"

@@ -1,0 +1,49 @@
+"""Each lane's load in Redis, shared by every API process: what admission decides on.
+
+* backlog: the cost tokens of the lane's queued jobs. A job enters it when it is
+  created and leaves it when it stops being queued, in the same Lua step as the
+  job record changes (tailguard/jobs.py); a job nobody settles leaves it when its
+  queue TTL lapses.
+* served: the cost tokens of the lane's requests that ran and finished, per
+  Redis-clock second, fed by the finished-request stream (one consumer group,
+  so each request counts once whichever API process reads it).
+"""
+
+from __future__ import annotations
+
+import redis
+
+from tailguard import keys, lua, settings
+from tailguard.admission import LaneLoad
+from tailguard.finished import FinishedRequest
+from tailguard.liveness import Liveness
+from tailguard.placement import request_cost
+
+
+class LaneLoadStore:
+    """Reads and feeds the lanes' load; stateless apart from the client."""
+
+    def __init__(self, client: redis.Redis, *,
+                 window_s: int = settings.RATE_WINDOW_S.default) -> None:
+        self.window_s = window_s
+        self.liveness = Liveness(client)
+        self._load = lua.Script(client, "clock", "lane_load")
+        self._served = lua.Script(client, "record_served")
+
+    def load(self, lane: str) -> LaneLoad:
+        backlog, served, _now = self._load(
+            [keys.lane_queued_key(lane), keys.lane_backlog_key(lane), keys.lane_served_key(lane)],
+            window_s=self.window_s)
+        return LaneLoad(backlog_tokens=int(backlog), served_tokens=int(served),
+                        window_s=float(self.window_s),
+                        live_workers=self.liveness.live_workers([lane])[lane])
+
+    def record(self, rec: FinishedRequest) -> None:
+        """Count a request that ran (a FinishedConsumer sink); one that never started is not
+        work the lane did."""
+        if rec.lane is None or rec.engine_s is None or rec.prompt_tokens is None \
+                or rec.max_tokens is None:
+            return
+        self._served([keys.lane_served_key(rec.lane)], second=int(rec.finished_at),
+                     tokens=request_cost(rec.prompt_tokens, rec.max_tokens),
+                     window_s=self.window_s)

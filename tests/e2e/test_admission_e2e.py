@@ -1,0 +1,42 @@
+"""Admission and API keys on the real system (workers, engines, gunicorn): a 202 carries the
+predicted start, and the official openai client authenticates with a key from `tailguard keys`."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from tailguard import keys
+from tailguard.apikeys import ApiKey, ApiKeyStore
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "tailguard-demo"
+
+
+def test_a_202_carries_the_predicted_start_and_the_job_runs(api):
+    resp = api.post("/v1/jobs", json={"prompt": "解释什么是Transformer", "max_tokens": 8})
+    assert resp.status_code == 202
+    job = resp.get_json()
+    assert job["lane"] == "short" and 0 <= job["estimated_start_s"] < 5
+    assert api.get(f"/v1/jobs/{job['id']}?wait=30").get_json()["status"] == "succeeded"
+
+
+@pytest.fixture
+def api_key(redis_client_noflush):
+    store = ApiKeyStore(redis_client_noflush)
+    try:
+        yield store.add(ApiKey("e2e", requests_per_min=1000))
+    finally:  # every other e2e test runs without keys: authentication off
+        redis_client_noflush.delete(keys.API_KEYS)
+
+
+def test_the_openai_client_authenticates_with_a_key(api_url, api_key):
+    client = openai.OpenAI(base_url=api_url + "/v1", api_key=api_key, max_retries=0, timeout=60)
+    raw = client.completions.with_raw_response.create(model=MODEL, prompt="解释什么是Transformer",
+                                                      max_tokens=4)
+    assert raw.parse().choices[0].text and float(raw.headers["x-tailguard-estimated-start-s"]) >= 0
+    wrong = openai.OpenAI(base_url=api_url + "/v1", api_key="tg-wrong", max_retries=0, timeout=60)
+    with pytest.raises(openai.AuthenticationError) as exc:
+        wrong.completions.create(model=MODEL, prompt="hi", max_tokens=4)
+    assert exc.value.code == "invalid_api_key"
