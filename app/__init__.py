@@ -17,7 +17,7 @@ _gateway_lock = threading.Lock()
 APP_SETTINGS = (settings.REDIS_URL, settings.MODEL, settings.SERVED_MODEL_NAME, settings.LANES_FILE,
                 settings.MAX_BODY_BYTES, settings.MAX_WAIT_S, settings.JOB_TTL_S,
                 settings.WORKER_LOST_GRACE_S, settings.STREAM_MAXLEN, settings.SSE_HEARTBEAT_S,
-                settings.STATS_RETENTION_S, settings.REQUEST_LOG)
+                settings.STATS_RETENTION_S, settings.REQUEST_LOG, settings.WORKER_HEARTBEAT_S)
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
@@ -29,7 +29,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     """
     app = Flask(__name__)
     app.config.from_mapping({s.env: s.get() for s in APP_SETTINGS}, JSON_SORT_KEYS=False,
-                            TAILGUARD_CONSUME_FINISHED=True)
+                            TAILGUARD_CONSUME_FINISHED=True, TAILGUARD_REAP_RUNNING=True)
     app.config[settings.REDIS_URL.env] = settings.redis_url()
     if test_config:
         app.config.update(test_config)
@@ -104,4 +104,10 @@ def _build_gateway(config: Mapping[str, Any]) -> Gateway:
     gateway.finished = FinishedConsumer(client, [log_request, metrics.observe, stats.record])
     if config["TAILGUARD_CONSUME_FINISHED"]:
         gateway.finished.start()
+    if config["TAILGUARD_REAP_RUNNING"]:
+        # Running jobs of dead workers end within seconds, read or not (workers reap too).
+        from tailguard.liveness import Liveness
+        from tailguard.reaper import Reaper
+
+        Reaper(store, Liveness(client), settings.WORKER_HEARTBEAT_S.get(config)).start()
     return gateway

@@ -78,9 +78,11 @@ def tiny_model() -> str:
 def api_app(tiny_model, redis_server):
     from app import create_app
 
-    # The finished-request consumer is driven by hand in tests (run_once), not by a thread.
+    # The finished-request consumer and the reaper are driven by hand in tests (run_once),
+    # not by threads (the workers' heartbeats reap dead peers).
     app = create_app({"TESTING": True, "TAILGUARD_MODEL": tiny_model,
-                      "TAILGUARD_REDIS_URL": redis_server, "TAILGUARD_CONSUME_FINISHED": False})
+                      "TAILGUARD_REDIS_URL": redis_server, "TAILGUARD_CONSUME_FINISHED": False,
+                      "TAILGUARD_REAP_RUNNING": False})
     return app
 
 
