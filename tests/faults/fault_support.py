@@ -42,8 +42,8 @@ class Worker:
     def engine_core_pid(self) -> int | None:
         """vLLM's engine-core process among this worker's children (None while it has none)."""
         for pid in children(self.proc.pid):
-            try:
-                if "EngineCore" in Path(f"/proc/{pid}/comm").read_text():
+            try:  # vLLM retitles it "VLLM::EngineCore" (comm cuts names at 15 characters)
+                if "EngineCore" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace"):
                     return pid
             except OSError:
                 continue

@@ -60,11 +60,12 @@ def new_core(worker: Worker, old: int | None) -> int:
 def test_engine_core_killed_under_load(db, api, worker):
     url, redis_client = db
     store = JobStore(redis_client)
+    core = worker.engine_core_pid()
     in_flight = [submit(api) for _ in range(2)]
     for job_id in in_flight:
         wait_streaming(redis_client, job_id)
+    os.kill(core, signal.SIGSTOP)  # frozen mid-generation, whatever the machine's speed
     queued = [submit(api, max_tokens=8) for _ in range(2)]
-    core = worker.engine_core_pid()
     os.kill(core, signal.SIGKILL)
     killed_at = time.monotonic()
     wait_for(lambda: lane_workers(api, "long") == 0, 10, "healthz: lane long withdrawn")
