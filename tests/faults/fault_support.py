@@ -95,6 +95,8 @@ def wait_serving(client, worker: Worker, lane: str = "long") -> None:
 
 
 def submit(client, max_tokens: int = 1500, **body) -> str:
+    """Queue a job on lane long (the one these workers serve): max_tokens above short's
+    cap of 64 (tests/lanes.test.toml) keeps it off lane short."""
     resp = client.post("/v1/jobs", json={"prompt": "fault", "max_tokens": max_tokens,
                                          "ignore_eos": True, **body})
     assert resp.status_code == 202, resp.get_json()

@@ -65,7 +65,7 @@ def test_engine_core_killed_under_load(db, api, worker):
     for job_id in in_flight:
         wait_streaming(redis_client, job_id)
     os.kill(core, signal.SIGSTOP)  # frozen mid-generation, whatever the machine's speed
-    queued = [submit(api, max_tokens=8) for _ in range(2)]
+    queued = [submit(api, max_tokens=100) for _ in range(2)]
     os.kill(core, signal.SIGKILL)
     killed_at = time.monotonic()
     wait_for(lambda: lane_workers(api, "long") == 0, 10, "healthz: lane long withdrawn")
@@ -112,7 +112,7 @@ def test_a_request_in_flight_during_two_engine_deaths_is_quarantined(db, api, wo
     # served again afterwards, and the poison request never ran a third time
     new_core(worker, second)
     wait_serving(api, worker)
-    ok = submit(api, max_tokens=8)
+    ok = submit(api, max_tokens=100)
     wait_for(lambda: store.status(ok) in TERMINAL, 60, "a new request served")
     assert store.status(ok) == "succeeded"
     assert store.get(job_id)["status"] == "failed"

@@ -68,7 +68,7 @@ def test_kill_9_of_a_worker_mid_generation(db, api, tiny_model, tmp_path):
 
         second = Worker("fresh", url, tiny_model, tmp_path)
         wait_serving(api, second)
-        new = submit(api, max_tokens=8)
+        new = submit(api, max_tokens=100)
         wait_for(lambda: store.status(new) in TERMINAL, 60, "new job done")
         assert store.status(new) == "succeeded"
         assert all(store.status(j) == "failed" for j in ids)  # nothing ran twice
