@@ -18,7 +18,8 @@ APP_SETTINGS = (settings.REDIS_URL, settings.MODEL, settings.SERVED_MODEL_NAME, 
                 settings.MAX_BODY_BYTES, settings.MAX_WAIT_S, settings.JOB_TTL_S,
                 settings.WORKER_LOST_GRACE_S, settings.STREAM_MAXLEN, settings.SSE_HEARTBEAT_S,
                 settings.STATS_RETENTION_S, settings.REQUEST_LOG, settings.RATE_WINDOW_S,
-                settings.PRIOR_TOKENS_PER_S, settings.ADMIT_WITHOUT_WORKER, settings.API_THREADS)
+                settings.PRIOR_TOKENS_PER_S, settings.ADMIT_WITHOUT_WORKER, settings.API_THREADS,
+                settings.WORKER_HEARTBEAT_S)
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
@@ -30,7 +31,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     """
     app = Flask(__name__)
     app.config.from_mapping({s.env: s.get() for s in APP_SETTINGS}, JSON_SORT_KEYS=False,
-                            TAILGUARD_CONSUME_FINISHED=True)
+                            TAILGUARD_CONSUME_FINISHED=True, TAILGUARD_REAP_RUNNING=True)
     app.config[settings.REDIS_URL.env] = settings.redis_url()
     if test_config:
         app.config.update(test_config)
@@ -139,4 +140,10 @@ def _build_gateway(config: Mapping[str, Any]) -> Gateway:
                                                  load.record])
     if config["TAILGUARD_CONSUME_FINISHED"]:
         gateway.finished.start()
+    if config["TAILGUARD_REAP_RUNNING"]:
+        # Running jobs of dead workers end within seconds, read or not (workers reap too).
+        from tailguard.liveness import Liveness
+        from tailguard.reaper import Reaper
+
+        Reaper(store, Liveness(client), settings.WORKER_HEARTBEAT_S.get(config)).start()
     return gateway

@@ -170,6 +170,13 @@ class EngineHost:
         """True once start() has returned and until shutdown()."""
         return self._engine is not None and not self._closed
 
+    @property
+    def dead(self) -> bool:
+        """True once a started engine has died (its engine-core process is gone): polled by
+        the worker, so a death is noticed even when no request is in the engine."""
+        engine = self._engine
+        return engine is not None and not self._closed and engine.errored
+
     def shutdown(self, timeout: float = 30) -> None:
         """Stop the engine, its core process and the loop thread; idempotent, never hangs.
 

@@ -27,18 +27,22 @@ one place (``app/errors.py``); workers map them to a terminal job state.
     │   └── NoLiveWorker                no_live_worker         503  no worker serves the lane now
     ├── ResultTimeout                   timeout                504  a waiting call gave up; the job goes on
     ├── EngineError                     engine_error           500  one request failed; job -> failed
-    │   └── EngineDeadError             engine_dead            500  the engine is gone; fatal for the worker
+    │   └── EngineDeadError             engine_dead            500  the engine is gone; the worker restarts it
     └── JobError                        job_error              500  why a job ended without a result:
         ├── JobExpired                  expired                503  waited in its queue past queue_ttl_s
         ├── JobCancelled                cancelled              409  DELETE, or the client went away
-        ├── WorkerLost                  worker_lost            500  no result long past the deadline
+        ├── WorkerLost                  worker_lost            500  its worker stopped heart-beating
+        ├── PoisonRequest               poison_request         422  in flight during two engine deaths
         ├── InternalJobError            internal_error         500  a bug in the task (the root's code too)
         └── EnqueueFailed               enqueue_failed         500  the broker did not take the message
 
 The root's code, ``internal_error``, is what any unexpected exception is
 answered with. ``RequestError``, ``Refused`` and ``Unavailable`` are recoverable
 by the caller (fix the request, retry after ``Retry-After``, retry later);
-``EngineDeadError`` is fatal for the worker process that raised it.
+``EngineDeadError`` is fatal for the
+engine that raised it (the worker restarts its engine). ``PoisonRequest`` is a
+4xx on purpose: clients (the openai library among them) retry 5xx answers on
+their own, and a request that took two engines down must not be sent again.
 
 A job that ends without a result keeps ``{"code", "message"}`` of one of the
 classes from ``EngineError`` down in its record (``to_dict``); ``error_class``
@@ -186,7 +190,7 @@ class EngineError(TailguardError):
 
 
 class EngineDeadError(EngineError):
-    """The engine process is gone; the worker cannot serve anything more."""
+    """The engine process is gone: the requests in it fail, and the worker restarts its engine."""
 
     code = "engine_dead"
 
@@ -211,6 +215,13 @@ class JobCancelled(JobError):
 
 class WorkerLost(JobError):
     code = "worker_lost"
+
+
+class PoisonRequest(JobError):
+    """The request was in flight when the engine died, twice: it is quarantined, never run again."""
+
+    code = "poison_request"
+    http_status = 422
 
 
 class InternalJobError(JobError):

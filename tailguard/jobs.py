@@ -15,9 +15,12 @@ that loses a race (the job was cancelled or expired meanwhile) does nothing and
 says so, which is what lets a late Celery SUCCESS never overwrite a terminal
 state and makes a redelivered task a no-op.
 
-The API settles overdue jobs when it reads them (queued past its queue TTL ->
-expired, running far past its deadline -> failed/worker_lost), so no accepted
-request can stay "queued" or "running" forever even if every worker is gone.
+The same step keeps the index of running jobs (``keys.RUNNING_JOBS``: job ->
+worker), which the reaper (tailguard/reaper.py) reads to fail, within seconds, the
+jobs of a worker that stopped heart-beating. As a backstop the API also settles
+overdue jobs when it reads them (queued past its queue TTL -> expired, running far
+past its deadline -> failed/worker_lost), so no accepted request can stay "queued"
+or "running" forever even if every worker is gone.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ _JSON_FIELDS = ("result", "error", "sampling", "timing")
 _FLOAT_FIELDS = ("submitted_at", "expires_at", "deadline_s", "queued_at", "running_at",
                  "succeeded_at", "failed_at", "expired_at", "cancelled_at", "ttft_s")
 _INT_FIELDS = ("prompt_tokens", "max_tokens", "requested_max_tokens", "completion_tokens", "cost",
-               "engine_prompt_tokens")
+               "engine_prompt_tokens", "engine_deaths")
 
 
 #: the lane keys transition_job.lua leaves when a job stops being queued (%s: the lane)
@@ -132,10 +135,21 @@ class JobStore:
         if to in TERMINAL:
             args["end_event"] = json.dumps(end_event_data(to, fields), ensure_ascii=False)
         moved, state = self._transition(
-            [keys.job_key(job_id), keys.job_stream_key(job_id), keys.FINISHED_STREAM], **args)
+            [keys.job_key(job_id), keys.job_stream_key(job_id), keys.FINISHED_STREAM,
+             keys.RUNNING_JOBS], **args)
         if isinstance(state, bytes):
             state = state.decode()
         return bool(moved), state or None
+
+    def running(self) -> dict[str, str]:
+        """Every running job's id -> the worker running it."""
+        return {keys.job_id_of(k.decode() if isinstance(k, bytes) else k):
+                w.decode() if isinstance(w, bytes) else w
+                for k, w in self.redis.hgetall(keys.RUNNING_JOBS).items()}
+
+    def unindex(self, job_id: str) -> None:
+        """Drop a job whose record has expired from the running index (nothing else can)."""
+        self.redis.hdel(keys.RUNNING_JOBS, keys.job_key(job_id))
 
     def status(self, job_id: str) -> str | None:
         """Just the state: what a running task polls to notice a cancel."""

@@ -25,10 +25,23 @@ def job_stream_key(job_id: str) -> str:
     return job_key(job_id) + ":stream"
 
 
+def job_id_of(key: str) -> str:
+    """The job id inside a job hash's key (the finished stream and the running index hold keys)."""
+    return key.rsplit(":", 1)[-1]
+
+
 def lane_workers_key(lane: str) -> str:
     """Sorted set of live workers serving `lane`, scored by when their heartbeat lapses."""
     return f"{PREFIX}:lane:{lane}:workers"
 
+
+WORKERS = f"{PREFIX}:workers"
+"""Sorted set of live worker processes, scored by when their heartbeat lapses: a worker is
+in it while its process runs, engine up or not (the reaper reads it)."""
+
+RUNNING_JOBS = f"{PREFIX}:running"
+"""Hash of every running job: its job key -> the worker running it. Kept by the job
+transition script in the same step as the state, so it never disagrees with the records."""
 
 FINISHED_STREAM = f"{PREFIX}:finished"
 """Stream of every job that reached a terminal state (one entry each), for the gateway's

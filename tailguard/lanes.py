@@ -286,6 +286,21 @@ def load_lanes(path: str | Path | None = None) -> LaneTable:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}", field=settings.LANES_FILE.env) from None
     try:
-        return parse_lanes(data)
+        table = parse_lanes(data)
+        check_job_ttl(table, settings.JOB_TTL_S.get(), settings.WORKER_LOST_GRACE_S.get())
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc.message}", field=exc.field) from None
+    return table
+
+
+def check_job_ttl(table: LaneTable, job_ttl_s: float, grace_s: float) -> None:
+    """A job record must outlive its longest legitimate life in every lane (queue wait +
+    deadline + the worker-lost grace): one that expires first vanishes mid-run, and its
+    late end is announced for a record nobody can read."""
+    for lane in table.lanes:
+        need = lane.queue_ttl_s + lane.deadline_s + grace_s
+        if job_ttl_s <= need:
+            raise ConfigError(
+                f"{settings.JOB_TTL_S.env}={job_ttl_s:g} must exceed lane {lane.name!r}'s "
+                f"queue_ttl_s + deadline_s + {settings.WORKER_LOST_GRACE_S.env} = {need:g} s",
+                field=settings.JOB_TTL_S.env)

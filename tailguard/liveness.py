@@ -1,9 +1,17 @@
-"""Which workers serve which lane, now: what GET /healthz reads.
+"""Which workers are alive, and which serve which lane, now.
 
-A worker whose engine is up refreshes one heartbeat per lane it serves: a member
-of the lane's sorted set (``keys.lane_workers_key``) scored by when it lapses,
-on the Redis clock. A worker that stops withdraws its members; one that dies
-lapses after a few missed periods. Readers drop lapsed members as they count.
+Two heartbeats, both members of sorted sets scored by when they lapse, on the
+Redis clock:
+
+* per worker process (``keys.WORKERS``): refreshed while the process runs,
+  engine up or not; the reaper (tailguard/reaper.py) ends the running jobs of a
+  worker that lapsed.
+* per lane (``keys.lane_workers_key``): refreshed only while the worker's engine
+  is up and warm; what GET /healthz reads. A worker withdraws it the moment its
+  engine dies and advertises again once a new engine has warmed up.
+
+A worker that stops withdraws its members; one that dies lapses after a few
+missed periods. Readers drop lapsed members as they read.
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ import redis
 
 from tailguard import keys, lua
 
+
 class Liveness:
     """Worker heartbeats per lane in one Redis; stateless apart from the client."""
 
@@ -19,6 +28,7 @@ class Liveness:
         self.redis = client
         self._heartbeat = lua.Script(client, "clock", "heartbeat")
         self._live = lua.Script(client, "clock", "live_workers")
+        self._members = lua.Script(client, "clock", "live_members")
 
     def heartbeat(self, lanes: list[str], worker: str, ttl_s: float) -> None:
         """Mark `worker` as serving `lanes` for the next `ttl_s` seconds."""
@@ -29,6 +39,18 @@ class Liveness:
         """Withdraw `worker` from `lanes` at once (a clean stop need not wait for the lapse)."""
         for lane in lanes:
             self.redis.zrem(keys.lane_workers_key(lane), worker)
+
+    def worker_alive(self, worker: str, ttl_s: float) -> None:
+        """Mark the `worker` process as alive for the next `ttl_s` seconds."""
+        self._heartbeat([keys.WORKERS], worker=worker, ttl_s=ttl_s)
+
+    def forget_worker(self, worker: str) -> None:
+        """A clean stop: `worker` is gone now (it has no running job left to reap)."""
+        self.redis.zrem(keys.WORKERS, worker)
+
+    def alive_workers(self) -> set[str]:
+        """The worker processes whose heartbeat has not lapsed."""
+        return {m.decode() if isinstance(m, bytes) else m for m in self._members([keys.WORKERS])}
 
     def live_workers(self, lanes: list[str]) -> dict[str, int]:
         """How many workers serve each lane now."""

@@ -1,6 +1,9 @@
 """The lifecycle of one generation job on a worker, free of Celery.
 
-    queued ──(still wanted?)──► running ──► succeeded | failed | cancelled
+    queued ──(still wanted? engine up?)──► running ──► succeeded | failed | cancelled
+                                             │  ▲
+                                             └──┘ engine died before its first token:
+                                                  once, on the restarted engine
 
 A job may have ended before its worker reaches it (a prefetched message can
 wait in the thread pool past its queue TTL; the client may cancel; a
@@ -8,8 +11,23 @@ redelivered duplicate finds it already running or done). Every such race ends
 in ``JobSkipped``: the job record already says how the job ended, and the
 caller must record nothing over it (the Celery task raises ``Ignore``).
 Otherwise the job runs on the worker's engine, its text goes to the job's
-stream as it comes, a cancel is noticed while it runs, and the job ends in a
-terminal state the client can read on every path.
+stream as it comes, a cancel (or any other end, e.g. the reaper's) is noticed
+while it runs, and the job ends in a terminal state the client can read on every path.
+
+A job is marked running only once the engine is up and warm: a task that arrives
+while the engine starts or restarts waits for it with the job still queued.
+
+When the engine dies under a job (EngineDeadError), the worker restarts it
+(tailguard/engine_keeper.py) and the job's engine deaths are counted in its record
+(``engine_deaths``). Delivery semantics:
+
+* a job that had streamed no token yet is run once more, by the same task, on the
+  restarted engine (it stays ``running`` meanwhile, so the reaper still covers it if
+  the whole worker dies); the client sees nothing of the first try;
+* a job that had streamed text fails with ``engine_dead``: its stream cannot be
+  taken back, so running it again would show the client two beginnings;
+* a job in flight during a second engine death fails with ``poison_request`` and is
+  never run again, whatever it streamed: it is the likeliest cause.
 """
 
 from __future__ import annotations
@@ -19,17 +37,26 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from tailguard.engine import GenerationResult
-from tailguard.errors import EngineError, InternalJobError, JobCancelled, JobExpired
+from tailguard.errors import (EngineDeadError, EngineError, InternalJobError, JobCancelled,
+                              JobExpired, PoisonRequest)
 from tailguard.jobs import CANCELLED, EXPIRED, FAILED, QUEUED, RUNNING, SUCCEEDED, JobStore
 from tailguard.stream import DeltaWriter
 
 log = logging.getLogger("tailguard.task")
 
 QUEUE_TTL_PASSED = "the request waited in its lane's queue past queue_ttl_s"
+#: A job in flight during this many engine deaths is quarantined (poison_request).
+POISON_DEATHS = 2
+INTERNAL_ERROR_MESSAGE = "internal error while running the request; it has been logged"
 
 
 class JobSkipped(Exception):
     """The job is no longer this run's to finish: its record already says how it ended."""
+
+
+class NoEngine(Exception):
+    """The worker gave up on its engine before the job started: the job is still queued,
+    and its message belongs back in the lane's queue for another worker."""
 
 
 @dataclass(frozen=True)
@@ -57,17 +84,21 @@ class Engine(Protocol):
 class JobRunner:
     """Runs generation jobs of one worker; shared by its task threads.
 
-    ``engine`` is called once per job for the engine to run it on: the worker hands
-    its engine out only once it has started and warmed up (and raises EngineDeadError
-    if it cannot). ``writer_for`` builds the stream writer of a job.
+    ``engine`` is called for the engine to run a job on: the worker hands its engine
+    out only once it is up and warm, waits while it restarts, and raises
+    EngineDeadError if it has given up. ``engine_died`` is told which engine died
+    under a job (the worker withdraws its lanes and restarts it). ``writer_for``
+    builds the stream writer of a job.
     """
 
     def __init__(self, engine: Callable[[], Engine], store: JobStore,
-                 writer_for: Callable[[str], DeltaWriter], worker: str) -> None:
+                 writer_for: Callable[[str], DeltaWriter], worker: str,
+                 engine_died: Callable[[Engine], None] = lambda engine: None) -> None:
         self.engine = engine
         self.store = store
         self.writer_for = writer_for
         self.worker = worker
+        self.engine_died = engine_died
 
     def expire(self, job_id: str, *, only_if_overdue: bool = True) -> bool:
         """End a still-queued job as expired; True if this call did.
@@ -83,42 +114,93 @@ class JobRunner:
         """Run `job` to its end and return its result body.
 
         Raises JobSkipped when the job ended elsewhere (see the module docstring),
-        EngineError (EngineDeadError: the worker cannot go on) after recording the job
-        failed, and any other exception after recording it failed as internal_error.
+        NoEngine when the worker gave up on its engine before the job started (the job
+        is still queued), EngineError after recording the job failed, and any other
+        exception after recording it failed as internal_error.
         """
         store, job_id = self.store, job.job_id
         if self.expire(job_id):
             raise JobSkipped(f"job {job_id} expired in the queue")
-        moved, state = store.transition(job_id, {QUEUED}, RUNNING, {"worker": self.worker})
-        if not moved:
-            log.info("job %s is %s, not queued: skipping", job_id, state)
-            raise JobSkipped(f"job {job_id} is {state}")
+        deaths = 0
+        while True:
+            try:
+                engine = self.engine()
+            except EngineDeadError as exc:
+                if deaths == 0:
+                    raise NoEngine(str(exc)) from exc
+                self._fail(job_id, exc)  # waiting to run it again, the worker gave up
+                raise
+            if deaths == 0:
+                # the wait for a cold engine may have outlasted the job's queue TTL
+                if self.expire(job_id):
+                    raise JobSkipped(f"job {job_id} expired in the queue")
+                moved, state = store.transition(job_id, {QUEUED}, RUNNING, {"worker": self.worker})
+            else:
+                moved, state = store.transition(job_id, {RUNNING}, RUNNING, {"worker": self.worker})
+            if not moved:
+                log.info("job %s is %s, not %s: skipping", job_id, state,
+                         QUEUED if deaths == 0 else RUNNING)
+                raise JobSkipped(f"job {job_id} is {state}")
+            streamed: list[bool] = []
+            try:
+                return self._generate(engine, job, on_first_token=lambda: streamed.append(True))
+            except EngineDeadError as exc:
+                deaths += 1
+                self.engine_died(engine)
+                if deaths >= POISON_DEATHS:
+                    log.error("job %s was in flight during %d engine deaths: quarantined",
+                              job_id, deaths)
+                    self._fail(job_id, PoisonRequest(
+                        f"the engine died {deaths} times while running this request; it is "
+                        "quarantined and will not be run again"), engine_deaths=deaths)
+                    raise
+                if streamed:
+                    self._fail(job_id, exc, engine_deaths=deaths)
+                    raise
+                log.warning("job %s: the engine died before its first token; it runs again "
+                            "on the restarted engine", job_id)
+                moved, state = store.transition(job_id, {RUNNING}, RUNNING,
+                                                {"engine_deaths": deaths})
+                if not moved:
+                    raise JobSkipped(f"job {job_id} is {state}") from exc
 
+    def _fail(self, job_id: str, exc: EngineError, **fields: Any) -> None:
+        self.store.transition(job_id, {RUNNING}, FAILED, {"error": exc.to_dict(), **fields})
+
+    def _generate(self, engine: Engine, job: GenerationJob,
+                  on_first_token: Callable[[], None]) -> dict[str, Any]:
+        """One run of a running job on `engine`, to its terminal state (see run)."""
+        store, job_id = self.store, job.job_id
         writer = self.writer_for(job_id)
 
         def should_cancel() -> bool:
             # Polled every ~50 ms on this thread while the engine works: a good moment to
-            # write a batch of deltas that is due even if no new token arrived.
+            # write a batch of deltas that is due even if no new token arrived. Any state
+            # but running (cancelled, reaped, expired record) means nobody wants the rest.
             writer.tick()
-            return store.status(job_id) == CANCELLED
+            return store.status(job_id) != RUNNING
 
         try:
-            result = self.engine().generate(
+            result = engine.generate(
                 job_id, job.prompt, {**job.sampling, "max_tokens": job.max_tokens},
                 deadline_s=job.deadline_s, on_delta=writer.add, should_cancel=should_cancel,
-                add_special_tokens=job.add_special_tokens)
+                on_first_token=on_first_token, add_special_tokens=job.add_special_tokens)
             writer.flush()
+        except EngineDeadError:
+            writer.flush()
+            raise  # run() decides: run again, engine_dead or poison_request
         except EngineError as exc:
-            store.transition(job_id, {RUNNING}, FAILED, {"error": exc.to_dict()})
+            self._fail(job_id, exc)
             raise
-        except Exception as exc:
-            # A bug must not leave the job "running" until worker_lost settles it.
-            store.transition(job_id, {RUNNING}, FAILED, {
-                "error": InternalJobError(f"{type(exc).__name__}: {exc}").to_dict()})
+        except Exception:
+            # A bug must not leave the job "running" until it is reaped; its text (which
+            # may quote the prompt) goes to the log with the job id, never to the client.
+            log.exception("job %s failed with an internal error", job_id)
+            self._fail(job_id, InternalJobError(INTERNAL_ERROR_MESSAGE))
             raise
         if result.finish_reason == "cancelled":
-            # Aborted in the engine because the job was cancelled (DELETE, client gone):
-            # the cancel already ended the job; this only covers an abort from elsewhere.
+            # Aborted in the engine because the job ended (DELETE, client gone, reaped):
+            # that already ended the job; this only covers an abort from elsewhere.
             store.transition(job_id, {RUNNING}, CANCELLED, {
                 "error": JobCancelled("the request was aborted in the engine").to_dict()})
             raise JobSkipped(f"job {job_id} was aborted in the engine")

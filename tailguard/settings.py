@@ -103,14 +103,17 @@ MAX_BODY_BYTES = Setting(
 MAX_WAIT_S = Setting(
     "TAILGUARD_MAX_WAIT_S", 60.0, float, "Upper bound of GET /v1/jobs/<id>?wait=S.")
 JOB_TTL_S = Setting(
-    "TAILGUARD_JOB_TTL_S", 86400, int,
-    "How long a job record (and its result) is kept after submission, in seconds.")
+    "TAILGUARD_JOB_TTL_S", 172800, int,
+    "How long a job record (and its result) is kept after submission, in seconds. Must exceed "
+    "every lane's queue_ttl_s + deadline_s + TAILGUARD_WORKER_LOST_GRACE_S (checked at load).")
 WORKER_LOST_GRACE_S = Setting(
     "TAILGUARD_WORKER_LOST_GRACE_S", 30.0, float,
     "A running job with no result this long past its lane deadline is failed as worker_lost.")
 WORKER_HEARTBEAT_S = Setting(
-    "TAILGUARD_WORKER_HEARTBEAT_S", 5.0, float,
-    "How often a worker refreshes its liveness key for GET /healthz; the key lives 3x this.")
+    "TAILGUARD_WORKER_HEARTBEAT_S", 1.5, float,
+    "How often a worker refreshes its heartbeats (its process's, read by the reaper; its lanes', "
+    "read by GET /healthz) and reaps dead peers; each lapses 3x this after it was written, and a "
+    "dead worker's running jobs fail as worker_lost within ~5x this.")
 
 STREAM_FLUSH_S = Setting(
     "TAILGUARD_STREAM_FLUSH_S", 0.05, float,

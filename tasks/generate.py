@@ -4,7 +4,8 @@ A task name per lane makes Celery's per-task `rate_limit` (and Flower's task
 view) per lane. The body adapts Celery to tailguard/runner.py, which owns the
 job's lifecycle: a job that ended elsewhere (cancelled, expired, a redelivered
 duplicate) ends the task with `Ignore`, so Celery never overwrites what the job
-record says, and a dead engine stops the worker.
+record says; a job whose worker gave up on its engine before the job started goes
+back to its lane's queue (`Reject(requeue=True)`) for another worker.
 """
 
 from __future__ import annotations
@@ -12,11 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Task
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Reject
 
-from tailguard.errors import EngineDeadError
 from tailguard.lanes import load_lanes
-from tailguard.runner import GenerationJob, JobSkipped
+from tailguard.runner import GenerationJob, JobSkipped, NoEngine
 from tasks.celery import app
 from tasks.worker import WorkerRuntime
 
@@ -28,13 +28,14 @@ def _register(lane_name: str) -> None:
                  add_special_tokens: bool = True) -> dict[str, Any]:
         runtime = WorkerRuntime.of(self.app)
         try:
-            return runtime.runner.run(GenerationJob(job_id, prompt, max_tokens, sampling,
+            body = runtime.runner.run(GenerationJob(job_id, prompt, max_tokens, sampling,
                                                     deadline_s, add_special_tokens))
         except JobSkipped:
             raise Ignore()
-        except EngineDeadError:
-            runtime.stop_worker()
-            raise
+        except NoEngine:
+            raise Reject(requeue=True)
+        # Celery logs a task's return value at INFO: the text stays in the job record.
+        return {k: v for k, v in body.items() if k != "text"}
 
 
 for _lane in load_lanes():

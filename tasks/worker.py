@@ -5,19 +5,24 @@ consumer is ready it builds a WorkerRuntime and attaches it to the Celery app,
 where the tasks reach it (`WorkerRuntime.of(task.app)`). The runtime hosts one
 EngineHost built from those lanes' engine settings: it starts the engine, runs a
 warm-up on it (tailguard/warmup.py), and only then advertises the lanes in Redis
-with a heartbeat, which is what GET /healthz reads. An engine that fails to start
-or to warm up makes the worker exit non-zero instead of serving. worker_shutdown
-shuts the engine down: without that a warm shutdown hangs on vLLM's engine-core
-process.
+with a heartbeat, which is what GET /healthz reads. An engine that dies is restarted
+in-process (tailguard/engine_keeper.py): the lanes are withdrawn from /healthz at
+once and advertised again once the new engine has warmed up. An engine that fails
+its first start or warm-up, or does not come back after a death, makes the worker
+exit non-zero instead of serving. The worker's own heartbeat runs from setup on,
+engine up or not, and every heartbeat also reaps the running jobs of dead peers
+(tailguard/reaper.py). worker_shutdown shuts the engine down: without that a warm
+shutdown hangs on vLLM's engine-core process.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import redis
 from celery import Celery, signals
@@ -26,16 +31,18 @@ from celery.worker import state as worker_state
 from celery.worker.control import inspect_command
 
 from tailguard import settings
-from tailguard.errors import EngineDeadError
+from tailguard.engine_keeper import IDLE, SERVING, EngineKeeper
 from tailguard.jobs import JobStore
 from tailguard.lanes import Lane, LaneTable, check_worker_lanes, engine_settings_for, load_lanes
 from tailguard.liveness import Liveness
 from tailguard.modelinfo import model_max_len, serving_dtype
+from tailguard.reaper import LAPSE_PERIODS, Reaper
 from tailguard.runner import JobRunner
 from tailguard.stream import DeltaWriter
 
 if TYPE_CHECKING:  # tailguard.engine's users import vLLM only when an engine starts
-    from tailguard.engine import EngineHost
+    from tailguard.engine import EngineConfig, EngineHost
+    from tailguard.engine_stats import HostStats
 
 log = logging.getLogger("tailguard.worker")
 
@@ -52,19 +59,20 @@ class WorkerRuntime:
     lanes: list[Lane]
     store: JobStore
     liveness: Liveness
-    engine: EngineHost
-    #: True for a real worker: an engine that cannot serve stops the process non-zero.
-    exit_on_engine_failure: bool = False
-    engine_error: BaseException | None = None
-    #: Set once the lanes may be advertised: the engine is warm, failed, or starts lazily.
-    ready: threading.Event = field(default_factory=threading.Event)
+    #: builds a fresh (unstarted) EngineHost for these lanes: the first, and each restart's
+    build_engine: Callable[[], EngineHost]
     stopping: threading.Event = field(default_factory=threading.Event)
+    keeper: EngineKeeper[EngineHost] = field(init=False)
     runner: JobRunner = field(init=False)
-    _start_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _warm: bool = False
+    #: held while the lanes' heartbeat is written or withdrawn, so a heartbeat in progress
+    #: never re-advertises an engine that has just died
+    _advert_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
-        self.runner = JobRunner(self.ready_engine, self.store, self._writer_for, self.hostname)
+        self.keeper = EngineKeeper(self.build_engine, self._warm_up, on_up=self.advertise,
+                                   on_down=self.withdraw, on_give_up=self._give_up)
+        self.runner = JobRunner(self.ready_engine, self.store, self._writer_for, self.hostname,
+                                engine_died=self.keeper.died)
 
     @staticmethod
     def of(app: Celery) -> WorkerRuntime:
@@ -78,46 +86,55 @@ class WorkerRuntime:
     def lane_names(self) -> list[str]:
         return [l.name for l in self.lanes]
 
-    def start_engine(self) -> None:
-        """Start the engine and warm it up, once: later and concurrent callers wait for
-        that one attempt (a task must not run, nor warm up again, beside it)."""
-        from tailguard.tokens import PromptCounter
-        from tailguard.warmup import exact_length_prompts, failure_message, warm_up
+    @property
+    def engine(self) -> EngineHost | None:
+        """The latest engine host (serving, starting or dead); None before the first start."""
+        return self.keeper.host
 
-        config = self.engine.config
-        with self._start_lock:
-            if self._warm or self.engine_error is not None:
-                return
-            try:
-                self.engine.start()
-                log.info("%s", warm_up(self.engine,
-                                       exact_length_prompts(PromptCounter(config.model))).describe())
-                self._warm = True
-            except BaseException as exc:  # noqa: BLE001 - reported to every task and to the log
-                self.engine_error = exc
-                if self.exit_on_engine_failure:
-                    # Before the waiting tasks fail: they must not ask for a second shutdown.
-                    self.stopping.set()
-                    log.critical("%s", failure_message(config.model, config.dtype, exc))
-                    _exit_worker()
-                else:
-                    log.exception("engine failed to start; this worker will fail its tasks")
-            finally:
-                self.ready.set()
+    @property
+    def serving(self) -> bool:
+        """Whether /healthz may count this worker: its engine is up and warm, or (a worker
+        set up without eager_engine) will start with the first task."""
+        return self.keeper.state in (SERVING, IDLE) and not self.stopping.is_set()
 
     def ready_engine(self) -> EngineHost:
-        """The started, warmed-up engine, for a task about to generate; starts it if nobody has."""
-        self.start_engine()
-        if self.engine_error is not None:
-            raise EngineDeadError(f"the engine failed to start: {self.engine_error}")
-        return self.engine
+        """The up and warm engine, for a task about to generate: starts it if nobody has,
+        waits while it (re)starts; EngineDeadError once the worker has given up on it."""
+        return self.keeper.get()
 
-    def stop_worker(self) -> None:
-        """The engine died under a task: stop this worker so it can be restarted."""
-        if self.stopping.is_set():
-            return
-        log.critical("engine is dead; stopping this worker so it can be restarted")
-        self.app.control.shutdown(destination=[self.hostname])
+    def advertise(self) -> None:
+        """Tell /healthz this worker serves its lanes (refreshed every heartbeat)."""
+        with self._advert_lock:
+            if self.serving:
+                self.liveness.heartbeat(self.lane_names, self.hostname, ttl_s=_lapse_s())
+
+    def withdraw(self) -> None:
+        """The engine is down: /healthz must not count this worker for its lanes, now."""
+        with self._advert_lock:
+            try:
+                self.liveness.forget(self.lane_names, self.hostname)
+            except redis.RedisError as exc:  # the heartbeat lapses on its own
+                log.warning("could not withdraw the lanes' heartbeat: %s", exc)
+
+    def _warm_up(self, engine: EngineHost) -> None:
+        from tailguard.tokens import PromptCounter
+        from tailguard.warmup import exact_length_prompts, warm_up
+
+        log.info("%s", warm_up(engine, exact_length_prompts(PromptCounter(engine.config.model)))
+                 .describe())
+
+    def _give_up(self, exc: BaseException) -> None:
+        """The engine cannot serve (its first start failed, or it never came back after a
+        death): stop this worker non-zero, so its supervisor can restart it."""
+        from tailguard.warmup import failure_message
+
+        self.stopping.set()
+        self.withdraw()
+        engine = self.engine
+        config = engine.config if engine is not None else None
+        log.critical("%s", failure_message(config.model, config.dtype, exc) if config
+                     else f"the engine cannot serve, so this worker exits: {exc}")
+        _exit_worker()
 
     def _writer_for(self, job_id: str) -> DeltaWriter:
         return DeltaWriter(self.store.redis, job_id, flush_s=settings.STREAM_FLUSH_S.get(),
@@ -137,9 +154,10 @@ def setup(app: Celery, hostname: str, queue_names: list[str], *,
     """Build this process's runtime for the lanes behind `queue_names` and attach it to `app`.
 
     With eager_engine the engine starts and warms up now, in the background, and the
-    lanes are advertised to /healthz once it has (or the worker exits non-zero if it
-    cannot); otherwise it starts with the first task that needs it (the integration
-    tests use this to run a real worker with no engine).
+    lanes are advertised to /healthz once it has; otherwise it starts with the first
+    task that needs it (the integration tests use this to run a real worker with no
+    engine). Either way an engine that cannot serve makes the worker exit non-zero.
+    The worker's own heartbeat (and its reaping of dead peers) starts at once.
     """
     lanes = _lanes_for_queue_names(load_lanes(), queue_names)
     with _attach_lock:
@@ -149,24 +167,23 @@ def setup(app: Celery, hostname: str, queue_names: list[str], *,
         client = redis.Redis.from_url(settings.redis_url(), socket_connect_timeout=5,
                                       health_check_interval=30)
         store = JobStore.from_settings(client)
+        from tailguard.engine import EngineHost
+
         runtime = WorkerRuntime(app=app, hostname=hostname, lanes=lanes, store=store,
-                                liveness=Liveness(client), engine=build_engine(lanes),
-                                exit_on_engine_failure=eager_engine)
+                                liveness=Liveness(client),
+                                build_engine=functools.partial(EngineHost, engine_config(lanes)))
         setattr(app, _APP_ATTR, runtime)
     _serve_metrics(runtime)
     if eager_engine:
-        threading.Thread(target=runtime.start_engine, name="tailguard-engine-start",
-                         daemon=True).start()
-    else:
-        runtime.ready.set()
+        runtime.keeper.start()
     threading.Thread(target=_heartbeat_loop, args=(runtime,), name="tailguard-heartbeat",
                      daemon=True).start()
     return runtime
 
 
-def build_engine(lanes: list[Lane]) -> EngineHost:
-    """The EngineHost for a worker serving `lanes` (largest batch and context among them)."""
-    from tailguard.engine import EngineConfig, EngineHost
+def engine_config(lanes: list[Lane]) -> EngineConfig:
+    """The engine of a worker serving `lanes` (largest batch and context among them)."""
+    from tailguard.engine import EngineConfig
 
     model = settings.MODEL.get()
     if not model:
@@ -176,8 +193,8 @@ def build_engine(lanes: list[Lane]) -> EngineHost:
     limit = model_max_len(model)
     if limit is not None:
         max_len = min(max_len, limit)
-    return EngineHost(EngineConfig(model=model, max_num_seqs=max_num_seqs, max_model_len=max_len,
-                                   dtype=serving_dtype(model, settings.DTYPE.get())))
+    return EngineConfig(model=model, max_num_seqs=max_num_seqs, max_model_len=max_len,
+                        dtype=serving_dtype(model, settings.DTYPE.get()))
 
 
 def teardown(app: Celery) -> None:
@@ -188,11 +205,12 @@ def teardown(app: Celery) -> None:
             return
         setattr(app, _APP_ATTR, None)
     runtime.stopping.set()
+    runtime.withdraw()
     try:
-        runtime.liveness.forget(runtime.lane_names, runtime.hostname)
+        runtime.liveness.forget_worker(runtime.hostname)
     except redis.RedisError:
         pass
-    runtime.engine.shutdown()
+    runtime.keeper.stop()
 
 
 def _exit_worker() -> None:
@@ -211,7 +229,7 @@ def _serve_metrics(runtime: WorkerRuntime) -> None:
 
     from tailguard.metrics import WorkerCollector
 
-    REGISTRY.register(WorkerCollector(runtime.hostname, runtime.engine.stats))
+    REGISTRY.register(WorkerCollector(runtime.hostname, lambda: _engine_stats(runtime)))
     addr = settings.WORKER_METRICS_ADDR.get()
     start_http_server(port, addr=addr)
     log.info("metrics on http://%s:%d/metrics", addr, port)
@@ -223,13 +241,30 @@ def _lanes_for_queue_names(table: LaneTable, names: list[str]) -> list[Lane]:
     return lanes
 
 
+def _lapse_s() -> float:
+    return settings.WORKER_HEARTBEAT_S.get() * LAPSE_PERIODS
+
+
+def _engine_stats(runtime: WorkerRuntime) -> HostStats:
+    """The current engine host's counters (a restarted engine starts from zero)."""
+    from tailguard.engine_stats import HostStats
+
+    engine = runtime.engine
+    return engine.stats() if engine is not None else HostStats()
+
+
 def _heartbeat_loop(runtime: WorkerRuntime) -> None:
-    """Advertise the lanes as served once the engine is up and warm (read by GET /healthz)."""
-    runtime.ready.wait()
+    """Every period: this process is alive (read by reapers), its lanes are served while
+    its engine is (read by GET /healthz), its engine is checked for a death nobody saw,
+    and the running jobs of dead peers are reaped."""
     period = settings.WORKER_HEARTBEAT_S.get()
-    while runtime.engine_error is None and not runtime.stopping.is_set():
+    reaper = Reaper(runtime.store, runtime.liveness, period)
+    while not runtime.stopping.is_set():
         try:
-            runtime.liveness.heartbeat(runtime.lane_names, runtime.hostname, ttl_s=period * 3)
+            runtime.liveness.worker_alive(runtime.hostname, ttl_s=_lapse_s())
+            runtime.keeper.check()
+            runtime.advertise()
+            reaper.run_once()
         except redis.RedisError as exc:
             log.warning("heartbeat failed: %s", exc)
         runtime.stopping.wait(period)
@@ -284,5 +319,6 @@ def engine_stats(state, **_: Any) -> dict:
     runtime = attached(state.consumer.app)
     if runtime is None:
         return {"ready": False}
-    return {"ready": runtime.ready.is_set() and runtime.engine_error is None,
-            "lanes": runtime.lane_names, "pid": os.getpid(), **runtime.engine.stats().to_dict()}
+    return {"ready": runtime.serving, "engine": runtime.keeper.state,
+            "restarts": runtime.keeper.restarts, "lanes": runtime.lane_names, "pid": os.getpid(),
+            **_engine_stats(runtime).to_dict()}

@@ -78,12 +78,13 @@ def tiny_model() -> str:
 def api_app(tiny_model, redis_server):
     from app import create_app
 
-    # The finished-request consumer is driven by hand in tests (run_once), not by a thread.
-    # Most API tests run no worker (their requests stay queued for inspection), so the
-    # no-live-worker refusal is off here; tests/integration/test_admission.py checks it.
+    # The finished-request consumer and the reaper are driven by hand in tests (run_once),
+    # not by threads (the workers' heartbeats reap dead peers). Most API tests run no worker
+    # (their requests stay queued for inspection), so the no-live-worker refusal is off here;
+    # tests/integration/test_admission_on_redis.py checks it.
     app = create_app({"TESTING": True, "TAILGUARD_MODEL": tiny_model,
                       "TAILGUARD_REDIS_URL": redis_server, "TAILGUARD_CONSUME_FINISHED": False,
-                      "TAILGUARD_ADMIT_WITHOUT_WORKER": True})
+                      "TAILGUARD_ADMIT_WITHOUT_WORKER": True, "TAILGUARD_REAP_RUNNING": False})
     return app
 
 

@@ -1,6 +1,9 @@
 -- Compare-and-set of a job's state; a terminal state also ends the job's stream and
--- announces the job on the stream of finished jobs, in the same atomic step.
--- KEYS[1] job hash, KEYS[2] its stream, KEYS[3] the stream of finished jobs
+-- announces the job on the stream of finished jobs, in the same atomic step. The index of
+-- running jobs follows in that step too: a job enters it with its worker when it starts
+-- running and leaves it with any other state.
+-- KEYS[1] job hash, KEYS[2] its stream, KEYS[3] the stream of finished jobs,
+-- KEYS[4] the running jobs' index (job key -> worker)
 -- ARGV[1] JSON {
 --   from: [state, ...]       move only from one of these
 --   to: state                the new state; `<to>_at` is stamped with `now`
@@ -32,6 +35,11 @@ if cur == 'queued' and a.lane_keys then
   end
 end
 for name, value in pairs(a.fields) do redis.call('HSET', KEYS[1], name, value) end
+if a.to == 'running' then
+  redis.call('HSET', KEYS[4], KEYS[1], redis.call('HGET', KEYS[1], 'worker') or '')
+elseif cur == 'running' then
+  redis.call('HDEL', KEYS[4], KEYS[1])
+end
 if a.end_event then
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', a.stream_maxlen, '*', 'type', 'end', 'data', a.end_event)
   local ttl = redis.call('TTL', KEYS[1])

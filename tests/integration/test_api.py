@@ -148,6 +148,7 @@ def test_redis_down_is_a_503_not_a_500(tiny_model):
     from tailguard.redis_server import free_port
 
     dead = create_app({"TESTING": True, "TAILGUARD_MODEL": tiny_model, "TAILGUARD_CONSUME_FINISHED": False,
+                       "TAILGUARD_REAP_RUNNING": False,
                        "TAILGUARD_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}).test_client()
     for resp in (dead.post("/v1/jobs", json={"prompt": "hi"}),
                  dead.get("/v1/jobs/0123456789abcdef0123456789abcdef"), dead.get("/healthz")):
@@ -207,6 +208,7 @@ def test_create_app_takes_every_setting_the_api_reads(tiny_model, redis_server):
     from tailguard import settings
 
     app = create_app({"TESTING": True, "TAILGUARD_CONSUME_FINISHED": False,
+                      "TAILGUARD_REAP_RUNNING": False,
                       settings.MODEL.env: tiny_model, settings.REDIS_URL.env: redis_server,
                       settings.STREAM_MAXLEN.env: 123, settings.JOB_TTL_S.env: 77,
                       settings.WORKER_LOST_GRACE_S.env: 4.0, settings.MAX_BODY_BYTES.env: 1000,

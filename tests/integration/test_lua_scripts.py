@@ -11,6 +11,7 @@ pytestmark = pytest.mark.integration
 # what each script is run as (the clock prelude first where the script stamps times)
 SCRIPTS = {"create_job": ("clock", "create_job"), "transition_job": ("clock", "transition_job"),
            "heartbeat": ("clock", "heartbeat"), "live_workers": ("clock", "live_workers"),
+           "live_members": ("clock", "live_members"),
            "record_stats": ("record_stats",), "lane_load": ("clock", "lane_load"),
            "record_served": ("record_served",), "take_tokens": ("clock", "take_tokens")}
 

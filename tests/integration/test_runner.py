@@ -11,7 +11,7 @@ import pytest
 from tailguard.engine import GenerationResult
 from tailguard.errors import EngineDeadError, EngineError
 from tailguard.jobs import CANCELLED, QUEUED, RUNNING, JobStore
-from tailguard.runner import GenerationJob, JobRunner, JobSkipped
+from tailguard.runner import GenerationJob, JobRunner, JobSkipped, NoEngine
 from tailguard.stream import DeltaWriter, read_events
 
 pytestmark = pytest.mark.integration
@@ -109,7 +109,6 @@ def test_a_cancel_while_running_stops_the_engine_and_stands(store):
 
 @pytest.mark.parametrize("error, code", [
     (EngineError("the prompt was rejected: boom"), "engine_error"),
-    (EngineDeadError("the vLLM engine is dead"), "engine_dead"),
     (ValueError("a bug"), "internal_error"),
 ])
 def test_a_failure_ends_the_job_failed_and_propagates(store, error, code):
@@ -118,3 +117,102 @@ def test_a_failure_ends_the_job_failed_and_propagates(store, error, code):
     job = store.get(JOB_ID)
     assert job["status"] == "failed" and job["error"]["code"] == code
     assert read_events(store.redis, JOB_ID)[-1].data["error"]["code"] == code
+
+
+def test_internal_errors_do_not_reach_the_client(store):
+    with pytest.raises(ValueError):
+        runner_for(store, FakeEngine(error=ValueError("secret prompt text"))).run(queue_job(store))
+    assert "secret" not in store.get(JOB_ID)["error"]["message"]
+
+
+class DyingEngine(FakeEngine):
+    """Dies (EngineDeadError) on its first `deaths` calls, after streaming `before` deltas."""
+
+    def __init__(self, deaths: int, before: list[str] = ()) -> None:
+        super().__init__()
+        self.deaths, self.before = deaths, list(before)
+
+    def generate(self, request_id, prompt, sampling, deadline_s, on_first_token=None,
+                 should_cancel=None, on_delta=None, add_special_tokens=True):
+        if len(self.calls) < self.deaths:
+            self.calls.append((request_id, prompt, sampling))
+            for text in self.before:
+                on_first_token()
+                on_delta(text)
+            raise EngineDeadError("the vLLM engine is dead")
+        return super().generate(request_id, prompt, sampling, deadline_s, on_first_token,
+                                should_cancel, on_delta, add_special_tokens)
+
+
+def dying_runner(store, engine):
+    died = []
+    runner = JobRunner(lambda: engine, store,
+                       lambda job_id: DeltaWriter(store.redis, job_id, flush_s=0),
+                       worker="test@host", engine_died=died.append)
+    return runner, died
+
+
+def test_an_engine_death_before_the_first_token_runs_the_job_again(store):
+    engine = DyingEngine(deaths=1)
+    runner, died = dying_runner(store, engine)
+    assert runner.run(queue_job(store))["text"] == "abc"
+    assert len(engine.calls) == 2 and died == [engine]
+    job = store.get(JOB_ID)
+    assert job["status"] == "succeeded" and job["engine_deaths"] == 1
+
+
+def test_an_engine_death_after_a_token_fails_the_job_engine_dead(store):
+    engine = DyingEngine(deaths=1, before=["a"])
+    runner, died = dying_runner(store, engine)
+    with pytest.raises(EngineDeadError):
+        runner.run(queue_job(store))
+    assert len(engine.calls) == 1 and died == [engine]
+    job = store.get(JOB_ID)
+    assert (job["status"], job["error"]["code"], job["engine_deaths"]) == ("failed", "engine_dead", 1)
+
+
+def test_a_job_in_flight_during_two_engine_deaths_is_quarantined(store):
+    engine = DyingEngine(deaths=5)
+    runner, _ = dying_runner(store, engine)
+    with pytest.raises(EngineDeadError):
+        runner.run(queue_job(store))
+    assert len(engine.calls) == 2  # never a third time
+    job = store.get(JOB_ID)
+    assert (job["status"], job["error"]["code"], job["engine_deaths"]) == \
+        ("failed", "poison_request", 2)
+    assert read_events(store.redis, JOB_ID)[-1].data["error"]["code"] == "poison_request"
+
+
+@pytest.mark.parametrize("ended", ["failed", "expired", CANCELLED])
+def test_any_end_of_a_running_job_stops_its_engine_request(store, ended):
+    def end_it() -> None:
+        if store.status(JOB_ID) == RUNNING and read_events(store.redis, JOB_ID):
+            store.transition(JOB_ID, {RUNNING}, ended, {"error": {"code": "x", "message": "m"}})
+
+    engine = FakeEngine(deltas=["a", "b", "c", "d"], during=end_it)
+    with pytest.raises(JobSkipped):
+        runner_for(store, engine).run(queue_job(store))
+    job = store.get(JOB_ID)
+    assert job["status"] == ended and "result" not in job
+
+
+def test_a_job_is_marked_running_only_once_the_engine_is_ready(store):
+    seen = []
+
+    def engine():
+        seen.append(store.status(JOB_ID))  # while the worker waits for its engine
+        return FakeEngine()
+
+    JobRunner(engine, store, lambda job_id: DeltaWriter(store.redis, job_id, flush_s=0),
+              worker="test@host").run(queue_job(store))
+    assert seen == [QUEUED] and store.status(JOB_ID) == "succeeded"
+
+
+def test_a_worker_without_an_engine_leaves_the_job_queued(store):
+    def engine():
+        raise EngineDeadError("the worker is stopping")
+
+    with pytest.raises(NoEngine):
+        JobRunner(engine, store, lambda job_id: DeltaWriter(store.redis, job_id, flush_s=0),
+                  worker="test@host").run(queue_job(store))
+    assert store.status(JOB_ID) == QUEUED

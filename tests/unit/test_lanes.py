@@ -4,6 +4,7 @@ import tomllib
 
 import pytest
 
+from tailguard import settings
 from tailguard.errors import ConfigError
 from tailguard.lanes import default_lanes_path, load_lanes, parse_lanes
 
@@ -141,3 +142,19 @@ def test_worker_for_lane_and_queues():
 def test_visibility_covers_longest_wait_plus_deadline():
     table = parse_lanes(GOOD)
     assert table.max_visibility_s == 3600 + 60
+
+
+def test_job_ttl_must_outlive_every_lane():
+    from tailguard.lanes import check_job_ttl
+
+    table = load_lanes(default_lanes_path())
+    check_job_ttl(table, settings.JOB_TTL_S.default, settings.WORKER_LOST_GRACE_S.default)
+    with pytest.raises(ConfigError, match="lane 'batch'") as err:
+        check_job_ttl(table, 86400, 30)  # batch: 86400 s in the queue + 900 s deadline + 30 s
+    assert err.value.field == settings.JOB_TTL_S.env
+
+
+def test_a_job_ttl_too_short_stops_the_load(tmp_path, monkeypatch):
+    monkeypatch.setenv(settings.JOB_TTL_S.env, "100")
+    with pytest.raises(ConfigError, match="TAILGUARD_JOB_TTL_S=100 must exceed lane 'short'"):
+        load_lanes(default_lanes_path())

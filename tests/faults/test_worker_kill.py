@@ -1,0 +1,79 @@
+"""kill -9 of a worker mid-generation: its running jobs end worker_lost within the reaping
+bound (~5 heartbeats: 7.5 s with the default 1.5 s), read or not, each counted once on
+the finished stream; a new worker then serves new requests."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tailguard import settings
+from tailguard.jobs import TERMINAL, JobStore
+from tailguard.reaper import LAPSE_PERIODS
+from waiting import wait_for
+
+from fault_support import Worker, finished_jobs, submit, wait_serving, wait_streaming
+
+pytestmark = pytest.mark.faults
+
+#: The issue's target for a dead worker's running jobs to end.
+REAP_BOUND_S = 10.0
+
+
+@pytest.fixture
+def db(redis_server):
+    """A Redis database of this file's own: no other tier's worker takes these jobs."""
+    import redis
+
+    url = redis_server.rsplit("/", 1)[0] + "/2"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    yield url, client
+    client.close()
+
+
+@pytest.fixture
+def api(db, tiny_model):
+    from app import create_app
+
+    # the API's reaper runs (as in production); nobody reads the jobs through it
+    return create_app({"TESTING": True, "TAILGUARD_MODEL": tiny_model,
+                       "TAILGUARD_REDIS_URL": db[0], "TAILGUARD_CONSUME_FINISHED": False}
+                      ).test_client()
+
+
+def test_kill_9_of_a_worker_mid_generation(db, api, tiny_model, tmp_path):
+    url, redis_client = db
+    store = JobStore(redis_client)
+    first = Worker("doomed", url, tiny_model, tmp_path)
+    second = None
+    try:
+        wait_serving(api, first)
+        ids = [submit(api) for _ in range(3)]  # fewer than its 4 threads: all of them run
+        for job_id in ids:
+            wait_streaming(redis_client, job_id)
+        first.kill()
+        killed_at = time.monotonic()
+        # read the records as they are: no settle-on-read, only the reaper ends them
+        wait_for(lambda: all(store.status(j) in TERMINAL for j in ids), 60, "all jobs terminal")
+        took = time.monotonic() - killed_at
+        print(f"\nkill -9 -> all {len(ids)} running jobs terminal in {took:.1f} s "
+              f"(heartbeat {settings.WORKER_HEARTBEAT_S.get()} s x {LAPSE_PERIODS} lapse)")
+        assert took <= REAP_BOUND_S
+        for job_id in ids:
+            job = store.get(job_id)
+            assert (job["status"], job["error"]["code"]) == ("failed", "worker_lost"), job
+        assert sorted(finished_jobs(redis_client)) == sorted(ids)  # accepted = finished, once
+
+        second = Worker("fresh", url, tiny_model, tmp_path)
+        wait_serving(api, second)
+        new = submit(api, max_tokens=100)
+        wait_for(lambda: store.status(new) in TERMINAL, 60, "new job done")
+        assert store.status(new) == "succeeded"
+        assert all(store.status(j) == "failed" for j in ids)  # nothing ran twice
+        assert sorted(finished_jobs(redis_client)) == sorted(ids + [new])
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
