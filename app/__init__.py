@@ -17,7 +17,7 @@ _gateway_lock = threading.Lock()
 APP_SETTINGS = (settings.REDIS_URL, settings.MODEL, settings.SERVED_MODEL_NAME, settings.LANES_FILE,
                 settings.MAX_BODY_BYTES, settings.MAX_WAIT_S, settings.JOB_TTL_S,
                 settings.WORKER_LOST_GRACE_S, settings.STREAM_MAXLEN, settings.SSE_HEARTBEAT_S,
-                settings.STATS_RETENTION_S, settings.REQUEST_LOG)
+                settings.STATS_RETENTION_S, settings.REQUEST_LOG, settings.REDIS_SOCKET_TIMEOUT_S)
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
@@ -34,6 +34,12 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     if test_config:
         app.config.update(test_config)
     app.config["MAX_CONTENT_LENGTH"] = settings.MAX_BODY_BYTES.get(app.config)  # Flask's name for it
+    if settings.SSE_HEARTBEAT_S.get(app.config) >= settings.REDIS_SOCKET_TIMEOUT_S.get(app.config):
+        from tailguard.errors import ConfigError
+
+        raise ConfigError(f"{settings.SSE_HEARTBEAT_S.env} must be below "
+                          f"{settings.REDIS_SOCKET_TIMEOUT_S.env}: a stream blocks on Redis that long",
+                          field=settings.SSE_HEARTBEAT_S.env)
     _setup_request_log(settings.REQUEST_LOG.get(app.config))
     app.json.ensure_ascii = False  # Chinese prompts and text stay readable
 
@@ -73,6 +79,19 @@ def _setup_request_log(path: str) -> None:
     logger.propagate = False
 
 
+def redis_client(url: str, timeout_s: float):
+    """The API's Redis client: every call bounded by `timeout_s`, so a request answers 503
+    within about that while Redis is down or stopped, never hangs. A dropped connection (a
+    restarted Redis) is retried once on a new one: the pool reconnects by itself."""
+    import redis
+    from redis.backoff import ConstantBackoff
+    from redis.retry import Retry
+
+    return redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s,
+                                retry=Retry(ConstantBackoff(0.1), 1, (redis.ConnectionError,)),
+                                health_check_interval=30)
+
+
 def _build_gateway(config: Mapping[str, Any]) -> Gateway:
     import redis
     from celery import Celery
@@ -90,7 +109,7 @@ def _build_gateway(config: Mapping[str, Any]) -> Gateway:
         raise ConfigError(f"{settings.MODEL.env} is not set: the API needs the served model's tokenizer",
                           field=settings.MODEL.env)
     url = settings.REDIS_URL.get(config)
-    client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10)
+    client = redis_client(url, settings.REDIS_SOCKET_TIMEOUT_S.get(config))
     store = JobStore.from_settings(client, config)
     # A producer-only Celery app: it publishes by task name and never imports the task bodies.
     producer = Celery("tailguard-api", set_as_current=False)

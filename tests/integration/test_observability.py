@@ -12,7 +12,8 @@ import time
 import pytest
 
 from conftest import ROOT
-from tailguard.finished import FinishedConsumer, FinishedRequest
+from tailguard import keys
+from tailguard.finished import GROUP, FinishedConsumer, FinishedRequest
 from tailguard.jobs import QUEUED, RUNNING, SUCCEEDED, JobStore
 from tailguard.stats import StatsStore
 
@@ -131,6 +132,25 @@ def test_two_consumers_split_the_work_never_double_count(redis_client, client):
     a.run_once(count=3)
     b.run_once(count=10)
     assert sorted(seen_a + seen_b) == sorted(ids) and not set(seen_a) & set(seen_b)
+
+
+def test_entries_pending_on_a_dead_consumer_are_claimed(redis_client, client):
+    """An API process that read finished entries and died before acking them: another
+    process takes them over once they are idle, and counts each once."""
+    ids = [submit(client) for _ in range(3)]
+    for job_id in ids:
+        succeed(redis_client, job_id)
+    dead = FinishedConsumer(redis_client, [], consumer="dead")
+    dead._ensure_group()
+    redis_client.xreadgroup(GROUP, "dead", {keys.FINISHED_STREAM: ">"}, count=10)  # never acked
+    seen = []
+    alive = FinishedConsumer(redis_client, [lambda r: seen.append(r.id)], consumer="alive",
+                             claim_idle_ms=200)
+    assert alive.run_once() == 0  # not idle long enough yet: the owner may still be working
+    time.sleep(0.3)
+    assert alive.run_once() == 3 and sorted(seen) == sorted(ids)
+    assert alive.run_once() == 0
+    assert redis_client.xpending(keys.FINISHED_STREAM, GROUP)["pending"] == 0
 
 
 def record(i, lane, e2e, queued=0.0, prompt=10, out=20, status="succeeded", at=1_800_000_000.0):
