@@ -274,13 +274,16 @@ class Group:
                           restart=lambda: start(spec, log=log, echo=echo, append=True))
 
     def adopt(self, child: Child, *, restart: Callable[[], Child] | None = None) -> Child:
-        """Take in a child started elsewhere (`start_redis` waits for it to answer first);
-        `restart` starts it again when its spec has a restart policy."""
+        """Take in a child started elsewhere (`start_redis` waits for it to answer first).
+
+        `restart` starts it again when its spec has a restart policy; by default its spec is
+        started anew, appending to its log file.
+        """
         if any(c.name == child.name for c in self.children):
             raise ValueError(f"a child named {child.name!r} is already in this group")
         self.children.append(child)
-        if restart is not None:
-            self._restart[child.name] = restart
+        self._restart[child.name] = restart or (
+            lambda: start(child.spec, log=child.log, append=True))
         return child
 
     def __getitem__(self, name: str) -> Child:

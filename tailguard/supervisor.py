@@ -27,8 +27,8 @@ import threading
 from tailguard import settings
 from tailguard.lanes import LaneTable, load_lanes
 from tailguard.pinning import device_kind, plan
-from tailguard.procs import (STOP_TIMEOUT_S, ChildSpec, Group, RestartPolicy, start,
-                             tailguard_argv, worker_spec)
+from tailguard.procs import (STOP_TIMEOUT_S, ChildSpec, Group, RestartPolicy, tailguard_argv,
+                             worker_spec)
 
 WORKER_METRICS_BASE = 9101
 COLORS = ["36", "33", "32", "35", "34", "31"]
@@ -90,8 +90,8 @@ def run_up() -> int:
             port = settings.REDIS_PORT.get()
             _say(f"starting redis-server on 127.0.0.1:{port} (data in {home / 'redis'})")
             # Started first and stopped last: workers need Redis to shut down.
-            redis = start_redis(port, home / "redis", log_path=home / "redis.log", restart=policy)
-            group.adopt(redis, restart=lambda: start(redis.spec, log=redis.log, append=True))
+            group.adopt(start_redis(port, home / "redis", log_path=home / "redis.log",
+                                    restart=policy))
             env[settings.REDIS_URL.env] = f"redis://127.0.0.1:{port}/0"
         _say("preparing the model (the first run builds the demo model)")
         model, is_demo = served_model()
