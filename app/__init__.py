@@ -93,7 +93,6 @@ def redis_client(url: str, timeout_s: float):
 
 
 def _build_gateway(config: Mapping[str, Any]) -> Gateway:
-    import redis
     from celery import Celery
 
     from tailguard.errors import ConfigError

@@ -115,7 +115,7 @@ class Load:
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
-    def start(self) -> "Load":
+    def start(self) -> Load:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         return self
