@@ -56,14 +56,27 @@ task_annotations = {
     for lane in _lanes
 }
 
+# Every Redis call bounded: while Redis is down or stopped, a publish fails (the API answers
+# 503) instead of hanging, and a worker drops its connection and reconnects by itself
+# (broker_connection_retry, on by default) once Redis is back.
+_redis_timeout_s = _settings.REDIS_SOCKET_TIMEOUT_S.get()
+broker_connection_timeout = _redis_timeout_s
 broker_transport_options = {
     # A late-acked message is redelivered once unacked this long: keep it above
     # the longest legitimate queue wait + engine time of any lane.
     "visibility_timeout": int(_lanes.max_visibility_s) + 600,
     # A worker given `-Q long,batch` drains long before it looks at batch.
     "queue_order_strategy": "priority",
+    "socket_timeout": _redis_timeout_s,
+    "socket_connect_timeout": _redis_timeout_s,
+    "health_check_interval": 10,
 }
 result_backend_transport_options = {"visibility_timeout": broker_transport_options["visibility_timeout"]}
+redis_socket_timeout = _redis_timeout_s
+redis_socket_connect_timeout = _redis_timeout_s
+# A publish retries briefly (a Redis restart), then fails: the API's request answers 503.
+task_publish_retry_policy = {"max_retries": 2, "interval_start": 0, "interval_step": 0.5,
+                             "interval_max": 1}
 result_expires = _settings.JOB_TTL_S.get()
 result_extended = True
 

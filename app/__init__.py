@@ -19,7 +19,8 @@ APP_SETTINGS = (settings.REDIS_URL, settings.MODEL, settings.SERVED_MODEL_NAME, 
                 settings.WORKER_LOST_GRACE_S, settings.STREAM_MAXLEN, settings.SSE_HEARTBEAT_S,
                 settings.STATS_RETENTION_S, settings.REQUEST_LOG, settings.RATE_WINDOW_S,
                 settings.PRIOR_TOKENS_PER_S, settings.ADMIT_WITHOUT_WORKER, settings.API_THREADS,
-                settings.WORKER_HEARTBEAT_S)
+                settings.WORKER_HEARTBEAT_S,
+                settings.REDIS_SOCKET_TIMEOUT_S)
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
@@ -36,6 +37,12 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     if test_config:
         app.config.update(test_config)
     app.config["MAX_CONTENT_LENGTH"] = settings.MAX_BODY_BYTES.get(app.config)  # Flask's name for it
+    if settings.SSE_HEARTBEAT_S.get(app.config) >= settings.REDIS_SOCKET_TIMEOUT_S.get(app.config):
+        from tailguard.errors import ConfigError
+
+        raise ConfigError(f"{settings.SSE_HEARTBEAT_S.env} must be below "
+                          f"{settings.REDIS_SOCKET_TIMEOUT_S.env}: a stream blocks on Redis that long",
+                          field=settings.SSE_HEARTBEAT_S.env)
     _setup_request_log(settings.REQUEST_LOG.get(app.config))
     app.json.ensure_ascii = False  # Chinese prompts and text stay readable
 
@@ -98,8 +105,20 @@ def _setup_request_log(path: str) -> None:
     logger.propagate = False
 
 
-def _build_gateway(config: Mapping[str, Any]) -> Gateway:
+def redis_client(url: str, timeout_s: float, max_connections: int | None = None):
+    """The API's Redis client: every call bounded by `timeout_s`, so a request answers 503
+    within about that while Redis is down or stopped, never hangs. A dropped connection (a
+    restarted Redis) is retried once on a new one: the pool reconnects by itself."""
     import redis
+    from redis.backoff import ConstantBackoff
+    from redis.retry import Retry
+
+    return redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s,
+                                retry=Retry(ConstantBackoff(0.1), 1, (redis.ConnectionError,)),
+                                health_check_interval=30, max_connections=max_connections)
+
+
+def _build_gateway(config: Mapping[str, Any]) -> Gateway:
     from celery import Celery
 
     from tailguard.admission import AdmissionPolicy
@@ -119,8 +138,8 @@ def _build_gateway(config: Mapping[str, Any]) -> Gateway:
     url = settings.REDIS_URL.get(config)
     # Every request thread may hold a connection (an SSE stream blocks in XREAD), plus the
     # finished-stream consumer: redis-py's pool stops at 100 unless told otherwise.
-    client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10,
-                                  max_connections=settings.API_THREADS.get(config) + 16)
+    client = redis_client(url, settings.REDIS_SOCKET_TIMEOUT_S.get(config),
+                          max_connections=settings.API_THREADS.get(config) + 16)
     store = JobStore.from_settings(client, config)
     # A producer-only Celery app: it publishes by task name and never imports the task bodies.
     producer = Celery("tailguard-api", set_as_current=False)

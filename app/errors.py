@@ -4,7 +4,8 @@ Every error body is JSON. The native API answers
 {"error": {"code": <stable code>, "message": ..., "field"?: ...}}; the OpenAI-compatible
 routes answer OpenAI's shape {"error": {"message", "type", "param", "code"}} with the
 same status and code. Codes and statuses come from the tailguard.errors tree, a job
-that did not succeed included (``job_error``); a Redis outage is a 503; anything
+that did not succeed included (``job_error``); a Redis outage is a 503 with
+Retry-After (every Redis call is bounded by TAILGUARD_REDIS_SOCKET_TIMEOUT_S); anything
 unexpected is logged here and answered with a 500 that carries no traceback.
 """
 
@@ -23,6 +24,10 @@ from tailguard.errors import (BodyTooLarge, BrokerUnavailable, EngineError, JobC
                               Unauthenticated, Unavailable, UnsupportedMediaType, error_class)
 from tailguard.jobs import CANCELLED, EXPIRED, TERMINAL
 from tailguard.openai_protocol import error_body
+
+#: Retry-After of a 503 while Redis does not answer: a restarted Redis replays its AOF and
+#: clients reconnect within a few seconds.
+BROKER_RETRY_AFTER_S = 2
 
 #: blueprints whose clients speak the OpenAI API
 OPENAI_BLUEPRINTS = frozenset({"openai"})
@@ -121,7 +126,7 @@ def register(app: Flask) -> None:
         log.error("Redis unavailable: %s", exc)
         err = BrokerUnavailable("Redis (broker and job store) is not answering; retry later")
         count_rejected(err.code)
-        return exception_response(err)
+        return exception_response(err, headers={"Retry-After": str(BROKER_RETRY_AFTER_S)})
 
     @app.errorhandler(HTTPException)
     def _http(exc: HTTPException):

@@ -4,7 +4,8 @@ A front door, not a bypass: every request is classified, capped and queued on
 its lane exactly like a native job, then answered in OpenAI's shapes (as
 vLLM's server answers them). Responses name the lane and whether max_tokens
 was capped in X-Tailguard-* headers. A client that goes away, while streaming
-or while waiting for a non-streaming answer, cancels its request.
+or while waiting for a non-streaming answer, cancels its request; a Redis
+outage during a stream does not (it ends the stream with an error event).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from app.errors import exception_response, job_error, openai_error
 from app.sse import HEARTBEAT, client_connected, sse_event, sse_response
 from tailguard import settings
 from tailguard.chat import chat_template_for, compile_chat_template, render_chat, special_token
-from tailguard.errors import InvalidField
+from tailguard.errors import InvalidField, TailguardError, error_class
 from tailguard.gateway import Gateway
 from tailguard.jobs import SUCCEEDED
 from tailguard.modelinfo import resolve_model_dir, served_model_names
@@ -120,6 +121,11 @@ def _chunks(gw: Gateway, req: OpenAIRequest, accepted: dict[str, Any], created: 
         if event is None:
             yield HEARTBEAT
             continue
+        if event.type == "error":  # following stopped early (Redis down too long): the job goes on
+            error = event.data["error"]
+            yield sse_event(openai_error((error_class(error["code"]) or TailguardError)(
+                error["message"])))
+            break
         if event.type == "delta":
             text = event.data.get("text", "")
             yield sse_event(chat_chunk(**common, text=text, first=first) if chat

@@ -37,16 +37,19 @@ HEARTBEAT = b": keep-alive\n\n"
 
 def sse_response(chunks: Iterable[bytes], on_disconnect: Callable[[], None] | None = None,
                  headers: dict[str, str] | None = None) -> Response:
-    """Stream `chunks`; if the client leaves before they end, call on_disconnect."""
+    """Stream `chunks`; if the client leaves before they end, call on_disconnect.
+
+    Only a departed client (the server closing us: GeneratorExit) is a disconnect; an
+    error raised by `chunks` itself (Redis) is not, and must not cancel the job.
+    """
 
     def guarded() -> Iterator[bytes]:
-        finished = False
         try:
             yield from chunks
-            finished = True
-        finally:
-            if not finished and on_disconnect is not None:
+        except GeneratorExit:
+            if on_disconnect is not None:
                 on_disconnect()
+            raise
 
     return Response(guarded(), mimetype="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})})

@@ -3,7 +3,8 @@
 Every terminal transition appends the job to the `tailguard:finished` stream
 (tailguard/jobs.py). The API reads it through a consumer group, so each
 finished request is logged and counted exactly once however many API processes
-run, including requests whose client never came back for the result. All
+run, including requests whose client never came back for the result, and those
+an API process read but died before acking (another one claims them). All
 timings come from the job record (one clock: Redis's), never from this process.
 """
 
@@ -26,6 +27,9 @@ log = logging.getLogger("tailguard.finished")
 request_log = logging.getLogger("tailguard.requests")
 
 GROUP = "gateway"
+#: An entry delivered to a consumer and not acked for this long is taken over by another:
+#: its API process died between reading and acking (handling takes milliseconds).
+CLAIM_IDLE_MS = 30_000
 
 
 @dataclass(frozen=True)
@@ -92,8 +96,9 @@ class FinishedConsumer:
     """Reads the finished stream and hands each record to `sinks` (log, metrics, stats)."""
 
     def __init__(self, client: redis.Redis, sinks: list[Callable[[FinishedRequest], None]], *,
-                 consumer: str | None = None) -> None:
+                 consumer: str | None = None, claim_idle_ms: int = CLAIM_IDLE_MS) -> None:
         self.client = client
+        self.claim_idle_ms = claim_idle_ms
         self.sinks = sinks
         self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}"
         self._stop = threading.Event()
@@ -124,16 +129,23 @@ class FinishedConsumer:
 
     def _run_once(self, block_ms: int | None, count: int) -> int:
         self._ensure_group()
-        handled = 0
+        # Entries a dead API process read but never acked, taken over once idle long enough.
+        _next, claimed, *_ = self.client.xautoclaim(keys.FINISHED_STREAM, GROUP, self.consumer,
+                                                    self.claim_idle_ms, "0-0", count=count)
+        handled = self._handle_all(claimed)
         for start in ("0", ">"):  # "0": entries delivered to us before but not acked (a crash)
             reply = self.client.xreadgroup(GROUP, self.consumer, {keys.FINISHED_STREAM: start},
                                            count=count, block=block_ms if start == ">" else None)
             for _stream, entries in reply or []:
-                for entry_id, fields in entries:
-                    self._handle(fields)
-                    self.client.xack(keys.FINISHED_STREAM, GROUP, entry_id)
-                    handled += 1
+                handled += self._handle_all(entries)
         return handled
+
+    def _handle_all(self, entries: list) -> int:
+        for entry_id, fields in entries:
+            if fields:  # None: the entry was trimmed meanwhile (Redis 6.2 still lists it)
+                self._handle(fields)
+            self.client.xack(keys.FINISHED_STREAM, GROUP, entry_id)
+        return len(entries)
 
     def _handle(self, fields: dict) -> None:
         key = (fields.get(b"key") or fields.get("key") or b"")

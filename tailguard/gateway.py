@@ -157,14 +157,18 @@ class Gateway:
         """The job's output events from `after` on, ending with its end event.
 
         Yields None on each `heartbeat_s` of silence (so the caller can write a
-        heartbeat and notice a gone client); overdue jobs are settled meanwhile.
+        heartbeat and notice a gone client); overdue jobs are settled meanwhile. May end
+        with an "error" event instead (see `follow`): the job goes on.
         """
         if not is_job_id(job_id):
             raise JobNotFound(f"no job {job_id!r}")
         if self.store.settle(job_id) is None:
             raise JobNotFound(f"no job {job_id!r} (unknown, or its record expired)")
-        return follow(self.store.redis, job_id, after, heartbeat_s=heartbeat_s,
-                      on_idle=lambda: self.store.settle(job_id))
+        def status() -> str | None:
+            job = self.store.settle(job_id)
+            return None if job is None else job["status"]
+
+        return follow(self.store.redis, job_id, after, heartbeat_s=heartbeat_s, status=status)
 
 
 def render(job_id: str, job: dict[str, Any]) -> dict[str, Any]:

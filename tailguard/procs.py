@@ -17,6 +17,10 @@ finds an exited child) and runs as a `Child`:
 
 A `Group` starts children in order and stops them in reverse: what started
 later (workers) may need what started earlier (Redis) to shut down cleanly.
+A child whose spec has a `RestartPolicy` is started again by `Group.supervise`
+when it exits, after an exponential backoff, in its place in that order; after
+`max_restarts` restarts within `window_s` it is left down (a crash loop) and
+`supervise` says why.
 """
 
 from __future__ import annotations
@@ -55,6 +59,22 @@ class ChildFailed(RuntimeError):
 
 
 @dataclass(frozen=True)
+class RestartPolicy:
+    """How a supervised child comes back after it exits: the n-th restart within `window_s`
+    waits `backoff_s * 2**n` (at most `max_backoff_s`); the restart after `max_restarts`
+    within `window_s` is not done (a crash loop: restarting again would only repeat it)."""
+
+    backoff_s: float = 1.0
+    max_backoff_s: float = 30.0
+    max_restarts: int = 5
+    window_s: float = 300.0
+
+    def delay(self, recent_restarts: int) -> float:
+        """Seconds to wait before the next restart, given the restarts within the window."""
+        return min(self.max_backoff_s, self.backoff_s * 2 ** recent_restarts)
+
+
+@dataclass(frozen=True)
 class ChildSpec:
     """What to run and how to stop it; started as often as needed by `start`."""
 
@@ -65,6 +85,7 @@ class ChildSpec:
     cwd: Path | None = None
     stop_signal: int = signal.SIGTERM
     stop_timeout_s: float = STOP_TIMEOUT_S
+    restart: RestartPolicy | None = None  # None: an exit is final (`Group.supervise` reports it)
 
 
 class Child:
@@ -149,14 +170,17 @@ def _pinned(pin: Pinning) -> Callable[[], None] | None:
     return lambda: os.sched_setaffinity(0, cores)
 
 
-def start(spec: ChildSpec, *, log: Path | None = None, echo: str | None = None) -> Child:
+def start(spec: ChildSpec, *, log: Path | None = None, echo: str | None = None,
+          append: bool = False) -> Child:
     """Start `spec`'s program in its own session, pinned as its spec says.
 
-    Output goes to `log` (a file of its own, truncated), or with `echo` to our stdout,
-    each line behind that tag, or with neither to our stdout as is.
+    Output goes to `log` (a file of its own, truncated unless `append`: a restart keeps
+    what the crashed run wrote), or with `echo` to our stdout, each line behind that tag,
+    or with neither to our stdout as is.
     """
     env = {**os.environ, **spec.env, **spec.pin.env()}
-    out = open(log, "wb") if log is not None else (subprocess.PIPE if echo is not None else None)
+    out = (open(log, "ab" if append else "wb") if log is not None
+           else (subprocess.PIPE if echo is not None else None))
     try:
         proc = subprocess.Popen(list(spec.argv), cwd=spec.cwd, env=env, stdout=out,
                                 stderr=subprocess.STDOUT if out is not None else None,
@@ -229,26 +253,37 @@ def wait_until(ready: Callable[[], T], children: Iterable[Child], timeout_s: flo
 class Group:
     """Children that belong together: started in order, stopped in reverse order.
 
-    With a `log_dir`, each child logs to `<log_dir>/<name>.log`. A Group is where a
-    restart policy will live: `exited()` is what it would act on.
+    With a `log_dir`, each child logs to `<log_dir>/<name>.log`. `supervise()`, called
+    periodically, restarts the exited children whose spec has a restart policy.
     """
 
     def __init__(self, log_dir: Path | None = None) -> None:
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self.children: list[Child] = []
+        self.given_up: dict[str, str] = {}  # children left down after a crash loop: why
+        self._restart: dict[str, Callable[[], Child]] = {}
+        self._restarts: dict[str, list[float]] = collections.defaultdict(list)  # monotonic times
+        self._due: dict[str, float] = {}  # exited children waiting out their backoff
 
     def start(self, spec: ChildSpec, *, echo: str | None = None) -> Child:
         log = None
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             log = self.log_dir / f"{spec.name}.log"
-        return self.adopt(start(spec, log=log, echo=echo))
+        return self.adopt(start(spec, log=log, echo=echo),
+                          restart=lambda: start(spec, log=log, echo=echo, append=True))
 
-    def adopt(self, child: Child) -> Child:
-        """Take in a child started elsewhere (`start_redis` waits for it to answer first)."""
+    def adopt(self, child: Child, *, restart: Callable[[], Child] | None = None) -> Child:
+        """Take in a child started elsewhere (`start_redis` waits for it to answer first).
+
+        `restart` starts it again when its spec has a restart policy; by default its spec is
+        started anew, appending to its log file.
+        """
         if any(c.name == child.name for c in self.children):
             raise ValueError(f"a child named {child.name!r} is already in this group")
         self.children.append(child)
+        self._restart[child.name] = restart or (
+            lambda: start(child.spec, log=child.log, append=True))
         return child
 
     def __getitem__(self, name: str) -> Child:
@@ -260,20 +295,73 @@ class Group:
     def exited(self) -> list[Child]:
         return [c for c in self.children if not c.alive()]
 
+    def failed(self) -> list[Child]:
+        """Exited children that will not be restarted: no restart policy, or a crash loop."""
+        return [c for c in self.exited()
+                if c.spec.restart is None or c.name not in self._restart or c.name in self.given_up]
+
+    def supervise(self, now: float | None = None) -> list[str]:
+        """Restart what exited and is due, schedule what just exited; what happened, in words.
+
+        Called periodically by the owner of the group (`tailguard up` twice a second). An
+        exited child without a restart policy is left to the caller (see `failed`).
+        """
+        now = time.monotonic() if now is None else now
+        said = []
+        for i, child in enumerate(self.children):
+            policy = child.spec.restart
+            if (child.alive() or policy is None or child.name not in self._restart
+                    or child.name in self.given_up):
+                continue
+            recent = self._restarts[child.name] = [
+                t for t in self._restarts[child.name] if now - t < policy.window_s]
+            due = self._due.get(child.name)
+            if due is None:
+                child.stop()  # reap it and whatever is left of its process group
+                if len(recent) >= policy.max_restarts:
+                    self.given_up[child.name] = (
+                        f"{child.describe()}: restarted {len(recent)} times within "
+                        f"{policy.window_s:.0f} s (a crash loop); left down")
+                    said.append(self.given_up[child.name])
+                    continue
+                delay = policy.delay(len(recent))
+                self._due[child.name] = now + delay
+                said.append(f"{child.describe()}; restarting it in {delay:.1f} s "
+                            f"(restart {len(recent) + 1} of at most {policy.max_restarts} "
+                            f"within {policy.window_s:.0f} s)")
+            elif now >= due:
+                del self._due[child.name]
+                recent.append(now)
+                self.children[i] = self._restart[child.name]()
+                said.append(f"restarted {self.children[i].describe()}")
+        return said
+
     def wait_until(self, ready: Callable[[], T], timeout_s: float, what: str) -> T:
         return wait_until(ready, self.children, timeout_s, what)
 
     def log_tails(self, chars: int = LOG_TAIL_CHARS) -> str:
         return log_tails(self.children, chars)
 
-    def stop(self, on_stop: Callable[[Child], None] | None = None) -> dict[str, int | None]:
-        """Stop every child, last started first; their exit statuses by name."""
+    def stop(self, on_stop: Callable[[Child], None] | None = None,
+             first: Iterable[str] = ()) -> dict[str, int | None]:
+        """Stop the children named in `first` (in that order), then every other child, last
+        started first; their exit statuses by name. Nothing is restarted afterwards."""
+        self._restart.clear()
+        self._due.clear()
+        first = [self[name] for name in first]
         codes: dict[str, int | None] = {}
-        for child in reversed(self.children):
+        for child in first + [c for c in reversed(self.children) if c not in first]:
             if on_stop is not None and child.alive():
                 on_stop(child)
             codes[child.name] = child.stop()
-        return dict(reversed(codes.items()))
+        return {c.name: codes[c.name] for c in self.children}
+
+    def kill(self) -> None:
+        """SIGKILL every child's process group now, without waiting (a second Ctrl-C): a
+        `stop()` in progress then finds each child gone at once."""
+        self._restart.clear()
+        for child in self.children:
+            child._kill_group()
 
     def __enter__(self) -> "Group":
         return self

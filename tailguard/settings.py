@@ -92,6 +92,22 @@ FLOWER_BASIC_AUTH = Setting(
     "TAILGUARD_FLOWER_BASIC_AUTH", "", str,
     "user:password for Flower's --basic-auth. Empty: a password is generated once into "
     "$TAILGUARD_HOME/flower.auth (user admin); Flower never runs without auth.")
+RESTART_BACKOFF_S = Setting(
+    "TAILGUARD_RESTART_BACKOFF_S", 1.0, float,
+    "`tailguard up` restarts a child that exited after this many seconds, doubling with each "
+    "restart within TAILGUARD_CRASH_LOOP_WINDOW_S (at most 30 s).")
+CRASH_LOOP_RESTARTS = Setting(
+    "TAILGUARD_CRASH_LOOP_RESTARTS", 5, int,
+    "K: a child restarted this many times within TAILGUARD_CRASH_LOOP_WINDOW_S is left down "
+    "(a crash loop) and `tailguard up` says why.")
+CRASH_LOOP_WINDOW_S = Setting(
+    "TAILGUARD_CRASH_LOOP_WINDOW_S", 300.0, float,
+    "M: the window, in seconds, in which TAILGUARD_CRASH_LOOP_RESTARTS restarts make a crash loop.")
+REDIS_SOCKET_TIMEOUT_S = Setting(
+    "TAILGUARD_REDIS_SOCKET_TIMEOUT_S", 3.0, float,
+    "Longest wait of the API and of Celery for one Redis reply (and for a connection): past it "
+    "a request answers 503 with Retry-After instead of hanging while Redis is down or stopped. "
+    "Must exceed TAILGUARD_SSE_HEARTBEAT_S (a stream's blocking read lasts that long).")
 REDIS_PORT = Setting(
     "TAILGUARD_REDIS_PORT", 6379, int, "Port of the embedded redis-server started by `tailguard up`.")
 REDIS_MAXMEMORY = Setting(

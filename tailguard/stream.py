@@ -5,7 +5,10 @@ pub/sub is lossy, while a stream keeps every delta in order with an id, so a
 client can resume from the last id it saw (SSE Last-Event-ID) and miss nothing.
 
 Entries: ``type=delta data={"text": ...}`` any number of times, then exactly one
-``type=end`` (written by JobStore.transition with the terminal state).
+``type=end`` (written by JobStore.transition with the terminal state). A follower
+may also get one ``type=error`` event that is not in the stream: why following
+stopped before the end (Redis down too long, the job's record gone); the job
+itself is untouched and the client can resume from the last id it saw.
 """
 
 from __future__ import annotations
@@ -13,11 +16,17 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import redis
 
 from tailguard import keys
+from tailguard.errors import BrokerUnavailable, JobNotFound, TailguardError
+from tailguard.jobs import TERMINAL
+
+#: How long a follower rides out a Redis outage (retrying, resuming from its last id)
+#: before it ends the stream with an error event.
+OUTAGE_S = 30.0
 
 
 class DeltaWriter:
@@ -65,8 +74,13 @@ class DeltaWriter:
 @dataclass(frozen=True)
 class StreamEvent:
     id: str          # the stream entry id: the SSE id a client resumes from
-    type: str        # "delta" | "end"
+    type: str        # "delta" | "end" | "error" (not in the stream; id: the last one read)
     data: dict[str, Any]
+
+
+def error_event(after: str, err: TailguardError) -> StreamEvent:
+    """Following ended early for `err`; `after` is the id to resume from."""
+    return StreamEvent(after, "error", {"error": err.to_dict()})
 
 
 def read_events(client: redis.Redis, job_id: str, after: str = "0-0",
@@ -93,17 +107,42 @@ def valid_stream_id(value: str) -> bool:
 
 
 def follow(client: redis.Redis, job_id: str, after: str = "0-0", *,
-           heartbeat_s: float = 2.0, on_idle=None) -> Iterator[StreamEvent | None]:
+           heartbeat_s: float = 2.0, status: Callable[[], str | None] | None = None,
+           outage_s: float = OUTAGE_S) -> Iterator[StreamEvent | None]:
     """Yield a job's events until its end event; None every `heartbeat_s` of silence.
 
-    `on_idle` runs at each silence (the API settles overdue jobs there, which
-    writes their end event), so a follower never waits forever.
+    `status` is asked at each silence for the job's state (the API settles overdue jobs
+    there, which writes their end event); None means the record is gone. Following ends
+    without an end event when the job is terminal and nothing follows `after` (a
+    Last-Event-ID at or past the end), and with an error event when the record is gone
+    or Redis has not answered for `outage_s`. A Redis error before that is retried,
+    resuming after the last id read: a blip neither ends the stream nor touches the job.
     """
+    down_since: float | None = None
     while True:
-        events = read_events(client, job_id, after, block_ms=max(1, int(heartbeat_s * 1000)))
+        try:
+            events = read_events(client, job_id, after, block_ms=max(1, int(heartbeat_s * 1000)))
+            state = status() if status is not None and not events else ""
+            if state in TERMINAL:  # it may have ended just now (settled by `status`)
+                events = read_events(client, job_id, after)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            now = time.monotonic()
+            down_since = now if down_since is None else down_since
+            if now - down_since >= outage_s:
+                yield error_event(after, BrokerUnavailable(
+                    f"Redis did not answer for {outage_s:.0f} s ({exc}); resume from the last "
+                    "event id later"))
+                return
+            yield None
+            time.sleep(min(heartbeat_s, 1.0))
+            continue
+        down_since = None
         if not events:
-            if on_idle is not None:
-                on_idle()
+            if state is None:
+                yield error_event(after, JobNotFound(f"job {job_id}'s record expired"))
+                return
+            if state in TERMINAL:
+                return  # its end event is at or before `after`: the client has it
             yield None
             continue
         for event in events:

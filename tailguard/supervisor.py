@@ -3,22 +3,32 @@
 Starts, in order: the embedded Redis (unless TAILGUARD_REDIS_URL is set), the
 demo model build (unless TAILGUARD_MODEL is set), the API, one worker per
 [[workers]] entry of the lanes file (pinned to a GPU or to disjoint cores), and
-Flower. Each child runs in its own session so Ctrl-C reaches only us; we then
-stop the children in reverse order (Redis last: workers need it to shut down),
-warm first, killing only what does not exit in time. If any child dies, the
-rest are stopped too, like foreman/honcho.
+Flower. Each child runs in its own session so Ctrl-C reaches only us.
+
+Supervision: a child that exits (API, worker, Flower, Redis) is started again
+after an exponential backoff; one restarted TAILGUARD_CRASH_LOOP_RESTARTS times
+within TAILGUARD_CRASH_LOOP_WINDOW_S is left down and we say why, while the rest
+keeps serving (/healthz shows the lane without a worker). Redis comes back from
+its append-only file (tailguard/redis_server.py says what it can lose).
+
+Ctrl-C stops the API first (no new requests are accepted), then Flower and the
+workers, then Redis (workers need it to shut down), each warm first: a worker
+gets its lanes' longest deadline plus STOP_TIMEOUT_S to finish the requests it
+is running before it is killed. A second Ctrl-C kills everything at once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import sys
 import threading
 
 from tailguard import settings
-from tailguard.lanes import load_lanes
+from tailguard.lanes import LaneTable, load_lanes
 from tailguard.pinning import device_kind, plan
-from tailguard.procs import ChildSpec, Group, tailguard_argv, worker_spec
+from tailguard.procs import (STOP_TIMEOUT_S, ChildSpec, Group, RestartPolicy, tailguard_argv,
+                             worker_spec)
 
 WORKER_METRICS_BASE = 9101
 COLORS = ["36", "33", "32", "35", "34", "31"]
@@ -46,6 +56,19 @@ def flower_auth(home) -> str:
         home / "flower.auth", lambda: f"admin:{secrets.token_urlsafe(12)}")
 
 
+def restart_policy() -> RestartPolicy:
+    """How `tailguard up` restarts its children, from the settings."""
+    return RestartPolicy(backoff_s=settings.RESTART_BACKOFF_S.get(),
+                         max_restarts=settings.CRASH_LOOP_RESTARTS.get(),
+                         window_s=settings.CRASH_LOOP_WINDOW_S.get())
+
+
+def worker_stop_timeout_s(table: LaneTable, lanes: tuple[str, ...] | list[str]) -> float:
+    """A warm shutdown finishes the requests a worker runs (each ends by its lane deadline)
+    and then stops the engine: the longest deadline among its lanes plus STOP_TIMEOUT_S."""
+    return max(table[lane].deadline_s for lane in lanes) + STOP_TIMEOUT_S
+
+
 def run_up() -> int:
     from tailguard.redis_server import start_redis
     from tailguard.served_model import DEMO_NOTICE, served_model
@@ -56,6 +79,7 @@ def run_up() -> int:
     home.mkdir(parents=True, exist_ok=True)
     group = Group()
     stop = threading.Event()
+    policy = restart_policy()
     failed = None
     try:
         if not settings.REDIS_URL.get():
@@ -63,7 +87,8 @@ def run_up() -> int:
             _say(f"starting redis-server on 127.0.0.1:{port} (data in {home / 'redis'})")
             # Started first and stopped last: workers need Redis to shut down.
             group.adopt(start_redis(port, home / "redis", log_path=home / "redis.log",
-                                    password=settings.embedded_redis_password()))
+                                    password=settings.embedded_redis_password(),
+                                    restart=policy))
             env[settings.REDIS_URL.env] = settings.redis_url()
         _say("preparing the model (the first run builds the demo model)")
         model, is_demo = served_model()
@@ -73,14 +98,22 @@ def run_up() -> int:
         auth = flower_auth(home)
         env[settings.FLOWER_BASIC_AUTH.env] = auth
 
-        specs = [ChildSpec("api", tailguard_argv("api"), env=env)]
+        specs = [ChildSpec("api", tailguard_argv("api"), env=env, restart=policy)]
         for i, (spec, pin) in enumerate(zip(table.workers, plan(table.workers, device_kind()))):
-            specs.append(worker_spec(spec.name, pin, "--metrics-port", str(WORKER_METRICS_BASE + i),
-                                     env=env))
+            specs.append(dataclasses.replace(
+                worker_spec(spec.name, pin, "--metrics-port", str(WORKER_METRICS_BASE + i), env=env),
+                stop_timeout_s=worker_stop_timeout_s(table, spec.lanes), restart=policy))
             _say(f"worker {spec.name} serves {', '.join(spec.lanes)} on {pin.label()}")
-        specs.append(ChildSpec("flower", tailguard_argv("flower"), env=env))
+        specs.append(ChildSpec("flower", tailguard_argv("flower"), env=env, restart=policy))
+
+        def on_signal(*_: object) -> None:
+            if stop.is_set():  # the second Ctrl-C: no more waiting for warm shutdowns
+                _say("killing everything")
+                group.kill()
+            stop.set()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
+            signal.signal(sig, on_signal)
         for i, spec in enumerate(specs):
             group.start(spec, echo=_tag(spec.name, i))
         _say(f"API on http://127.0.0.1:{settings.API_PORT.get()} (metrics at /metrics), Flower on "
@@ -92,13 +125,15 @@ def run_up() -> int:
              "<key>); once one exists, every /v1/ call needs one. With none, the API serves "
              "loopback only.")
         while not stop.is_set():
-            exited = group.exited()
-            if exited:
-                failed = exited[0]
+            for line in group.supervise():
+                _say(line)
+            failed = next((c for c in group.failed() if c.name not in group.given_up), None)
+            if failed is not None or len(group.given_up) == len(group.children):
                 break
             stop.wait(0.5)
     finally:
         if failed:
             _say(f"{failed.describe()}; stopping the rest")
-        group.stop(on_stop=lambda child: _say(f"stopping {child.name}"))
-    return 1 if failed else 0
+        group.stop(on_stop=lambda child: _say(f"stopping {child.name}"),
+                   first=[c.name for c in group.children if c.name == "api"])
+    return 1 if failed or group.given_up else 0

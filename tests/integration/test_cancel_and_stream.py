@@ -120,3 +120,38 @@ def test_bad_last_event_id_and_unknown_job(client):
     resp = client.get(f"/v1/jobs/{job_id}/stream", headers={"Last-Event-ID": "yesterday"})
     assert resp.status_code == 400 and resp.get_json()["error"]["field"] == "Last-Event-ID"
     assert client.get("/v1/jobs/" + "0" * 32 + "/stream").status_code == 404
+
+
+def test_a_last_event_id_at_or_past_the_end_ends_the_stream(client, redis_client):
+    job_id = submit(client)
+    finish_like_a_worker(redis_client, job_id, ["a", "b"])
+    end_id = parse_sse(client.get(f"/v1/jobs/{job_id}/stream").data)[-1]["id"]
+    assert parse_sse(client.get(f"/v1/jobs/{job_id}/stream",
+                                headers={"Last-Event-ID": end_id}).data) == []
+    assert parse_sse(client.get(f"/v1/jobs/{job_id}/stream?after=99999999999999-0").data) == []
+
+
+def test_a_record_that_vanishes_ends_the_stream_with_an_error_event(client, redis_client):
+    job_id = submit(client)
+    resp = client.get(f"/v1/jobs/{job_id}/stream")  # the view ran; the body is read below
+    redis_client.delete(f"tailguard:job:{job_id}")  # as if its TTL ran out mid-follow
+    [event] = parse_sse(resp.data)
+    assert event["event"] == "error" and event["data"]["error"]["code"] == "not_found"
+
+
+def test_redis_down_is_a_fast_503_with_retry_after_on_every_route(tiny_model, redis_client):
+    from app import create_app
+    from tailguard.redis_server import free_port
+
+    down = create_app({"TESTING": True, "TAILGUARD_MODEL": tiny_model,
+                       "TAILGUARD_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+                       "TAILGUARD_CONSUME_FINISHED": False}).test_client()
+    job = "ab" * 16
+    for method, path, body in [("post", "/v1/jobs", {"prompt": "hi"}), ("get", f"/v1/jobs/{job}", None),
+                               ("get", f"/v1/jobs/{job}/stream", None), ("delete", f"/v1/jobs/{job}", None),
+                               ("get", "/healthz", None),
+                               ("post", "/v1/completions", {"model": tiny_model, "prompt": "hi"})]:
+        resp = getattr(down, method)(path, json=body)
+        assert resp.status_code == 503, path
+        assert resp.headers["Retry-After"].isdigit(), path
+        assert "broker_unavailable" in resp.get_data(as_text=True), path

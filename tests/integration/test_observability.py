@@ -12,7 +12,8 @@ import time
 import pytest
 
 from conftest import ROOT
-from tailguard.finished import FinishedConsumer, FinishedRequest
+from tailguard import keys
+from tailguard.finished import GROUP, FinishedConsumer, FinishedRequest
 from tailguard.jobs import QUEUED, RUNNING, SUCCEEDED, JobStore
 from tailguard.stats import StatsStore
 
@@ -59,6 +60,11 @@ def request_log(caplog):
     logger.removeHandler(caplog.handler)
 
 
+def request_lines(request_log) -> list[dict]:
+    """The request log's lines (caplog's handler also sees other loggers' warnings)."""
+    return [json.loads(r.getMessage()) for r in request_log.records if r.name == "tailguard.requests"]
+
+
 def test_metrics_move_as_requests_finish(client, redis_client, gateway):
     # the app (and its registry) lives for the whole session: compare against a snapshot
     before = client.get("/metrics").data.decode()
@@ -99,7 +105,7 @@ def test_request_log_has_one_line_per_finished_request(client, redis_client, gat
     job_id = submit(client, max_tokens=100000)
     succeed(redis_client, job_id, tokens=5, ttft=0.01)
     gateway.finished.run_once()
-    [line] = [json.loads(r.getMessage()) for r in request_log.records]
+    [line] = request_lines(request_log)
     assert set(line) == {"event", "id", "lane", "priority", "status", "prompt_tokens",
                          "requested_max_tokens", "max_tokens", "max_tokens_capped",
                          "completion_tokens", "finish_reason", "queued_s", "ttft_s", "e2e_s",
@@ -116,9 +122,9 @@ def test_request_log_has_one_line_per_finished_request(client, redis_client, gat
 
 def test_expired_requests_are_logged_too(client, gateway, request_log):
     job_id = submit(client, priority="batch")
-    assert client.get(f"/v1/jobs/{job_id}?wait=5").get_json()["status"] == "expired"
+    assert client.get(f"/v1/jobs/{job_id}?wait=15").get_json()["status"] == "expired"
     gateway.finished.run_once()
-    [line] = [json.loads(r.getMessage()) for r in request_log.records]
+    [line] = request_lines(request_log)
     assert (line["status"], line["error"], line["queued_s"]) == ("expired", "expired", None)
 
 
@@ -132,6 +138,25 @@ def test_two_consumers_split_the_work_never_double_count(redis_client, client):
     a.run_once(count=3)
     b.run_once(count=10)
     assert sorted(seen_a + seen_b) == sorted(ids) and not set(seen_a) & set(seen_b)
+
+
+def test_entries_pending_on_a_dead_consumer_are_claimed(redis_client, client):
+    """An API process that read finished entries and died before acking them: another
+    process takes them over once they are idle, and counts each once."""
+    ids = [submit(client) for _ in range(3)]
+    for job_id in ids:
+        succeed(redis_client, job_id)
+    dead = FinishedConsumer(redis_client, [], consumer="dead")
+    dead._ensure_group()
+    redis_client.xreadgroup(GROUP, "dead", {keys.FINISHED_STREAM: ">"}, count=10)  # never acked
+    seen = []
+    alive = FinishedConsumer(redis_client, [lambda r: seen.append(r.id)], consumer="alive",
+                             claim_idle_ms=200)
+    assert alive.run_once() == 0  # not idle long enough yet: the owner may still be working
+    time.sleep(0.3)
+    assert alive.run_once() == 3 and sorted(seen) == sorted(ids)
+    assert alive.run_once() == 0
+    assert redis_client.xpending(keys.FINISHED_STREAM, GROUP)["pending"] == 0
 
 
 def record(i, lane, e2e, queued=0.0, prompt=10, out=20, status="succeeded", at=1_800_000_000.0):

@@ -1,6 +1,7 @@
 """The engine keeper's lifecycle with fake hosts (no engine): start, death, restart, give up."""
 
 import threading
+import time
 
 import pytest
 
@@ -18,6 +19,14 @@ class FakeHost:
 
     def shutdown(self) -> None:
         self.shut = True
+
+
+def settled(events: list[str], expected: list[str], timeout_s: float = 5.0) -> bool:
+    """on_up runs on the keeper's thread just after get() can return: wait for it."""
+    deadline = time.monotonic() + timeout_s
+    while events != expected and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return events == expected
 
 
 def keeper_for(failures: list[bool], **kw):
@@ -43,24 +52,25 @@ def test_a_dead_engine_is_withdrawn_and_replaced():
     keeper.died(first)  # every task thread that saw it die reports it: one restart
     second = keeper.get(timeout=5)
     assert second is not first and first.shut and keeper.state == SERVING
-    assert events == ["up", "down", "up"] and keeper.restarts == 1 and len(built) == 2
+    assert settled(events, ["up", "down", "up"]) and keeper.restarts == 1 and len(built) == 2
 
 
 def test_a_death_noticed_while_idle_restarts_too():
     keeper, built, events, _ = keeper_for([])
     host = keeper.get(timeout=5)
+    assert settled(events, ["up"])
     keeper.check()
     assert events == ["up"]
     host.dead = True
     keeper.check()
-    assert keeper.get(timeout=5) is not host and events == ["up", "down", "up"]
+    assert keeper.get(timeout=5) is not host and settled(events, ["up", "down", "up"])
 
 
 def test_a_failed_first_start_is_not_retried():
     keeper, built, events, gave_up = keeper_for([True])
     with pytest.raises(EngineDeadError, match="cannot start"):
         keeper.get(timeout=5)
-    assert keeper.state == FAILED and events == ["give_up"] and len(built) == 1
+    assert keeper.state == FAILED and settled(events, ["give_up"]) and len(built) == 1
 
 
 def test_restarts_back_off_then_give_up():

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from app.sse import sse_event
 from tailguard.openai_protocol import STREAM_DONE, error_body
 
@@ -27,3 +29,25 @@ def test_error_event_parses_back():
     # mid-stream failures go out as an SSE event the openai client raises on
     event = sse_event(error_body("engine died", type="server_error", param=None, code="engine_error"))
     assert json.loads(event.decode().removeprefix("data: "))["error"]["code"] == "engine_error"
+
+
+def test_only_a_departed_client_counts_as_a_disconnect():
+    from flask import Flask
+
+    from app.sse import sse_response
+
+    def failing():
+        yield b"data: 1\n\n"
+        raise ConnectionError("Redis went away")
+
+    cancelled = []
+    with Flask(__name__).test_request_context():
+        body = sse_response(failing(), on_disconnect=lambda: cancelled.append(1)).response
+        assert next(body) == b"data: 1\n\n"
+        with pytest.raises(ConnectionError):
+            next(body)
+        assert cancelled == []  # a Redis error is not the client leaving
+        gone = sse_response(iter([b"a", b"b"]), on_disconnect=lambda: cancelled.append(2)).response
+        next(gone)
+        gone.close()  # what gunicorn does when a write to the client fails
+        assert cancelled == [2]
