@@ -3,7 +3,10 @@
 Decode: ``n`` requests started together (a short prompt, ``decode_tokens`` out,
 ``ignore_eos``) for each batch size ``n``; a request's time per output token
 after its first, (engine time - TTFT) / (tokens - 1), is the step time with ``n``
-sequences decoding (the median over the ``n`` requests). Prefill: one request of
+sequences decoding (the median over the ``n`` requests). Long-context decode: the
+same with ``long_context``-token prompts; the request prefilled last is timed, as
+its later steps are decode-only with ``n`` sequences of about that context (fewer
+at the end, as the others finish first). Prefill: one request of
 ``p`` prompt tokens and one output token, alone, for each ``p``; its TTFT is the
 step that prefilled it. Each point is the median of ``repeats`` runs.
 
@@ -25,10 +28,12 @@ from tailguard.plan.stepmodel import StepModel, fit
 
 BATCHES = (1, 2, 4, 8, 16)
 PROMPTS = (128, 512, 1024, 2000)
+LONG_BATCHES = (1, 4, 8)
 
 
 def run_profile(model: str, *, cores: tuple[int, ...] = (), batches: tuple[int, ...] = BATCHES,
-                prompts: tuple[int, ...] = PROMPTS, decode_tokens: int = 64, repeats: int = 3,
+                prompts: tuple[int, ...] = PROMPTS, long_batches: tuple[int, ...] = LONG_BATCHES,
+                long_context: int = 2000, decode_tokens: int = 64, repeats: int = 3,
                 max_model_len: int = 4096, say: Callable[[str], None] = print) -> StepModel:
     """Start one engine on `model` (pinned to `cores`), measure, fit, shut it down."""
     from tailguard.bench.workload import SEED_PROMPTS, long_prompt
@@ -66,6 +71,18 @@ def run_profile(model: str, *, cores: tuple[int, ...] = (), batches: tuple[int, 
                         (r.engine_s - r.ttft_s) / (r.completion_tokens - 1) for r in results))
                 decode.append((n, statistics.median(runs)))
                 say(f"decode batch {n:>3}: {1000 * decode[-1][1]:.2f} ms/step")
+            long_decode: list[tuple[int, int, float]] = []
+            for n in long_batches:
+                runs = []
+                for _ in range(repeats):
+                    texts = [long_prompt(long_context, rng, count) for _ in range(n)]
+                    results = list(pool.map(lambda text: one(text, decode_tokens), texts))
+                    last = max(results, key=lambda r: r.ttft_s)
+                    runs.append((last.engine_s - last.ttft_s) / (last.completion_tokens - 1))
+                ctx = n * (long_context + decode_tokens // 2)
+                long_decode.append((n, ctx, statistics.median(runs)))
+                say(f"decode batch {n:>3} at {long_context} tokens of context: "
+                    f"{1000 * long_decode[-1][2]:.2f} ms/step")
         prefill: list[tuple[int, float]] = []
         for p in prompts:
             runs = []
@@ -76,7 +93,7 @@ def run_profile(model: str, *, cores: tuple[int, ...] = (), batches: tuple[int, 
             say(f"prefill {p:>5} tokens: {1000 * prefill[-1][1]:.1f} ms")
     finally:
         host.shutdown()
-    return fit(decode, prefill, source={
+    return fit(decode, prefill, long_decode, source={
         "model": model, "pinning": pin.label(), "cpu_count": os.cpu_count(),
         "decode_tokens": decode_tokens, "repeats": repeats,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})

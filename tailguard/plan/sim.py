@@ -13,7 +13,7 @@ What it models, and how the real system does it:
 * **Engines**: continuous batching. Each step decodes one token for every sequence past
   its prompt and prefills up to ``max_batched_tokens`` prompt tokens (chunked, oldest
   first); a request that entered while a step ran joins the next one. The step lasts
-  ``StepModel.step_s``. The step that finishes a prompt also yields its first token.
+  ``StepModel.step_s`` of its decoding sequences, their context and its prefill tokens. The step that finishes a prompt also yields its first token.
   A request still running ``deadline_s`` after it entered the engine ends "deadline".
 * **Times**: per request, queue wait (arrival to engine), TTFT and end-to-end, the last
   two plus ``StepModel.overhead_s``. Throughput per class is its output tokens over the
@@ -158,7 +158,8 @@ def simulate(classes: Sequence[ClassLoad], lanes: Sequence[Lane], groups: Sequen
                 budget -= chunk
                 prefill += chunk
         e.busy = True
-        push(t + model.step_s(len(decode), prefill), "step", e)
+        context = sum(r.prompt + r.out for r in decode)
+        push(t + model.step_s(len(decode), prefill, context), "step", e)
 
     while events:
         t, _, kind, payload = heapq.heappop(events)

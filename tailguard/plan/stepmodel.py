@@ -1,10 +1,11 @@
-"""The engine's step time: ``step_s = a + b * decode_seqs + c * prefill_tokens``.
+"""The engine's step time: ``step_s = a + b * decode_seqs + c * prefill_tokens + d * context``.
 
 One engine step decodes one token for every running sequence and prefills up to
-``max_batched_tokens`` prompt tokens (vLLM's chunked prefill). On this kind of
-hardware a step's cost is a fixed part (scheduling, the Python around the model,
-reading the weights) plus a part per token in the batch; a decode token and a
-prefill token cost differently, so they get their own coefficient. The
+``max_batched_tokens`` prompt tokens (vLLM's chunked prefill). A step's cost is a
+fixed part (scheduling, the Python around the model, reading the weights), a part
+per token in the batch (a decode token and a prefill token cost differently, so
+each has its coefficient) and, for decoding, attention over each sequence's KV
+cache: ``context`` is the sum of the decoding sequences' lengths so far. The
 coefficients are fitted by least squares from a profile (``tailguard.plan.profile``).
 """
 
@@ -21,19 +22,21 @@ class StepModel:
     a_s: float  # fixed cost of one step
     decode_s: float  # per sequence decoding in the step
     prefill_s: float  # per prompt token prefilled in the step
+    context_s: float = 0.0  # per token of KV cache the decoding sequences attend to
     max_batched_tokens: int = 2048  # prompt tokens one step may prefill (chunked prefill)
     overhead_s: float = 0.0  # per request, outside the engine: API, broker, streaming
     source: dict[str, Any] = field(default_factory=dict)  # how it was obtained
 
-    def step_s(self, decode_seqs: int, prefill_tokens: int) -> float:
-        return self.a_s + self.decode_s * decode_seqs + self.prefill_s * prefill_tokens
+    def step_s(self, decode_seqs: int, prefill_tokens: int, context_tokens: int = 0) -> float:
+        return (self.a_s + self.decode_s * decode_seqs + self.prefill_s * prefill_tokens
+                + self.context_s * context_tokens)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "StepModel":
-        known = {k: d[k] for k in ("a_s", "decode_s", "prefill_s", "max_batched_tokens",
+        known = {k: d[k] for k in ("a_s", "decode_s", "prefill_s", "context_s", "max_batched_tokens",
                                    "overhead_s", "source") if k in d}
         return cls(**known)
 
@@ -57,17 +60,25 @@ def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
 
 
 def fit(decode: Sequence[tuple[int, float]], prefill: Sequence[tuple[int, float]],
-        **kw: Any) -> StepModel:
-    """A StepModel from (batch size, seconds per decode step) and (prompt tokens, seconds of
-    the step that prefilled them) measurements.
+        long_decode: Sequence[tuple[int, int, float]] = (), **kw: Any) -> StepModel:
+    """A StepModel from measurements: (batch size, seconds per decode step) with short
+    contexts, (prompt tokens, seconds of the step that prefilled them), and (batch size,
+    context tokens in all, seconds per decode step) with long contexts.
 
-    The decode line gives ``a + b``: its intercept is the fixed cost; the prefill line's
-    slope is the cost per prompt token (its intercept, the same fixed cost plus one decode,
-    is a check, kept in ``source``).
+    The short-context decode line gives the fixed cost (intercept) and the cost per
+    sequence (slope); the prefill line's slope is the cost per prompt token (its
+    intercept, the fixed cost plus one decode, is a check, kept in ``source``); what the
+    long-context steps take beyond the short-context line, over their context tokens
+    (least squares through the origin), is the cost per context token.
     """
     a, b = fit_line([n for n, _ in decode], [s for _, s in decode])
     a2, c = fit_line([p for p, _ in prefill], [s for _, s in prefill])
+    d = 0.0
+    if long_decode:
+        xs = [ctx for _, ctx, _ in long_decode]
+        d = sum(x * (s - a - b * n) for (n, _, s), x in zip(long_decode, xs)) / sum(x * x for x in xs)
     source = dict(kw.pop("source", {}), decode_points=[list(x) for x in decode],
-                  prefill_points=[list(x) for x in prefill], prefill_intercept_s=a2)
+                  prefill_points=[list(x) for x in prefill],
+                  long_decode_points=[list(x) for x in long_decode], prefill_intercept_s=a2)
     return StepModel(a_s=max(a, 0.0), decode_s=max(b, 0.0), prefill_s=max(c, 0.0),
-                     source=source, **kw)
+                     context_s=max(d, 0.0), source=source, **kw)

@@ -21,10 +21,11 @@ def one_lane(**kw) -> Lane:
 
 
 def test_fit_recovers_the_coefficients():
-    a, b, c = 0.005, 0.0004, 0.0002
+    a, b, c, d = 0.005, 0.0004, 0.0002, 1e-6
     m = fit([(n, a + b * n) for n in (1, 2, 4, 8, 16)],
-            [(p, a + b + c * p) for p in (128, 512, 2000)])
-    assert (m.a_s, m.decode_s, m.prefill_s) == pytest.approx((a, b, c))
+            [(p, a + b + c * p) for p in (128, 512, 2000)],
+            [(n, n * 2000, a + b * n + d * n * 2000) for n in (1, 4, 8)])
+    assert (m.a_s, m.decode_s, m.prefill_s, m.context_s) == pytest.approx((a, b, c, d))
     assert m.source["prefill_intercept_s"] == pytest.approx(a + b)
 
 
@@ -82,6 +83,18 @@ def test_deadline_and_queue_ttl_end_requests():
     cls = ClassLoad("c", 5.0, Lengths.fixed(1), Lengths.fixed(1000))
     r = simulate([cls], [lane], [EngineGroup(("only",), 1, 1)], model, duration_s=20)["c"]
     assert set(r.statuses) == {"deadline", "expired"}
+
+
+def test_long_contexts_slow_decoding():
+    """Attention over the KV cache: the same outputs take longer after long prompts."""
+    model = StepModel(a_s=0.004, decode_s=0.0003, prefill_s=0.0, context_s=1e-6)
+    lane = one_lane(max_num_seqs=8)
+    p50 = {}
+    for prompt in (10, 4000):
+        cls = ClassLoad("c", 1.0, Lengths.fixed(prompt), Lengths.fixed(64))
+        p50[prompt] = simulate([cls], [lane], [EngineGroup(("only",), 1, 8)], model,
+                               duration_s=60)["c"].e2e["p50"]
+    assert p50[4000] > p50[10] * 1.5
 
 
 def test_lanes_without_an_engine_are_left_out():
