@@ -49,7 +49,9 @@ def _target(text: str) -> tuple[str, float]:
                               "group in file order, e.g. 1,1")
 @click.option("--duration", type=float, default=300.0, show_default=True,
               help="simulated seconds of arrivals")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="random draw of arrivals and lengths (with --validate: Poisson arrivals "
+                   "instead of the bench runs' own)")
 @click.option("--validate", is_flag=True,
               help="predicted vs measured for the bench runs of docs/benchmarks.md")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
@@ -60,6 +62,7 @@ def plan(profile_out: Path | None, cores: str | None, step_model: Path | None,
          as_json: bool) -> None:
     """How many engines each lane needs: a simulation of the lanes and of continuously
     batching engines whose step time comes from `--profile`."""
+    seed_given = click.get_current_context().get_parameter_source("seed").name != "DEFAULT"
     from tailguard.bench.topology import shared_lane
     from tailguard.lanes import engine_settings_for, load_lanes
 
@@ -83,7 +86,7 @@ def plan(profile_out: Path | None, cores: str | None, step_model: Path | None,
     if validate:
         from tailguard.plan.validate import render, table_rows
 
-        rows = table_rows(table, model, seed)
+        rows = table_rows(table, model, seed if seed_given else None)
         click.echo(json.dumps(rows, indent=2) if as_json else render(rows))
         return
     try:

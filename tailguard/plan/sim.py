@@ -89,8 +89,12 @@ class ClassResult:
 
 
 def simulate(classes: Sequence[ClassLoad], lanes: Sequence[Lane], groups: Sequence[EngineGroup],
-             model: StepModel, *, duration_s: float, seed: int = 0) -> dict[str, ClassResult]:
+             model: StepModel, *, duration_s: float, seed: int = 0,
+             arrivals: Sequence[tuple[float, str, int, int]] | None = None) -> dict[str, ClassResult]:
     """Run `duration_s` of arrivals to completion; per-class results.
+
+    `arrivals`, (time, class name, prompt tokens, max_tokens), replays a given request
+    list (a bench run's) instead of drawing Poisson arrivals and lengths from `classes`.
 
     Requests placed on a lane no group serves are left out (not counted), so one lane
     group can be simulated alone: lanes that share no engine do not interact.
@@ -111,7 +115,11 @@ def simulate(classes: Sequence[ClassLoad], lanes: Sequence[Lane], groups: Sequen
         heapq.heappush(events, (t, seq, kind, payload))
         seq += 1
 
-    for c in classes:  # each class its own stream: the same arrivals whatever the fleet
+    if arrivals is not None:
+        by_class = {c.name: c for c in classes}
+        for t, name, prompt, max_tokens in arrivals:
+            push(t, "arrive", (by_class[name], prompt, max_tokens))
+    for c in classes if arrivals is None else ():  # each class its own stream
         crng = random.Random(f"{seed}/{c.name}")
         t = crng.expovariate(c.rate) if c.rate > 0 else duration_s
         while t < duration_s:

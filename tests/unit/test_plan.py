@@ -165,3 +165,12 @@ def test_stats_json_classes():
                        "long": {"count": 0}}}
     [c] = from_stats(stats, TABLE)
     assert (c.name, c.rate, c.priority) == ("batch", 1.0, "batch")
+
+
+def test_replayed_arrivals_are_the_requests_simulated():
+    """--validate replays a bench run's own requests instead of a Poisson draw."""
+    cls = ClassLoad("c", 0.0, Lengths.fixed(1), Lengths.fixed(1))
+    model = StepModel(a_s=1.0, decode_s=0.0, prefill_s=0.0)
+    r = simulate([cls], [one_lane(max_num_seqs=1)], [EngineGroup(("only",), 1, 1)], model,
+                 duration_s=10, arrivals=[(0.0, "c", 1, 1), (0.5, "c", 1, 1)])["c"]
+    assert r.n == 2 and r.e2e["max"] == pytest.approx(1.5)  # the second waited 0.5 s
