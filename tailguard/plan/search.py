@@ -10,8 +10,10 @@ nothing expired, cut by a deadline or rejected.
 
 A group of more than ``SIM_ENGINES`` engines is simulated as ``SIM_ENGINES``
 engines carrying their share of its traffic: pooling beyond that is left out,
-which can only overstate latency (the estimate errs towards more engines), and
-keeps a 512-engine fleet as cheap to simulate as an 8-engine one.
+which can only overstate latency (the estimate errs towards more engines). Where
+that leaves a class fewer than ``MIN_SAMPLE`` requests in ``duration_s``, the sample
+runs longer (up to what the whole group would see), so a P99 is never read off a
+handful of requests.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from tailguard.plan.stepmodel import StepModel
 from tailguard.plan.workload import ClassLoad
 
 SIM_ENGINES = 8
+MIN_SAMPLE = 1000
 MAX_ENGINES = 1 << 16
 
 
@@ -60,13 +63,19 @@ def evaluate(classes: Sequence[ClassLoad], lanes: Sequence[Lane], groups: Sequen
     results: dict[str, ClassResult] = {}
     for g in groups:
         factor = min(SIM_ENGINES, g.count) / g.count
-        sub = simulate([c.scaled(factor) for c in classes], lanes,
-                       [replace(g, count=min(SIM_ENGINES, g.count))], model,
-                       duration_s=duration_s, seed=seed)
+        scaled = [c.scaled(factor) for c in classes]
+        sub = simulate(scaled, lanes, [replace(g, count=min(SIM_ENGINES, g.count))], model,
+                       duration_s=duration_s * _stretch(scaled, duration_s, factor), seed=seed)
         for name, r in sub.items():
             if r.n:
                 results[name] = replace(r, tokens_per_s=r.tokens_per_s / factor)
     return Plan(tuple(groups), results, all(targets.met_by(r) for r in results.values()))
+
+
+def _stretch(classes: Sequence[ClassLoad], duration_s: float, factor: float) -> float:
+    """How much longer than `duration_s` to simulate so each class has MIN_SAMPLE requests."""
+    need = max([1.0] + [MIN_SAMPLE / (c.rate * duration_s) for c in classes if c.rate > 0])
+    return min(need, 1 / factor)
 
 
 def least_engines(classes: Sequence[ClassLoad], lanes: Sequence[Lane], group: EngineGroup,

@@ -174,3 +174,11 @@ def test_replayed_arrivals_are_the_requests_simulated():
     r = simulate([cls], [one_lane(max_num_seqs=1)], [EngineGroup(("only",), 1, 1)], model,
                  duration_s=10, arrivals=[(0.0, "c", 1, 1), (0.5, "c", 1, 1)])["c"]
     assert r.n == 2 and r.e2e["max"] == pytest.approx(1.5)  # the second waited 0.5 s
+
+
+def test_a_target_no_engine_count_meets_is_none():
+    """A lone 64-token request takes ~0.3 s here: no fleet makes its P99 0.1 s (a big group's
+    sample must not shrink to a few lucky requests)."""
+    group = EngineGroup(("short",), 1, 16)
+    assert least_engines([parse_class("s:2:3:64")], list(TABLE), group, CPU,
+                         Targets({"s": 0.1}), duration_s=60) is None
