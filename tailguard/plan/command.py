@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import click
 
 from tailguard.errors import ConfigError
+from tailguard.lanes import load_lanes
+from tailguard.plan.search import (
+    Plan,
+    Targets,
+    evaluate,
+    least_engines,
+    split_fleet,
+    topology,
+)
 from tailguard.plan.sim import EngineGroup
-from tailguard.plan.search import Plan, Targets, evaluate, least_engines, split_fleet
 from tailguard.plan.stepmodel import StepModel
 from tailguard.plan.workload import ClassLoad, load_classes, parse_class
 
@@ -38,7 +47,7 @@ def _target(text: str) -> tuple[str, float]:
               help="multiply every class's rate")
 @click.option("--lanes", "lanes_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="lanes file (default: $TAILGUARD_LANES or the packaged one)")
-@click.option("--topology", type=click.Choice(["lanes", "shared"]), default="lanes",
+@click.option("--topology", "topology_name", type=click.Choice(["lanes", "shared"]), default="lanes",
               show_default=True, help="lanes: the file's worker groups; shared: one lane for all")
 @click.option("--target", "target_specs", multiple=True, metavar="CLASS:SECONDS",
               help="bound on a class's end-to-end P99, e.g. short:0.5")
@@ -57,15 +66,12 @@ def _target(text: str) -> tuple[str, float]:
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def plan(profile_out: Path | None, cores: str | None, step_model: Path | None,
          class_specs: tuple[str, ...], workload_file: Path | None, rate: float | None, scale: float,
-         lanes_file: Path | None, topology: str, target_specs: tuple[str, ...], max_queue_s: float,
+         lanes_file: Path | None, topology_name: str, target_specs: tuple[str, ...], max_queue_s: float,
          engines: int | None, split: str | None, duration: float, seed: int, validate: bool,
          as_json: bool) -> None:
     """How many engines each lane needs: a simulation of the lanes and of continuously
     batching engines whose step time comes from `--profile`."""
     seed_given = click.get_current_context().get_parameter_source("seed").name != "DEFAULT"
-    from tailguard.bench.topology import shared_lane
-    from tailguard.lanes import engine_settings_for, load_lanes
-
     if profile_out:
         from tailguard.plan.profile import run_profile
         from tailguard.served_model import served_model
@@ -99,13 +105,7 @@ def plan(profile_out: Path | None, cores: str | None, step_model: Path | None,
         raise click.UsageError("give the workload: --class ... (repeat) or --workload FILE")
     classes = [c.scaled(scale) for c in classes]
     targets = Targets(dict(_target(t) for t in target_specs), max_queue_s)
-    if topology == "shared":
-        lane = shared_lane(table)
-        lanes, groups = [lane], [EngineGroup((lane.name,), 1, lane.max_num_seqs)]
-    else:
-        lanes = list(table)
-        groups = [EngineGroup(w.lanes, 1, engine_settings_for(table.lanes_for_queues(w.lanes))[0])
-                  for w in table.workers]
+    lanes, groups = topology(table, topology_name)
     if split:
         counts = [int(x) for x in split.split(",")]
         if len(counts) != len(groups) or min(counts) < 1:
@@ -119,8 +119,6 @@ def plan(profile_out: Path | None, cores: str | None, step_model: Path | None,
                                        "one request alone takes?)")
         needed = [n for n in found if n is not None]
         counts = split_fleet(needed, engines) if engines else needed
-    from dataclasses import replace
-
     result = evaluate(classes, lanes, [replace(g, count=n) for g, n in zip(groups, counts)],
                       model, targets, duration_s=duration, seed=seed)
     if as_json:

@@ -21,7 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from tailguard.lanes import Lane
+from tailguard.bench.topology import shared_lane
+from tailguard.lanes import Lane, LaneTable, engine_settings_for
 from tailguard.plan.sim import ClassResult, EngineGroup, simulate
 from tailguard.plan.stepmodel import StepModel
 from tailguard.plan.workload import ClassLoad
@@ -29,6 +30,18 @@ from tailguard.plan.workload import ClassLoad
 SIM_ENGINES = 8
 MIN_SAMPLE = 1000
 MAX_ENGINES = 1 << 16
+
+
+def topology(table: LaneTable, name: str, count: int = 1) -> tuple[list[Lane], list[EngineGroup]]:
+    """The lanes and engine groups of a topology, as `tailguard bench` builds them: ``lanes``,
+    the file's worker groups; ``shared``, one lane taking every interactive request.
+    Each group gets `count` engines."""
+    if name == "shared":
+        lane = shared_lane(table)
+        return [lane], [EngineGroup((lane.name,), count, lane.max_num_seqs)]
+    return list(table), [EngineGroup(w.lanes, count,
+                                     engine_settings_for(table.lanes_for_queues(w.lanes))[0])
+                         for w in table.workers]
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tailguard.bench.topology import shared_lane
 from tailguard.bench.workload import LONG, mixed_workload
-from tailguard.lanes import LaneTable, engine_settings_for
-from tailguard.plan.sim import EngineGroup, simulate
+from tailguard.lanes import LaneTable
+from tailguard.plan.search import topology
+from tailguard.plan.sim import simulate
 from tailguard.plan.stepmodel import StepModel
 from tailguard.plan.workload import ClassLoad, Lengths
 
@@ -62,17 +62,11 @@ def bench_arrivals(run: BenchRun) -> list[tuple[float, str, int, int]]:
              r.max_tokens) for r in wl.requests]
 
 
-def predict(run: BenchRun, table: LaneTable, model: StepModel, topology: str,
+def predict(run: BenchRun, table: LaneTable, model: StepModel, name: str,
             seed: int | None = None) -> tuple[float, float]:
     """(short P99 s, long tokens/s) the simulator predicts for one bench run and topology:
     for the run's own arrivals, or (`seed`) for a Poisson draw of the same rates."""
-    if topology == "shared":
-        lane = shared_lane(table)
-        lanes, groups = [lane], [EngineGroup((lane.name,), 2, lane.max_num_seqs)]
-    else:
-        lanes = list(table)
-        groups = [EngineGroup(w.lanes, 1, engine_settings_for(table.lanes_for_queues(w.lanes))[0])
-                  for w in table.workers]
+    lanes, groups = topology(table, name, count=2 if name == "shared" else 1)
     res = simulate(bench_classes(run), lanes, groups, model, duration_s=run.duration_s,
                    seed=seed or 0, arrivals=bench_arrivals(run) if seed is None else None)
     return res["short"].e2e["p99"] or 0.0, res["long"].tokens_per_s
@@ -81,17 +75,17 @@ def predict(run: BenchRun, table: LaneTable, model: StepModel, topology: str,
 def table_rows(table: LaneTable, model: StepModel, seed: int | None = None) -> list[dict]:
     rows = []
     for run in MEASURED:
-        for topology, (m_p99, m_tps) in run.measured.items():
-            p99, tps = predict(run, table, model, topology, seed)
-            rows.append({"run": run.name, "topology": topology,
+        for name, (m_p99, m_tps) in run.measured.items():
+            p99, tps = predict(run, table, model, name, seed)
+            rows.append({"run": run.name, "topology": name,
                          "short_p99": (p99, m_p99, p99 / m_p99 - 1),
                          "long_tokens_per_s": (tps, m_tps, tps / m_tps - 1)})
     return rows
 
 
 def render(rows: list[dict]) -> str:
-    out = ["| run | topology | short P99 predicted | measured | error | long tok/s predicted "
-           "| measured | error |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    out = [("| run | topology | short P99 predicted | measured | error | long tok/s predicted "
+            "| measured | error |"), "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         p, m, e = r["short_p99"]
         tp, tm, te = r["long_tokens_per_s"]
