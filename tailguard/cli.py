@@ -5,6 +5,7 @@
     tailguard api | flower | redis     one process each (what the Procfile runs)
     tailguard keys add|list|revoke     API keys (authentication is on once one exists)
     tailguard make-demo-model DIR [--size tiny|small]
+    tailguard plan --step-model FILE --class short:2:3:64 ...   engines per lane, by simulation
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from tailguard.bench.report import render_text
 from tailguard.bench.run import BenchConfig, run_bench
 from tailguard.bench.topology import TopologyError
 from tailguard.errors import ConfigError
+from tailguard.plan.command import plan
 from tailguard.procs import become, console_script
 
 
@@ -287,6 +289,8 @@ def bench(check: bool, **config: Any) -> None:
     if check and any(t["status"] == "FAIL" for t in report["targets"]):
         sys.exit(1)
 
+
+main.add_command(plan)
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,163 @@
+"""The `tailguard plan` command (registered by tailguard/cli.py)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import click
+
+from tailguard.errors import ConfigError
+from tailguard.lanes import load_lanes
+from tailguard.plan.search import (
+    Plan,
+    Targets,
+    evaluate,
+    least_engines,
+    split_fleet,
+    topology,
+)
+from tailguard.plan.sim import EngineGroup
+from tailguard.plan.stepmodel import StepModel
+from tailguard.plan.workload import ClassLoad, load_classes, parse_class
+
+
+def _target(text: str) -> tuple[str, float]:
+    name, _, value = text.partition(":")
+    try:
+        return name, float(value)
+    except ValueError:
+        raise click.BadParameter(f"want CLASS:SECONDS, got {text!r}") from None
+
+
+@click.command()
+@click.option("--profile", "profile_out", type=click.Path(dir_okay=False, path_type=Path),
+              help="measure the engine (the served model, or the demo model) and write its step "
+                   "model to this JSON file, then exit")
+@click.option("--cores", help="with --profile: pin the engine to these cores, e.g. 1")
+@click.option("--step-model", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="the step model JSON that --profile wrote")
+@click.option("--class", "class_specs", multiple=True, metavar="NAME:RATE:PROMPT:OUTPUT[:PRIORITY]",
+              help="a request class: req/s, prompt and output tokens (repeat per class)")
+@click.option("--workload", "workload_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="a JSONL trace (the bench's format) or `tailguard stats --json` output")
+@click.option("--rate", type=float, help="total req/s for a trace without arrival_s")
+@click.option("--scale", type=float, default=1.0, show_default=True,
+              help="multiply every class's rate")
+@click.option("--lanes", "lanes_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="lanes file (default: $TAILGUARD_LANES or the packaged one)")
+@click.option("--topology", "topology_name", type=click.Choice(["lanes", "shared"]), default="lanes",
+              show_default=True, help="lanes: the file's worker groups; shared: one lane for all")
+@click.option("--target", "target_specs", multiple=True, metavar="CLASS:SECONDS",
+              help="bound on a class's end-to-end P99, e.g. short:0.5")
+@click.option("--max-queue-s", type=float, default=10.0, show_default=True,
+              help="classes without a target: bound on their queue wait P99 (keeps up)")
+@click.option("--engines", type=int, help="a fleet of N engines: how it splits")
+@click.option("--split", help="simulate this split instead of searching: engines per worker "
+                              "group in file order, e.g. 1,1")
+@click.option("--duration", type=float, default=300.0, show_default=True,
+              help="simulated seconds of arrivals")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="random draw of arrivals and lengths (with --validate: Poisson arrivals "
+                   "instead of the bench runs' own)")
+@click.option("--validate", is_flag=True,
+              help="predicted vs measured for the bench runs of docs/benchmarks.md")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def plan(profile_out: Path | None, cores: str | None, step_model: Path | None,
+         class_specs: tuple[str, ...], workload_file: Path | None, rate: float | None, scale: float,
+         lanes_file: Path | None, topology_name: str, target_specs: tuple[str, ...], max_queue_s: float,
+         engines: int | None, split: str | None, duration: float, seed: int, validate: bool,
+         as_json: bool) -> None:
+    """How many engines each lane needs: a simulation of the lanes and of continuously
+    batching engines whose step time comes from `--profile`."""
+    seed_given = click.get_current_context().get_parameter_source("seed").name != "DEFAULT"
+    if profile_out:
+        from tailguard.plan.profile import run_profile
+        from tailguard.served_model import served_model
+
+        model = run_profile(served_model()[0], say=click.echo,
+                            cores=tuple(int(c) for c in cores.split(",")) if cores else ())
+        model.save(profile_out)
+        click.echo(f"step model: step_s = {model.a_s * 1e3:.3f} ms + {model.decode_s * 1e3:.4f} ms "
+                   f"x decoding seqs + {model.prefill_s * 1e3:.5f} ms x prefill tokens -> {profile_out}")
+        return
+    if step_model is None:
+        raise click.UsageError("give --step-model FILE (from `tailguard plan --profile FILE`)")
+    model = StepModel.load(step_model)
+    try:
+        table = load_lanes(lanes_file)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    if validate:
+        from tailguard.plan.validate import render, table_rows
+
+        rows = table_rows(table, model, seed if seed_given else None)
+        click.echo(json.dumps(rows, indent=2) if as_json else render(rows))
+        return
+    try:
+        classes: list[ClassLoad] = [parse_class(s) for s in class_specs]
+        if workload_file:
+            classes += load_classes(workload_file, table, rate)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    if not classes:
+        raise click.UsageError("give the workload: --class ... (repeat) or --workload FILE")
+    classes = [c.scaled(scale) for c in classes]
+    targets = Targets(dict(_target(t) for t in target_specs), max_queue_s)
+    lanes, groups = topology(table, topology_name)
+    if split:
+        counts = [int(x) for x in split.split(",")]
+        if len(counts) != len(groups) or min(counts) < 1:
+            raise click.BadParameter(f"{len(groups)} counts >= 1 wanted", param_hint="--split")
+        needed = None
+    else:
+        found = [least_engines(classes, lanes, g, model, targets, duration_s=duration, seed=seed)
+                 for g in groups]
+        if None in found:
+            raise click.ClickException("no engine count meets the targets (a target below what "
+                                       "one request alone takes?)")
+        needed = [n for n in found if n is not None]
+        counts = split_fleet(needed, engines) if engines else needed
+    result = evaluate(classes, lanes, [replace(g, count=n) for g, n in zip(groups, counts)],
+                      model, targets, duration_s=duration, seed=seed)
+    if as_json:
+        click.echo(json.dumps(_to_dict(result, needed, engines), indent=2))
+    else:
+        click.echo(_render(result, needed, engines, targets))
+
+
+def _to_dict(p: Plan, needed: list[int] | None, fleet: int | None) -> dict:
+    return {"groups": [{"lanes": list(g.lanes), "engines": g.count} for g in p.groups],
+            "least_engines": needed, "fleet": fleet, "met": p.met,
+            "classes": {n: r.to_dict() for n, r in p.results.items()}}
+
+
+def _render(p: Plan, needed: list[int] | None, fleet: int | None, targets: Targets) -> str:
+    out = []
+    if needed is not None:
+        each = ", ".join(f"{_name(g)} {n}" for g, n in zip(p.groups, needed))
+        out.append(f"least engines meeting the targets: {sum(needed)} ({each})")
+        if fleet is not None and fleet < sum(needed):
+            out.append(f"a fleet of {fleet} is too small: shown is the least that meets them")
+    out.append("split: " + ", ".join(f"{_name(g)} {g.count}" for g in p.groups)
+               + f" = {p.engines} engines; targets {'met' if p.met else 'NOT met'}")
+    out.append("")
+    out.append(f"{'class':<10}{'lanes':<16}{'n':>7} {'P50 s':>8} {'P99 s':>8} {'TTFT P99':>9} "
+               f"{'queue P99':>10} {'tok/s':>9}  target / not succeeded")
+    for name, r in p.results.items():
+        bad = {k: v for k, v in r.statuses.items() if k != "succeeded"}
+        goal = targets.p99_s.get(name)
+        out.append(f"{name:<10}{','.join(r.lanes):<16}{r.n:>7} {_s(r.e2e['p50'])} {_s(r.e2e['p99'])} "
+                   f" {_s(r.ttft_p99)} {_s(r.queued_p99):>10} {r.tokens_per_s:>9.1f}  "
+                   f"{f'P99 <= {goal:g} s' if goal else f'queue P99 <= {targets.max_queue_s:g} s'}"
+                   f"{' ' + str(bad) if bad else ''}")
+    return "\n".join(out)
+
+
+def _name(g: EngineGroup) -> str:
+    return "+".join(g.lanes)
+
+
+def _s(x: float | None) -> str:
+    return f"{x:8.3f}" if x is not None else "       -"

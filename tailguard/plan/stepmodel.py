@@ -1,0 +1,84 @@
+"""The engine's step time: ``step_s = a + b * decode_seqs + c * prefill_tokens + d * context``.
+
+One engine step decodes one token for every running sequence and prefills up to
+``max_batched_tokens`` prompt tokens (vLLM's chunked prefill). A step's cost is a
+fixed part (scheduling, the Python around the model, reading the weights), a part
+per token in the batch (a decode token and a prefill token cost differently, so
+each has its coefficient) and, for decoding, attention over each sequence's KV
+cache: ``context`` is the sum of the decoding sequences' lengths so far. The
+coefficients are fitted by least squares from a profile (``tailguard.plan.profile``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+
+@dataclass(frozen=True)
+class StepModel:
+    a_s: float  # fixed cost of one step
+    decode_s: float  # per sequence decoding in the step
+    prefill_s: float  # per prompt token prefilled in the step
+    context_s: float = 0.0  # per token of KV cache the decoding sequences attend to
+    max_batched_tokens: int = 2048  # prompt tokens one step may prefill (chunked prefill)
+    overhead_s: float = 0.0  # per request, outside the engine: API, broker, streaming
+    source: dict[str, Any] = field(default_factory=dict)  # how it was obtained
+
+    def step_s(self, decode_seqs: int, prefill_tokens: int, context_tokens: int = 0) -> float:
+        return (self.a_s + self.decode_s * decode_seqs + self.prefill_s * prefill_tokens
+                + self.context_s * context_tokens)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "StepModel":
+        known = {k: d[k] for k in ("a_s", "decode_s", "prefill_s", "context_s", "max_batched_tokens",
+                                   "overhead_s", "source") if k in d}
+        return cls(**known)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "StepModel":
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares (intercept, slope) of ys against xs."""
+    n = len(xs)
+    if n < 2 or len(set(xs)) < 2:
+        raise ValueError("a line needs at least two distinct x values")
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return my - slope * mx, slope
+
+
+def fit(decode: Sequence[tuple[int, float]], prefill: Sequence[tuple[int, float]],
+        long_decode: Sequence[tuple[int, int, float]] = (), **kw: Any) -> StepModel:
+    """A StepModel from measurements: (batch size, seconds per decode step) with short
+    contexts, (prompt tokens, seconds of the step that prefilled them), and (batch size,
+    context tokens in all, seconds per decode step) with long contexts.
+
+    The short-context decode line gives the fixed cost (intercept) and the cost per
+    sequence (slope); the prefill line's slope is the cost per prompt token (its
+    intercept, the fixed cost plus one decode, is a check, kept in ``source``); what the
+    long-context steps take beyond the short-context line, over their context tokens
+    (least squares through the origin), is the cost per context token.
+    """
+    a, b = fit_line([n for n, _ in decode], [s for _, s in decode])
+    a2, c = fit_line([p for p, _ in prefill], [s for _, s in prefill])
+    d = 0.0
+    if long_decode:
+        xs = [ctx for _, ctx, _ in long_decode]
+        d = sum(x * (s - a - b * n) for (n, _, s), x in zip(long_decode, xs)) / sum(x * x for x in xs)
+    source = dict(kw.pop("source", {}), decode_points=[list(x) for x in decode],
+                  prefill_points=[list(x) for x in prefill],
+                  long_decode_points=[list(x) for x in long_decode], prefill_intercept_s=a2)
+    return StepModel(a_s=max(a, 0.0), decode_s=max(b, 0.0), prefill_s=max(c, 0.0),
+                     context_s=max(d, 0.0), source=source, **kw)
