@@ -178,8 +178,9 @@ def _isolation_lines(report: dict, line: Callable[..., None]) -> None:
          "both topologies")
     v = r["lanes_short_p99_over_baseline"]
     line("lanes_vs_baseline", None if v is None else v <= LANES_VS_BASELINE_MAX,
-         f"lanes {short} P99 {_fmt_s(p99('lanes', 'mixed'))} <= {LANES_VS_BASELINE_MAX:g}x its no-long-traffic "
-         f"{_fmt_s(p99('lanes', 'baseline'))}: ratio {_fmt_x(v)} (<= {LANES_VS_BASELINE_MAX:g}){note}",
+         f"lanes {short} P99 {_fmt_s(p99('lanes', 'mixed'))} <= {LANES_VS_BASELINE_MAX:g}x its "
+         f"no-long-traffic {_fmt_s(p99('lanes', 'baseline'))}: ratio {_fmt_x(v)} "
+         f"(<= {LANES_VS_BASELINE_MAX:g}){note}",
          "the lanes topology with a baseline phase")
     v = r["lanes_short_p99_over_direct"]
     line("lanes_vs_direct", None if v is None else v <= LANES_VS_DIRECT_MAX,
