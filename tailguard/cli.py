@@ -277,7 +277,7 @@ def _parsed_by(parse: Callable[[str], Any]) -> Callable[[click.Context, click.Pa
 @_bench_options
 @click.option("--check", is_flag=True, help="exit 1 when a target line says FAIL")
 def bench(check: bool, **config: Any) -> None:
-    """Benchmark short-request tail latency: one shared queue vs lanes, on real engines."""
+    """Benchmark short-request tail latency: shared queue vs lanes vs plain vLLM, real engines."""
     cfg = BenchConfig(**config)
     try:
         report = run_bench(cfg)

@@ -5,6 +5,9 @@ client sees its first token: TTFT is measured here, from sending the request to
 the first chunk with text; end-to-end from sending to ``data: [DONE]``. The
 response's ``X-Tailguard-Job-Id`` names the job, whose ``/v1/jobs/<id>`` timing
 gives the queue wait (submission to start on a worker, on Redis's clock).
+Against a plain vLLM server (``jobs=False``: the `direct` topology) there is no
+job: a request is accepted when answered 200 and finished when its stream ends,
+and each class may carry a vLLM ``priority``.
 
 Requests are sent from a thread pool large enough to keep every request of the
 phase in flight; if it ever is not, the lateness shows in ``lag_s`` (and the
@@ -76,14 +79,18 @@ class Sample:
 
 
 class Client:
-    """The tailguard API at `url` (loopback only: a benchmark must not load anyone else)."""
+    """The tailguard API at `url`, or with `jobs=False` a plain vLLM OpenAI server sent each
+    class's vLLM `priorities` (loopback only: a benchmark must not load anyone else)."""
 
-    def __init__(self, url: str, model: str):
+    def __init__(self, url: str, model: str, *, jobs: bool = True,
+                 priorities: dict[str, int] | None = None):
         parts = urlsplit(url)
         if parts.hostname not in ("127.0.0.1", "localhost", "::1"):
             raise ValueError(f"the benchmark only drives a local system, not {url}")
         self.host, self.port = parts.hostname, parts.port or 80
         self.model = model
+        self.jobs = jobs
+        self.priorities = priorities or {}
 
     def _conn(self, timeout: float = READ_TIMEOUT_S) -> http.client.HTTPConnection:
         return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
@@ -103,9 +110,12 @@ class Client:
 
     def stream(self, req: BenchRequest, sample: Sample, t0: float, deadline: float) -> None:
         """Send one streamed completion and fill `sample` in; never raises."""
-        body = json.dumps({"model": self.model, "prompt": req.prompt, "max_tokens": req.max_tokens,
-                           "ignore_eos": req.ignore_eos, "stream": True,
-                           "stream_options": {"include_usage": True}}).encode()
+        fields = {"model": self.model, "prompt": req.prompt, "max_tokens": req.max_tokens,
+                  "ignore_eos": req.ignore_eos, "stream": True,
+                  "stream_options": {"include_usage": True}}
+        if req.cls in self.priorities:
+            fields["priority"] = self.priorities[req.cls]
+        body = json.dumps(fields).encode()
         conn = self._conn()
         sent = time.perf_counter()
         sample.sent_s = sent - t0
@@ -122,7 +132,7 @@ class Client:
                 return
             sample.job_id = resp.getheader("X-Tailguard-Job-Id")
             sample.lane = resp.getheader("X-Tailguard-Lane")
-            sample.accepted = sample.job_id is not None
+            sample.accepted = sample.job_id is not None or not self.jobs
             while True:
                 line = resp.readline()
                 now = time.perf_counter()
@@ -144,14 +154,22 @@ class Client:
                     continue
                 if chunk.get("usage"):
                     sample.completion_tokens = chunk["usage"].get("completion_tokens")
-                if sample.ttft_s is None and any(c.get("text") for c in chunk.get("choices", ())):
+                choices = chunk.get("choices") or ()
+                if sample.ttft_s is None and any(c.get("text") for c in choices):
                     sample.ttft_s = now - sent
+                if not self.jobs:
+                    sample.finish_reason = next((c["finish_reason"] for c in choices
+                                                 if c.get("finish_reason")), sample.finish_reason)
         except (OSError, http.client.HTTPException, ValueError) as exc:
             sample.status, sample.error = "client_error", f"{type(exc).__name__}: {exc}"
         finally:
             conn.close()  # mid-stream, this makes the API cancel the job
-        if sample.accepted:
+        if sample.accepted and self.jobs:
             self.settle(sample, wait_s=5 if done else 0)
+        elif sample.accepted:  # a plain server: the stream is all there is
+            sample.finished = done
+            if sample.status not in CLIENT_FAILURES:
+                sample.status = "succeeded" if done and sample.error is None else "failed"
         sample.ok = (done and sample.status == "succeeded" and sample.error is None
                      and sample.finish_reason != "deadline")
         if done and sample.finish_reason == "deadline":
@@ -218,7 +236,7 @@ def run_phase(client: Client, requests: tuple[BenchRequest, ...] | list[BenchReq
         raise
     pool.shutdown(wait=True)
     for s in samples:
-        if s.accepted and not s.finished:
+        if s.accepted and not s.finished and client.jobs:
             client.settle(s, wait_s=10)
     return samples
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from tailguard.bench.loadgen import Sample
 from tailguard.bench.report import METRICS, percentile
 
-COLORS = {"shared": "#d62728", "lanes": "#1f77b4"}
+COLORS = {"shared": "#d62728", "lanes": "#1f77b4", "direct": "#2ca02c"}
 
 
 def rolling_p99(samples: list[Sample], metric: str, window_s: float,

@@ -1,4 +1,4 @@
-"""Statistics, the ratios that matter, and the PASS/FAIL lines of issue 4. Pure.
+"""Statistics, the ratios that matter, and the PASS/FAIL lines of issues 4 and 12. Pure.
 
 Latency statistics are over the requests that succeeded (errors are counted, not
 timed). Percentiles are nearest-rank: the P99 of 100 samples is the 99th value.
@@ -12,18 +12,24 @@ is each request's own rate after its first token.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from tailguard.bench.loadgen import Sample
 
 METRICS = {"queued_s": "queue wait", "ttft_s": "TTFT", "e2e_s": "end-to-end"}
-PHASES = ("baseline", "mixed")
+OVERHEAD = "overhead"  # the phase (and workload) that measures the gateway against direct
+PHASES = ("baseline", "mixed", OVERHEAD)
 
 #: Targets (issue 4), on the short class's P99 of the chosen metric.
 LOAD_MIN_INTERFERENCE = 3.0  # shared short P99 >= 3x its no-long baseline: a load worth testing
 LANES_VS_SHARED_MAX = 0.25
-LANES_VS_BASELINE_MAX = 1.5
+LANES_VS_BASELINE_MAX = 1.3  # issue 12 (issue 4 had 1.5)
 LONG_THROUGHPUT_MIN = 0.85
+LANES_VS_DIRECT_MAX = 0.5  # issue 12: half of plain vLLM's (priority scheduling) short P99
+#: Gateway overhead targets (issue 12), tailguard minus direct on the overhead workload.
+TTFT_OVERHEAD_P50_MAX_S = 0.005
+TTFT_OVERHEAD_P99_MAX_S = 0.015
+E2E_OVERHEAD_P50_MAX = 0.05  # a share of direct's end-to-end P50
 #: A request sent this much later than due means the load generator fell behind.
 LAG_WARN_S = 0.05
 
@@ -109,7 +115,34 @@ def ratios(report: dict, metric: str) -> dict[str, float | None]:
         "lanes_long_tok_s_over_shared": _ratio(
             _get(report, "lanes", "mixed", long, "throughput_tok_s"),
             _get(report, "shared", "mixed", long, "throughput_tok_s")),
+        "lanes_short_p99_over_direct": _ratio(p99("lanes", "mixed"), p99("direct", "mixed")),
+        "lanes_long_tok_s_over_direct": _ratio(
+            _get(report, "lanes", "mixed", long, "throughput_tok_s"),
+            _get(report, "direct", "mixed", long, "throughput_tok_s")),
     }
+
+
+def overhead(report: dict) -> dict[str, float | None]:
+    """What tailguard (`lanes`) adds to direct on the overhead phase: TTFT and end-to-end
+    P50/P99 differences in seconds, and end-to-end as a share of direct's."""
+    cls = report["workload"]["short_class"]
+
+    def q(topo: str, metric: str, p: str) -> float | None:
+        return _get(report, topo, OVERHEAD, cls, metric, p)
+
+    def diff(metric: str, p: str) -> float | None:
+        a, b = q("lanes", metric, p), q("direct", metric, p)
+        return None if a is None or b is None else a - b
+
+    out = {f"{m}_{p}_s": diff(f"{m}_s", p) for m in ("ttft", "e2e") for p in ("p50", "p99")}
+    for p in ("p50", "p99"):
+        d = out[f"e2e_{p}_s"]
+        out[f"e2e_{p}_share"] = _ratio(d, q("direct", "e2e_s", p)) if d is not None else None
+    return out
+
+
+def _fmt_ms(v: float | None) -> str:
+    return "n/a" if v is None else f"{v * 1e3:+.1f} ms"
 
 
 def _fmt_s(v: float | None) -> str:
@@ -120,18 +153,12 @@ def _fmt_x(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.2f}x"
 
 
-def targets(report: dict) -> list[dict[str, Any]]:
-    """The issue's PASS/FAIL lines (SKIP when a number they need was not measured)."""
+def _isolation_lines(report: dict, line: Callable[..., None]) -> None:
+    """The short class's tail under long traffic, against shared, its baseline and direct."""
     metric = report["config"]["metric"]
     mname = METRICS[metric]
     r = report["ratios"][metric]
     short, long = report["workload"]["short_class"], report["workload"]["long_class"]
-    out: list[dict[str, Any]] = []
-
-    def line(name: str, ok: bool | None, text: str, need: str = "") -> None:
-        status = "SKIP" if ok is None else ("PASS" if ok else "FAIL")
-        out.append({"name": name, "status": status,
-                    "line": f"{status}  {text}" + (f" (needs {need})" if ok is None and need else "")})
 
     def p99(topo: str, phase: str) -> float | None:
         return _get(report, topo, phase, short, metric, "p99")
@@ -151,16 +178,57 @@ def targets(report: dict) -> list[dict[str, Any]]:
          "both topologies")
     v = r["lanes_short_p99_over_baseline"]
     line("lanes_vs_baseline", None if v is None else v <= LANES_VS_BASELINE_MAX,
-         f"lanes {short} P99 {_fmt_s(p99('lanes', 'mixed'))} <= 1.5x its no-long-traffic "
-         f"{_fmt_s(p99('lanes', 'baseline'))}: ratio {_fmt_x(v)} (<= {LANES_VS_BASELINE_MAX:g}){note}",
+         f"lanes {short} P99 {_fmt_s(p99('lanes', 'mixed'))} <= {LANES_VS_BASELINE_MAX:g}x its "
+         f"no-long-traffic {_fmt_s(p99('lanes', 'baseline'))}: ratio {_fmt_x(v)} "
+         f"(<= {LANES_VS_BASELINE_MAX:g}){note}",
          "the lanes topology with a baseline phase")
+    v = r["lanes_short_p99_over_direct"]
+    line("lanes_vs_direct", None if v is None else v <= LANES_VS_DIRECT_MAX,
+         f"lanes {short} P99 {_fmt_s(p99('lanes', 'mixed'))} <= 1/2 of direct's (vLLM, priority "
+         f"scheduling) {_fmt_s(p99('direct', 'mixed'))}: ratio {_fmt_x(v)} "
+         f"(<= {LANES_VS_DIRECT_MAX:g}){note}", "the lanes and direct topologies")
     v = r["lanes_long_tok_s_over_shared"]
     lt = _get(report, "lanes", "mixed", long, "throughput_tok_s")
     st = _get(report, "shared", "mixed", long, "throughput_tok_s")
+    dt = _get(report, "direct", "mixed", long, "throughput_tok_s")
+    vd = r["lanes_long_tok_s_over_direct"]
+    vs_direct = "" if dt is None else (f"; vs direct's {dt:.1f} tok/s: "
+                                       f"{'n/a' if vd is None else f'{vd:.1%}'} (reported only)")
     line("long_throughput", None if v is None else v >= LONG_THROUGHPUT_MIN,
          f"lanes {long} output {'n/a' if lt is None else f'{lt:.1f}'} tok/s >= 85% of shared's "
          f"{'n/a' if st is None else f'{st:.1f}'}: ratio {'n/a' if v is None else f'{v:.1%}'} "
-         f"(>= {LONG_THROUGHPUT_MIN:.0%}){note}", "both topologies and a long class")
+         f"(>= {LONG_THROUGHPUT_MIN:.0%}){vs_direct}{note}", "both topologies and a long class")
+
+
+def _overhead_lines(o: dict[str, float | None], line: Callable[..., None]) -> None:
+    """What the gateway adds to the engine alone (the overhead workload)."""
+    need = "the lanes and direct topologies"
+    for p, limit in (("p50", TTFT_OVERHEAD_P50_MAX_S), ("p99", TTFT_OVERHEAD_P99_MAX_S)):
+        v = o[f"ttft_{p}_s"]
+        line(f"overhead_ttft_{p}", None if v is None else v <= limit,
+             f"gateway TTFT overhead {p.upper()} {_fmt_ms(v)} (lanes minus direct) "
+             f"<= {limit * 1e3:g} ms", need)
+    v, share = o["e2e_p50_s"], o["e2e_p50_share"]
+    line("overhead_e2e_p50", None if share is None else share <= E2E_OVERHEAD_P50_MAX,
+         f"gateway end-to-end overhead P50 {_fmt_ms(v)} = "
+         f"{'n/a' if share is None else f'{share:+.1%}'} of direct's <= "
+         f"{E2E_OVERHEAD_P50_MAX:.0%}; P99 {_fmt_ms(o['e2e_p99_s'])} = "
+         f"{'n/a' if o['e2e_p99_share'] is None else format(o['e2e_p99_share'], '+.1%')} "
+         "(reported only)", need)
+
+def targets(report: dict) -> list[dict[str, Any]]:
+    """The issue's PASS/FAIL lines (SKIP when a number they need was not measured)."""
+    out: list[dict[str, Any]] = []
+
+    def line(name: str, ok: bool | None, text: str, need: str = "") -> None:
+        status = "SKIP" if ok is None else ("PASS" if ok else "FAIL")
+        out.append({"name": name, "status": status,
+                    "line": f"{status}  {text}" + (f" (needs {need})" if ok is None and need else "")})
+
+    if report["workload"]["name"] == OVERHEAD:
+        _overhead_lines(report["overhead"], line)
+    else:
+        _isolation_lines(report, line)
     for topo, t in report["topologies"].items():
         errors = sum(c["errors"] for p in t["phases"].values() for c in p.values())
         accepted = sum(c["accepted"] for p in t["phases"].values() for c in p.values())
@@ -185,6 +253,7 @@ def build_report(*, config: dict[str, Any], workload: dict[str, Any],
             for name, phases in samples.items()},
     }
     report["ratios"] = {m: ratios(report, m) for m in ("ttft_s", "e2e_s")}
+    report["overhead"] = overhead(report)
     report["targets"] = targets(report)
     return report
 
@@ -232,12 +301,18 @@ def render_text(report: dict) -> str:
     metric = cfg["metric"]
     r = report["ratios"][metric]
     short, long = report["workload"]["short_class"], report["workload"]["long_class"]
-    lines = [render_tables(report), f"ratios ({METRICS[metric]} P99 of class {short!r}):",
-             f"  lanes / shared                    {_fmt_x(r['lanes_short_p99_over_shared'])}",
-             f"  lanes / lanes' no-long baseline   {_fmt_x(r['lanes_short_p99_over_baseline'])}",
-             f"  shared / shared's no-long baseline {_fmt_x(r['shared_short_p99_over_baseline'])}",
-             f"  lanes / shared output tok/s of class {long!r}: "
-             f"{_fmt_x(r['lanes_long_tok_s_over_shared'])}", ""]
+    if report["workload"]["name"] == OVERHEAD:
+        lines = [render_tables(report)]
+    else:
+        lines = [render_tables(report), f"ratios ({METRICS[metric]} P99 of class {short!r}):",
+                 f"  lanes / shared                    {_fmt_x(r['lanes_short_p99_over_shared'])}",
+                 f"  lanes / lanes' no-long baseline   {_fmt_x(r['lanes_short_p99_over_baseline'])}",
+                 f"  shared / shared's no-long baseline {_fmt_x(r['shared_short_p99_over_baseline'])}",
+                 f"  lanes / direct (vLLM, priority)   {_fmt_x(r['lanes_short_p99_over_direct'])}",
+                 f"  lanes / shared output tok/s of class {long!r}: "
+                 f"{_fmt_x(r['lanes_long_tok_s_over_shared'])}",
+                 f"  lanes / direct output tok/s of class {long!r}: "
+                 f"{_fmt_x(r['lanes_long_tok_s_over_direct'])}", ""]
     lines += [t["line"] for t in report["targets"]]
     for topo, t in report["topologies"].items():
         for phase, h in (t.get("host") or {}).items():

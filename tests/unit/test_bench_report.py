@@ -44,7 +44,7 @@ def test_class_stats_counts_errors_and_throughput():
 
 
 def fake_run(shared_short, shared_base, lanes_short, lanes_base, long_shared=10.0,
-             long_lanes=10.0, lost=False):
+             long_lanes=10.0, lost=False, direct_short=3.0, long_direct=10.0):
     """Ten short requests per phase (P99 = the slowest); two long ones of 512 tokens."""
     def short(p99, lane):
         return [ok("short", 0.1 * p99, sent=i, lane=lane) for i in range(9)] + [ok("short", p99, 9, lane=lane)]
@@ -58,7 +58,8 @@ def fake_run(shared_short, shared_base, lanes_short, lanes_base, long_shared=10.
         lanes_mixed.append(Sample("short", 64, 5.0, sent_s=5.0, status="timeout", accepted=True))
     return {"shared": {"baseline": short(shared_base, "shared"),
                        "mixed": short(shared_short, "shared") + long(long_shared, "shared")},
-            "lanes": {"baseline": short(lanes_base, "short"), "mixed": lanes_mixed}}
+            "lanes": {"baseline": short(lanes_base, "short"), "mixed": lanes_mixed},
+            "direct": {"mixed": short(direct_short, None) + long(long_direct, None)}}
 
 
 def report_of(samples, metric="e2e_s"):
@@ -80,17 +81,23 @@ def test_targets_pass():
     assert r["ratios"]["e2e_s"]["shared_short_p99_over_baseline"] == pytest.approx(10.0)
     assert r["ratios"]["e2e_s"]["lanes_long_tok_s_over_shared"] == pytest.approx(
         (1024 / 11) / (1024 / 10))
+    assert r["ratios"]["e2e_s"]["lanes_short_p99_over_direct"] == pytest.approx(0.4)
+    assert r["ratios"]["e2e_s"]["lanes_long_tok_s_over_direct"] == pytest.approx(10 / 11)
     assert set(statuses(r).values()) == {"PASS"}
-    assert set(statuses(r)) == {"load", "lanes_vs_shared", "lanes_vs_baseline", "long_throughput",
-                                "no_errors_shared", "no_errors_lanes"}
+    assert set(statuses(r)) == {"load", "lanes_vs_shared", "lanes_vs_baseline", "lanes_vs_direct",
+                                "long_throughput", "no_errors_shared", "no_errors_lanes",
+                                "no_errors_direct"}
+    lines = {t["name"]: t["line"] for t in r["targets"]}
+    assert "vs direct's 102.4 tok/s: 90.9% (reported only)" in lines["long_throughput"]
     assert r["topologies"]["shared"]["engines"] == []  # topology facts are kept
     json.dumps(r)
 
 
 def test_targets_fail_and_say_when_the_load_is_too_light():
     r = report_of(fake_run(shared_short=2.0, shared_base=1.0, lanes_short=1.6, lanes_base=1.0,
-                           long_lanes=20.0, lost=True))
+                           long_lanes=20.0, lost=True, direct_short=2.0))
     s = statuses(r)
+    assert s["lanes_vs_direct"] == "FAIL"  # 1.6 / 2.0 > 1/2
     assert s["load"] == "FAIL" and s["lanes_vs_shared"] == "FAIL"
     assert s["lanes_vs_baseline"] == "FAIL" and s["long_throughput"] == "FAIL"
     assert s["no_errors_shared"] == "PASS" and s["no_errors_lanes"] == "FAIL"
@@ -101,9 +108,10 @@ def test_targets_fail_and_say_when_the_load_is_too_light():
 
 def test_targets_skip_what_was_not_measured():
     samples = fake_run(10.0, 1.0, 1.2, 1.0)
-    del samples["shared"]
+    del samples["shared"], samples["direct"]
     s = statuses(report_of(samples))
     assert s["load"] == s["lanes_vs_shared"] == s["long_throughput"] == "SKIP"
+    assert s["lanes_vs_direct"] == "SKIP"
     assert s["lanes_vs_baseline"] == "PASS"
 
 
@@ -184,3 +192,25 @@ def test_a_disturbed_phase_is_noted():
                                                     "others_heaviest": [["pytest", 30.0]]}}
     assert "note: shared/mixed was disturbed: other processes used 40% of the CPU (heaviest: " \
            "pytest 30.0 s)" in render_text(r)
+
+
+def test_overhead_lines_compare_lanes_with_direct():
+    def phase(ttft, e2e):
+        return {"overhead": [ok("short", e2e * (1 + i / 100), sent=i, ttft=ttft + i / 1000)
+                             for i in range(100)]}
+
+    r = build_report(
+        config={"metric": "e2e_s"},
+        workload={"name": "overhead", "classes": ["short"], "short_class": "short",
+                  "long_class": None, "params": {}},
+        topologies={}, samples={"lanes": phase(0.044, 0.6), "direct": phase(0.040, 0.58)})
+    o = r["overhead"]
+    assert o["ttft_p50_s"] == pytest.approx(0.004) and o["ttft_p99_s"] == pytest.approx(0.004)
+    assert o["e2e_p50_share"] == pytest.approx(0.02 / 0.58)
+    assert statuses(r) == {"overhead_ttft_p50": "PASS", "overhead_ttft_p99": "PASS",
+                           "overhead_e2e_p50": "PASS", "no_errors_lanes": "PASS",
+                           "no_errors_direct": "PASS"}
+    lines = {t["name"]: t["line"] for t in r["targets"]}
+    assert "TTFT overhead P50 +4.0 ms" in lines["overhead_ttft_p50"]
+    text = render_text(r)
+    assert "| direct | overhead | short | 100 |" in text

@@ -4,9 +4,11 @@ import tomllib
 
 import pytest
 
-from tailguard.bench.topology import (SHARED_LANE, lanes_spec, lanes_toml, shared_lane, shared_spec,
-                                      worker_spec)
+from tailguard.bench.topology import (DIRECT, SHARED_LANE, TOPOLOGIES, VLLM_SERVER_MODULE,
+                                      class_priorities, direct_spec, lanes_spec, lanes_toml,
+                                      shared_lane, shared_spec, worker_spec)
 from tailguard.lanes import default_lanes_path, load_lanes, parse_lanes
+from tailguard.pinning import Pinning
 from tailguard.placement import place
 
 
@@ -57,3 +59,30 @@ def test_worker_spec_pins_like_tailguard_up(table):
     assert spec.name == "worker.long" and spec.env == {"X": "1"}
     gpu = shared_spec(table, engines=2, kind="cuda", gpus=2).workers[1]
     assert list(worker_spec(gpu, {}, python="py").argv)[6:8] == ["--gpu", "1"]
+
+
+def test_direct_is_one_vllm_server_doing_the_lanes_engines_work(table):
+    lanes = lanes_spec(table, "", cores=[0, 1])
+    d = direct_spec(Pinning(cores=(0, 1)), lanes.workers, table, max_model_len=2048,
+                    dtype="bfloat16")
+    # the short engine's 16 slots + the long engine's 8; their KV caches together
+    assert (d.max_num_seqs, d.max_model_len, d.kv_cache_gib) == (24, 2048, 2)
+    assert direct_spec(Pinning(), lanes.workers, table).max_model_len == 4096  # the largest lane's
+    argv = list(d.argv("/m", 8123, python="py"))
+    assert argv[:3] == ["py", "-m", VLLM_SERVER_MODULE]
+    opt = dict(zip(argv[3::2], argv[4::2]))
+    assert opt["--model"] == "/m" and opt["--port"] == "8123" and opt["--max-num-seqs"] == "24"
+    assert argv[argv.index("--scheduling-policy") + 1] == "priority"
+    assert argv[argv.index("--dtype") + 1] == "bfloat16" and "--enforce-eager" in argv
+    env = d.env()
+    # compute threads bound to the cores; the server process itself is not pinned
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0,1" and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert env["HF_HUB_OFFLINE"] == "1"
+    assert [w.to_dict() for w in d.workers] == [{"name": "vllm", "lanes": [], "gpu": None,
+                                                 "cores": [0, 1]}]
+    assert d.to_dict()["scheduling_policy"] == "priority" and d.name == DIRECT in TOPOLOGIES
+
+
+def test_class_priorities_put_the_short_class_first():
+    assert class_priorities(["short", "medium", "long"]) == {"short": 0, "medium": 1, "long": 2}
+    assert class_priorities([]) == {}

@@ -7,8 +7,9 @@ import pytest
 
 from tailguard.bench.run import BenchConfig, build_workload, phases_of
 from tailguard.bench.workload import (LONG, MEDIUM, SEED_MAX_TOKENS, SEED_PROMPTS, SHORT,
-                                      jsonl_workload, long_prompt, mixed_workload, parse_jsonl,
-                                      poisson_arrivals, seed_workload)
+                                      jsonl_workload, long_prompt, mixed_workload,
+                                      overhead_workload, parse_jsonl, poisson_arrivals,
+                                      seed_workload)
 
 
 def words_x2(text: str) -> int:
@@ -137,6 +138,18 @@ def test_phases_baseline_is_the_short_class_alone():
     assert list(phases_of(wl, baseline=False)) == ["mixed"]
     assert list(phases_of(wl.only([SHORT]), baseline=True)) == ["mixed"]  # nothing to compare
     assert build_workload(BenchConfig(workload="seed", rate=1, duration_s=10), None).name == "seed"
-    with pytest.raises(ValueError, match="seed, mixed or a .jsonl"):
+    with pytest.raises(ValueError, match="seed, mixed, overhead or a .jsonl"):
         build_workload(BenchConfig(workload="other"), None)
     json.dumps(cfg.to_dict())  # goes into report.json as is
+
+
+def test_overhead_is_vllm_bench_serves_random_shape():
+    wl = overhead_workload(count_tokens=lambda text: len(text.split()))
+    assert len(wl.requests) == 100 and wl.classes == [SHORT] and wl.long_class is None
+    assert {r.max_tokens for r in wl.requests} == {32}
+    assert all(abs(len(r.prompt.split()) - 64) <= 2 for r in wl.requests)
+    assert len({r.prompt for r in wl.requests}) == 100  # no shared prefixes
+    assert wl.params["duration_s"] == wl.requests[-1].arrival_s
+    assert 15 < wl.params["duration_s"] < 40  # 100 arrivals at 4/s
+    assert list(phases_of(wl, baseline=True)) == ["overhead"]
+    assert build_workload(BenchConfig(workload="overhead"), None).name == "overhead"
