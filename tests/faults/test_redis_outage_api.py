@@ -1,6 +1,6 @@
 """While Redis is stopped (SIGSTOP: it hangs and keeps its connections) or down, every route
 of the API, under gunicorn, answers 503 with Retry-After within its bounded Redis timeout,
-and serves again once Redis is back. No engine needed."""
+and serves again once Redis is back; an open stream rides out the stop. No engine needed."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import time
 import pytest
 import requests
 
-from faults_support import HTTP_TIMEOUT_S, figure, submit, system_fixture
+from faults_support import HTTP_TIMEOUT_S, NativeStream, figure, submit, system_fixture
+from tailguard.jobs import QUEUED, RUNNING, SUCCEEDED, JobStore
+from tailguard.stream import DeltaWriter
 
 pytestmark = pytest.mark.faults
 
@@ -62,3 +64,26 @@ def test_every_route_answers_503_with_retry_after(system, tiny_model, fault):
     assert {name: (code, retry) for name, (code, retry, _s) in seen.items()} == \
         {name: (503, "2") for name in seen}
     assert requests.get(f"{system.url}/v1/jobs/{job_id}", timeout=HTTP_TIMEOUT_S).status_code == 200
+
+
+def test_an_open_stream_rides_out_a_redis_stop(system):
+    """Redis stopped past the API's socket timeout under an open stream: the stream stays
+    open (heartbeats), then delivers the rest and the end event, on the same connection."""
+    client = system.client()
+    job_id = submit(system.url)
+    store = JobStore(client)
+    store.transition(job_id, {QUEUED}, RUNNING, {"worker": "fake@faults"})
+    writer = DeltaWriter(client, job_id, flush_s=0.0)
+    writer.add("before ")
+    stream = NativeStream(system.url, job_id)
+    stream.start()
+    time.sleep(1.0)
+    os.kill(system.redis.pid, signal.SIGSTOP)
+    time.sleep(4.0)  # longer than TAILGUARD_REDIS_SOCKET_TIMEOUT_S (3 s)
+    os.kill(system.redis.pid, signal.SIGCONT)
+    writer.add("after")
+    store.transition(job_id, {RUNNING}, SUCCEEDED, {"result": {
+        "text": "before after", "completion_tokens": 2, "finish_reason": "length"}})
+    stream.join(30)
+    assert stream.text == "before after" and stream.end["status"] == "succeeded"
+    assert (stream.resumes, stream.errors) == (0, [])
