@@ -33,3 +33,14 @@ def test_every_v1_operation_needs_a_key_and_documents_401(spec):
 def test_429_carries_retry_after(spec):
     for family in ("Native", "OpenAI"):
         assert spec["components"]["responses"][f"{family}429"]["headers"]["Retry-After"]["required"]
+
+
+def test_every_4xx_is_the_error_body_of_its_api(spec):
+    """What the fuzz tier checks responses against: a 4xx is always the API's error shape."""
+    for path, ops in spec["paths"].items():
+        family = "OpenAI" if path.startswith(("/v1/completions", "/v1/chat/", "/v1/models")) \
+            else "Native"
+        for op in ops.values():
+            for status, response in op["responses"].items():
+                if status.startswith("4"):
+                    assert response == {"$ref": f"#/components/responses/{family}{status}"}, path
