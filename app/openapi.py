@@ -19,15 +19,16 @@ from flask import Blueprint, Flask, current_app, jsonify
 
 from app import needs_api_key
 from app.errors import HTTP_CODES, OPENAI_BLUEPRINTS
-from tailguard.errors import error_classes
+from tailguard.errors import Refused, error_classes
 from tailguard.lanes import PRIORITY_CLASSES
 from tailguard.openai_protocol import CHAT_ROLES, inert_fields
 from tailguard.sampling import FIELDS, MAX_STOP_CHARS, MAX_TOKENS, SamplingField
 
 bp = Blueprint("openapi", __name__)
 
-#: error statuses a view may list in its docstring; each becomes a response component per family
-ERROR_STATUSES = (400, 401, 404, 409, 413, 415, 429, 500, 503, 504)
+#: error statuses a view may list in its docstring (the tree's and Flask's own); each becomes a
+#: response component per API, e.g. Native404 and OpenAI404
+ERROR_STATUSES = sorted({c.http_status for c in error_classes()} | set(HTTP_CODES))
 
 _RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying (from the lane's "
                                                "predicted wait, or the key's bucket)",
@@ -94,9 +95,9 @@ def _error_response(family: str, status: int) -> dict[str, Any]:
     codes = [c.code for c in error_classes() if c.http_status == status]
     codes += [code for s, code in HTTP_CODES.items() if s == status and code not in codes]
     response: dict[str, Any] = {
-        "description": f"error; code: {', '.join(codes) or 'internal_error'}",
+        "description": f"error; code: {', '.join(codes)}",
         "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{family}Error"}}}}
-    if status == 429:
+    if status == Refused.http_status:
         response["headers"] = _RETRY_AFTER
     return response
 
