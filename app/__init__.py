@@ -46,20 +46,26 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     _setup_request_log(settings.REQUEST_LOG.get(app.config))
     app.json.ensure_ascii = False  # Chinese prompts and text stay readable
 
-    from app import errors, health, jobs, openai_api
+    from app import errors, health, jobs, openai_api, openapi
 
     errors.register(app)
 
     @app.before_request
     def _authenticate() -> None:
         """Every /v1/ route needs an API key once one exists; /healthz and /metrics never do."""
-        if request.path.startswith("/v1/"):
+        if needs_api_key(request.path):
             g.api_key = get_gateway().api_keys.authenticate(request.headers.get("Authorization"))
 
     app.register_blueprint(jobs.bp)
     app.register_blueprint(openai_api.bp)
     app.register_blueprint(health.bp)
+    app.register_blueprint(openapi.bp)
     return app
+
+
+def needs_api_key(path: str) -> bool:
+    """Whether a request to ``path`` must carry an API key (once one exists)."""
+    return path.startswith("/v1/")
 
 
 def json_body() -> Any:

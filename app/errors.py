@@ -35,7 +35,7 @@ OPENAI_BLUEPRINTS = frozenset({"openai"})
 log = logging.getLogger("tailguard.api")
 
 #: codes of the HTTP errors Flask raises itself (unknown route, wrong method, ...)
-_HTTP_CODES = {400: RequestError.code, 404: JobNotFound.code, 405: "method_not_allowed",
+HTTP_CODES = {400: RequestError.code, 404: JobNotFound.code, 405: "method_not_allowed",
                413: BodyTooLarge.code, 415: UnsupportedMediaType.code}
 
 #: how a job that ended in this state failed, when its record names no known code
@@ -130,7 +130,7 @@ def register(app: Flask) -> None:
 
     @app.errorhandler(HTTPException)
     def _http(exc: HTTPException):
-        code = _HTTP_CODES.get(exc.code or 500, "http_error")
+        code = HTTP_CODES.get(exc.code or 500, "http_error")
         if exc.code == 413:
             count_rejected(code)
         return error_response(exc.code or 500, code, exc.description or exc.name)

@@ -13,6 +13,14 @@ bp = Blueprint("health", __name__)
 
 @bp.get("/healthz")
 def healthz():
+    """Healthy when Redis answers and every lane has a live worker.
+    ---
+    get:
+      summary: Liveness
+      responses:
+        200: {description: every lane served, content: {application/json: {schema: Health}}}
+        503: {description: a lane without a live worker, content: {application/json: {schema: Health}}}
+    """
     gw = get_gateway()
     healthy, body = lane_health(Liveness(gw.store.redis), gw.lanes.names)
     return jsonify(body), 200 if healthy else 503
@@ -20,6 +28,13 @@ def healthz():
 
 @bp.get("/v1/lanes")
 def lanes():
+    """The lane table and the workers serving it.
+    ---
+    get:
+      summary: Lanes
+      responses:
+        200: {description: lanes and workers, content: {application/json: {schema: Lanes}}}
+    """
     gw = get_gateway()
     return jsonify({"model": gw.counter.model if hasattr(gw.counter, "model") else None,
                     "model_max_len": gw.counter.model_max_len,
@@ -29,5 +44,11 @@ def lanes():
 
 @bp.get("/metrics")
 def metrics():
-    """Prometheus text: per-lane histograms and counters, queue depth (see tailguard/metrics.py)."""
+    """Prometheus text: per-lane histograms and counters, queue depth (see tailguard/metrics.py).
+    ---
+    get:
+      summary: Prometheus metrics
+      responses:
+        200: {description: Prometheus text format, content: {text/plain: {schema: {type: string}}}}
+    """
     return Response(generate_latest(get_gateway().metrics.registry), mimetype=CONTENT_TYPE_LATEST)

@@ -16,12 +16,39 @@ bp = Blueprint("jobs", __name__, url_prefix="/v1/jobs")
 
 @bp.post("")
 def submit():
+    """Queue a job on the lane its priority and cost place it in.
+    ---
+    post:
+      summary: Submit a job
+      requestBody: {required: true, content: {application/json: {schema: JobRequest}}}
+      responses:
+        202:
+          description: accepted; Location names the job
+          headers: {Location: {schema: {type: string}}}
+          content: {application/json: {schema: Accepted}}
+        400: Native400
+        413: Native413
+        415: Native415
+        429: Native429
+    """
     accepted = get_gateway().submit(parse_job_request(json_body()), caller=g.get("api_key"))
     return jsonify(accepted), 202, {"Location": f"/v1/jobs/{accepted['id']}"}
 
 
 @bp.get("/<job_id>")
 def status(job_id: str):
+    """The job; with ?wait=S, once it ended or after S seconds.
+    ---
+    get:
+      summary: A job's state and result
+      parameters:
+        - {in: path, name: job_id, required: true, schema: {type: string}}
+        - {in: query, name: wait, schema: {type: number, minimum: 0}, description: long-poll up to this many seconds (at most TAILGUARD_MAX_WAIT_S)}
+      responses:
+        200: {description: the job, content: {application/json: {schema: Job}}}
+        400: Native400
+        404: Native404
+    """
     raw = request.args.get("wait", "0")
     try:
         wait_s = float(raw)
@@ -35,7 +62,16 @@ def status(job_id: str):
 
 @bp.delete("/<job_id>")
 def cancel(job_id: str):
-    """Cancel a queued or running job: 200 with the job; 409 if it already ended."""
+    """Cancel a queued or running job: 200 with the job; 409 if it already ended.
+    ---
+    delete:
+      summary: Cancel a job
+      parameters: [{in: path, name: job_id, required: true, schema: {type: string}}]
+      responses:
+        200: {description: the cancelled job, content: {application/json: {schema: Job}}}
+        404: Native404
+        409: Native409
+    """
     return jsonify(get_gateway().cancel(job_id))
 
 
@@ -46,6 +82,20 @@ def stream(job_id: str):
     Each event's id is its Redis Stream id: reconnect with `Last-Event-ID` (or
     `?after=`) to get exactly the events after it. A disconnect leaves the job
     running (it can be resumed) unless `?cancel_on_disconnect=true`.
+    ---
+    get:
+      summary: A job's output as server-sent events
+      parameters:
+        - {in: path, name: job_id, required: true, schema: {type: string}}
+        - {in: header, name: Last-Event-ID, schema: {type: string}, description: resume after this event id}
+        - {in: query, name: after, schema: {type: string}, description: resume after this event id}
+        - {in: query, name: cancel_on_disconnect, schema: {type: boolean}}
+      responses:
+        200:
+          description: "`delta` events ({text}), then one `end` event (the job's end state)"
+          content: {text/event-stream: {schema: {type: string}}}
+        400: Native400
+        404: Native404
     """
     after = request.headers.get("Last-Event-ID") or request.args.get("after") or "0-0"
     if not valid_stream_id(after):

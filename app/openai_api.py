@@ -62,6 +62,13 @@ def _chat_renderer(gw: Gateway) -> Callable[[list[dict]], str]:
 
 @bp.get("/models")
 def models():
+    """The served model's names, as OpenAI lists models.
+    ---
+    get:
+      summary: List models
+      responses:
+        200: {description: the served names, content: {application/json: {schema: Models}}}
+    """
     gw = get_gateway()
     created = int(time.time())
     return jsonify({"object": "list", "data": [
@@ -72,12 +79,60 @@ def models():
 
 @bp.post("/completions")
 def completions():
+    """A text completion, queued on its lane like a native job.
+    ---
+    post:
+      summary: Create a completion (OpenAI)
+      requestBody: {required: true, content: {application/json: {schema: CompletionRequest}}}
+      responses:
+        200:
+          description: "the answer; with stream=true, OpenAI chunks as server-sent events ending with `data: [DONE]`"
+          headers:
+            X-Tailguard-Lane: {schema: {type: string}}
+            X-Tailguard-Estimated-Start-S: {schema: {type: number}}
+          content:
+            application/json: {schema: Completion}
+            text/event-stream: {schema: {type: string}}
+        400: OpenAI400
+        404: OpenAI404
+        409: OpenAI409
+        413: OpenAI413
+        415: OpenAI415
+        429: OpenAI429
+        500: OpenAI500
+        503: OpenAI503
+        504: OpenAI504
+    """
     gw = get_gateway()
     return _serve(gw, parse_completion_request(json_body(), set(_served_names(gw))))
 
 
 @bp.post("/chat/completions")
 def chat_completions():
+    """A chat completion: the messages rendered by the model's chat template, then as completions.
+    ---
+    post:
+      summary: Create a chat completion (OpenAI)
+      requestBody: {required: true, content: {application/json: {schema: ChatRequest}}}
+      responses:
+        200:
+          description: "the answer; with stream=true, OpenAI chunks as server-sent events ending with `data: [DONE]`"
+          headers:
+            X-Tailguard-Lane: {schema: {type: string}}
+            X-Tailguard-Estimated-Start-S: {schema: {type: number}}
+          content:
+            application/json: {schema: Completion}
+            text/event-stream: {schema: {type: string}}
+        400: OpenAI400
+        404: OpenAI404
+        409: OpenAI409
+        413: OpenAI413
+        415: OpenAI415
+        429: OpenAI429
+        500: OpenAI500
+        503: OpenAI503
+        504: OpenAI504
+    """
     gw = get_gateway()
     return _serve(gw, parse_chat_request(json_body(), set(_served_names(gw)), _chat_renderer(gw)))
 

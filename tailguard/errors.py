@@ -239,9 +239,10 @@ def error_class(code: str | None) -> type[TailguardError] | None:
     return _BY_CODE.get(code) if code is not None else None
 
 
-def _below(cls: type[TailguardError]) -> list[type[TailguardError]]:
-    return [c for sub in cls.__subclasses__() for c in (sub, *_below(sub))]
+def error_classes(cls: type[TailguardError] = TailguardError) -> list[type[TailguardError]]:
+    """Every class of the tree below ``cls``, depth first (what the API can answer with)."""
+    return [c for sub in cls.__subclasses__() for c in (sub, *error_classes(sub))]
 
 
 #: code -> class; the codes below the root are unique (tests/unit/test_errors.py)
-_BY_CODE: dict[str, type[TailguardError]] = {c.code: c for c in _below(TailguardError)}
+_BY_CODE: dict[str, type[TailguardError]] = {c.code: c for c in error_classes()}

@@ -57,6 +57,12 @@ _INERT_CHAT: dict[str, Callable[[Any], bool]] = {
     "top_logprobs": lambda v: v is None or (v == 0 and not isinstance(v, bool)),
 }
 
+#: Each endpoint's own fields, and the inert ones it accepts, besides the common ones.
+_ENDPOINT_FIELDS: dict[Kind, tuple[tuple[str, ...], dict[str, Callable[[Any], bool]]]] = {
+    "completion": (("prompt",), {**_INERT, **_INERT_COMPLETION}),
+    "chat": (("messages", "max_completion_tokens"), {**_INERT, **_INERT_CHAT}),
+}
+
 #: The payload of the last event of an OpenAI stream.
 STREAM_DONE = "[DONE]"
 
@@ -78,7 +84,7 @@ class OpenAIRequest:
 
 def parse_completion_request(body: Any, served_names: set[str]) -> OpenAIRequest:
     """POST /v1/completions body to an OpenAIRequest, or InvalidField/ModelNotFound."""
-    _check_fields(body, ("prompt",), {**_INERT, **_INERT_COMPLETION})
+    _check_fields(body, "completion")
     model = _model(body, served_names)
     prompt = _completion_prompt(body.get("prompt"))
     return _build(body, model, prompt, max_tokens_field="max_tokens", kind="completion")
@@ -92,7 +98,7 @@ def parse_chat_request(body: Any, served_names: set[str],
     (what chat templates expect) and returns the prompt text, e.g.
     ``lambda m: render_chat(m, template, bos_token=..., eos_token=...)``.
     """
-    _check_fields(body, ("messages", "max_completion_tokens"), {**_INERT, **_INERT_CHAT})
+    _check_fields(body, "chat")
     # model before messages, as for completions: an unknown model is a 404 whatever else is wrong
     model = _model(body, served_names)
     messages = normalize_messages(body.get("messages"))
@@ -174,11 +180,23 @@ def _completion_prompt(prompt: Any) -> str:
     return prompt
 
 
-def _check_fields(body: Any, own: tuple[str, ...], inert: dict[str, Callable[[Any], bool]]) -> None:
+def known_fields(kind: Kind) -> frozenset[str]:
+    """Every field a body of this endpoint may carry (the OpenAPI description lists them)."""
+    own, inert = _ENDPOINT_FIELDS[kind]
+    return frozenset({*own, *_OWN, *_PASSED, *inert})
+
+
+def inert_fields(kind: Kind) -> frozenset[str]:
+    """The fields of this endpoint accepted with their default value only, and ignored."""
+    return frozenset(_ENDPOINT_FIELDS[kind][1])
+
+
+def _check_fields(body: Any, kind: Kind) -> None:
     """Unknown fields and non-inert values of ignored fields are 400s naming the field."""
     if not isinstance(body, dict):
         raise InvalidField("the body must be a JSON object", field="body")
-    known = {*own, *_OWN, *_PASSED, *inert}
+    known = known_fields(kind)
+    inert = _ENDPOINT_FIELDS[kind][1]
     unknown = sorted(set(body) - known)
     if unknown:
         raise InvalidField(f"unknown or unsupported field(s): {', '.join(unknown)} "

@@ -1,0 +1,213 @@
+"""GET /openapi.json: the API described by apispec from the routes themselves.
+
+Each view documents its own operation in the YAML after ``---`` in its docstring
+(apispec's Flask plugin reads it, with the path from the view's URL rule). What
+would otherwise be written twice is generated here from its owner: request
+bodies from the sampling table (``tailguard.sampling.FIELDS``) and the request
+parsers' field lists, the error responses from the exception tree
+(``tailguard.errors``: which codes each status carries), the 401 and the bearer
+scheme from the one rule that says which paths need a key (``needs_api_key``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from apispec import APISpec, BasePlugin
+from apispec_webframeworks.flask import FlaskPlugin
+from flask import Blueprint, Flask, current_app, jsonify
+
+from app import needs_api_key
+from app.errors import HTTP_CODES, OPENAI_BLUEPRINTS
+from tailguard.errors import Refused, error_classes
+from tailguard.lanes import PRIORITY_CLASSES
+from tailguard.openai_protocol import CHAT_ROLES, inert_fields
+from tailguard.sampling import FIELDS, MAX_STOP_CHARS, MAX_TOKENS, SamplingField
+
+bp = Blueprint("openapi", __name__)
+
+#: error statuses a view may list in its docstring (the tree's and Flask's own); each becomes a
+#: response component per API, e.g. Native404 and OpenAI404
+ERROR_STATUSES = sorted({c.http_status for c in error_classes()} | set(HTTP_CODES))
+
+_RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying (from the lane's "
+                                               "predicted wait, or the key's bucket)",
+                                "required": True, "schema": {"type": "integer", "minimum": 1}}}
+
+
+@bp.get("/openapi.json")
+def openapi():
+    """The OpenAPI description of this API, built once per app.
+    ---
+    get:
+      summary: This document
+      responses:
+        200:
+          description: OpenAPI 3 description of every route
+          content:
+            application/json:
+              schema: {type: object}
+    """
+    spec = current_app.extensions.get("tailguard.openapi")
+    if spec is None:
+        spec = current_app.extensions["tailguard.openapi"] = build_spec(current_app)
+    return jsonify(spec)
+
+
+def build_spec(app: Flask) -> dict[str, Any]:
+    """The description of every route of ``app``, as a dict ready for JSON."""
+    spec = APISpec(title="tailguard", version=_version(), openapi_version="3.0.3",
+                   plugins=[FlaskPlugin(), _KeyProtected()],
+                   info={"description": "Lanes of Celery queues in front of vLLM workers: a native "
+                                        "job API and an OpenAI-compatible one."})
+    spec.components.security_scheme("apiKey", {
+        "type": "http", "scheme": "bearer",
+        "description": "`tailguard keys add NAME` makes one; needed once any key exists"})
+    for name, schema in _schemas().items():
+        spec.components.schema(name, schema)
+    for family in ("Native", "OpenAI"):
+        for status in ERROR_STATUSES:
+            spec.components.response(f"{family}{status}", _error_response(family, status))
+    with app.test_request_context():
+        for rule in sorted(app.url_map.iter_rules(), key=lambda r: r.rule):
+            if rule.endpoint == "static":
+                continue
+            spec.path(view=app.view_functions[rule.endpoint], app=app, endpoint=rule.endpoint)
+    return spec.to_dict()
+
+
+class _KeyProtected(BasePlugin):
+    """What every operation of a key-protected path has: the scheme, 401 and 503 (Redis down),
+    in the error shape of the view's API."""
+
+    def operation_helper(self, path: str | None = None, operations: dict | None = None,
+                         **kwargs: Any) -> None:
+        if path is None or operations is None or not needs_api_key(path):
+            return
+        family = "OpenAI" if kwargs["endpoint"].split(".")[0] in OPENAI_BLUEPRINTS else "Native"
+        for op in operations.values():
+            op["security"] = [{"apiKey": []}]
+            op["responses"].setdefault(401, f"{family}401")
+            op["responses"].setdefault(503, f"{family}503")
+
+
+def _error_response(family: str, status: int) -> dict[str, Any]:
+    codes = [c.code for c in error_classes() if c.http_status == status]
+    codes += [code for s, code in HTTP_CODES.items() if s == status and code not in codes]
+    response: dict[str, Any] = {
+        "description": f"error; code: {', '.join(codes)}",
+        "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{family}Error"}}}}
+    if status == Refused.http_status:
+        response["headers"] = _RETRY_AFTER
+    return response
+
+
+# ---------------------------------------------------------------- schemas
+
+
+def sampling_schema(f: SamplingField) -> dict[str, Any]:
+    """The JSON schema of one row of the sampling table (null means "the default")."""
+    if f.kind == "bool":
+        schema: dict[str, Any] = {"type": "boolean"}
+    elif f.kind == "stop":
+        one = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS}
+        schema = {"oneOf": [one, {"type": "array", "items": one, "maxItems": int(f.hi)}]}
+    else:
+        schema = {"type": "integer" if f.kind == "int" else "number"}
+        if f.lo is not None:
+            schema["minimum"] = f.lo
+            if f.lo_open:
+                schema["exclusiveMinimum"] = True
+        if f.hi is not None:
+            schema["maximum"] = f.hi
+        if f.off is not None:
+            schema = {"oneOf": [{"type": "integer", "enum": [f.off]}, schema]}
+    return {**schema, "nullable": True}
+
+
+def _sampling(api: str) -> dict[str, Any]:
+    return {f.name: sampling_schema(f) for f in FIELDS if f.accepted_by(api)}
+
+
+_PROMPT = {"type": "string", "minLength": 1}
+_PRIORITY = {"type": "string", "enum": list(PRIORITY_CLASSES)}
+_NULLABLE_STR = {"type": "string", "nullable": True}
+_NULLABLE_INT = {"type": "integer", "nullable": True}
+
+
+def _schemas() -> dict[str, dict[str, Any]]:
+    openai_common = {
+        "model": {"type": "string", "description": "one of GET /v1/models' ids"},
+        "priority": {**_PRIORITY, "nullable": True}, **_sampling("openai"),
+        "stream": {"type": "boolean", "nullable": True},
+        "stream_options": {"type": "object", "nullable": True,
+                           "properties": {"include_usage": {"type": "boolean", "nullable": True}}},
+        "n": {"type": "integer", "enum": [1], "nullable": True},
+    }
+    inert = {kind: {name: {"description": "accepted with its default value only, and ignored"}
+                    for name in inert_fields(kind)} for kind in ("completion", "chat")}
+    message = {"type": "object", "required": ["role", "content"], "properties": {
+        "role": {"type": "string", "enum": list(CHAT_ROLES)},
+        "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": {
+            "type": "object", "required": ["type", "text"],
+            "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}}}]},
+        "name": _NULLABLE_STR, "tool_call_id": _NULLABLE_STR}}
+    job_fields = {"id": {"type": "string"}, "status": {"type": "string"}, "lane": _NULLABLE_STR,
+                  "priority": _NULLABLE_STR, "prompt_tokens": _NULLABLE_INT,
+                  "requested_max_tokens": _NULLABLE_INT, "max_tokens": _NULLABLE_INT,
+                  "max_tokens_capped": {"type": "boolean"}}
+    usage = {"type": "object", "properties": {k: {"type": "integer"} for k in (
+        "prompt_tokens", "completion_tokens", "total_tokens")}}
+    return {
+        "NativeError": {"type": "object", "required": ["error"], "properties": {"error": {
+            "type": "object", "required": ["code", "message"], "additionalProperties": False,
+            "properties": {"code": {"type": "string"}, "message": {"type": "string"},
+                           "field": {"type": "string"}}}}},
+        "OpenAIError": {"type": "object", "required": ["error"], "properties": {"error": {
+            "type": "object", "required": ["message", "type", "param", "code"],
+            "additionalProperties": False,
+            "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                           "param": _NULLABLE_STR, "code": _NULLABLE_STR}}}},
+        "JobRequest": {"type": "object", "required": ["prompt"], "additionalProperties": False,
+                       "properties": {"prompt": _PROMPT, "priority": _PRIORITY, **_sampling("native")}},
+        "CompletionRequest": {
+            "type": "object", "required": ["model", "prompt"], "additionalProperties": False,
+            "properties": {**openai_common, **inert["completion"], "prompt": {"oneOf": [
+                _PROMPT, {"type": "array", "items": _PROMPT, "minItems": 1, "maxItems": 1}]}}},
+        "ChatRequest": {
+            "type": "object", "required": ["model", "messages"], "additionalProperties": False,
+            "properties": {**openai_common, **inert["chat"],
+                           "messages": {"type": "array", "items": message, "minItems": 1},
+                           "max_completion_tokens": sampling_schema(MAX_TOKENS)}},
+        "Accepted": {"type": "object", "required": [*job_fields, "cost", "estimated_start_s"],
+                     "properties": {**job_fields, "cost": {"type": "integer"},
+                                    "estimated_start_s": {"type": "number"}}},
+        "Job": {"type": "object", "required": [*job_fields, "result", "error", "timing"],
+                "properties": {**job_fields, "result": {"type": "object", "nullable": True},
+                               "error": {"type": "object", "nullable": True},
+                               "worker": _NULLABLE_STR, "timing": {"type": "object"}}},
+        "Completion": {"type": "object", "required": ["id", "object", "choices", "usage"],
+                       "properties": {"id": {"type": "string"}, "object": {"type": "string"},
+                                      "choices": {"type": "array"}, "usage": usage}},
+        "Models": {"type": "object", "required": ["object", "data"], "properties": {
+            "object": {"type": "string", "enum": ["list"]},
+            "data": {"type": "array", "items": {"type": "object", "required": ["id", "object"]}}}},
+        "Lanes": {"type": "object", "required": ["lanes", "workers"], "properties": {
+            "model": _NULLABLE_STR, "model_max_len": {"type": "integer"},
+            "lanes": {"type": "array", "items": {"type": "object"}},
+            "workers": {"type": "array", "items": {"type": "object"}}}},
+        "Health": {"type": "object", "required": ["status", "workers_per_lane"], "properties": {
+            "status": {"type": "string", "enum": ["ok", "degraded"]},
+            "redis": {"type": "string"},
+            "workers_per_lane": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "lanes_without_worker": {"type": "array", "items": {"type": "string"}}}},
+    }
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tailguard")
+    except PackageNotFoundError:
+        return "0"
