@@ -25,10 +25,6 @@ from tailguard.errors import (BodyTooLarge, BrokerUnavailable, EngineError, JobC
 from tailguard.jobs import CANCELLED, EXPIRED, TERMINAL
 from tailguard.openai_protocol import error_body
 
-#: Retry-After of a 503 while Redis does not answer: a restarted Redis replays its AOF and
-#: clients reconnect within a few seconds.
-BROKER_RETRY_AFTER_S = 2
-
 #: blueprints whose clients speak the OpenAI API
 OPENAI_BLUEPRINTS = frozenset({"openai"})
 
@@ -97,9 +93,10 @@ def error_response(status: int, code: str, message: str, field: str | None = Non
 
 def exception_response(err: TailguardError, *, headers: dict[str, str] | None = None) -> Response:
     """error_response for a member of the tree: its status, code, message and field; a refusal
-    says when to come back (Retry-After, which OpenAI clients honour); a 401 how to authenticate."""
+    or an unavailable dependency says when to come back (Retry-After, which OpenAI clients
+    honour); a 401 how to authenticate."""
     headers = dict(headers or {})
-    if isinstance(err, Refused):
+    if isinstance(err, (Refused, Unavailable)):
         headers["Retry-After"] = str(err.retry_after_s)
     if isinstance(err, Unauthenticated):
         headers["WWW-Authenticate"] = "Bearer"
@@ -126,7 +123,7 @@ def register(app: Flask) -> None:
         log.error("Redis unavailable: %s", exc)
         err = BrokerUnavailable("Redis (broker and job store) is not answering; retry later")
         count_rejected(err.code)
-        return exception_response(err, headers={"Retry-After": str(BROKER_RETRY_AFTER_S)})
+        return exception_response(err)
 
     @app.errorhandler(HTTPException)
     def _http(exc: HTTPException):

@@ -19,7 +19,7 @@ from flask import Blueprint, Flask, current_app, jsonify
 
 from app import needs_api_key
 from app.errors import HTTP_CODES, OPENAI_BLUEPRINTS
-from tailguard.errors import Refused, error_classes
+from tailguard.errors import Refused, Unavailable, error_classes
 from tailguard.lanes import PRIORITY_CLASSES
 from tailguard.openai_protocol import CHAT_ROLES, inert_fields
 from tailguard.sampling import FIELDS, MAX_STOP_CHARS, MAX_TOKENS, SamplingField
@@ -99,6 +99,10 @@ def _error_response(family: str, status: int) -> dict[str, Any]:
         "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{family}Error"}}}}
     if status == Refused.http_status:
         response["headers"] = _RETRY_AFTER
+    elif status == Unavailable.http_status:  # a dependency down: Retry-After; an expired job: none
+        response["headers"] = {"Retry-After": {**_RETRY_AFTER["Retry-After"], "required": False,
+                                               "description": "seconds to wait before retrying "
+                                                              "(Redis or the lane's workers down)"}}
     return response
 
 

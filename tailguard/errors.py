@@ -160,10 +160,12 @@ class JobStateConflict(TailguardError):
 
 
 class Unavailable(TailguardError):
-    """A dependency is down; the same request may succeed later."""
+    """A dependency is down; the same request may succeed later (after ``retry_after_s``,
+    sent as ``Retry-After``)."""
 
     code = "unavailable"
     http_status = 503
+    retry_after_s = 2  # a restarted Redis replays its AOF and clients reconnect within seconds
 
 
 class BrokerUnavailable(Unavailable):
@@ -174,6 +176,7 @@ class NoLiveWorker(Unavailable):
     """No worker has advertised the lane lately: accepting would only let the request expire."""
 
     code = "no_live_worker"
+    retry_after_s = 5  # a few heartbeats: a restarted worker or engine advertises again
 
 
 class ResultTimeout(TailguardError):

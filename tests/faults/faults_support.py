@@ -96,6 +96,10 @@ def system_fixture(tmp_path_factory, tiny_model, *, worker: bool) -> System:
     sys_.env = {settings.REDIS_URL.env: f"redis://127.0.0.1:{sys_.redis_port}/0",
                 settings.MODEL.env: tiny_model, settings.WORKER_HEARTBEAT_S.env: "1",
                 settings.WORKER_LOST_GRACE_S.env: "5"}
+    if not worker:
+        # no worker serves the lanes: queue requests (as a worker-less API test wants) instead
+        # of refusing them 503 no_live_worker
+        sys_.env[settings.ADMIT_WITHOUT_WORKER.env] = "1"
     sys_.start_redis()
     sys_.start_api()
     if worker:
