@@ -1,8 +1,9 @@
 """The gateway's domain logic: accept a request, place it on its lane, report on it.
 
 Framework-free: the Flask views in app/ are a thin skin over this, and tests can
-drive it directly. Dependencies (lane table, job store, token counter, Celery
-app) are passed in.
+drive it directly. Dependencies (lane table, job store, token counter, the
+broker: app/ passes a producer-only Celery app) are passed in; nothing here imports
+Celery.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ import dataclasses
 import time
 import uuid
 from typing import Any, Callable, Iterator, Protocol
-
-from celery import Celery
 
 from tailguard.admission import AdmissionPolicy
 from tailguard.apikeys import ApiKey, ApiKeyStore
@@ -36,15 +35,24 @@ class TokenCounter(Protocol):
     def count(self, prompt: str, add_special_tokens: bool = True) -> int: ...
 
 
+class Broker(Protocol):
+    """What the gateway needs of a Celery app: publish a task by name, revoke one."""
+
+    control: Any  # celery.app.control.Control: .revoke(task_id)
+
+    def send_task(self, name: str, *, task_id: str, queue: str, expires: float,
+                  kwargs: dict[str, Any]) -> Any: ...
+
+
 class Gateway:
-    def __init__(self, lanes: LaneTable, store: JobStore, counter: TokenCounter, celery: Celery,
+    def __init__(self, lanes: LaneTable, store: JobStore, counter: TokenCounter, broker: Broker,
                  *, metrics: GatewayMetrics | None = None, poll_interval_s: float = 0.05,
                  admission: AdmissionPolicy | None = None, load: LaneLoadStore | None = None,
                  stats: StatsStore | None = None, api_keys: ApiKeyStore | None = None) -> None:
         self.lanes = lanes
         self.store = store
         self.counter = counter
-        self.celery = celery
+        self.broker = broker
         self.metrics = metrics or GatewayMetrics(lanes.names)
         self.admission = admission or AdmissionPolicy()
         self.load = load or LaneLoadStore(store.redis)
@@ -91,7 +99,7 @@ class Gateway:
             "api_key": caller.name if caller else None,
         }, queue_ttl_s=lane.queue_ttl_s)
         try:
-            self.celery.send_task(
+            self.broker.send_task(
                 lane.task_name, task_id=job_id, queue=lane.queue, expires=lane.queue_ttl_s,
                 kwargs={"job_id": job_id, "prompt": req.prompt, "max_tokens": placement.max_tokens,
                         "sampling": req.sampling, "deadline_s": lane.deadline_s,
@@ -148,7 +156,7 @@ class Gateway:
         if moved and before == QUEUED:
             # Let a worker that already reserved the message drop it without running it
             # (the job record says cancelled either way); Flower shows it as revoked.
-            self.celery.control.revoke(job_id)
+            self.broker.control.revoke(job_id)
         job = self.store.get(job_id)
         return render(job_id, job) if job else {"id": job_id, "status": CANCELLED}
 
