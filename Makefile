@@ -12,7 +12,7 @@ test: $(TEST_STAMP)          ## install and run the whole suite (pure, integrati
 	$(VENV)/bin/python -m pytest
 
 test-fast: $(TEST_STAMP)     ## pure tests only
-	$(VENV)/bin/python -m pytest -m "not integration and not fuzz and not e2e and not faults"
+	$(VENV)/bin/python -m pytest -m "not integration and not fuzz and not e2e and not faults and not multihost"
 
 bench: $(TEST_STAMP)         ## shared queue vs lanes on real engines, small demo model (~10 min); BENCH_ARGS=... to change
 	$(VENV)/bin/tailguard bench $(BENCH_ARGS)

@@ -36,9 +36,11 @@ def lanes():
         200: {description: lanes and workers, content: {application/json: {schema: Lanes}}}
     """
     gw = get_gateway()
+    per_host = Liveness(gw.store.redis).live_workers_per_host(gw.lanes.names)
     return jsonify({"model": gw.counter.model if hasattr(gw.counter, "model") else None,
                     "model_max_len": gw.counter.model_max_len,
-                    "lanes": [lane.to_dict() for lane in gw.lanes],
+                    "lanes": [{**lane.to_dict(), "live_workers_per_host": per_host[lane.name]}
+                              for lane in gw.lanes],
                     "workers": [{"name": w.name, "lanes": list(w.lanes)} for w in gw.lanes.workers]})
 
 

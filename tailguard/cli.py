@@ -213,6 +213,7 @@ def stats(window: str, top: int, as_json: bool) -> None:
     import redis as redis_lib
 
     from tailguard.lanes import load_lanes
+    from tailguard.liveness import Liveness
     from tailguard.stats import StatsStore, parse_window
 
     try:
@@ -225,8 +226,15 @@ def stats(window: str, top: int, as_json: bool) -> None:
     except redis_lib.RedisError as exc:
         raise click.ClickException(f"Redis at {settings.redis_url()} does not answer: {exc}")
     now = now_s + now_us / 1e6
-    result = StatsStore(client).window(load_lanes().names, now - seconds, now, top=top)
-    click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.render())
+    names = load_lanes().names
+    result = StatsStore(client).window(names, now - seconds, now, top=top)
+    per_host = Liveness(client).live_workers_per_host(names)  # now, not over the window
+    if as_json:
+        click.echo(json.dumps({**result.to_dict(), "workers_per_host": per_host}, indent=2))
+    else:
+        click.echo(result.render() + "\n\nlive workers now, per host: " + "; ".join(
+            f"{lane} " + (", ".join(f"{host} {n}" for host, n in hosts.items()) or "none")
+            for lane, hosts in per_host.items()))
 
 
 @main.command()

@@ -16,6 +16,8 @@ missed periods. Readers drop lapsed members as they read.
 
 from __future__ import annotations
 
+import collections
+
 import redis
 
 from tailguard import keys, lua
@@ -57,10 +59,30 @@ class Liveness:
         counts = self._live([keys.lane_workers_key(l) for l in lanes])
         return dict(zip(lanes, (int(c) for c in counts)))
 
+    def live_workers_per_host(self, lanes: list[str]) -> dict[str, dict[str, int]]:
+        """For each lane, how many of its live workers run on each host (see `host_of`):
+        a fleet spread over machines shows which machine's workers a lane is down to."""
+        per_lane = {}
+        for lane in lanes:
+            hosts: collections.Counter[str] = collections.Counter()
+            for member in self._members([keys.lane_workers_key(lane)]):
+                hosts[host_of(member.decode() if isinstance(member, bytes) else member)] += 1
+            per_lane[lane] = dict(sorted(hosts.items()))
+        return per_lane
+
+
+def host_of(worker: str) -> str:
+    """The host of a Celery worker name (``short@gpu-host-2`` -> ``gpu-host-2``); a name
+    without ``@`` is its own host."""
+    return worker.rpartition("@")[2]
+
 
 def lane_health(liveness: Liveness, lanes: list[str]) -> tuple[bool, dict]:
-    """Healthy when Redis answers and every lane has a live worker with its engine up."""
-    live = liveness.live_workers(lanes)
+    """Healthy when Redis answers and every lane has a live worker with its engine up
+    (anywhere: a lane served only by workers on other hosts is as healthy as a local one)."""
+    per_host = liveness.live_workers_per_host(lanes)
+    live = {lane: sum(hosts.values()) for lane, hosts in per_host.items()}
     missing = [lane for lane, n in live.items() if n == 0]
     return not missing, {"status": "ok" if not missing else "degraded", "redis": "ok",
-                         "workers_per_lane": live, "lanes_without_worker": missing}
+                         "workers_per_lane": live, "workers_per_host": per_host,
+                         "lanes_without_worker": missing}

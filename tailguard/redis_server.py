@@ -17,6 +17,7 @@ import importlib.util
 import shutil
 import socket
 from pathlib import Path
+from typing import Sequence
 
 from tailguard import settings
 from tailguard.errors import ConfigError
@@ -65,23 +66,26 @@ def redis_config(password: str | None = None, maxmemory: str | None = None) -> s
 
 
 def redis_command(port: int, data_dir: Path, *, appendonly: bool = True,
-                  password: str | None = None) -> list[str]:
-    """argv of a loopback-only redis-server keeping its data (and AOF) in `data_dir`; the rest
-    of its config (``redis_config``) is in `data_dir`/redis.conf, written anew, mode 600."""
+                  password: str | None = None,
+                  bind: Sequence[str] = ("127.0.0.1",)) -> list[str]:
+    """argv of a redis-server listening on the `bind` addresses only (loopback unless told
+    otherwise: the multi-host test binds it to its own veth addresses) and keeping its data
+    (and AOF) in `data_dir`; the rest of its config (``redis_config``) is in
+    `data_dir`/redis.conf, written anew, mode 600."""
     from tailguard.secretfile import write_private
 
     data_dir.mkdir(parents=True, exist_ok=True)
     conf = write_private(data_dir / "redis.conf", redis_config(password))
-    return [find_redis_server(), str(conf), "--port", str(port), "--bind", "127.0.0.1",
+    return [find_redis_server(), str(conf), "--port", str(port), "--bind", *bind,
             "--dir", str(data_dir), "--appendonly", "yes" if appendonly else "no",
             "--appendfsync", APPENDFSYNC,
             "--save", "", "--daemonize", "no", "--protected-mode", "yes", "--loglevel", "warning"]
 
 
-def answers_ping(port: int) -> bool:
-    """Whether a Redis on this loopback port answers PING."""
+def answers_ping(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a Redis on this port of `host` answers PING."""
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+        with socket.create_connection((host, port), timeout=0.5) as s:
             s.sendall(b"PING\r\n")
             return s.recv(16).startswith((b"+PONG", b"-NOAUTH"))  # answering, password or not
     except OSError:
@@ -90,15 +94,18 @@ def answers_ping(port: int) -> bool:
 
 def start_redis(port: int, data_dir: Path, *, appendonly: bool = True,
                 log_path: Path | None = None, timeout_s: float = 15.0,
-                password: str | None = None, restart: RestartPolicy | None = None) -> Child:
-    """Start redis-server and return once it answers PING (its log in `log_path`, else
-    in `data_dir`); `restart` is the policy a supervising Group restarts it by."""
+                password: str | None = None, restart: RestartPolicy | None = None,
+                bind: Sequence[str] = ("127.0.0.1",)) -> Child:
+    """Start redis-server and return once it answers PING on its first `bind` address (its
+    log in `log_path`, else in `data_dir`); `restart` is the policy a supervising Group
+    restarts it by."""
     spec = ChildSpec("redis", tuple(redis_command(port, data_dir, appendonly=appendonly,
-                                                   password=password)), restart=restart)
+                                                   password=password, bind=bind)),
+                     restart=restart)
     child = start(spec, log=log_path or data_dir / "redis.log")
     try:
-        wait_until(lambda: answers_ping(port), [child], timeout_s,
-                   f"redis-server on port {port}")
+        wait_until(lambda: answers_ping(port, bind[0]), [child], timeout_s,
+                   f"redis-server on {bind[0]}:{port}")
     except ChildFailed:
         child.stop()
         raise

@@ -83,10 +83,28 @@ def test_lane_table(client):
                                {"name": "long", "lanes": ["long", "batch"]}]
 
 
+def test_healthz_and_lane_table_count_live_workers_per_host(client, redis_client):
+    from tailguard.liveness import Liveness
+
+    liveness = Liveness(redis_client)
+    liveness.heartbeat(["short"], "short@gpu-a", ttl_s=30)
+    liveness.heartbeat(["short"], "short2@gpu-b", ttl_s=30)
+    liveness.heartbeat(["long", "batch"], "long@gpu-a", ttl_s=30)
+    body = client.get("/healthz").get_json()
+    assert body["workers_per_host"] == {"short": {"gpu-a": 1, "gpu-b": 1},
+                                        "long": {"gpu-a": 1}, "batch": {"gpu-a": 1}}
+    assert body["workers_per_lane"] == {"short": 2, "long": 1, "batch": 1}
+    liveness.forget(["short"], "short2@gpu-b")
+    lanes = client.get("/v1/lanes").get_json()["lanes"]
+    assert {l["name"]: l["live_workers_per_host"] for l in lanes} == {
+        "short": {"gpu-a": 1}, "long": {"gpu-a": 1}, "batch": {"gpu-a": 1}}
+
+
 def test_healthz_names_lanes_without_a_worker(client):
     resp = client.get("/healthz")
     assert resp.status_code == 503
     assert resp.get_json()["lanes_without_worker"] == ["short", "long", "batch"]
+    assert resp.get_json()["workers_per_host"] == {"short": {}, "long": {}, "batch": {}}
 
 
 @pytest.mark.parametrize("body,status,code,field", [

@@ -15,6 +15,7 @@ from conftest import ROOT
 from tailguard import keys
 from tailguard.finished import GROUP, FinishedConsumer, FinishedRequest
 from tailguard.jobs import QUEUED, RUNNING, SUCCEEDED, JobStore
+from tailguard.liveness import Liveness
 from tailguard.stats import StatsStore
 
 pytestmark = pytest.mark.integration
@@ -196,6 +197,7 @@ def test_stats_command_prints_the_table_and_json(redis_client, redis_server):
     stats = StatsStore(redis_client)
     for i in range(20):
         stats.record(record(i, "short", e2e=0.05 * (i + 1), at=float(now_s)))
+    Liveness(redis_client).heartbeat(["short"], "short@gpu-a", ttl_s=60)
     env = {**os.environ, "TAILGUARD_REDIS_URL": redis_server}
     run = lambda *a: subprocess.run([sys.executable, "-m", "tailguard.cli", "stats", *a], cwd=ROOT,
                                     env=env, capture_output=True, text=True, check=True).stdout
@@ -203,5 +205,7 @@ def test_stats_command_prints_the_table_and_json(redis_client, redis_server):
     assert out["lanes"]["short"]["count"] == 20
     assert out["lanes"]["short"]["e2e_s"]["max"] == pytest.approx(1.0)
     assert len(out["slowest"]) == 10
+    assert out["workers_per_host"] == {"short": {"gpu-a": 1}, "long": {}, "batch": {}}
     text = run("--window", "5m")
     assert "short" in text and "slowest 10" in text and "what sets the slowest apart" in text
+    assert "live workers now, per host: short gpu-a 1; long none; batch none" in text

@@ -36,6 +36,16 @@ def test_the_password_is_never_on_redis_servers_command_line(tmp_path):
     assert stat.S_IMODE(conf.stat().st_mode) == 0o600
 
 
+def test_redis_listens_on_loopback_unless_given_addresses(tmp_path):
+    def bound(argv: list[str]) -> list[str]:
+        i = argv.index("--bind")
+        return argv[i + 1:argv.index("--dir")]
+
+    assert bound(redis_command(6390, tmp_path)) == ["127.0.0.1"]
+    assert bound(redis_command(6390, tmp_path, bind=("10.231.7.1", "10.231.7.5"))) == [
+        "10.231.7.1", "10.231.7.5"]
+
+
 def test_a_private_file_is_replaced_whole_with_mode_600(tmp_path):
     path = tmp_path / "redis.conf"
     path.write_text("old")
