@@ -15,6 +15,7 @@ import pytest
 from faults_support import (NativeStream, OpenAIStream, assert_invariants, figure, submit,
                             system_fixture, wait_terminal)
 from tailguard.jobs import QUEUED, RUNNING, SUCCEEDED, JobStore
+from tailguard.liveness import Liveness
 from tailguard.stream import DeltaWriter
 
 pytestmark = pytest.mark.faults
@@ -22,6 +23,7 @@ pytestmark = pytest.mark.faults
 STREAMS = 20
 TICKS = 80          # deltas per job, one per TICK_S: the jobs outlast the stop timeout
 TICK_S = 0.1
+FAKE_WORKER = "fake@faults"
 
 
 @pytest.fixture(scope="module")
@@ -32,14 +34,18 @@ def system(tmp_path_factory, tiny_model):
 
 
 def work_like_a_worker(client, job_ids: list[str]) -> None:
-    store = JobStore(client)
+    """Runs the jobs as a worker would, heart-beating like one (else the reaper ends them)."""
+    store, liveness = JobStore(client), Liveness(client)
+    liveness.worker_alive(FAKE_WORKER, ttl_s=5)
     writers = {}
     for job_id in job_ids:
-        store.transition(job_id, {QUEUED}, RUNNING, {"worker": "fake@faults"})
+        store.transition(job_id, {QUEUED}, RUNNING, {"worker": FAKE_WORKER})
         writers[job_id] = DeltaWriter(client, job_id, flush_s=0.0)
     for tick in range(TICKS):
         for writer in writers.values():
             writer.add(f"t{tick} ")
+        if tick % 10 == 0:
+            liveness.worker_alive(FAKE_WORKER, ttl_s=5)
         time.sleep(TICK_S)
     for job_id in job_ids:
         store.transition(job_id, {RUNNING}, SUCCEEDED, {"result": {
