@@ -9,12 +9,25 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, Iterator
 
 from conftest import ROOT
 from waiting import wait_for
 
 #: A cold worker: engine start + warm-up on the tiny model, on one busy core.
 START_TIMEOUT_S = 300
+
+
+def own_database(redis_server: str, number: int) -> Iterator[tuple[str, Any]]:
+    """A Redis database of a test file's own (flushed): no other tier's worker takes its jobs.
+    Use as a fixture body: ``yield from own_database(redis_server, 3)``."""
+    import redis
+
+    url = redis_server.rsplit("/", 1)[0] + f"/{number}"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    yield url, client
+    client.close()
 
 
 class Worker:

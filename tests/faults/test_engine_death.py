@@ -14,22 +14,16 @@ import pytest
 from tailguard.jobs import RUNNING, TERMINAL, JobStore
 from waiting import wait_for
 
-from fault_support import (START_TIMEOUT_S, Worker, finished_jobs, lane_workers, submit,
-                           wait_serving, wait_streaming)
+from fault_support import (START_TIMEOUT_S, Worker, finished_jobs, lane_workers, own_database,
+                           submit, wait_serving, wait_streaming)
 
 pytestmark = pytest.mark.faults
 
 
 @pytest.fixture(scope="module")
 def db(redis_server):
-    """A Redis database of this file's own: no other tier's worker takes these jobs."""
-    import redis
-
-    url = redis_server.rsplit("/", 1)[0] + "/3"
-    client = redis.Redis.from_url(url)
-    client.flushdb()
-    yield url, client
-    client.close()
+    """A Redis database of this file's own."""
+    yield from own_database(redis_server, 3)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,8 @@ from tailguard.jobs import TERMINAL, JobStore
 from tailguard.reaper import LAPSE_PERIODS
 from waiting import wait_for
 
-from fault_support import Worker, finished_jobs, submit, wait_serving, wait_streaming
+from fault_support import (Worker, finished_jobs, own_database, submit, wait_serving,
+                           wait_streaming)
 
 pytestmark = pytest.mark.faults
 
@@ -23,14 +24,8 @@ REAP_BOUND_S = 10.0
 
 @pytest.fixture
 def db(redis_server):
-    """A Redis database of this file's own: no other tier's worker takes these jobs."""
-    import redis
-
-    url = redis_server.rsplit("/", 1)[0] + "/2"
-    client = redis.Redis.from_url(url)
-    client.flushdb()
-    yield url, client
-    client.close()
+    """A Redis database of this file's own."""
+    yield from own_database(redis_server, 2)
 
 
 @pytest.fixture
