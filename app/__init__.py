@@ -19,7 +19,7 @@ APP_SETTINGS = (settings.REDIS_URL, settings.MODEL, settings.SERVED_MODEL_NAME, 
                 settings.WORKER_LOST_GRACE_S, settings.STREAM_MAXLEN, settings.SSE_HEARTBEAT_S,
                 settings.STATS_RETENTION_S, settings.REQUEST_LOG, settings.RATE_WINDOW_S,
                 settings.PRIOR_TOKENS_PER_S, settings.ADMIT_WITHOUT_WORKER, settings.API_THREADS,
-                settings.WORKER_HEARTBEAT_S,
+                settings.WORKER_HEARTBEAT_S, settings.REDELIVER_AFTER_S,
                 settings.REDIS_SOCKET_TIMEOUT_S)
 
 
@@ -169,6 +169,9 @@ def _build_gateway(config: Mapping[str, Any]) -> Gateway:
         # Running jobs of dead workers end within seconds, read or not (workers reap too).
         from tailguard.liveness import Liveness
         from tailguard.reaper import Reaper
+        from tailguard.redeliver import Redeliverer
 
-        Reaper(store, Liveness(client), settings.WORKER_HEARTBEAT_S.get(config)).start()
+        Reaper(store, Liveness(client), settings.WORKER_HEARTBEAT_S.get(config),
+               Redeliverer(store, producer.connection_for_write,
+                           settings.REDELIVER_AFTER_S.get(config))).start(gateway.stopping)
     return gateway

@@ -9,6 +9,7 @@ Celery.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 import uuid
 from typing import Any, Callable, Iterator, Protocol
@@ -60,6 +61,15 @@ class Gateway:
         self.api_keys = api_keys or ApiKeyStore(store.redis)
         self.finished: FinishedConsumer | None = None  # set by the app that runs one
         self.poll_interval_s = poll_interval_s
+        #: Set by close(): stops the background threads the app started (the reaper).
+        self.stopping = threading.Event()
+
+    def close(self) -> None:
+        """Stop the background threads (finished-stream consumer, reaper): what a process that
+        builds more than one app, a test run, calls when it is done with one."""
+        self.stopping.set()
+        if self.finished is not None:
+            self.finished.stop()
 
     def place(self, req: JobRequest) -> Placement:
         return place(self.lanes.lanes, priority=req.priority,

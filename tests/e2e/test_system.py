@@ -91,7 +91,8 @@ def test_warm_shutdown_completes(tiny_model, redis_server, tmp_path):
 
     url = redis_server.rsplit("/", 1)[0] + "/1"
     api = create_app({"TESTING": True, "TAILGUARD_MODEL": tiny_model, "TAILGUARD_REDIS_URL": url,
-                      "TAILGUARD_CONSUME_FINISHED": False}).test_client()
+                      "TAILGUARD_CONSUME_FINISHED": False,
+                      "TAILGUARD_REAP_RUNNING": False}).test_client()
     with Group(tmp_path) as group:
         worker = group.start(worker_spec("short", Pinning(cores=(0,)), "-l", "INFO", env={
             settings.MODEL.env: tiny_model, settings.REDIS_URL.env: url,

@@ -30,9 +30,11 @@ def db(redis_server):
 def api(db, tiny_model):
     from app import create_app
 
-    return create_app({"TESTING": True, "TAILGUARD_MODEL": tiny_model,
-                       "TAILGUARD_REDIS_URL": db[0], "TAILGUARD_CONSUME_FINISHED": False}
-                      ).test_client()
+    app = create_app({"TESTING": True, "TAILGUARD_MODEL": tiny_model,
+                      "TAILGUARD_REDIS_URL": db[0], "TAILGUARD_CONSUME_FINISHED": False})
+    yield app.test_client()
+    if "tailguard" in app.extensions:
+        app.extensions["tailguard"].close()  # its reaper thread stops with the module
 
 
 @pytest.fixture(scope="module")

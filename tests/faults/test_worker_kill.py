@@ -33,9 +33,11 @@ def api(db, tiny_model):
     from app import create_app
 
     # the API's reaper runs (as in production); nobody reads the jobs through it
-    return create_app({"TESTING": True, "TAILGUARD_MODEL": tiny_model,
-                       "TAILGUARD_REDIS_URL": db[0], "TAILGUARD_CONSUME_FINISHED": False}
-                      ).test_client()
+    app = create_app({"TESTING": True, "TAILGUARD_MODEL": tiny_model,
+                      "TAILGUARD_REDIS_URL": db[0], "TAILGUARD_CONSUME_FINISHED": False})
+    yield app.test_client()
+    if "tailguard" in app.extensions:
+        app.extensions["tailguard"].close()  # its reaper thread stops with the test
 
 
 def test_kill_9_of_a_worker_mid_generation(db, api, tiny_model, tmp_path):

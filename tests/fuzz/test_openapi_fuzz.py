@@ -57,6 +57,7 @@ def fuzz_app(tiny_model, redis_server, tmp_path_factory):
     lanes = tmp_path_factory.mktemp("fuzz") / "lanes.toml"
     lanes.write_text(LANES)
     return create_app({"TESTING": True, "TAILGUARD_CONSUME_FINISHED": False,
+                       "TAILGUARD_REAP_RUNNING": False,
                        settings.MODEL.env: tiny_model, settings.REDIS_URL.env: redis_server,
                        settings.LANES_FILE.env: str(lanes), settings.MAX_WAIT_S.env: 0.2,
                        settings.ADMIT_WITHOUT_WORKER.env: True})

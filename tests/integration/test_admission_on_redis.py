@@ -36,7 +36,7 @@ def make_app(tiny_model, redis_server, lanes_file, **config):
 
     return create_app({"TESTING": True, "TAILGUARD_MODEL": tiny_model,
                        "TAILGUARD_REDIS_URL": redis_server, "TAILGUARD_CONSUME_FINISHED": False,
-                       "TAILGUARD_LANES": str(lanes_file), "TAILGUARD_PRIOR_TOKENS_PER_S": PRIOR,
+                       "TAILGUARD_REAP_RUNNING": False, "TAILGUARD_LANES": str(lanes_file), "TAILGUARD_PRIOR_TOKENS_PER_S": PRIOR,
                        **config})
 
 
