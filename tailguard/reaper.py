@@ -8,6 +8,10 @@ with its worker (``keys.RUNNING_JOBS``, kept by the transition script), so a rea
 pass fails each indexed job whose worker has lapsed, as ``worker_lost``, whether or
 not any client reads it; the failing transition announces it on the finished stream.
 
+The same passes put back on their queue the messages a worker took but lost with
+its broker connection before starting them (tailguard/redeliver.py), when given a
+Redeliverer: both are what a lost worker or connection leaves behind.
+
 Delivery: a reaped job is failed, never requeued. It may have streamed text, and
 even one that streamed nothing may have reached the engine of a worker that is only
 cut off: running it again could run it twice. The client sees ``worker_lost`` and
@@ -35,6 +39,7 @@ import redis
 from tailguard.errors import WorkerLost
 from tailguard.jobs import FAILED, RUNNING, JobStore
 from tailguard.liveness import Liveness
+from tailguard.redeliver import Redeliverer
 
 log = logging.getLogger("tailguard.reaper")
 
@@ -46,14 +51,21 @@ class Reaper:
     """Reaps the running jobs of lapsed workers; `run_once` is one pass (not thread-safe:
     one Reaper per loop)."""
 
-    def __init__(self, store: JobStore, liveness: Liveness, period_s: float) -> None:
+    def __init__(self, store: JobStore, liveness: Liveness, period_s: float,
+                 redeliverer: Redeliverer | None = None) -> None:
         self.store = store
         self.liveness = liveness
         self.period_s = period_s
+        self.redeliverer = redeliverer
         self._suspects: dict[str, float] = {}  # worker -> when a pass first found it lapsed
 
     def run_once(self) -> list[str]:
         """One pass; returns the ids of the jobs this pass ended."""
+        if self.redeliverer is not None:
+            try:
+                self.redeliverer.run_once()
+            except Exception as exc:  # noqa: BLE001 - kombu's and redis' errors alike; retried
+                log.warning("redelivery pass: %s", exc)
         running = self.store.running()
         if not running:
             self._suspects.clear()

@@ -125,6 +125,12 @@ JOB_TTL_S = Setting(
 WORKER_LOST_GRACE_S = Setting(
     "TAILGUARD_WORKER_LOST_GRACE_S", 30.0, float,
     "A running job with no result this long past its lane deadline is failed as worker_lost.")
+REDELIVER_AFTER_S = Setting(
+    "TAILGUARD_REDELIVER_AFTER_S", 30.0, float,
+    "A message a worker took this long ago and never started (its job still queued) goes back on "
+    "its queue: a worker that loses its broker connection forgets the messages it had reserved "
+    "(tailguard/redeliver.py). Keep it above the longest pause between delivery and start (an "
+    "engine restart); a copy that races the original is a no-op.")
 WORKER_HEARTBEAT_S = Setting(
     "TAILGUARD_WORKER_HEARTBEAT_S", 1.5, float,
     "How often a worker refreshes its heartbeats (its process's, read by the reaper; its lanes', "

@@ -37,6 +37,7 @@ from tailguard.lanes import Lane, LaneTable, check_worker_lanes, engine_settings
 from tailguard.liveness import Liveness
 from tailguard.modelinfo import model_max_len, serving_dtype
 from tailguard.reaper import LAPSE_PERIODS, Reaper
+from tailguard.redeliver import Redeliverer
 from tailguard.runner import JobRunner
 from tailguard.stream import DeltaWriter
 
@@ -258,7 +259,9 @@ def _heartbeat_loop(runtime: WorkerRuntime) -> None:
     its engine is (read by GET /healthz), its engine is checked for a death nobody saw,
     and the running jobs of dead peers are reaped."""
     period = settings.WORKER_HEARTBEAT_S.get()
-    reaper = Reaper(runtime.store, runtime.liveness, period)
+    reaper = Reaper(runtime.store, runtime.liveness, period,
+                    Redeliverer(runtime.store, runtime.app.connection_for_write,
+                                settings.REDELIVER_AFTER_S.get()))
     while not runtime.stopping.is_set():
         try:
             runtime.liveness.worker_alive(runtime.hostname, ttl_s=_lapse_s())

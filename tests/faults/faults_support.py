@@ -248,9 +248,30 @@ def wait_terminal(client: redis.Redis, ids: list[str], url: str, timeout_s: floa
         if not open_:
             return jobs
         if time.monotonic() > deadline:
-            pytest.fail(f"jobs not terminal {timeout_s:.0f} s after the fault: {dict(open_)}",
-                        pytrace=False)
+            stuck = {j: where_is(client, j) for j, job in jobs.items()
+                     if job["status"] not in TERMINAL}
+            pytest.fail(f"jobs not terminal {timeout_s:.0f} s after the fault: {dict(open_)}; "
+                        f"where their messages are: {stuck}", pytrace=False)
         time.sleep(0.5)
+
+
+def where_is(client: redis.Redis, job_id: str) -> dict:
+    """Where a job's Celery message is (the lanes' Redis lists, kombu's unacked hash) and its
+    record: what a test that finds a job stuck prints, so the failure says which part lost it."""
+    found: dict = {"record": {k.decode(): v.decode() for k, v in
+                              client.hgetall(keys.job_key(job_id)).items()
+                              if k in (b"status", b"lane", b"submitted_at", b"expires_at")}}
+    for key in client.scan_iter(count=1000):
+        if client.type(key) == b"list":
+            hits = [i for i, m in enumerate(client.lrange(key, 0, -1)) if job_id.encode() in m]
+            if hits:
+                found.setdefault("lists", {})[key.decode()] = hits
+    for tag, raw in client.hgetall("unacked").items():
+        if job_id.encode() in raw:
+            found.setdefault("unacked", []).append(
+                {"tag": tag.decode(), "delivered_at": client.zscore("unacked_index", tag)})
+    found["now"] = time.time()
+    return found
 
 
 def finished_counts(client: redis.Redis) -> Counter:

@@ -1,0 +1,54 @@
+"""A message a worker took and then lost with its broker connection goes back on its queue,
+against a real Redis and kombu's own ack emulation (tailguard/redeliver.py).
+
+The "lost" worker is a kombu consumer that takes the message without acking and is
+never closed while the pass runs: exactly what a worker cut off from Redis leaves in
+kombu's ``unacked`` hash.
+"""
+
+import pytest
+from kombu import Queue
+
+from tailguard.jobs import CANCELLED, QUEUED, JobStore
+from tailguard.redeliver import Redeliverer
+from tasks import app
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def taken(client, redis_client):
+    """A job submitted through the API whose message a consumer took and never acked."""
+    job_id = client.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 4}).get_json()["id"]
+    assert redis_client.llen("short") == 1
+    conn = app.connection_for_write()
+    message = Queue("short", channel=conn.default_channel).get(no_ack=False)
+    assert message is not None and message.headers["id"] == job_id
+    assert redis_client.llen("short") == 0 and redis_client.hlen("unacked") == 1
+    yield job_id
+    conn.release()
+
+
+def test_a_lost_delivery_of_a_queued_job_goes_back_on_its_queue(taken, redis_client):
+    store = JobStore(redis_client)
+    assert Redeliverer(store, app.connection_for_write, after_s=0).run_once() == [taken]
+    assert redis_client.hlen("unacked") == 0 and redis_client.zcard("unacked_index") == 0
+    conn = app.connection_for_write()
+    try:
+        again = Queue("short", channel=conn.default_channel).get(no_ack=True)
+    finally:
+        conn.release()
+    assert again.headers["id"] == taken and again.headers.get("redelivered") is True
+    assert store.status(taken) == QUEUED
+
+
+def test_a_recent_delivery_is_left_to_its_worker(taken, redis_client):
+    assert Redeliverer(JobStore(redis_client), app.connection_for_write, after_s=3600).run_once() == []
+    assert redis_client.hlen("unacked") == 1 and redis_client.llen("short") == 0
+
+
+def test_a_finished_job_s_unacked_message_is_dropped_not_requeued(taken, redis_client):
+    store = JobStore(redis_client)
+    assert store.transition(taken, {QUEUED}, CANCELLED)[0]
+    assert Redeliverer(store, app.connection_for_write, after_s=0).run_once() == []
+    assert redis_client.hlen("unacked") == 0 and redis_client.llen("short") == 0
