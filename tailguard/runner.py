@@ -33,14 +33,17 @@ When the engine dies under a job (EngineDeadError), the worker restarts it
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
+
+import redis
 
 from tailguard.engine import GenerationResult
 from tailguard.errors import (EngineDeadError, EngineError, InternalJobError, JobCancelled,
                               JobExpired, PoisonRequest)
 from tailguard.jobs import CANCELLED, EXPIRED, FAILED, QUEUED, RUNNING, SUCCEEDED, JobStore
-from tailguard.stream import DeltaWriter
+from tailguard.stream import OUTAGE_S, DeltaWriter
 
 log = logging.getLogger("tailguard.task")
 
@@ -176,16 +179,20 @@ class JobRunner:
         def should_cancel() -> bool:
             # Polled every ~50 ms on this thread while the engine works: a good moment to
             # write a batch of deltas that is due even if no new token arrived. Any state
-            # but running (cancelled, reaped, expired record) means nobody wants the rest.
+            # but running (cancelled, reaped, expired record) means nobody wants the rest;
+            # a Redis that does not answer says nothing of the kind, so the job goes on.
             writer.tick()
-            return store.status(job_id) != RUNNING
+            try:
+                return store.status(job_id) != RUNNING
+            except redis.RedisError:
+                return False
 
         try:
             result = engine.generate(
                 job_id, job.prompt, {**job.sampling, "max_tokens": job.max_tokens},
                 deadline_s=job.deadline_s, on_delta=writer.add, should_cancel=should_cancel,
                 on_first_token=on_first_token, add_special_tokens=job.add_special_tokens)
-            writer.flush()
+            writer.close()  # the text must be in the stream before the end event
         except EngineDeadError:
             writer.flush()
             raise  # run() decides: run again, engine_dead or poison_request
@@ -206,13 +213,28 @@ class JobRunner:
             raise JobSkipped(f"job {job_id} was aborted in the engine")
         body = {"text": result.text, "completion_tokens": result.completion_tokens,
                 "finish_reason": result.finish_reason}
-        moved, state = store.transition(job_id, {RUNNING}, SUCCEEDED, {
+        moved, state = _through_outage(lambda: store.transition(job_id, {RUNNING}, SUCCEEDED, {
             "result": body, "completion_tokens": result.completion_tokens,
             "ttft_s": None if result.ttft_s is None else f"{result.ttft_s:.6f}",
-            "engine_prompt_tokens": result.prompt_tokens})
+            "engine_prompt_tokens": result.prompt_tokens}))
+        if not moved and state == SUCCEEDED:
+            return body  # an earlier try landed; its reply was lost with the connection
         if not moved:
             # Cancelled (or settled) just as it finished: that state stands, and the
             # caller must not record a success that contradicts it.
             log.info("job %s finished but is already %s", job_id, state)
             raise JobSkipped(f"job {job_id} is already {state}")
         return body
+
+
+def _through_outage(call: Callable[[], Any], outage_s: float = OUTAGE_S) -> Any:
+    """`call`, retried on Redis errors for up to `outage_s` (a Redis stall or restart must
+    not fail a job whose text is complete); past that, the last error."""
+    give_up = time.monotonic() + outage_s
+    while True:
+        try:
+            return call()
+        except redis.RedisError:
+            if time.monotonic() > give_up:
+                raise
+            time.sleep(0.5)

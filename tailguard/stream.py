@@ -14,6 +14,7 @@ itself is untouched and the client can resume from the last id it saw.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -24,8 +25,10 @@ from tailguard import keys
 from tailguard.errors import BrokerUnavailable, JobNotFound, TailguardError
 from tailguard.jobs import TERMINAL
 
-#: How long a follower rides out a Redis outage (retrying, resuming from its last id)
-#: before it ends the stream with an error event.
+log = logging.getLogger("tailguard.stream")
+
+#: How long a follower rides out a Redis outage (retrying, resuming from its last id) before
+#: it ends the stream with an error event; and a worker, before it gives up writing a job's text.
 OUTAGE_S = 30.0
 
 
@@ -33,18 +36,29 @@ class DeltaWriter:
     """Batches a job's text deltas into stream entries; used on one worker thread.
 
     The first delta is written at once (time to first token is not held back);
-    later ones at most every `flush_s`, plus whatever is left at the end.
+    later ones at most every `flush_s`, plus whatever is left at `close`.
+
+    Redis may stall or restart while the engine generates. A failed write keeps its
+    text pending for the next flush (the engine does not wait for Redis), and `close`
+    is the write that must land: it retries through an outage of up to `outage_s`.
+    Writes are idempotent: this writer's k-th entry has the explicit id ``0-k``, so a
+    write that Redis applied but whose reply was lost (a stall past the client's
+    socket timeout) is refused when retried, as an id at or below the stream's top,
+    and counted as written instead of doubling the text. The end event (written with
+    the terminal state) gets a time-based id, above every delta.
     """
 
     def __init__(self, client: redis.Redis, job_id: str, *, flush_s: float = 0.05,
-                 maxlen: int = 10000, ttl_s: int = 86400) -> None:
+                 maxlen: int = 10000, ttl_s: int = 86400, outage_s: float = OUTAGE_S) -> None:
         self.client = client
         self.key = keys.job_stream_key(job_id)
         self.flush_s = flush_s
         self.maxlen = maxlen
         self.ttl_s = ttl_s
+        self.outage_s = outage_s
         self._pending: list[str] = []
         self._last_flush: float | None = None
+        self._error: redis.RedisError | None = None
         self.entries = 0
 
     def add(self, text: str) -> None:
@@ -57,18 +71,44 @@ class DeltaWriter:
         if self._pending and time.monotonic() - (self._last_flush or 0.0) >= self.flush_s:
             self.flush()
 
-    def flush(self) -> None:
+    def flush(self) -> bool:
+        """Write what is pending as one entry; False if Redis failed (the text stays pending)."""
         if not self._pending:
-            return
-        text, self._pending = "".join(self._pending), []
+            return True
+        text = "".join(self._pending)
+        self._last_flush = time.monotonic()
+        try:
+            self._write(text)
+        except redis.ResponseError as exc:
+            if "equal or smaller" not in str(exc):
+                raise
+            # Landed before its reply was lost, or the stream already ended: nothing to add.
+        except redis.RedisError as exc:
+            if self._error is None:
+                log.warning("stream %s: Redis write failed (%s); the text stays pending and "
+                            "is written once Redis answers", self.key, exc)
+            self._error = exc
+            self._pending = [text]
+            return False
+        self._pending, self._error = [], None
+        self.entries += 1
+        return True
+
+    def close(self) -> None:
+        """Write everything pending, retrying for up to `outage_s`; past that, raise."""
+        give_up = time.monotonic() + self.outage_s
+        while not self.flush():
+            if time.monotonic() > give_up:
+                assert self._error is not None
+                raise self._error
+            time.sleep(0.5)
+
+    def _write(self, text: str) -> None:
         pipe = self.client.pipeline(transaction=False)
         pipe.xadd(self.key, {"type": "delta", "data": json.dumps({"text": text}, ensure_ascii=False)},
-                  maxlen=self.maxlen, approximate=True)
-        if self.entries == 0:
-            pipe.expire(self.key, self.ttl_s)
+                  id=f"0-{self.entries + 1}", maxlen=self.maxlen, approximate=True)
+        pipe.expire(self.key, self.ttl_s)
         pipe.execute()
-        self.entries += 1
-        self._last_flush = time.monotonic()
 
 
 @dataclass(frozen=True)

@@ -100,6 +100,41 @@ def test_deltas_are_batched_but_the_first_is_written_at_once(redis_client):
     assert 0 < redis_client.ttl(f"tailguard:job:{job_id}:stream") <= 86400
 
 
+def test_a_write_retried_after_its_reply_was_lost_is_not_doubled(redis_client):
+    job_id = "ab" * 16
+    writer = DeltaWriter(redis_client, job_id)
+    # Redis applied the first write, but the worker never saw the reply (a stall past its
+    # socket timeout), so the text is still pending and is written again.
+    redis_client.xadd(f"tailguard:job:{job_id}:stream", {"type": "delta", "data": '{"text": "Hel"}'},
+                      id="0-1")
+    writer.add("Hel")
+    writer.add("lo")
+    writer.close()
+    texts = [json.loads(f[b"data"])["text"]
+             for _id, f in redis_client.xrange(f"tailguard:job:{job_id}:stream")]
+    assert texts == ["Hel", "lo"]
+
+
+def test_a_write_while_redis_is_away_stays_pending_until_it_answers(redis_client):
+    import redis
+
+    from tailguard.redis_server import free_port
+
+    job_id = "ac" * 16
+    away = redis.Redis(port=free_port(), socket_connect_timeout=0.2, socket_timeout=0.2)
+    writer = DeltaWriter(away, job_id, outage_s=0.3)
+    writer.add("kept")  # no exception: the engine does not wait for Redis
+    assert writer.entries == 0
+    with pytest.raises(redis.ConnectionError):
+        writer.close()  # the write that must land gives up only after outage_s
+    writer.client = redis_client  # Redis is back
+    writer.add(" and more")
+    writer.close()
+    texts = [json.loads(f[b"data"])["text"]
+             for _id, f in redis_client.xrange(f"tailguard:job:{job_id}:stream")]
+    assert texts == ["kept and more"]
+
+
 def test_stream_of_a_cancelled_job_ends_with_cancelled(client):
     job_id = submit(client)
     client.delete(f"/v1/jobs/{job_id}")
@@ -145,7 +180,8 @@ def test_redis_down_is_a_fast_503_with_retry_after_on_every_route(tiny_model, re
 
     down = create_app({"TESTING": True, "TAILGUARD_MODEL": tiny_model,
                        "TAILGUARD_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
-                       "TAILGUARD_CONSUME_FINISHED": False}).test_client()
+                       "TAILGUARD_CONSUME_FINISHED": False,
+                       "TAILGUARD_REAP_RUNNING": False}).test_client()
     job = "ab" * 16
     for method, path, body in [("post", "/v1/jobs", {"prompt": "hi"}), ("get", f"/v1/jobs/{job}", None),
                                ("get", f"/v1/jobs/{job}/stream", None), ("delete", f"/v1/jobs/{job}", None),
