@@ -173,5 +173,7 @@ def _build_gateway(config: Mapping[str, Any]) -> Gateway:
 
         Reaper(store, Liveness(client), settings.WORKER_HEARTBEAT_S.get(config),
                Redeliverer(store, producer.connection_for_write,
-                           settings.REDELIVER_AFTER_S.get(config))).start(gateway.stopping)
+                           settings.REDELIVER_AFTER_S.get(config), lanes.lanes,
+                           confirm_s=settings.WORKER_HEARTBEAT_S.get(config))
+               ).start(gateway.stopping)
     return gateway

@@ -18,6 +18,15 @@ race for the job's queued -> running compare-and-set and the loser is a no-op
 twice. A message whose job already ended (its ack was lost with the connection) is
 dropped the same way kombu drops an acked one.
 
+A message can also vanish outright: a worker's BRPOP takes it off the list and the
+connection drops before kombu records it in ``unacked``. Its job is still queued
+and its message is nowhere. A pass notices when a lane has more jobs queued for
+longer than ``after_s`` than messages in its list and in ``unacked``, and only then
+reads the list; a job found nowhere by two passes ``confirm_s`` apart (a message is
+between the two for a moment while it is delivered) fails as ``message_lost``. The
+prompt lives only in the message, so it cannot be sent again: the client reads why
+and may resubmit, instead of waiting out the queue TTL.
+
 Delivery times are the consuming worker's wall clock, compared with this process's:
 hosts of one deployment keep their clocks in sync (NTP) or this waits longer.
 """
@@ -27,9 +36,12 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-from tailguard.jobs import QUEUED, TERMINAL, JobStore
+from tailguard import keys
+from tailguard.errors import MessageLost
+from tailguard.jobs import FAILED, QUEUED, TERMINAL, JobStore
+from tailguard.lanes import Lane
 
 log = logging.getLogger("tailguard.redeliver")
 
@@ -41,14 +53,19 @@ class Redeliverer:
     ``connection_for_write``); it is opened on the first pass and again after an error.
     """
 
-    def __init__(self, store: JobStore, connect: Callable[[], Any], after_s: float) -> None:
+    def __init__(self, store: JobStore, connect: Callable[[], Any], after_s: float,
+                 lanes: Sequence[Lane] = (), confirm_s: float = 1.0) -> None:
         self.store = store
         self.connect = connect
         self.after_s = after_s
+        self.lanes = list(lanes)  # whose lost messages this pass looks for
+        self.confirm_s = confirm_s
         self._connection: Any = None
+        self._suspects: dict[str, float] = {}  # job id -> when a pass first found it nowhere
 
     def run_once(self) -> list[str]:
-        """One pass; returns the ids of the jobs whose message it put back on a queue."""
+        """One pass; returns the ids of the jobs whose message it put back on a queue (the
+        ones it failed as message_lost are logged)."""
         try:
             return self._pass()
         except Exception:
@@ -66,7 +83,7 @@ class Redeliverer:
             raw = client.hget(qos.unacked_key, tag)
             if raw is None:
                 continue  # acked meanwhile
-            job_id = _task_id(raw)
+            job_id = _task_id(raw)[0]
             state = self.store.status(job_id) if job_id else None
             if state == QUEUED:
                 qos.restore_by_tag(tag, client)
@@ -77,7 +94,45 @@ class Redeliverer:
             elif state in TERMINAL:
                 client.pipeline().zrem(qos.unacked_index_key, tag) \
                     .hdel(qos.unacked_key, tag).execute()
+        self._fail_lost(client, qos)
         return restored
+
+    def _fail_lost(self, client: Any, qos: Any) -> list[str]:
+        """Fail the jobs whose message two passes found nowhere (see the module docstring)."""
+        unacked: dict[str, set[str]] = {}  # queue -> job ids delivered, not acked
+        for raw in client.hvals(qos.unacked_key):
+            job_id, queue = _task_id(raw)
+            if job_id and queue:
+                unacked.setdefault(queue, set()).add(job_id)
+        now = self.store.redis.time()
+        now_s = now[0] + now[1] / 1e6
+        nowhere: set[str] = set()
+        for lane in self.lanes:
+            # members "<cost> <job key>" scored by expires_at = submitted_at + queue_ttl_s
+            old = {m.decode().split(" ", 1)[1] if isinstance(m, bytes) else m.split(" ", 1)[1]
+                   for m in self.store.redis.zrangebyscore(
+                       keys.lane_queued_key(lane.name), now_s,
+                       now_s + lane.queue_ttl_s - self.after_s)}
+            delivered = unacked.get(lane.queue, set())
+            if len(old) <= client.llen(lane.queue) + len(delivered):
+                continue  # every old job may still have its message: nothing to look for
+            listed = {_task_id(raw)[0] for raw in client.lrange(lane.queue, 0, -1)}
+            nowhere |= {keys.job_id_of(k) for k in old} - listed - delivered
+        mono = time.monotonic()
+        earlier = self._suspects
+        self._suspects = {j: earlier.get(j, mono) for j in nowhere}
+        failed = []
+        for job_id, since in list(self._suspects.items()):
+            if job_id not in earlier or mono - since < self.confirm_s:
+                continue  # not yet seen missing by two passes confirm_s apart
+            moved, _ = self.store.transition(job_id, {QUEUED}, FAILED, {"error": MessageLost(
+                "the request's queue message was lost in a broker outage before any worker "
+                "started it; nothing ran, resubmit it").to_dict()})
+            del self._suspects[job_id]
+            if moved:
+                failed.append(job_id)
+                log.warning("job %s failed: its queue message was lost (a broker outage)", job_id)
+        return failed
 
     def close(self) -> None:
         if self._connection is not None:
@@ -88,12 +143,13 @@ class Redeliverer:
             self._connection = None
 
 
-def _task_id(raw: bytes | str) -> str | None:
-    """The Celery task id (= tailguard's job id) of an ``unacked`` entry:
-    JSON ``[message, exchange, routing_key]``, the id in the message's headers."""
+def _task_id(raw: bytes | str) -> tuple[str | None, str | None]:
+    """(Celery task id = tailguard's job id, routing key) of a queued message (JSON) or of an
+    ``unacked`` entry (JSON ``[message, exchange, routing_key]``); the id is in the headers."""
     try:
-        message = json.loads(raw)[0]
+        value = json.loads(raw)
+        message, routing_key = (value[0], value[2]) if isinstance(value, list) else (value, None)
         task_id = message["headers"]["id"]
     except (ValueError, KeyError, IndexError, TypeError):
-        return None
-    return task_id if isinstance(task_id, str) else None
+        return None, None
+    return (task_id if isinstance(task_id, str) else None), routing_key

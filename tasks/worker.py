@@ -261,7 +261,7 @@ def _heartbeat_loop(runtime: WorkerRuntime) -> None:
     period = settings.WORKER_HEARTBEAT_S.get()
     reaper = Reaper(runtime.store, runtime.liveness, period,
                     Redeliverer(runtime.store, runtime.app.connection_for_write,
-                                settings.REDELIVER_AFTER_S.get()))
+                                settings.REDELIVER_AFTER_S.get(), runtime.lanes, confirm_s=period))
     while not runtime.stopping.is_set():
         try:
             runtime.liveness.worker_alive(runtime.hostname, ttl_s=_lapse_s())
