@@ -85,23 +85,7 @@ def completions():
       summary: Create a completion (OpenAI)
       requestBody: {required: true, content: {application/json: {schema: CompletionRequest}}}
       responses:
-        200:
-          description: "the answer; with stream=true, OpenAI chunks as server-sent events ending with `data: [DONE]`"
-          headers:
-            X-Tailguard-Lane: {schema: {type: string}}
-            X-Tailguard-Estimated-Start-S: {schema: {type: number}}
-          content:
-            application/json: {schema: Completion}
-            text/event-stream: {schema: {type: string}}
-        400: OpenAI400
-        404: OpenAI404
-        409: OpenAI409
-        413: OpenAI413
-        415: OpenAI415
-        429: OpenAI429
-        500: OpenAI500
-        503: OpenAI503
-        504: OpenAI504
+        200: OpenAICompletion
     """
     gw = get_gateway()
     return _serve(gw, parse_completion_request(json_body(), set(_served_names(gw))))
@@ -115,23 +99,7 @@ def chat_completions():
       summary: Create a chat completion (OpenAI)
       requestBody: {required: true, content: {application/json: {schema: ChatRequest}}}
       responses:
-        200:
-          description: "the answer; with stream=true, OpenAI chunks as server-sent events ending with `data: [DONE]`"
-          headers:
-            X-Tailguard-Lane: {schema: {type: string}}
-            X-Tailguard-Estimated-Start-S: {schema: {type: number}}
-          content:
-            application/json: {schema: Completion}
-            text/event-stream: {schema: {type: string}}
-        400: OpenAI400
-        404: OpenAI404
-        409: OpenAI409
-        413: OpenAI413
-        415: OpenAI415
-        429: OpenAI429
-        500: OpenAI500
-        503: OpenAI503
-        504: OpenAI504
+        200: OpenAICompletion
     """
     gw = get_gateway()
     return _serve(gw, parse_chat_request(json_body(), set(_served_names(gw)), _chat_renderer(gw)))

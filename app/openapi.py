@@ -68,6 +68,13 @@ def build_spec(app: Flask) -> dict[str, Any]:
     for family in ("Native", "OpenAI"):
         for status in ERROR_STATUSES:
             spec.components.response(f"{family}{status}", _error_response(family, status))
+    spec.components.response("OpenAICompletion", {
+        "description": "the answer; with stream=true, OpenAI chunks as server-sent events ending "
+                       "with `data: [DONE]`",
+        "headers": {"X-Tailguard-Lane": {"schema": {"type": "string"}},
+                    "X-Tailguard-Estimated-Start-S": {"schema": {"type": "number"}}},
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Completion"}},
+                    "text/event-stream": {"schema": {"type": "string"}}}})
     with app.test_request_context():
         for rule in sorted(app.url_map.iter_rules(), key=lambda r: r.rule):
             if rule.endpoint == "static":
@@ -78,7 +85,7 @@ def build_spec(app: Flask) -> dict[str, Any]:
 
 class _KeyProtected(BasePlugin):
     """What every operation of a key-protected path has: the scheme, 401 and 503 (Redis down),
-    in the error shape of the view's API."""
+    in the error shape of the view's API; an OpenAI generation, every error status."""
 
     def operation_helper(self, path: str | None = None, operations: dict | None = None,
                          **kwargs: Any) -> None:
@@ -89,6 +96,10 @@ class _KeyProtected(BasePlugin):
             op["security"] = [{"apiKey": []}]
             op["responses"].setdefault(401, f"{family}401")
             op["responses"].setdefault(503, f"{family}503")
+            if family == "OpenAI" and "requestBody" in op:
+                # a generation: any error of the tree can answer it
+                for status in ERROR_STATUSES:
+                    op["responses"].setdefault(status, f"OpenAI{status}")
 
 
 def _error_response(family: str, status: int) -> dict[str, Any]:
