@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from faults_support import (NativeStream, OpenAIStream, assert_invariants, figure, submit,
+from fault_system import (NativeStream, OpenAIStream, assert_invariants, figure, submit,
                             system_fixture, wait_terminal)
 from tailguard.jobs import QUEUED, RUNNING, SUCCEEDED, JobStore
 from tailguard.liveness import Liveness

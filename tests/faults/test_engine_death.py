@@ -14,7 +14,7 @@ import pytest
 from tailguard.jobs import RUNNING, TERMINAL, JobStore
 from waiting import wait_for
 
-from fault_support import (START_TIMEOUT_S, Worker, finished_jobs, lane_workers, own_database,
+from fault_workers import (START_TIMEOUT_S, Worker, finished_jobs, lane_workers, own_database,
                            submit, wait_serving, wait_streaming)
 
 pytestmark = pytest.mark.faults

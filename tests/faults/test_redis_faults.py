@@ -14,7 +14,7 @@ from collections import Counter
 
 import pytest
 
-from faults_support import (Load, NativeStream, OpenAIStream, assert_invariants, figure, submit,
+from fault_system import (Load, NativeStream, OpenAIStream, assert_invariants, figure, submit,
                             serves_again, system_fixture, wait_terminal)
 
 pytestmark = pytest.mark.faults

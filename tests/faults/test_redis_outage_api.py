@@ -11,7 +11,7 @@ import time
 import pytest
 import requests
 
-from faults_support import HTTP_TIMEOUT_S, NativeStream, figure, submit, system_fixture
+from fault_system import HTTP_TIMEOUT_S, NativeStream, figure, submit, system_fixture
 from tailguard.jobs import QUEUED, RUNNING, SUCCEEDED, JobStore
 from tailguard.stream import DeltaWriter
 

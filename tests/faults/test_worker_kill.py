@@ -13,7 +13,7 @@ from tailguard.jobs import TERMINAL, JobStore
 from tailguard.reaper import LAPSE_PERIODS
 from waiting import wait_for
 
-from fault_support import (Worker, finished_jobs, own_database, submit, wait_serving,
+from fault_workers import (Worker, finished_jobs, own_database, submit, wait_serving,
                            wait_streaming)
 
 pytestmark = pytest.mark.faults

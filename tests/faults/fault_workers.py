@@ -1,5 +1,7 @@
-"""Helpers for the fault-injection tests: real worker processes on a Redis database of
-their own, found and killed the way an operator (or the kernel) would."""
+"""Worker processes for the worker and engine fault tests: real `celery worker` processes
+on a Redis database of the test file's own (the API runs in-process), found and killed
+the way an operator (or the kernel) would. The Redis and API fault tests run the whole
+system as processes instead: fault_system.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""What the fault tests share: a private Redis, real API and worker processes against it,
-and clients that submit, stream and check the invariants every fault test asserts:
+"""The whole system for the Redis and API fault tests: a private Redis (with its AOF), the
+API under gunicorn and the short worker, as processes a test can stop, kill or freeze;
+clients that submit and stream over HTTP; and the invariants every fault test asserts:
 every accepted job terminal, each counted once in the finished stream, none cancelled by
 the fault, and new requests served afterwards.
 
@@ -22,6 +23,7 @@ import requests
 
 from conftest import ROOT
 from e2e_fixtures import http_status, or_fail
+from fault_workers import finished_jobs
 from tailguard import keys, settings
 from tailguard.jobs import CANCELLED, TERMINAL
 from tailguard.pinning import Pinning
@@ -276,8 +278,7 @@ def where_is(client: redis.Redis, job_id: str) -> dict:
 
 def finished_counts(client: redis.Redis) -> Counter:
     """How often each job appears in the finished stream (once per terminal transition)."""
-    return Counter(fields[b"key"].decode().rsplit(":", 1)[-1]
-                   for _id, fields in client.xrange(keys.FINISHED_STREAM))
+    return Counter(finished_jobs(client))
 
 
 def assert_invariants(client: redis.Redis, jobs: dict[str, dict]) -> None:
