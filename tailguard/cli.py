@@ -111,8 +111,9 @@ def _key_store():
     import redis as redis_lib
 
     from tailguard.apikeys import ApiKeyStore
+    from tailguard.redis_client import connect
 
-    client = redis_lib.Redis.from_url(settings.redis_url(), socket_connect_timeout=3)
+    client = connect(settings.redis_url(), socket_connect_timeout=3)
     try:
         client.ping()
     except redis_lib.RedisError as exc:
@@ -214,13 +215,14 @@ def stats(window: str, top: int, as_json: bool) -> None:
 
     from tailguard.lanes import load_lanes
     from tailguard.liveness import Liveness
+    from tailguard.redis_client import connect
     from tailguard.stats import StatsStore, parse_window
 
     try:
         seconds = parse_window(window)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--window") from None
-    client = redis_lib.Redis.from_url(settings.redis_url(), socket_connect_timeout=3)
+    client = connect(settings.redis_url(), socket_connect_timeout=3)
     try:
         now_s, now_us = client.time()
     except redis_lib.RedisError as exc:
