@@ -57,6 +57,7 @@ def worker(lane: str | None, worker_name: str | None, gpu: int | None, cores: st
            concurrency: int | None, metrics_port: int | None, loglevel: str) -> None:
     """Run one Celery worker hosting one vLLM engine for one lane group."""
     from tailguard.lanes import engine_settings_for, load_lanes
+    from tailguard.liveness import node_name
     from tailguard.pinning import Pinning
     from tailguard.served_model import DEMO_NOTICE, served_model
 
@@ -72,7 +73,7 @@ def worker(lane: str | None, worker_name: str | None, gpu: int | None, cores: st
     if metrics_port is not None:
         env[settings.WORKER_METRICS_PORT.env] = str(metrics_port)
     become([console_script("celery"), "-A", "tasks", "worker", "-Q", ",".join(spec.lanes),
-            "-n", f"{spec.name}@%h", "-c", str(concurrency or engine_settings_for(lanes)[0]),
+            "-n", node_name(spec.name), "-c", str(concurrency or engine_settings_for(lanes)[0]),
             "-l", loglevel], env=env, pin=Pinning.from_options(gpu, cores))
 
 

@@ -23,8 +23,6 @@ from typing import Any, Mapping
 from urllib.parse import unquote, urlsplit
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from tailguard import settings
@@ -93,8 +91,10 @@ def _sentinel_kwargs(socket_timeout: float | None, socket_connect_timeout: float
                      config: Mapping[str, Any] | None) -> dict[str, Any]:
     """How to talk to the Sentinels themselves: bounded like the master, with their own
     password, and asked once each: the list is the retry, and redis-py's default retries
-    (with backoff) would hold every master lookup ~4 s per Sentinel that is down."""
-    kwargs: dict[str, Any] = {"retry": Retry(NoBackoff(), 0)}
+    (with backoff) would hold every master lookup ~4 s per Sentinel that is down. (`retry`
+    None means no retry to redis-py; unlike a Retry object it is plain data, which Celery
+    must be able to send in reply to `inspect conf`, as Flower asks.)"""
+    kwargs: dict[str, Any] = {"retry": None}
     kwargs.update((k, v) for k, v in (("socket_timeout", socket_timeout),
                                       ("socket_connect_timeout", socket_connect_timeout))
                   if v is not None)
