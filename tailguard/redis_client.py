@@ -52,25 +52,31 @@ def is_sentinel(url: str) -> bool:
 
 
 def parse_sentinel_url(url: str) -> SentinelUrl:
-    """The Sentinels of ``sentinel://…;sentinel://…`` (ConfigError on anything else)."""
+    """The Sentinels of ``sentinel://…;sentinel://…`` (ConfigError on anything else; the
+    message names the entry by its place in the list, never echoing the password)."""
     parts = [p for p in (s.strip() for s in url.split(_SEPARATOR)) if p]
     sentinels: list[tuple[str, int]] = []
-    for part in parts:
+    for i, part in enumerate(parts, 1):
         split = urlsplit(part)
+        where = f"{settings.REDIS_URL.env}, Sentinel {i}"
         if split.scheme.lower() != SENTINEL_SCHEME or not split.hostname:
-            raise ConfigError(f"{part!r} is not sentinel://[:password@]host[:port][/db]: every "
-                              f"entry of a Sentinel list needs that form", field=settings.REDIS_URL.env)
+            raise ConfigError(f"{where}: every entry of a Sentinel list reads "
+                              f"sentinel://[:password@]host[:port][/db]", field=settings.REDIS_URL.env)
+        if split.query:
+            raise ConfigError(f"{where}: a sentinel:// URL takes no ?options (TLS to the Sentinels "
+                              f"or the master is not supported)", field=settings.REDIS_URL.env)
         try:
             port = split.port or _DEFAULT_SENTINEL_PORT
         except ValueError:
-            raise ConfigError(f"{part!r}: bad port", field=settings.REDIS_URL.env) from None
+            raise ConfigError(f"{where}: the port is not a number", field=settings.REDIS_URL.env) from None
         sentinels.append((split.hostname, port))
     if not sentinels:
-        raise ConfigError("an empty Sentinel list", field=settings.REDIS_URL.env)
+        raise ConfigError(f"{settings.REDIS_URL.env} lists no Sentinel", field=settings.REDIS_URL.env)
     first = urlsplit(parts[0])
     db_text = first.path.strip("/")
     if db_text and not db_text.isdigit():
-        raise ConfigError(f"{parts[0]!r}: the database must be a number", field=settings.REDIS_URL.env)
+        raise ConfigError(f"{settings.REDIS_URL.env}, Sentinel 1: the database is not a number",
+                          field=settings.REDIS_URL.env)
     return SentinelUrl(sentinels=tuple(sentinels), db=int(db_text or 0),
                        username=unquote(first.username) if first.username else None,
                        password=unquote(first.password) if first.password else None)

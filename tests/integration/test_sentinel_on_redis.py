@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from celery_round_trip import ROOT, celery_round_trip
 
 from tailguard import keys, settings
 from tailguard.errors import ConfigError
@@ -22,7 +23,6 @@ from tailguard.redis_server import find_redis_server, free_port, start_redis
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 MASTER = "tailguard-test"
 MASTER_PASSWORD = "master-secret"
 SENTINEL_PASSWORD = "sentinel-secret"
@@ -88,10 +88,6 @@ def master(deployment):
     return direct
 
 
-def subprocess_env(url: str) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), settings.REDIS_URL.env: url, **SENTINEL_SETTINGS}
-
-
 def test_the_client_factory_reaches_the_master_the_sentinel_names(deployment, master):
     url, _ = deployment
     client = connect(url, socket_timeout=3, socket_connect_timeout=3, config=SENTINEL_SETTINGS)
@@ -125,34 +121,8 @@ def test_the_api_records_and_queues_through_the_sentinel(deployment, master, tin
 
 def test_a_worker_runtime_and_a_celery_round_trip_go_through_the_sentinel(deployment, master,
                                                                          tiny_model):
-    """In a fresh process, so celeryconfig reads the Sentinel URL from the environment as a
-    worker's does: a real worker (threads pool) answers a task through broker and result
-    backend, and tailguard's worker runtime heart-beats into the master."""
     url, _ = deployment
-    script = """
-import time
-from celery.contrib.testing.worker import start_worker
-from tasks import app
-from tasks import worker
-
-@app.task(name="tailguard.sentinel_echo")
-def echo(text):
-    return text
-
-runtime = worker.setup(app, "short@sentinel-host", ["short"], eager_engine=False)
-with start_worker(app, pool="threads", concurrency=1, queues=["short"], perform_ping_check=False,
-                  loglevel="WARNING", hostname="echo@sentinel-host"):
-    print(echo.apply_async(("round trip",), queue="short").get(timeout=30))
-    deadline = time.monotonic() + 20
-    while "short@sentinel-host" not in runtime.liveness.alive_workers():
-        assert time.monotonic() < deadline, "no heartbeat through the Sentinel"
-        time.sleep(0.1)
-worker.teardown(app)
-"""
-    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=subprocess_env(url),
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().splitlines()[-1] == "round trip"
+    celery_round_trip({settings.REDIS_URL.env: url, **SENTINEL_SETTINGS})
     assert master.keys("celery-task-meta-*")  # the result landed on the master
 
 
@@ -162,7 +132,9 @@ def test_tailguard_stats_reads_through_the_sentinel(deployment, master):
     url, _ = deployment
     Liveness(master).heartbeat(["short"], "short@gpu-a", ttl_s=60)
     out = subprocess.run([sys.executable, "-m", "tailguard.cli", "stats", "--json"], cwd=ROOT,
-                         env=subprocess_env(url), capture_output=True, text=True, timeout=60)
+                         env={**os.environ, "PYTHONPATH": str(ROOT), settings.REDIS_URL.env: url,
+                              **SENTINEL_SETTINGS},
+                         capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout)["workers_per_host"]["short"] == {"gpu-a": 1}
 

@@ -31,11 +31,12 @@ def test_a_kombu_sentinel_list_parses_to_its_sentinels_and_the_masters_login():
 
 
 @pytest.mark.parametrize("url", ["sentinel://h:1;redis://h:2", "sentinel://", "sentinel://h:x",
-                                 "sentinel://h/zero", ";"])
+                                 "sentinel://h/zero", ";", "sentinel://h:1?ssl_cert_reqs=required"])
 def test_a_malformed_sentinel_list_is_a_config_error(url):
     with pytest.raises(ConfigError) as err:
-        parse_sentinel_url(url)
+        parse_sentinel_url(url.replace("sentinel://h", "sentinel://:s3cret@h"))
     assert err.value.field == settings.REDIS_URL.env
+    assert "s3cret" not in err.value.message
 
 
 @pytest.mark.parametrize("url, sentinel", [("sentinel://h:26379", True), ("SENTINEL://h", True),
