@@ -133,5 +133,6 @@ def celery_transport_options(url: str, timeout_s: float,
     Sentinel list, the master's name and how to reach the Sentinels; nothing otherwise."""
     if not is_sentinel(url):
         return {}
-    return {"master_name": master_name(config), "sentinel_kwargs": _sentinel_kwargs(timeout_s, timeout_s, config)}
+    return {"master_name": master_name(config),
+            "sentinel_kwargs": _sentinel_kwargs(timeout_s, timeout_s, config)}
 

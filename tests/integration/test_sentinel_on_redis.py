@@ -83,7 +83,7 @@ def deployment(tmp_path_factory):
 
 @pytest.fixture
 def master(deployment):
-    url, direct = deployment
+    _, direct = deployment
     direct.flushall()
     return direct
 

@@ -47,7 +47,7 @@ def test_containers_name_their_workers_the_same_way():
     compose = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())
     commands = [svc["command"] for svc in compose["services"].values()
                 if svc.get("command", [])[:4] == ["celery", "-A", "tasks", "worker"]]
-    cmd_line = re.search(r"^CMD (.*)$", (ROOT / "docker" / "Dockerfile.worker").read_text(), re.M)
+    cmd_line = re.search(r"^CMD (.*)$", (ROOT / "docker" / "Dockerfile.worker").read_text(), re.MULTILINE)
     commands.append(json.loads(cmd_line.group(1)))
     assert len(commands) >= 3
     for argv in commands:

@@ -105,10 +105,11 @@ def test_celeryconfig_gives_broker_and_backend_the_master_name():
     env = {**os.environ, settings.REDIS_URL.env: "sentinel://:pw@h1:26379;sentinel://:pw@h2:26379",
            **SENTINELS}
     out = subprocess.run(
-        [sys.executable, "-c", "import json, celeryconfig as c; print(json.dumps(["
-         "c.broker_url, c.result_backend, c.broker_transport_options['master_name'], "
-         "c.result_backend_transport_options['master_name'], "
-         "c.broker_transport_options['visibility_timeout']]))"],
+        [sys.executable, "-c", ("import json, celeryconfig as c; print(json.dumps(["
+                                "c.broker_url, c.result_backend, "
+                                "c.broker_transport_options['master_name'], "
+                                "c.result_backend_transport_options['master_name'], "
+                                "c.broker_transport_options['visibility_timeout']]))")],
         cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
     broker, backend, broker_master, backend_master, visibility = json.loads(out)
     assert broker == backend == env[settings.REDIS_URL.env]
