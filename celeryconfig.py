@@ -1,7 +1,7 @@
 """Celery settings of tailguard: flat, lowercase, Celery's own names.
 
 Derived from the lanes file (queues, routes, per-lane rate and time limits) and
-from the environment (Redis URL). Reading this module reads the lanes file but
+from the environment (Redis URL; with Sentinels, their settings). Reading this module reads the lanes file but
 connects to nothing. ``python -m celeryconfig`` checks it and prints a summary.
 
 Time limits: ``task_annotations`` sets Celery's ``soft_time_limit``/``time_limit``
