@@ -14,14 +14,14 @@ _gateway_lock = threading.Lock()
 
 
 #: Every setting the API reads: create_app puts each into app.config under its env name.
-APP_SETTINGS = (settings.REDIS_URL, settings.MODEL, settings.SERVED_MODEL_NAME, settings.LANES_FILE,
+APP_SETTINGS = (settings.REDIS_URL, settings.REDIS_SENTINEL_MASTER, settings.REDIS_SENTINEL_PASSWORD,
+                settings.MODEL, settings.SERVED_MODEL_NAME, settings.LANES_FILE,
                 settings.MAX_BODY_BYTES, settings.MAX_WAIT_S, settings.JOB_TTL_S,
                 settings.WORKER_LOST_GRACE_S, settings.STREAM_MAXLEN, settings.SSE_HEARTBEAT_S,
                 settings.STATS_RETENTION_S, settings.REQUEST_LOG, settings.RATE_WINDOW_S,
                 settings.PRIOR_TOKENS_PER_S, settings.ADMIT_WITHOUT_WORKER, settings.API_THREADS,
                 settings.WORKER_HEARTBEAT_S,
-                settings.REDIS_SOCKET_TIMEOUT_S, settings.REDIS_SENTINEL_MASTER,
-                settings.REDIS_SENTINEL_PASSWORD)
+                settings.REDIS_SOCKET_TIMEOUT_S)
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
