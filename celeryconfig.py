@@ -1,7 +1,7 @@
 """Celery settings of tailguard: flat, lowercase, Celery's own names.
 
 Derived from the lanes file (queues, routes, per-lane rate and time limits) and
-from the environment (Redis URL). Reading this module reads the lanes file but
+from the environment (Redis URL; with Sentinels, their settings). Reading this module reads the lanes file but
 connects to nothing. ``python -m celeryconfig`` checks it and prints a summary.
 
 Time limits: ``task_annotations`` sets Celery's ``soft_time_limit``/``time_limit``
@@ -15,6 +15,7 @@ from kombu import Exchange, Queue
 
 from tailguard import settings as _settings
 from tailguard.lanes import load_lanes as _load_lanes
+from tailguard.redis_client import celery_transport_options as _celery_transport_options
 
 _lanes = _load_lanes()
 
@@ -70,8 +71,12 @@ broker_transport_options = {
     "socket_timeout": _redis_timeout_s,
     "socket_connect_timeout": _redis_timeout_s,
     "health_check_interval": 10,
+    # A sentinel:// URL: the master's name and how to reach the Sentinels (tailguard's own
+    # Redis client follows the same master); nothing for redis:// and rediss://.
+    **_celery_transport_options(broker_url, _redis_timeout_s),
 }
-result_backend_transport_options = {"visibility_timeout": broker_transport_options["visibility_timeout"]}
+result_backend_transport_options = {"visibility_timeout": broker_transport_options["visibility_timeout"],
+                                    **_celery_transport_options(result_backend, _redis_timeout_s)}
 redis_socket_timeout = _redis_timeout_s
 redis_socket_connect_timeout = _redis_timeout_s
 # A publish retries briefly (a Redis restart), then fails: the API's request answers 503.

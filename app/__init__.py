@@ -14,7 +14,8 @@ _gateway_lock = threading.Lock()
 
 
 #: Every setting the API reads: create_app puts each into app.config under its env name.
-APP_SETTINGS = (settings.REDIS_URL, settings.MODEL, settings.SERVED_MODEL_NAME, settings.LANES_FILE,
+APP_SETTINGS = (settings.REDIS_URL, settings.REDIS_SENTINEL_MASTER, settings.REDIS_SENTINEL_PASSWORD,
+                settings.MODEL, settings.SERVED_MODEL_NAME, settings.LANES_FILE,
                 settings.MAX_BODY_BYTES, settings.MAX_WAIT_S, settings.JOB_TTL_S,
                 settings.WORKER_LOST_GRACE_S, settings.STREAM_MAXLEN, settings.SSE_HEARTBEAT_S,
                 settings.STATS_RETENTION_S, settings.REQUEST_LOG, settings.RATE_WINDOW_S,
@@ -111,17 +112,21 @@ def _setup_request_log(path: str) -> None:
     logger.propagate = False
 
 
-def redis_client(url: str, timeout_s: float, max_connections: int | None = None):
+def redis_client(url: str, timeout_s: float, max_connections: int | None = None,
+                 config: Mapping[str, Any] | None = None):
     """The API's Redis client: every call bounded by `timeout_s`, so a request answers 503
     within about that while Redis is down or stopped, never hangs. A dropped connection (a
-    restarted Redis) is retried once on a new one: the pool reconnects by itself."""
+    restarted Redis) is retried once on a new one: the pool reconnects by itself (through the
+    Sentinels, to the current master, with a sentinel:// URL; `config` holds their settings)."""
     import redis
     from redis.backoff import ConstantBackoff
     from redis.retry import Retry
 
-    return redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s,
-                                retry=Retry(ConstantBackoff(0.1), 1, (redis.ConnectionError,)),
-                                health_check_interval=30, max_connections=max_connections)
+    from tailguard.redis_client import connect
+
+    return connect(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, config=config,
+                   retry=Retry(ConstantBackoff(0.1), 1, (redis.ConnectionError,)),
+                   health_check_interval=30, max_connections=max_connections)
 
 
 def _build_gateway(config: Mapping[str, Any]) -> Gateway:
@@ -134,6 +139,7 @@ def _build_gateway(config: Mapping[str, Any]) -> Gateway:
     from tailguard.laneload import LaneLoadStore
     from tailguard.lanes import load_lanes
     from tailguard.metrics import GatewayMetrics
+    from tailguard.redis_client import celery_transport_options
     from tailguard.stats import StatsStore
     from tailguard.tokens import counter_for
 
@@ -144,13 +150,19 @@ def _build_gateway(config: Mapping[str, Any]) -> Gateway:
     url = settings.REDIS_URL.get(config)
     # Every request thread may hold a connection (an SSE stream blocks in XREAD), plus the
     # finished-stream consumer: redis-py's pool stops at 100 unless told otherwise.
-    client = redis_client(url, settings.REDIS_SOCKET_TIMEOUT_S.get(config),
-                          max_connections=settings.API_THREADS.get(config) + 16)
+    timeout_s = settings.REDIS_SOCKET_TIMEOUT_S.get(config)
+    client = redis_client(url, timeout_s, max_connections=settings.API_THREADS.get(config) + 16,
+                          config=config)
     store = JobStore.from_settings(client, config)
     # A producer-only Celery app: it publishes by task name and never imports the task bodies.
     producer = Celery("tailguard-api", set_as_current=False)
     producer.config_from_object("celeryconfig")
-    producer.conf.update(broker_url=url, result_backend=url)
+    sentinel_options = celery_transport_options(url, timeout_s, config)
+    producer.conf.update(
+        broker_url=url, result_backend=url,
+        broker_transport_options={**producer.conf.broker_transport_options, **sentinel_options},
+        result_backend_transport_options={**producer.conf.result_backend_transport_options,
+                                          **sentinel_options})
     lanes = load_lanes(settings.LANES_FILE.get(config) or None)
     metrics = GatewayMetrics(lanes.names, client)
     stats = StatsStore(client, retention_s=settings.STATS_RETENTION_S.get(config))

@@ -57,6 +57,7 @@ def worker(lane: str | None, worker_name: str | None, gpu: int | None, cores: st
            concurrency: int | None, metrics_port: int | None, loglevel: str) -> None:
     """Run one Celery worker hosting one vLLM engine for one lane group."""
     from tailguard.lanes import engine_settings_for, load_lanes
+    from tailguard.liveness import node_name
     from tailguard.pinning import Pinning
     from tailguard.served_model import DEMO_NOTICE, served_model
 
@@ -72,7 +73,7 @@ def worker(lane: str | None, worker_name: str | None, gpu: int | None, cores: st
     if metrics_port is not None:
         env[settings.WORKER_METRICS_PORT.env] = str(metrics_port)
     become([console_script("celery"), "-A", "tasks", "worker", "-Q", ",".join(spec.lanes),
-            "-n", f"{spec.name}@%h", "-c", str(concurrency or engine_settings_for(lanes)[0]),
+            "-n", node_name(spec.name), "-c", str(concurrency or engine_settings_for(lanes)[0]),
             "-l", loglevel], env=env, pin=Pinning.from_options(gpu, cores))
 
 
@@ -111,8 +112,9 @@ def _key_store():
     import redis as redis_lib
 
     from tailguard.apikeys import ApiKeyStore
+    from tailguard.redis_client import connect
 
-    client = redis_lib.Redis.from_url(settings.redis_url(), socket_connect_timeout=3)
+    client = connect(settings.redis_url(), socket_connect_timeout=3)
     try:
         client.ping()
     except redis_lib.RedisError as exc:
@@ -214,13 +216,14 @@ def stats(window: str, top: int, as_json: bool) -> None:
 
     from tailguard.lanes import load_lanes
     from tailguard.liveness import Liveness
+    from tailguard.redis_client import connect
     from tailguard.stats import StatsStore, parse_window
 
     try:
         seconds = parse_window(window)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--window") from None
-    client = redis_lib.Redis.from_url(settings.redis_url(), socket_connect_timeout=3)
+    client = connect(settings.redis_url(), socket_connect_timeout=3)
     try:
         now_s, now_us = client.time()
     except redis_lib.RedisError as exc:

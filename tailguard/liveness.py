@@ -71,6 +71,15 @@ class Liveness:
         return per_lane
 
 
+def node_name(worker: str) -> str:
+    """The Celery node name a tailguard worker runs under: its name (a lane's, or its
+    [[workers]] entry's) then Celery's ``%h`` (the host name, expanded by the worker), so Flower,
+    ``celery inspect`` and `host_of` tell hosts apart: ``short`` -> ``short@%h`` -> ``short@gpu-a``."""
+    if not worker or "@" in worker:
+        raise ValueError(f"a worker name is neither empty nor holds '@' (Celery's separator): {worker!r}")
+    return f"{worker}@%h"
+
+
 def host_of(worker: str) -> str:
     """The host of a Celery worker name (``short@gpu-host-2`` -> ``gpu-host-2``); a name
     without ``@`` is its own host."""

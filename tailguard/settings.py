@@ -49,8 +49,17 @@ def _bool(raw: str) -> bool:
 
 REDIS_URL = Setting(
     "TAILGUARD_REDIS_URL", "", str,
-    "Redis for broker, results and job records. Empty: `tailguard up` starts a private redis-server "
-    "and everything else uses redis://127.0.0.1:6379/0.")
+    "Redis for broker, results and job records: redis://, rediss:// (TLS, with ssl_* options) or "
+    "kombu's sentinel:// list (see TAILGUARD_REDIS_SENTINEL_MASTER). Empty: `tailguard up` starts "
+    "a private redis-server and everything else uses redis://127.0.0.1:6379/0.")
+REDIS_SENTINEL_MASTER = Setting(
+    "TAILGUARD_REDIS_SENTINEL_MASTER", "", str,
+    "With a sentinel:// TAILGUARD_REDIS_URL (kombu's list, `;` between Sentinels): the name of "
+    "the master the Sentinels monitor. Required then; unused otherwise.")
+REDIS_SENTINEL_PASSWORD = Setting(
+    "TAILGUARD_REDIS_SENTINEL_PASSWORD", "", str,
+    "Password of the Sentinels themselves (their requirepass), when they have one; the "
+    "password in the sentinel:// URL is the master's.")
 MODEL = Setting(
     "TAILGUARD_MODEL", "", str,
     "Served model: a Hugging Face id or a local directory. Empty: `tailguard up` builds and serves "

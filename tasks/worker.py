@@ -30,7 +30,7 @@ from celery.platforms import EX_FAILURE
 from celery.worker import state as worker_state
 from celery.worker.control import inspect_command
 
-from tailguard import settings
+from tailguard import redis_client, settings
 from tailguard.engine_keeper import IDLE, SERVING, EngineKeeper
 from tailguard.jobs import JobStore
 from tailguard.lanes import Lane, LaneTable, check_worker_lanes, engine_settings_for, load_lanes
@@ -165,7 +165,7 @@ def setup(app: Celery, hostname: str, queue_names: list[str], *,
         runtime = attached(app)
         if runtime is not None:
             return runtime
-        client = redis.Redis.from_url(settings.redis_url(), socket_connect_timeout=5,
+        client = redis_client.connect(settings.redis_url(), socket_connect_timeout=5,
                                       health_check_interval=30)
         store = JobStore.from_settings(client)
         from tailguard.engine import EngineHost

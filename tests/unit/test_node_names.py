@@ -1,0 +1,55 @@
+"""Every way a worker is started names it NAME@%h: Flower's Workers tab, `celery inspect` and
+/healthz (through `host_of`) then show which host serves which lane."""
+
+import json
+import re
+import socket
+
+import pytest
+import yaml
+from celery.utils.nodenames import host_format
+from click.testing import CliRunner
+from conftest import ROOT
+
+from tailguard import cli
+from tailguard.lanes import load_lanes
+from tailguard.liveness import host_of, node_name
+
+
+def test_a_node_name_is_the_worker_then_celerys_host():
+    assert node_name("short") == "short@%h"
+    expanded = host_format(node_name("short-a0"))  # what the Celery worker does with -n
+    assert expanded == f"short-a0@{socket.gethostname()}"
+    assert host_of(expanded) == socket.gethostname()
+
+
+@pytest.mark.parametrize("bad", ["", "short@gpu-a", "@"])
+def test_a_worker_name_with_an_at_or_none_is_refused(bad):
+    with pytest.raises(ValueError):
+        node_name(bad)
+
+
+def test_tailguard_worker_runs_celery_under_the_node_name(monkeypatch):
+    """`tailguard worker` is what the Procfile, `tailguard up` (via tailguard.procs.worker_spec)
+    and the systemd units run."""
+    seen = []
+    monkeypatch.setenv("TAILGUARD_MODEL", "/models/any")
+    monkeypatch.setattr(cli, "become", lambda argv, **_: seen.append(argv))
+    for spec in load_lanes().workers:
+        result = CliRunner().invoke(cli.main, ["worker", "--worker", spec.name])
+        assert result.exit_code == 0, result.output
+        argv = seen.pop()
+        assert argv[argv.index("-n") + 1] == node_name(spec.name)
+        assert argv[argv.index("-Q") + 1] == ",".join(spec.lanes)
+
+
+def test_containers_name_their_workers_the_same_way():
+    compose = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())
+    commands = [svc["command"] for svc in compose["services"].values()
+                if svc.get("command", [])[:4] == ["celery", "-A", "tasks", "worker"]]
+    cmd_line = re.search(r"^CMD (.*)$", (ROOT / "docker" / "Dockerfile.worker").read_text(), re.MULTILINE)
+    commands.append(json.loads(cmd_line.group(1)))
+    assert len(commands) >= 3
+    for argv in commands:
+        lanes = argv[argv.index("-Q") + 1].split(",")
+        assert argv[argv.index("-n") + 1] == node_name(lanes[0]), argv  # named after its first lane
