@@ -29,8 +29,8 @@ the caller can override any of them):
   when ``extra`` has no ``kv_cache_memory_bytes`` (vLLM's CPU platform lets this
   legacy variable override that argument).
 
-CPU pinning is the caller's job (``os.sched_setaffinity`` and
-``VLLM_CPU_OMP_THREADS_BIND`` before ``start()``); this module picks no cores.
+CPU pinning is the caller's job (``VLLM_CPU_OMP_THREADS_BIND`` before ``start()``,
+see tailguard/pinning.py); this module picks no cores.
 vLLM starts its engine-core process with spawn: a script that starts an
 ``EngineHost`` needs ``if __name__ == "__main__":``.
 """
