@@ -1,12 +1,14 @@
 """Where each worker runs: one GPU each on a CUDA host, disjoint CPU cores otherwise.
 
-On a CPU host a pin binds only the engine's compute: vLLM's OpenMP threads go to
-the pinned cores (``VLLM_CPU_OMP_THREADS_BIND``), as a plain vLLM server binds
-them. The worker's front end (Celery's threads, detokenization, Redis I/O, the
-engine-core process's own Python thread) is not pinned: the OS runs it wherever
-there is room, instead of on the cores whose compute it would slow down. Pinning
-the whole worker process there made the front end compete with its own model
-(issue 12: TTFT P99 219 ms against plain vLLM's 87 ms).
+The core plan on a CPU host: a pin puts the engine on its cores, and nothing else.
+vLLM's OpenMP compute threads bind to them (``VLLM_CPU_OMP_THREADS_BIND``, as a plain
+vLLM server binds them), and vLLM's own processes, the engine core (whose scheduler
+busy-polls while each step runs) and the model runner, start there (`children_on`).
+The worker's front end (Celery's threads, the engine loop with its detokenization,
+Redis I/O) is not pinned: the OS runs it wherever there is room. Pinning the whole
+worker process to the engine's cores made the front end slow its own model down;
+leaving the engine-core process unpinned as well let its busy polling take the other
+core from the API, Redis and Celery (docs/benchmarks.md, issue 12's overhead runs).
 """
 
 from __future__ import annotations
@@ -14,11 +16,16 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator, Mapping
 
 from tailguard import settings
 from tailguard.errors import ConfigError
 from tailguard.lanes import WorkerSpec
+
+#: How a pin reaches vLLM: the cores its OpenMP compute threads bind to (vLLM's own variable).
+OMP_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,18 @@ class Pinning:
     def from_options(cls, gpu: int | None, cores: str | None) -> "Pinning":
         """The pin given by `tailguard worker --gpu N` or `--cores 0,1` (see `options`)."""
         return cls(gpu=gpu, cores=tuple(int(c) for c in cores.split(",")) if cores else ())
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "Pinning":
+        """The CPU pin `env()` handed this process; none for vLLM's own values (auto, all,
+        nobind) or anything else that is not a list of cores and ranges (``0,2-3``)."""
+        cores: list[int] = []
+        for part in environ.get(OMP_BIND_ENV, "").split(","):
+            lo, dash, hi = part.strip().partition("-")
+            if not lo.isdigit() or (dash and not hi.isdigit()):
+                return cls()
+            cores.extend(range(int(lo), int(hi) + 1) if dash else [int(lo)])
+        return cls(cores=tuple(cores))
 
     def options(self) -> list[str]:
         """The `tailguard worker` options that pin a worker here."""
@@ -52,9 +71,30 @@ class Pinning:
         if self.cores:
             cores = ",".join(map(str, self.cores))
             # vLLM's CPU backend binds its OpenMP threads itself; give it only our cores.
-            return {"VLLM_CPU_OMP_THREADS_BIND": cores, "OMP_NUM_THREADS": str(len(self.cores)),
+            return {OMP_BIND_ENV: cores, "OMP_NUM_THREADS": str(len(self.cores)),
                     "CUDA_VISIBLE_DEVICES": ""}
         return {}
+
+
+@contextmanager
+def children_on(cores: tuple[int, ...]) -> Iterator[None]:
+    """Processes this thread starts within the block run on `cores` (none: anywhere).
+
+    Only the calling thread's CPU affinity changes, and only for the block: a child
+    inherits the mask of the thread that starts it. An engine host builds its engine
+    in here, so vLLM's engine-core process (its scheduler, which busy-polls while it
+    waits for each step) and model runner stay on the engine's cores, while the rest
+    of the worker process runs where the OS finds room (the module docstring).
+    """
+    if not cores:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def gpu_count() -> int:
