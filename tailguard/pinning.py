@@ -80,21 +80,28 @@ class Pinning:
 def children_on(cores: tuple[int, ...]) -> Iterator[None]:
     """Processes this thread starts within the block run on `cores` (none: anywhere).
 
-    Only the calling thread's CPU affinity changes, and only for the block: a child
-    inherits the mask of the thread that starts it. An engine host builds its engine
-    in here, so vLLM's engine-core process (its scheduler, which busy-polls while it
-    waits for each step) and model runner stay on the engine's cores, while the rest
-    of the worker process runs where the OS finds room (the module docstring).
+    A child inherits the CPU affinity of the thread that starts it, so only the calling
+    thread's affinity changes, for the block; threads it starts meanwhile (ZeroMQ's
+    I/O threads, say) are given the old affinity back at the end. An engine host builds
+    its engine in here, so vLLM's engine-core process (whose scheduler busy-polls while
+    each step runs) and model runner stay on the engine's cores, while the worker's own
+    threads run where the OS finds room (the module docstring).
     """
     if not cores:
         yield
         return
     before = os.sched_getaffinity(0)
+    threads = set(os.listdir("/proc/self/task"))
     os.sched_setaffinity(0, cores)
     try:
         yield
     finally:
         os.sched_setaffinity(0, before)
+        for tid in set(os.listdir("/proc/self/task")) - threads:
+            try:
+                os.sched_setaffinity(int(tid), before)
+            except ProcessLookupError:
+                pass  # it has ended already
 
 
 def gpu_count() -> int:

@@ -9,7 +9,8 @@ finds an exited child) and runs as a `Child`:
 * in its own session, so a Ctrl-C meant for us does not reach it, and stopping
   it can end its whole process group (vLLM's engine-core process included);
 * pinned before it runs a line, when its spec has a pin: the environment vLLM and
-  CUDA read (`Pinning.env`), which binds an engine's compute, not the process;
+  CUDA read (`Pinning.env`), which places its engine, not the process itself
+  (the core plan in tailguard/pinning.py);
 * with its output in a log file of its own (`log_tail()` goes into error
   messages), or echoed line by line behind a name tag (`tailguard up`);
 * stopped by its stop signal (a warm shutdown), then killed, group and all, if

@@ -64,21 +64,28 @@ def test_pinning_from_env_reads_back_what_env_wrote(value, cores):
         assert Pinning.from_env(Pinning(cores=cores).env()) == Pinning(cores=cores)
 
 
-def test_children_on_pins_only_what_the_thread_starts():
-    """A child started in the block runs on the cores; the thread and the process do not."""
+def test_children_on_pins_only_the_processes_the_thread_starts():
+    """A child started in the block runs on the cores; the thread, a thread it started in the
+    block and the rest of the process do not."""
     mine = os.sched_getaffinity(0)
     core = min(mine)
     seen = {}
 
     def start_one():
+        release = threading.Event()
         with children_on((core,)):
             out = subprocess.run(
                 [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
                 capture_output=True, text=True, check=True).stdout
+            helper = threading.Thread(target=lambda: (release.wait(10), seen.update(
+                helper=os.sched_getaffinity(0))))
+            helper.start()
+        release.set()
+        helper.join()
         seen["child"], seen["thread_after"] = out.strip(), os.sched_getaffinity(0)
 
     thread = threading.Thread(target=start_one)
     thread.start()
     thread.join()
-    assert seen == {"child": f"[{core}]", "thread_after": mine}
+    assert seen == {"child": f"[{core}]", "thread_after": mine, "helper": mine}
     assert os.sched_getaffinity(0) == mine
