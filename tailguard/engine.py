@@ -29,8 +29,10 @@ the caller can override any of them):
   when ``extra`` has no ``kv_cache_memory_bytes`` (vLLM's CPU platform lets this
   legacy variable override that argument).
 
-CPU pinning is the caller's job (``os.sched_setaffinity`` and
-``VLLM_CPU_OMP_THREADS_BIND`` before ``start()``); this module picks no cores.
+CPU pinning is the caller's job (``VLLM_CPU_OMP_THREADS_BIND`` before ``start()``,
+see tailguard/pinning.py); this module picks no cores. vLLM's processes (engine
+core, model runner) are started on the cores that variable names; the host's own
+threads stay where they are.
 vLLM starts its engine-core process with spawn: a script that starts an
 ``EngineHost`` needs ``if __name__ == "__main__":``.
 """
@@ -51,6 +53,7 @@ from tailguard.engine_bridge import Call
 from tailguard.engine_loop import LoopThread
 from tailguard.engine_stats import HostCounters, HostStats
 from tailguard.errors import EngineDeadError, EngineError
+from tailguard.pinning import Pinning, children_on
 from tailguard.sampling import vllm_kwargs
 
 if TYPE_CHECKING:  # vLLM (and torch) are imported only when an engine starts.
@@ -225,7 +228,8 @@ class EngineHost:
             seed=cfg.seed,
             **cfg.extra,
         )
-        return AsyncLLM.from_engine_args(args)
+        with children_on(Pinning.from_env().cores):  # vLLM's processes: the engine's cores
+            return AsyncLLM.from_engine_args(args)
 
     async def _close(self, timeout: float) -> None:
         """Runs on the loop: end the calls in flight, then shut the engine down."""

@@ -8,8 +8,9 @@ finds an exited child) and runs as a `Child`:
 
 * in its own session, so a Ctrl-C meant for us does not reach it, and stopping
   it can end its whole process group (vLLM's engine-core process included);
-* pinned before it runs a line, when its spec has a pin (CPU affinity, and the
-  environment vLLM and CUDA read);
+* pinned before it runs a line, when its spec has a pin: the environment vLLM and
+  CUDA read (`Pinning.env`), which places its engine, not the process itself
+  (the core plan in tailguard/pinning.py);
 * with its output in a log file of its own (`log_tail()` goes into error
   messages), or echoed line by line behind a name tag (`tailguard up`);
 * stopped by its stop signal (a warm shutdown), then killed, group and all, if
@@ -81,7 +82,7 @@ class ChildSpec:
     name: str
     argv: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)  # on top of our environment
-    pin: Pinning = Pinning()  # applied by us; a `tailguard worker` pins itself from its argv
+    pin: Pinning = Pinning()  # its env applied by us; a `tailguard worker` pins itself from its argv
     cwd: Path | None = None
     stop_signal: int = signal.SIGTERM
     stop_timeout_s: float = STOP_TIMEOUT_S
@@ -162,14 +163,6 @@ class Child:
             pass  # the group is gone already
 
 
-def _pinned(pin: Pinning) -> Callable[[], None] | None:
-    """The child-side hook that pins the CPU affinity before the program starts."""
-    if not pin.cores:
-        return None
-    cores = set(pin.cores)
-    return lambda: os.sched_setaffinity(0, cores)
-
-
 def start(spec: ChildSpec, *, log: Path | None = None, echo: str | None = None,
           append: bool = False) -> Child:
     """Start `spec`'s program in its own session, pinned as its spec says.
@@ -184,8 +177,7 @@ def start(spec: ChildSpec, *, log: Path | None = None, echo: str | None = None,
     try:
         proc = subprocess.Popen(list(spec.argv), cwd=spec.cwd, env=env, stdout=out,
                                 stderr=subprocess.STDOUT if out is not None else None,
-                                stdin=subprocess.DEVNULL, start_new_session=True,
-                                preexec_fn=_pinned(spec.pin))
+                                stdin=subprocess.DEVNULL, start_new_session=True)
     finally:
         if log is not None:
             out.close()  # the child holds its own descriptor
@@ -393,10 +385,8 @@ def console_script(name: str) -> str:
 
 def become(argv: list[str], env: Mapping[str, str] | None = None,
            pin: Pinning = Pinning()) -> None:
-    """Replace this process with `argv`, pinned, so signals reach the real program
-    (Celery, gunicorn) directly: what `tailguard worker` and `tailguard api` do."""
-    if pin.cores:
-        os.sched_setaffinity(0, pin.cores)  # inherited by vLLM's engine-core process
+    """Replace this process with `argv`, pinned (`Pinning.env`), so signals reach the real
+    program (Celery, gunicorn) directly: what `tailguard worker` and `tailguard api` do."""
     sys.stdout.flush()
     sys.stderr.flush()
     os.execvpe(argv[0], argv, {**os.environ, **(env or {}), **pin.env()})

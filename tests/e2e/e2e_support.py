@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from typing import Any, Callable
 
@@ -41,3 +43,33 @@ def wait_job(api, job_id: str, check: Callable[[], None], timeout: float = 120) 
         if time.monotonic() > deadline:
             raise AssertionError(f"job {job_id} still {job['status']} after {timeout} s: {job}")
         check()
+
+
+class EngineHold:
+    """Worker `name`'s vLLM processes stopped (SIGSTOP) while held; a context manager that
+    holds them on entry and always resumes them (SIGCONT) on exit.
+
+    A test that cancels a request mid-generation holds the engine: the request then
+    cannot run to its end before the cancel reaches it, however fast this machine
+    decodes. The worker process runs on meanwhile (Celery, the runner's cancel poll,
+    the abort it sends); the engine reads that abort when it resumes.
+    """
+
+    def __init__(self, workers, name: str) -> None:
+        self.pids = [pid for pid, worker in workers.engines.items() if worker == f"worker.{name}"]
+        assert self.pids, f"no vLLM process under worker {name}: {workers.engines}"
+
+    def hold(self) -> None:
+        for pid in self.pids:
+            os.kill(pid, signal.SIGSTOP)
+
+    def release(self) -> None:
+        for pid in self.pids:
+            os.kill(pid, signal.SIGCONT)
+
+    def __enter__(self) -> "EngineHold":
+        self.hold()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

@@ -11,7 +11,7 @@ import openai
 import pytest
 import requests
 
-from e2e_support import engine_stats
+from e2e_support import EngineHold, engine_stats
 
 pytestmark = pytest.mark.e2e
 
@@ -114,50 +114,61 @@ def test_bad_input_raises_the_right_openai_exception(client):
         client.completions.create(model="gpt-4o", prompt="hi")
 
 
-def test_disconnecting_from_an_openai_stream_cancels_the_request(api_url):
+def test_disconnecting_from_an_openai_stream_cancels_the_request(api_url, workers):
     before = engine_stats("long")["aborted"]
     body = {"model": MODEL, "prompt": "写一篇1000字的人工智能文章", "max_tokens": 1500,
             "ignore_eos": True, "stream": True}
     host, port = api_url.removeprefix("http://").split(":")
     payload = json.dumps(body).encode()
-    with socket.create_connection((host, int(port)), timeout=60) as sock:
-        sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json"
-                     f"\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload)
-        seen = b""
-        while seen.count(b"data: ") < 3:
-            chunk = sock.recv(65536)
-            assert chunk
-            seen += chunk
-    job_id = next(line.split(":", 1)[1].strip() for line in seen.decode(errors="replace").split("\r\n")
-                  if line.lower().startswith("x-tailguard-job-id"))
-    deadline = time.monotonic() + 30
-    while (job := requests.get(f"{api_url}/v1/jobs/{job_id}", timeout=10).json())["status"] == "running":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    assert job["status"] == "cancelled"
-    while (stats := engine_stats("long"))["in_flight"]:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    with EngineHold(workers, "long") as engine:  # it cannot finish before we hang up
+        with socket.create_connection((host, int(port)), timeout=60) as sock:
+            sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: "
+                         f"application/json\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
+                         + payload)
+            deadline = time.monotonic() + 30
+            while engine_stats("long")["in_flight"] == 0:  # handed to the held engine
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            engine.release()  # it decodes while we read its first text...
+            seen = b""
+            while b"data: " not in seen:
+                chunk = sock.recv(65536)
+                assert chunk
+                seen += chunk
+            engine.hold()  # ...and the rest of its 1,500 tokens wait: hang up
+        job_id = next(line.split(":", 1)[1].strip()
+                      for line in seen.decode(errors="replace").split("\r\n")
+                      if line.lower().startswith("x-tailguard-job-id"))
+        while (job := requests.get(f"{api_url}/v1/jobs/{job_id}", timeout=10).json())["status"] \
+                == "running":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert job["status"] == "cancelled"
+        while (stats := engine_stats("long"))["in_flight"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
     assert stats["engine_unfinished"] == 0 and stats["aborted"] == before + 1
 
 
-def test_leaving_a_non_streaming_call_cancels_the_request(api_url):
+def test_leaving_a_non_streaming_call_cancels_the_request(api_url, workers):
     before = engine_stats("long")["aborted"]
     body = {"model": MODEL, "prompt": "写一篇1000字的人工智能文章", "max_tokens": 1500,
             "ignore_eos": True}
     host, port = api_url.removeprefix("http://").split(":")
     payload = json.dumps(body).encode()
-    with socket.create_connection((host, int(port)), timeout=60) as sock:
-        sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json"
-                     f"\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload)
-        # wait until the long worker is generating it, then hang up before the answer
-        deadline = time.monotonic() + 30
-        while engine_stats("long")["in_flight"] == 0:
-            assert time.monotonic() < deadline
+    with EngineHold(workers, "long"):  # it cannot finish before the client leaves
+        with socket.create_connection((host, int(port)), timeout=60) as sock:
+            sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: "
+                         f"application/json\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
+                         + payload)
+            # wait until the long worker has handed it to its engine, then hang up
+            deadline = time.monotonic() + 30
+            while engine_stats("long")["in_flight"] == 0:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        while (stats := engine_stats("long"))["in_flight"]:
+            assert time.monotonic() < deadline, stats
             time.sleep(0.05)
-    while (stats := engine_stats("long"))["in_flight"]:
-        assert time.monotonic() < deadline, stats
-        time.sleep(0.05)
     assert stats["engine_unfinished"] == 0
     # the engine stopped early: it was aborted, not run to its 1,500 tokens
     assert stats["aborted"] == before + 1

@@ -10,7 +10,7 @@ import time
 import pytest
 import requests
 
-from e2e_support import engine_stats
+from e2e_support import EngineHold, engine_stats
 from waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -62,48 +62,41 @@ def test_last_event_id_replays_exactly_the_missing_events(api_url):
         assert list(sse_events(resp)) == full[2:]
 
 
-def read_then_hang_up(url: str, path: str, body: dict | None = None, *, marker: bytes,
-                      count: int = 3) -> bytes:
-    """Open a stream on a raw socket, read until `marker` was seen `count` times, close.
-
-    A raw socket because HTTP client libraries keep the connection in a pool on close();
-    this is what a browser tab or a killed process does.
-    """
-    host, port = url.removeprefix("http://").split(":")
-    payload = json.dumps(body).encode() if body is not None else b""
-    head = (f"{'POST' if body is not None else 'GET'} {path} HTTP/1.1\r\nHost: {host}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n")
-    with socket.create_connection((host, int(port)), timeout=60) as sock:
-        sock.sendall(head.encode() + payload)
-        seen = b""
-        while seen.count(marker) < count:
-            chunk = sock.recv(65536)
-            assert chunk, f"stream ended early: {seen[-500:]!r}"
-            seen += chunk
-    return seen
-
-
-def test_disconnecting_from_a_stream_cancels_and_frees_the_engine(api_url):
-    # long allows 1,500 tokens: ~2 s of decoding on one core, so we can leave halfway
+def test_disconnecting_from_a_stream_cancels_and_frees_the_engine(api_url, workers):
     before = engine_stats("long")["aborted"]
-    job_id = submit(api_url, prompt="写一篇1000字的人工智能文章", max_tokens=1500, ignore_eos=True)
-    read_then_hang_up(api_url, f"/v1/jobs/{job_id}/stream?cancel_on_disconnect=true",
-                      marker=b"event: delta")
-    job = wait_for(lambda: (j := requests.get(f"{api_url}/v1/jobs/{job_id}", timeout=10).json())
-                     ["status"] != "running" and j, what="job ended")
-    assert job["status"] == "cancelled", job
-    assert job["error"]["message"] == "the client disconnected"
-    stats = engine_is_clean("long")
+    host, port = api_url.removeprefix("http://").split(":")
+    with EngineHold(workers, "long") as engine:  # it cannot finish before we hang up
+        job_id = submit(api_url, prompt="写一篇1000字的人工智能文章", max_tokens=1500,
+                        ignore_eos=True)
+        wait_for(lambda: engine_stats("long")["in_flight"], what="the request in the engine")
+        # A raw socket: HTTP client libraries keep the connection in a pool on close(); this
+        # is what a browser tab or a killed process does.
+        with socket.create_connection((host, int(port)), timeout=60) as sock:
+            sock.sendall(f"GET /v1/jobs/{job_id}/stream?cancel_on_disconnect=true HTTP/1.1\r\n"
+                         f"Host: {host}\r\n\r\n".encode())
+            engine.release()  # it decodes while we read its first delta...
+            seen = b""
+            while b"event: delta" not in seen:
+                chunk = sock.recv(65536)
+                assert chunk, f"stream ended early: {seen[-500:]!r}"
+                seen += chunk
+            engine.hold()  # ...and the rest of its 1,500 tokens wait: hang up
+        job = wait_for(lambda: (j := requests.get(f"{api_url}/v1/jobs/{job_id}", timeout=10).json())
+                         ["status"] != "running" and j, what="job ended")
+        assert job["status"] == "cancelled", job
+        assert job["error"]["message"] == "the client disconnected"
+        stats = engine_is_clean("long")
     assert stats["aborted"] == before + 1
 
 
-def test_delete_a_running_request_aborts_it_in_the_engine(api_url):
-    job_id = submit(api_url, prompt="写一篇1000字的人工智能文章", max_tokens=1500, ignore_eos=True)
-    wait_for(lambda: requests.get(f"{api_url}/v1/jobs/{job_id}", timeout=10).json()["status"]
-               == "running", what="job running")
-    resp = requests.delete(f"{api_url}/v1/jobs/{job_id}", timeout=10)
-    assert resp.status_code == 200 and resp.json()["status"] == "cancelled"
-    engine_is_clean("long")
+def test_delete_a_running_request_aborts_it_in_the_engine(api_url, workers):
+    with EngineHold(workers, "long"):  # it cannot finish before the DELETE
+        job_id = submit(api_url, prompt="写一篇1000字的人工智能文章", max_tokens=1500,
+                        ignore_eos=True)
+        wait_for(lambda: engine_stats("long")["in_flight"], what="the request in the engine")
+        resp = requests.delete(f"{api_url}/v1/jobs/{job_id}", timeout=10)
+        assert resp.status_code == 200 and resp.json()["status"] == "cancelled"
+        engine_is_clean("long")
     # a late SUCCESS never overwrites the cancel
     time.sleep(0.5)
     assert requests.get(f"{api_url}/v1/jobs/{job_id}", timeout=10).json()["status"] == "cancelled"
