@@ -108,12 +108,20 @@ def overload_run(burst_p99=0.7, expired=False, missing_retry_after=False, lost=F
     probe = [done(sent=i / 4, e2e=1.0) for i in range(40)]
     params = {**timeline(reference_s=100, burst_s=100, recovery_s=100).params,
               "capacity_rps": 4.0, "burst_short_rate": 12.0}
+    samples = {"lanes": {"probe": probe, "reference": ref, "burst": burst, "recovery": rec}}
     return build_report(
-        config={"metric": "e2e_s"},
+        config={"metric": "e2e_s", "model_label": "m", "engines": 2, "cores_per_engine": "1 core"},
         workload={"name": OVERLOAD, "classes": [SHORT, LONG], "short_class": SHORT,
                   "long_class": LONG, "params": params},
         topologies={"lanes": {"probe": {"concurrency": 32, "duration_s": 15}}},
-        samples={"lanes": {"probe": probe, "reference": ref, "burst": burst, "recovery": rec}})
+        samples=samples), samples
+
+
+def test_overload_picture(tmp_path):
+    pytest.importorskip("matplotlib")
+    from tailguard.bench.plot import make_plot
+
+    assert make_plot(*overload_run(), tmp_path / "o.png").stat().st_size > 0
 
 
 def statuses(report):
@@ -121,7 +129,7 @@ def statuses(report):
 
 
 def test_overload_lines_pass():
-    r = overload_run()
+    r, _ = overload_run()
     o = r["overload"]["lanes"]
     assert (o["reference_p99_s"], o["burst_accepted_p99_s"]) == (0.5, 0.7)
     assert o["burst_p99_over_reference"] == pytest.approx(1.4)
@@ -146,7 +154,7 @@ def test_overload_lines_pass():
 
 
 def test_overload_lines_fail():
-    s = statuses(overload_run(burst_p99=0.8, expired=True, missing_retry_after=True, lost=True))
+    s = statuses(overload_run(burst_p99=0.8, expired=True, missing_retry_after=True, lost=True)[0])
     assert s["overload_p99_lanes"] == "FAIL"  # 0.8 / 0.5 > 1.5
     assert s["refusals_lanes"] == s["no_expired_lanes"] == s["accepted_finished_lanes"] == "FAIL"
 
