@@ -1,7 +1,8 @@
 """Statistics, the ratios that matter, and the PASS/FAIL lines of issues 4, 11 and 12. Pure.
 
 Latency statistics are over the requests that succeeded (errors and refusals at
-admission are counted apart, not timed). Percentiles are nearest-rank: the P99 of 100 samples is the 99th value.
+admission are counted apart, not timed). Percentiles are nearest-rank: the P99 of
+100 samples is the 99th value.
 A class's output tokens/s is vLLM benchmark_serving's "output token throughput",
 per class: its output tokens over the span from its first request sent to its last
 one finished. Under an open-loop load the system keeps up with, that is the
