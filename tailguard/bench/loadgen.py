@@ -32,6 +32,8 @@ from tailguard.bench.workload import BenchRequest
 TERMINAL = frozenset({"succeeded", "failed", "expired", "cancelled"})
 #: Outcomes decided by the client, which the job's own status must not overwrite.
 CLIENT_FAILURES = frozenset({"http_error", "client_error", "timeout"})
+#: The API answered 429: refused at admission, nothing queued (not a failure of the system).
+REFUSED = "refused"
 #: Socket read timeout: the API sends an SSE heartbeat every ~2 s, so silence this long is a fault.
 READ_TIMEOUT_S = 60.0
 
@@ -44,7 +46,7 @@ class Sample:
     max_tokens: int
     arrival_s: float  # when it was due
     sent_s: float | None = None  # when it was sent
-    status: str = "not_sent"  # the job's final status, or one of CLIENT_FAILURES
+    status: str = "not_sent"  # the job's final status, REFUSED, or one of CLIENT_FAILURES
     ok: bool = False  # succeeded and streamed to the end, not cut by the lane deadline
     accepted: bool = False  # the API answered with a job id
     finished: bool = False  # that job reached a terminal state
@@ -57,6 +59,8 @@ class Sample:
     completion_tokens: int | None = None
     finish_reason: str | None = None  # the job's: length, stop or deadline
     error: str | None = None
+    refusal: str | None = None  # a 429's error code (lane_full, wait_too_long, rate_limited)
+    retry_after_s: float | None = None  # a 429's Retry-After, None when it had none
 
     @property
     def lag_s(self) -> float | None:
@@ -126,6 +130,9 @@ class Client:
                          headers={"content-type": "application/json"})
             resp = conn.getresponse()
             sample.http_status = resp.status
+            if resp.status == 429:
+                self._refused(resp, sample)
+                return
             if resp.status != 200:
                 sample.status = "http_error"
                 sample.error = f"HTTP {resp.status}: {resp.read()[:300].decode(errors='replace')}"
@@ -174,6 +181,20 @@ class Client:
                      and sample.finish_reason != "deadline")
         if done and sample.finish_reason == "deadline":
             sample.error = "cut by the lane deadline"
+
+    @staticmethod
+    def _refused(resp: http.client.HTTPResponse, sample: Sample) -> None:
+        """A 429: its code and Retry-After (left None when absent or not a number of seconds)."""
+        sample.status = REFUSED
+        try:
+            sample.retry_after_s = float(resp.getheader("Retry-After") or "")
+        except ValueError:
+            pass
+        body = resp.read()[:2000]
+        try:
+            sample.refusal = json.loads(body)["error"]["code"]
+        except (ValueError, KeyError, TypeError):
+            sample.error = f"HTTP 429: {body[:300].decode(errors='replace')}"
 
     def settle(self, sample: Sample, wait_s: float = 0) -> None:
         """Read the job's final state and queue wait from /v1/jobs/<id>."""
@@ -239,6 +260,34 @@ def run_phase(client: Client, requests: tuple[BenchRequest, ...] | list[BenchReq
         if s.accepted and not s.finished and client.jobs:
             client.settle(s, wait_s=10)
     return samples
+
+
+def closed_loop(client: Client, request: BenchRequest, *, concurrency: int, duration_s: float,
+                drain_s: float) -> list[Sample]:
+    """`concurrency` senders, each sending `request` again as soon as its previous one ends, for
+    `duration_s`: a load that keeps a lane saturated without growing its queue without end.
+    A refused sender waits (at most 1 s of the Retry-After) before sending again."""
+    t0 = time.perf_counter()
+    deadline = t0 + duration_s + drain_s
+    out: list[Sample] = []
+    lock = threading.Lock()
+
+    def sender() -> None:
+        while (now := time.perf_counter()) - t0 < duration_s:
+            sample = Sample(request.cls, request.max_tokens, now - t0)
+            client.stream(request, sample, t0, deadline)
+            with lock:
+                out.append(sample)
+            if sample.status == REFUSED:
+                time.sleep(min(sample.retry_after_s or 1.0, 1.0))
+
+    threads = [threading.Thread(target=sender, name=f"probe-{i}", daemon=True)
+               for i in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sorted(out, key=lambda s: s.arrival_s)
 
 
 def served_model_name(url: str) -> str:

@@ -2,15 +2,17 @@
 
 One row, read left to right: the short class's latency with and without long
 traffic in each topology, the other classes', then the short class's P99 in a
-sliding window across the mixed phase (where the 'explosion' shows).
+sliding window across the mixed phase (where the 'explosion' shows). The overload
+workload gets its own picture: its timeline (`overload_plot`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tailguard.bench.loadgen import Sample
-from tailguard.bench.report import METRICS, percentile
+from tailguard.bench.loadgen import REFUSED, Sample
+from tailguard.bench.report import METRICS, OVERLOAD_P99_MAX, percentile
+from tailguard.bench.workload import OVERLOAD, WINDOWS
 
 COLORS = {"shared": "#d62728", "lanes": "#1f77b4", "direct": "#2ca02c"}
 
@@ -37,6 +39,9 @@ def make_plot(report: dict, samples: dict[str, dict[str, list[Sample]]], path: P
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    if report["workload"]["name"] == OVERLOAD:
+        return overload_plot(report, samples, path, plt)
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     def plain_log(axis) -> None:
@@ -89,6 +94,48 @@ def make_plot(report: dict, samples: dict[str, dict[str, list[Sample]]], path: P
     cfg = report["config"]
     fig.suptitle(f"tailguard bench: {report['workload']['name']} workload, {cfg['model_label']}, "
                  f"{cfg['engines']} engines x {cfg['cores_per_engine']}", fontsize=11)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def overload_plot(report: dict, samples: dict[str, dict[str, list[Sample]]], path: Path,
+                  plt) -> Path:
+    """The overload timeline: each short request's end-to-end latency at its arrival (accepted)
+    and the refusals per second, the burst shaded, 1.5x the reference P99 drawn."""
+    p = report["workload"]["params"]
+    short = report["workload"]["short_class"]
+    fig, ax = plt.subplots(figsize=(11, 4.6))
+    right = ax.twinx()
+    for topo, phases in samples.items():
+        shorts = [s for w in WINDOWS for s in phases.get(w, []) if s.cls == short]
+        ok = [(s.arrival_s, s.e2e_s) for s in shorts if s.ok]
+        ax.scatter([t for t, _ in ok], [v for _, v in ok], s=5, color=COLORS.get(topo),
+                   label=f"{topo}: accepted {short} request, end-to-end")
+        per_s: dict[int, int] = {}
+        for s in shorts:
+            if s.status == REFUSED:
+                per_s[int(s.arrival_s)] = per_s.get(int(s.arrival_s), 0) + 1
+        right.bar(list(per_s), list(per_s.values()), width=1.0, color="#d62728", alpha=0.35,
+                  label="refused (429) per second")
+        ref = (report.get("overload") or {}).get(topo, {}).get("reference_p99_s")
+        if ref:
+            ax.axhline(OVERLOAD_P99_MAX * ref, color="grey", ls="--", lw=0.8,
+                       label=f"{OVERLOAD_P99_MAX:g}x the reference P99")
+    ax.axvspan(p["burst_start_s"], p["burst_end_s"], color="orange", alpha=0.12,
+               label=f"burst: {p.get('burst_short_rate', 0):.1f} {short} req/s")
+    ax.set_yscale("log")
+    ax.set_xlabel("arrival time (s)")
+    ax.set_ylabel("end-to-end latency (s, log)")
+    right.set_ylabel("refused per second")
+    handles = [h for a in (ax, right) for h in a.get_legend_handles_labels()[0]]
+    ax.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="upper left")
+    ax.grid(alpha=0.3, which="both")
+    cfg = report["config"]
+    ax.set_title(f"tailguard bench: overload, {cfg['model_label']}, {cfg['engines']} engines x "
+                 f"{cfg['cores_per_engine']}", fontsize=11)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)

@@ -1,7 +1,8 @@
-"""Statistics, the ratios that matter, and the PASS/FAIL lines of issues 4 and 12. Pure.
+"""Statistics, the ratios that matter, and the PASS/FAIL lines of issues 4, 11 and 12. Pure.
 
-Latency statistics are over the requests that succeeded (errors are counted, not
-timed). Percentiles are nearest-rank: the P99 of 100 samples is the 99th value.
+Latency statistics are over the requests that succeeded (errors and refusals at
+admission are counted apart, not timed). Percentiles are nearest-rank: the P99 of
+100 samples is the 99th value.
 A class's output tokens/s is vLLM benchmark_serving's "output token throughput",
 per class: its output tokens over the span from its first request sent to its last
 one finished. Under an open-loop load the system keeps up with, that is the
@@ -14,11 +15,13 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Iterable
 
-from tailguard.bench.loadgen import Sample
+from tailguard.bench.loadgen import REFUSED, Sample
+from tailguard.bench.workload import OVERLOAD, WINDOWS
 
 METRICS = {"queued_s": "queue wait", "ttft_s": "TTFT", "e2e_s": "end-to-end"}
 OVERHEAD = "overhead"  # the phase (and workload) that measures the gateway against direct
-PHASES = ("baseline", "mixed", OVERHEAD)
+PROBE = "probe"  # the overload workload's saturation probe of the short lane
+PHASES = ("baseline", "mixed", OVERHEAD, PROBE, *WINDOWS)
 
 #: Targets (issue 4), on the short class's P99 of the chosen metric.
 LOAD_MIN_INTERFERENCE = 3.0  # shared short P99 >= 3x its no-long baseline: a load worth testing
@@ -30,6 +33,12 @@ LANES_VS_DIRECT_MAX = 0.5  # issue 12: half of plain vLLM's (priority scheduling
 TTFT_OVERHEAD_P50_MAX_S = 0.005
 TTFT_OVERHEAD_P99_MAX_S = 0.015
 E2E_OVERHEAD_P50_MAX = 0.05  # a share of direct's end-to-end P50
+#: Overload targets (issue 11): the accepted short requests' P99 in the burst against the
+#: reference window's; a short request after the burst counts as recovered when it is accepted,
+#: succeeds and takes at most this factor of the reference P99 too.
+OVERLOAD_P99_MAX = 1.5
+#: The probe's first share of its time is ramp-up: its capacity counts what finished after it.
+PROBE_RAMP_SHARE = 1 / 3
 #: A request sent this much later than due means the load generator fell behind.
 LAG_WARN_S = 0.05
 
@@ -61,17 +70,18 @@ def class_stats(samples: list[Sample]) -> dict[str, Any]:
     for s in samples:
         if s.lane:
             lanes[s.lane] = lanes.get(s.lane, 0) + 1
-    errors: dict[str, int] = {}
+    errors: dict[str, int] = {}  # a refusal is the API working as meant: counted apart
     for s in samples:
-        if not s.ok:
+        if not s.ok and s.status != REFUSED:
             errors[s.status] = errors.get(s.status, 0) + 1
     lags = [s.lag_s for s in sent]
     decode = [s.decode_tok_s for s in ok if s.decode_tok_s is not None]
     return {
         "count": len(samples),
         "ok": len(ok),
-        "errors": len(samples) - len(ok),
+        "errors": sum(errors.values()),
         "error_kinds": errors,
+        "refused": sum(1 for s in samples if s.status == REFUSED),
         "accepted": sum(1 for s in samples if s.accepted),
         "finished": sum(1 for s in samples if s.accepted and s.finished),
         "lanes": lanes,
@@ -216,25 +226,136 @@ def _overhead_lines(o: dict[str, float | None], line: Callable[..., None]) -> No
          f"{'n/a' if o['e2e_p99_share'] is None else format(o['e2e_p99_share'], '+.1%')} "
          "(reported only)", need)
 
+def capacity_rps(samples: list[Sample], duration_s: float) -> float | None:
+    """Requests per second a saturated lane finished: the probe's successes that ended after
+    its ramp-up and within its `duration_s`."""
+    start = duration_s * PROBE_RAMP_SHARE
+    done = [s for s in samples if s.ok and start <= s.sent_s + s.e2e_s < duration_s]
+    return len(done) / (duration_s - start) if done and duration_s > start else None
+
+
+def recovery(samples: list[Sample], burst_end_s: float, limit_s: float | None) -> dict[str, Any]:
+    """When short requests were back to normal after the burst: from the burst's end to the
+    arrival of the last one after it that was refused, failed or slower than `limit_s`
+    (0 when none was). Not recovered when that last one was also the last request sent."""
+    after = sorted((s for s in samples if s.arrival_s >= burst_end_s), key=lambda s: s.arrival_s)
+    bad = [s for s in after
+           if not s.ok or limit_s is None or s.e2e_s is None or s.e2e_s > limit_s]
+    last = bad[-1] if bad else None
+    last_refused = max((s.arrival_s for s in after if s.status == REFUSED), default=None)
+    return {"recovery_s": 0.0 if last is None else last.arrival_s - burst_end_s,
+            "recovered": bool(after) and (last is None or last is not after[-1]),
+            "requests_after": len(after), "not_normal_after": len(bad),
+            "last_refused_after_s": None if last_refused is None else last_refused - burst_end_s}
+
+
+def overload_figures(by_phase: dict[str, list[Sample]], short: str,
+                     params: dict[str, Any]) -> dict[str, Any]:
+    """Issue 11's overload figures for one topology: refusals, the accepted short requests'
+    P99 in the burst against the reference's, expiries, accepted vs finished, recovery."""
+    everything = [s for ss in by_phase.values() for s in ss]
+    timeline = [s for w in WINDOWS for s in by_phase.get(w, [])]
+    shorts = {w: [s for s in by_phase.get(w, []) if s.cls == short] for w in WINDOWS}
+    refused = [s for s in timeline if s.status == REFUSED]
+    codes: dict[str, int] = {}
+    for s in refused:
+        codes[s.refusal or "?"] = codes.get(s.refusal or "?", 0) + 1
+    retry = [s.retry_after_s for s in refused if s.http_status == 429 and s.retry_after_s]
+    ref_p99 = percentile((s.e2e_s for s in shorts["reference"] if s.ok), 99)
+    burst_p99 = percentile((s.e2e_s for s in shorts["burst"] if s.ok), 99)
+    limit = None if ref_p99 is None else OVERLOAD_P99_MAX * ref_p99
+    sent = {w: sum(1 for s in ss if s.sent_s is not None) for w, ss in shorts.items()}
+    return {
+        "capacity_rps": params.get("capacity_rps"),
+        "burst_short_rate": params.get("burst_short_rate"),
+        "short_sent": sent,
+        "short_refused": {w: sum(1 for s in ss if s.status == REFUSED) for w, ss in shorts.items()},
+        "burst_refused_share": _ratio(sum(1 for s in shorts["burst"] if s.status == REFUSED),
+                                      sent["burst"]),
+        "refused": len(refused),
+        "refused_by_code": codes,
+        "refused_with_retry_after": len(retry),
+        "retry_after_s": {"min": min(retry, default=None), "max": max(retry, default=None)},
+        "reference_p99_s": ref_p99,
+        "burst_accepted_p99_s": burst_p99,
+        "burst_p99_over_reference": _ratio(burst_p99, ref_p99),
+        "expired": sum(1 for s in everything if s.status == "expired"),
+        "accepted": sum(1 for s in everything if s.accepted),
+        "finished": sum(1 for s in everything if s.accepted and s.finished),
+        "errors": sum(1 for s in everything if not s.ok and s.status != REFUSED),
+        **recovery(shorts["recovery"], params["burst_end_s"], limit),
+        "recovery_limit_s": limit,
+    }
+
+
+def _overload_lines(report: dict, line: Callable[..., None]) -> None:
+    """Issue 11's overload lines, per topology (the lanes one: shared has no admission to test)."""
+    p = report["workload"]["params"]
+    for topo, o in report["overload"].items():
+        probe = report["topologies"][topo].get(PROBE) or {}
+        cap = o["capacity_rps"]
+        line(f"capacity_{topo}", None,
+             f"{topo}: short lane capacity {'n/a' if cap is None else f'{cap:.1f}'} req/s (probe: "
+             f"{probe.get('concurrency', '?')} closed-loop senders for {probe.get('duration_s', '?')}"
+             f" s); burst: short requests at {o['burst_short_rate'] or 0:.1f} req/s "
+             f"({p['factor']:g}x) for {p['burst_s']:g} s", info=True)
+        share = o["burst_refused_share"]
+        codes = ", ".join(f"{k} {v}" for k, v in sorted(o["refused_by_code"].items())) or "none"
+        ra = o["retry_after_s"]
+        line(f"refusals_{topo}", o["refused"] > 0 and o["refused_with_retry_after"] == o["refused"],
+             f"{topo}: refused {o['short_refused']['burst']} of {o['short_sent']['burst']} short "
+             f"requests in the burst ({'n/a' if share is None else f'{share:.1%}'}), "
+             f"{o['short_refused']['reference']} in the reference, "
+             f"{o['short_refused']['recovery']} after; {o['refused_with_retry_after']} of "
+             f"{o['refused']} refusals are 429 with Retry-After"
+             + (f" ({ra['min']:g}-{ra['max']:g} s)" if ra["min"] is not None else "")
+             + f"; codes: {codes}" + ("" if o["refused"] else " (none refused: admission never acted)"))
+        v = o["burst_p99_over_reference"]
+        line(f"overload_p99_{topo}", None if v is None else v <= OVERLOAD_P99_MAX,
+             f"{topo}: accepted short P99 in the burst {_fmt_s(o['burst_accepted_p99_s'])} <= "
+             f"{OVERLOAD_P99_MAX:g}x the reference's {_fmt_s(o['reference_p99_s'])}: ratio "
+             f"{_fmt_x(v)}", "short requests that succeeded in both windows")
+        line(f"no_expired_{topo}", o["expired"] == 0, f"{topo}: {o['expired']} expired")
+        lost = o["accepted"] - o["finished"]
+        line(f"accepted_finished_{topo}", lost == 0 and o["errors"] == 0,
+             f"{topo}: accepted {o['accepted']} = finished {o['finished']}"
+             + (f" ({lost} lost)" if lost else "") + f"; {o['errors']} errors besides refusals")
+        rec = o["recovery_s"]
+        line(f"recovery_{topo}", None,
+             f"{topo}: recovery: short requests accepted and within {_fmt_s(o['recovery_limit_s'])}"
+             f" ({OVERLOAD_P99_MAX:g}x the reference P99) from {rec:.1f} s after the burst "
+             + ("" if o["recovered"] else "(NOT within the recovery window) ")
+             + f"({o['not_normal_after']} of {o['requests_after']} after it were not; last "
+             f"refusal at "
+             + ("none" if o["last_refused_after_s"] is None else f"+{o['last_refused_after_s']:.1f} s")
+             + ")", info=True)
+
+
 def targets(report: dict) -> list[dict[str, Any]]:
     """The issue's PASS/FAIL lines (SKIP when a number they need was not measured)."""
     out: list[dict[str, Any]] = []
 
-    def line(name: str, ok: bool | None, text: str, need: str = "") -> None:
-        status = "SKIP" if ok is None else ("PASS" if ok else "FAIL")
+    def line(name: str, ok: bool | None, text: str, need: str = "", info: bool = False) -> None:
+        status = "INFO" if info else "SKIP" if ok is None else ("PASS" if ok else "FAIL")
         out.append({"name": name, "status": status,
                     "line": f"{status}  {text}" + (f" (needs {need})" if ok is None and need else "")})
 
+    if report["workload"]["name"] == OVERLOAD:
+        _overload_lines(report, line)
+        return out
     if report["workload"]["name"] == OVERHEAD:
         _overhead_lines(report["overhead"], line)
     else:
         _isolation_lines(report, line)
+    def total(t: dict, key: str) -> int:
+        return sum(c[key] for p in t["phases"].values() for c in p.values())
+
     for topo, t in report["topologies"].items():
-        errors = sum(c["errors"] for p in t["phases"].values() for c in p.values())
-        accepted = sum(c["accepted"] for p in t["phases"].values() for c in p.values())
-        finished = sum(c["finished"] for p in t["phases"].values() for c in p.values())
-        line(f"no_errors_{topo}", errors == 0 and accepted == finished,
-             f"{topo}: {errors} errors, accepted {accepted} = finished {finished}"
+        errors, refused = total(t, "errors"), total(t, "refused")
+        accepted, finished = total(t, "accepted"), total(t, "finished")
+        line(f"no_errors_{topo}", errors == refused == 0 and accepted == finished,
+             f"{topo}: {errors} errors, {refused} refused at admission, "
+             f"accepted {accepted} = finished {finished}"
              + ("" if accepted == finished else f" ({accepted - finished} lost)"))
     return out
 
@@ -254,6 +375,10 @@ def build_report(*, config: dict[str, Any], workload: dict[str, Any],
     }
     report["ratios"] = {m: ratios(report, m) for m in ("ttft_s", "e2e_s")}
     report["overhead"] = overhead(report)
+    if workload["name"] == OVERLOAD:
+        report["overload"] = {name: overload_figures(phases, workload["short_class"],
+                                                     workload["params"])
+                              for name, phases in samples.items()}
     report["targets"] = targets(report)
     return report
 
@@ -276,11 +401,12 @@ def render_tables(report: dict) -> str:
     out = []
     for metric, title in METRICS.items():
         out.append(f"{title} (s)\n")
-        out.append("| topology | phase | class | n | errors | avg | P50 | P95 | P99 | max |")
-        out.append("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        out.append("| topology | phase | class | n | errors | refused | avg | P50 | P95 | P99 | max |")
+        out.append("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         for topo, phase, cls, st in _rows(report):
             s = st[metric]
             out.append(f"| {topo} | {phase} | {cls} | {st['count']} | {st['errors']} | "
+                       f"{st['refused']} | "
                        + " | ".join(_cell(s[k]) for k in ("avg", "p50", "p95", "p99", "max")) + " |")
         out.append("")
     out.append("output\n")
@@ -301,7 +427,7 @@ def render_text(report: dict) -> str:
     metric = cfg["metric"]
     r = report["ratios"][metric]
     short, long = report["workload"]["short_class"], report["workload"]["long_class"]
-    if report["workload"]["name"] == OVERHEAD:
+    if report["workload"]["name"] in (OVERHEAD, OVERLOAD):
         lines = [render_tables(report)]
     else:
         lines = [render_tables(report), f"ratios ({METRICS[metric]} P99 of class {short!r}):",

@@ -1,6 +1,7 @@
 """The whole benchmark: workload, then each topology up, its phases, down; then the report.
 
     tailguard bench --workload mixed --rate 3 --long-share 0.1 --duration 60
+    tailguard bench --workload overload --duration 45 --burst 60 --recovery 45
 
 Writes ``report.json``, ``bench.png``, ``samples.jsonl`` (every request) and the
 processes' logs under ``--out`` (default ``$TAILGUARD_HOME/bench/<time>``), and
@@ -18,19 +19,24 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from tailguard import settings
 from tailguard.bench.host import Watch
-from tailguard.bench.loadgen import Client, Sample, run_phase, served_model_name
-from tailguard.bench.report import OVERHEAD, build_report, render_text
+from tailguard.bench.loadgen import Client, Sample, closed_loop, run_phase, served_model_name
+from tailguard.bench.report import OVERHEAD, PROBE, build_report, capacity_rps, render_text
 from tailguard.bench.topology import (DIRECT, TOPOLOGIES, DirectSpec, RunningDirect,
                                       RunningTopology, TopologySpec, class_priorities, direct_spec,
                                       lanes_spec, shared_spec)
-from tailguard.bench.workload import (BenchRequest, Workload, jsonl_workload, mixed_workload,
-                                      overhead_workload, seed_workload)
+from tailguard.bench.workload import (CHARS_PER_TOKEN, OVERLOAD, SHORT, BenchRequest, Workload,
+                                      add_burst, jsonl_workload, mixed_workload,
+                                      overhead_workload, overload_workload, seed_workload,
+                                      split_windows)
+
+if TYPE_CHECKING:
+    from tailguard.lanes import LaneTable
 
 
 @dataclass(frozen=True)
@@ -70,8 +76,11 @@ def _metric_choice(metric: str) -> str:
 class BenchConfig:
     workload: str = option(
         "mixed", "seed, mixed, overhead (vLLM bench serve's random 64 in / 32 out, 4 req/s, 100 "
-                 "prompts; --rate and --duration do not apply), or a FILE.jsonl trace "
-                 "({prompt, max_tokens, class?, arrival_s?})")
+                 "prompts; --rate and --duration do not apply), overload (the mixed load, then "
+                 "short requests at --overload-factor x the short lane's capacity for --burst s, "
+                 "then --recovery s of the mixed load; lanes topology only; --duration is the "
+                 "reference window), or a FILE.jsonl trace ({prompt, max_tokens, class?, "
+                 "arrival_s?})")
     # Defaults: on 2 cores and the small demo model, a load where long traffic hurts
     # short requests in `shared` (see docs/benchmarks.md).
     rate: float = option(2.5, "requests/s, all classes together (Poisson arrivals per class)")
@@ -96,6 +105,15 @@ class BenchConfig:
     drain_s: float = option(
         180.0, "seconds in-flight requests may take to finish after the last arrival", flag="--drain")
     warmup: int = option(2, "requests per class and engine sent (and discarded) first")
+    overload_factor: float = option(
+        3.0, "overload: the short rate in the burst, as a multiple of the short lane's capacity")
+    burst_s: float = option(60.0, "overload: seconds of the burst", flag="--burst")
+    recovery_s: float = option(60.0, "overload: seconds of the mixed load after the burst",
+                               flag="--recovery")
+    probe_s: float = option(
+        15.0, "overload: seconds of the probe that measures the short lane's capacity (closed "
+              "loop, 2 x its batch slots in flight; what finished in its last 2/3, per second)",
+        flag="--probe")
     metric: str = option("e2e_s", "the latency whose P99 the targets compare",
                          choices=("e2e", "ttft"), parse=_metric, text=_metric_choice)
     max_in_flight: int = option(512)
@@ -126,17 +144,29 @@ def build_workload(cfg: BenchConfig, count_tokens: Callable[[str], int] | None) 
                               max_requests=cfg.max_requests)
     if cfg.workload == "overhead":
         return overhead_workload(cfg.seed, count_tokens)
+    if cfg.workload == OVERLOAD:
+        return overload_workload(cfg.rate, cfg.long_share, reference_s=cfg.duration_s or 60.0,
+                                 burst_s=cfg.burst_s, recovery_s=cfg.recovery_s,
+                                 factor=cfg.overload_factor, seed=cfg.seed,
+                                 short_tokens=cfg.short_tokens,
+                                 long_prompt_tokens=cfg.long_prompt_tokens,
+                                 long_tokens=cfg.long_tokens, count_tokens=count_tokens,
+                                 max_requests=cfg.max_requests)
     if cfg.workload.endswith(".jsonl"):
         return jsonl_workload(cfg.workload, cfg.rate, cfg.duration_s, cfg.seed, cfg.max_requests)
-    raise ValueError(f"--workload must be seed, mixed, overhead or a .jsonl file, "
+    raise ValueError(f"--workload must be seed, mixed, overhead, overload or a .jsonl file, "
                      f"not {cfg.workload!r}")
 
 
 def phases_of(workload: Workload, baseline: bool) -> dict[str, Workload]:
     """`baseline` (the short class alone, when there is long traffic to compare with), `mixed`;
-    the overhead workload is its own one phase."""
+    the overhead workload is its own one phase; the overload workload's phases are the windows
+    of its one timeline."""
     if workload.name == OVERHEAD:
         return {OVERHEAD: workload}
+    if workload.name == OVERLOAD:
+        return {w: replace(workload, requests=tuple(rs))
+                for w, rs in split_windows(workload.requests, workload.params).items()}
     out = {}
     if baseline and workload.short_class and len(workload.classes) > 1:
         out["baseline"] = workload.only([workload.short_class])
@@ -218,6 +248,64 @@ def _warm(client: Client, workload: Workload, per_class: int, engines: int) -> N
         run_phase(client, reqs, duration_s=0, drain_s=300)
 
 
+def _timed_phase(client: Client, topo: str, phase: str, wl: Workload, cfg: BenchConfig,
+                 hosts: dict[str, Any]) -> list[Sample]:
+    """One open-loop phase after a quiet pause, with its progress bar and what else ran
+    meanwhile (kept in `hosts[phase]`)."""
+    time.sleep(cfg.pause_s)
+    bar = _Progress(cfg.progress, len(wl.requests), f"{topo}/{phase}")
+    watch = Watch()
+    try:
+        samples = run_phase(client, wl.requests, duration_s=wl.params.get("duration_s") or 0,
+                            drain_s=cfg.drain_s, max_in_flight=cfg.max_in_flight,
+                            on_done=bar.done)
+    finally:
+        bar.close()
+    host = hosts[phase] = watch.stop()
+    bad = sum(1 for s in samples if not s.ok)
+    log(f"[{topo}/{phase}] {len(wl.requests)} requests, {bad} not ok; other "
+        f"processes used {host['others_share']:.0%} of the CPU"
+        + (f" (DISTURBED: {host['others_heaviest']})" if host["disturbed"] else ""))
+    return samples
+
+
+def _overload(client: Client, topo: str, workload: Workload, table: LaneTable, limit: int | None,
+              count_tokens: Callable[[str], int] | None, cfg: BenchConfig, info: dict[str, Any],
+              samples: dict[str, list[Sample]]) -> Workload:
+    """Measure the short lane's capacity with a saturation probe (a closed loop, so the lane is
+    kept full without a growing queue), then run the overload timeline with its burst at
+    `overload_factor` x that capacity. Fills `samples` (the probe, then the windows) and `info`;
+    returns the workload with its burst."""
+    from tailguard.placement import place
+
+    first = next(r for r in workload.requests if r.cls == SHORT)
+    prompt_tokens = (count_tokens(first.prompt) if count_tokens
+                     else round(len(first.prompt) / CHARS_PER_TOKEN))
+    lane_name = place(list(table), priority="interactive", prompt_tokens=prompt_tokens,
+                      requested_max_tokens=first.max_tokens, model_max_len=limit).lane
+    lane = next(l for l in table if l.name == lane_name)
+    senders = 2 * lane.max_num_seqs * sum(1 for w in table.workers if lane_name in w.lanes)
+    time.sleep(cfg.pause_s)
+    log(f"[{topo}/{PROBE}] {senders} closed-loop senders of short requests for {cfg.probe_s:g} s "
+        f"(lane {lane_name!r}: {lane.max_num_seqs} batch slots per engine)")
+    watch = Watch()
+    samples[PROBE] = closed_loop(client, replace(first, arrival_s=0.0), concurrency=senders,
+                                 duration_s=cfg.probe_s, drain_s=cfg.drain_s)
+    info["host"][PROBE] = watch.stop()
+    capacity = capacity_rps(samples[PROBE], cfg.probe_s)
+    if not capacity:
+        raise ValueError(f"the probe finished no short request in {cfg.probe_s:g} s: "
+                         "no capacity to overload (a longer --probe?)")
+    info[PROBE] = {"lane": lane_name, "concurrency": senders, "duration_s": cfg.probe_s,
+                   "capacity_rps": capacity}
+    workload = add_burst(workload, capacity)
+    log(f"[{topo}/{PROBE}] capacity {capacity:.2f} req/s; the burst sends short requests at "
+        f"{workload.params['burst_short_rate']:.2f} req/s for {cfg.burst_s:g} s")
+    timeline = _timed_phase(client, topo, OVERLOAD, workload, cfg, info["host"])
+    samples.update(split_windows(timeline, workload.params))
+    return workload
+
+
 def log(msg: str) -> None:
     print(f"tailguard bench: {msg}", file=sys.stderr, flush=True)
 
@@ -297,7 +385,9 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
         "lanes": lanes_topo,
         DIRECT: direct_spec(pin, replaced, table, max_model_len=limit,
                             dtype=serving_dtype(model, settings.DTYPE.get()))}
-    specs = {name: specs[name] for name in cfg.topologies}
+    # overload tests admission, which only the lanes topology has
+    specs = {name: specs[name] for name in
+             (("lanes",) if workload.name == OVERLOAD else cfg.topologies)}
     per_engine = {len(w.pin.cores) for s in specs.values() for w in s.workers}
     out = Path(cfg.out_dir or settings.home() / "bench" / time.strftime("%Y%m%d-%H%M%S"))
     out.mkdir(parents=True, exist_ok=True)
@@ -355,22 +445,13 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
                 for t in stopping:  # the previous topology must be gone before measuring
                     t.join()
                 samples[name], topo_info[name]["host"] = {}, {}
-                for phase, wl in phases.items():
-                    time.sleep(cfg.pause_s)
-                    bar = _Progress(cfg.progress, len(wl.requests), f"{name}/{phase}")
-                    watch = Watch()
-                    try:
-                        samples[name][phase] = run_phase(
-                            client, wl.requests, duration_s=wl.params.get("duration_s") or 0,
-                            drain_s=cfg.drain_s, max_in_flight=cfg.max_in_flight,
-                            on_done=bar.done)
-                    finally:
-                        bar.close()
-                    host = topo_info[name]["host"][phase] = watch.stop()
-                    bad = sum(1 for s in samples[name][phase] if not s.ok)
-                    log(f"[{name}/{phase}] {len(wl.requests)} requests, {bad} errors; other "
-                        f"processes used {host['others_share']:.0%} of the CPU"
-                        + (f" (DISTURBED: {host['others_heaviest']})" if host["disturbed"] else ""))
+                if workload.name == OVERLOAD:
+                    workload = _overload(client, name, workload, table, limit, count_tokens,
+                                         cfg, topo_info[name], samples[name])
+                    phases = phases_of(workload, cfg.baseline)
+                for phase, wl in ({} if workload.name == OVERLOAD else phases).items():
+                    samples[name][phase] = _timed_phase(client, name, phase, wl, cfg,
+                                                        topo_info[name]["host"])
             finally:
                 # Warm shutdown takes a while; the next topology starts meanwhile.
                 log(f"[{name}] stopping")

@@ -7,6 +7,12 @@
 * ``overhead``: the shape of vLLM's ``bench serve`` random dataset as issue 12
   measured the gateway with: 100 prompts of 64 tokens, 32 out, 4 req/s (Poisson),
   all one class: what tailguard adds to a request over the engine alone.
+* ``overload``: the mixed load on one timeline of three windows, ``reference``
+  (the usual load), ``burst`` (short requests at ``factor`` times the short
+  lane's capacity, measured in the same run) and ``recovery`` (the usual load
+  again): what admission refuses, and what the accepted requests get. The
+  burst's extra short requests come from a stream of their own, so the usual
+  short arrivals are the same as without the burst.
 * a JSONL trace: one request per line, ``{"prompt", "max_tokens", "class"?,
   "arrival_s"?, "ignore_eos"?}``; without ``arrival_s`` the lines are sent in
   order (cycling) at Poisson arrivals of the given rate.
@@ -191,6 +197,55 @@ def overhead_workload(seed: int = 0, count_tokens: Callable[[str], int] | None =
                    params={"rate": rate, "duration_s": times[-1] if times else 0.0, "seed": seed,
                            "input_tokens": input_tokens, "output_tokens": output_tokens,
                            "prompts": prompts})
+
+
+OVERLOAD = "overload"
+#: The overload timeline's windows, in order.
+WINDOWS = ("reference", "burst", "recovery")
+
+
+def overload_workload(rate: float, long_share: float, *, reference_s: float, burst_s: float,
+                      recovery_s: float, factor: float = 3.0, seed: int = 0,
+                      **mixed: Any) -> Workload:
+    """The mixed load (`mixed_workload`'s keywords) over the whole timeline, without the burst's
+    extra requests yet: they depend on a capacity measured once the system is up (`add_burst`)."""
+    if min(reference_s, burst_s, recovery_s) <= 0 or factor <= 0:
+        raise ValueError("the overload windows and factor must be > 0")
+    base = mixed_workload(rate, long_share, reference_s + burst_s + recovery_s, seed, **mixed)
+    return replace(base, name=OVERLOAD, params={
+        **base.params, "factor": factor, "reference_s": reference_s, "burst_s": burst_s,
+        "recovery_s": recovery_s, "burst_start_s": reference_s,
+        "burst_end_s": reference_s + burst_s})
+
+
+def add_burst(workload: Workload, capacity_rps: float) -> Workload:
+    """`workload` plus short requests in the burst window, so that the short class arrives at
+    `factor` x `capacity_rps` there (the usual short arrivals stay as they are)."""
+    p = workload.params
+    extra = max(0.0, p["factor"] * capacity_rps - p["short_rate"])
+    rng = _stream(p["seed"], "burst")
+    burst = [BenchRequest(SHORT, rng.choice(SEED_PROMPTS), p["short_tokens"],
+                          p["burst_start_s"] + t)
+             for t in poisson_arrivals(extra, p["burst_s"], rng)]
+    return _finish(workload.name, list(workload.requests) + burst, None,
+                   short_class=workload.short_class, long_class=workload.long_class,
+                   params={**p, "capacity_rps": capacity_rps,
+                           "burst_short_rate": p["short_rate"] + extra})
+
+
+def window_of(arrival_s: float, params: dict[str, Any]) -> str:
+    """Which overload window a request that arrives at `arrival_s` belongs to."""
+    if arrival_s < params["burst_start_s"]:
+        return WINDOWS[0]
+    return WINDOWS[1] if arrival_s < params["burst_end_s"] else WINDOWS[2]
+
+
+def split_windows(items: Iterable[Any], params: dict[str, Any]) -> dict[str, list[Any]]:
+    """Requests or samples (anything with `arrival_s`) by overload window."""
+    out: dict[str, list[Any]] = {w: [] for w in WINDOWS}
+    for item in items:
+        out[window_of(item.arrival_s, params)].append(item)
+    return out
 
 
 def parse_jsonl(lines: Iterable[str], where: str = "workload") -> list[dict[str, Any]]:
