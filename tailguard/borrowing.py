@@ -24,8 +24,9 @@ or lost; the cost is the repeated prefill, counted as wasted tokens.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Sequence
 
 
 @dataclass(frozen=True)
@@ -73,3 +74,14 @@ def youngest(borrowed: Sequence[tuple[str, float]], n: int) -> list[str]:
     """The `n` borrowed requests to reclaim, `(job_id, started_at)` each: the latest started
     first, since they have the least output to redo the prefill for."""
     return [job for job, _ in sorted(borrowed, key=lambda b: (-b[1], b[0]))[:max(0, n)]]
+
+
+@dataclass
+class BorrowStats:
+    """What a borrowing worker did, for /metrics and `celery inspect engine_stats`."""
+
+    borrowed: Counter = field(default_factory=Counter)  # lane -> jobs taken from its queue
+    running: int = 0  # borrowed jobs on the engine now
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"borrowed": dict(self.borrowed), "borrowed_running": self.running}

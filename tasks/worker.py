@@ -11,7 +11,9 @@ once and advertised again once the new engine has warmed up. An engine that fail
 its first start or warm-up, or does not come back after a death, makes the worker
 exit non-zero instead of serving. The worker's own heartbeat runs from setup on,
 engine up or not, and every heartbeat also reaps the running jobs of dead peers
-(tailguard/reaper.py). worker_shutdown shuts the engine down: without that a warm
+(tailguard/reaper.py). A worker whose [[workers]] entry borrows from other lanes
+also runs a borrower thread (tailguard/borrower.py) that takes their jobs while its
+own lanes are idle. worker_shutdown shuts the engine down: without that a warm
 shutdown hangs on vLLM's engine-core process.
 """
 
@@ -31,6 +33,8 @@ from celery.worker import state as worker_state
 from celery.worker.control import inspect_command
 
 from tailguard import settings
+from tailguard.borrower import BORROWED_PRIORITY, Borrower, Prioritized
+from tailguard.borrowing import BorrowPolicy
 from tailguard.engine_keeper import IDLE, SERVING, EngineKeeper
 from tailguard.jobs import JobStore
 from tailguard.lanes import Lane, LaneTable, check_worker_lanes, engine_settings_for, load_lanes
@@ -61,9 +65,12 @@ class WorkerRuntime:
     liveness: Liveness
     #: builds a fresh (unstarted) EngineHost for these lanes: the first, and each restart's
     build_engine: Callable[[], EngineHost]
+    #: what it may take from other lanes while its own are idle (nothing by default)
+    borrow: BorrowPolicy = BorrowPolicy(lanes=())
     stopping: threading.Event = field(default_factory=threading.Event)
     keeper: EngineKeeper[EngineHost] = field(init=False)
     runner: JobRunner = field(init=False)
+    borrower: Borrower | None = field(init=False)
     #: held while the lanes' heartbeat is written or withdrawn, so a heartbeat in progress
     #: never re-advertises an engine that has just died
     _advert_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -73,6 +80,17 @@ class WorkerRuntime:
                                    on_down=self.withdraw, on_give_up=self._give_up)
         self.runner = JobRunner(self.ready_engine, self.store, self._writer_for, self.hostname,
                                 engine_died=self.keeper.died)
+        self.borrower = None
+        if self.borrow.lanes:
+            borrowed_runner = JobRunner(
+                lambda: Prioritized(self.ready_engine(), BORROWED_PRIORITY), self.store,
+                self._writer_for, self.hostname,
+                engine_died=lambda engine: self.keeper.died(engine.host))
+            self.borrower = Borrower(
+                self.borrow, self.lane_names, max(l.max_num_seqs for l in self.lanes),
+                borrowed_runner, connect=self.app.connection_for_read,
+                in_flight=lambda: _engine_stats(self).in_flight,
+                serving=lambda: self.keeper.state == SERVING and not self.stopping.is_set())
 
     @staticmethod
     def of(app: Celery) -> WorkerRuntime:
@@ -159,7 +177,10 @@ def setup(app: Celery, hostname: str, queue_names: list[str], *,
     engine). Either way an engine that cannot serve makes the worker exit non-zero.
     The worker's own heartbeat (and its reaping of dead peers) starts at once.
     """
-    lanes = _lanes_for_queue_names(load_lanes(), queue_names)
+    table = load_lanes()
+    lanes = _lanes_for_queue_names(table, queue_names)
+    spec = table.worker_for_queues(queue_names)
+    borrow = spec.borrow if spec is not None else BorrowPolicy(lanes=())
     with _attach_lock:
         runtime = attached(app)
         if runtime is not None:
@@ -169,32 +190,41 @@ def setup(app: Celery, hostname: str, queue_names: list[str], *,
         store = JobStore.from_settings(client)
         from tailguard.engine import EngineHost
 
+        config = engine_config(lanes, [table[name] for name in borrow.lanes])
         runtime = WorkerRuntime(app=app, hostname=hostname, lanes=lanes, store=store,
-                                liveness=Liveness(client),
-                                build_engine=functools.partial(EngineHost, engine_config(lanes)))
+                                liveness=Liveness(client), borrow=borrow,
+                                build_engine=functools.partial(EngineHost, config))
         setattr(app, _APP_ATTR, runtime)
     _serve_metrics(runtime)
     if eager_engine:
         runtime.keeper.start()
     threading.Thread(target=_heartbeat_loop, args=(runtime,), name="tailguard-heartbeat",
                      daemon=True).start()
+    if runtime.borrower is not None:
+        log.info("borrowing from %s while %s is idle (%s)", ", ".join(borrow.lanes),
+                 ", ".join(runtime.lane_names), borrow)
+        threading.Thread(target=runtime.borrower.run, args=(runtime.stopping,),
+                         name="tailguard-borrower", daemon=True).start()
     return runtime
 
 
-def engine_config(lanes: list[Lane]) -> EngineConfig:
-    """The engine of a worker serving `lanes` (largest batch and context among them)."""
+def engine_config(lanes: list[Lane], borrowed: list[Lane] | None = None) -> EngineConfig:
+    """The engine of a worker serving `lanes` (largest batch and context among them) and
+    borrowing from `borrowed`: then its context fits their requests too, and it schedules
+    by vLLM priority, so its own requests go before borrowed ones."""
     from tailguard.engine import EngineConfig
 
     model = settings.MODEL.get()
     if not model:
         raise RuntimeError("TAILGUARD_MODEL is not set: point it at a model directory or a "
                            "Hugging Face id (`tailguard make-demo-model DIR` builds a demo one)")
-    max_num_seqs, max_len = engine_settings_for(lanes)
+    max_num_seqs, max_len = engine_settings_for(lanes, borrowed or ())
     limit = model_max_len(model)
     if limit is not None:
         max_len = min(max_len, limit)
     return EngineConfig(model=model, max_num_seqs=max_num_seqs, max_model_len=max_len,
-                        dtype=serving_dtype(model, settings.DTYPE.get()))
+                        dtype=serving_dtype(model, settings.DTYPE.get()),
+                        extra={"scheduling_policy": "priority"} if borrowed else {})
 
 
 def teardown(app: Celery) -> None:
@@ -227,9 +257,11 @@ def _serve_metrics(runtime: WorkerRuntime) -> None:
         return
     from prometheus_client import REGISTRY, start_http_server
 
-    from tailguard.metrics import WorkerCollector
+    from tailguard.metrics import BorrowCollector, WorkerCollector
 
     REGISTRY.register(WorkerCollector(runtime.hostname, lambda: _engine_stats(runtime)))
+    if runtime.borrower is not None:
+        REGISTRY.register(BorrowCollector(runtime.hostname, runtime.borrower.stats))
     addr = settings.WORKER_METRICS_ADDR.get()
     start_http_server(port, addr=addr)
     log.info("metrics on http://%s:%d/metrics", addr, port)
@@ -321,4 +353,5 @@ def engine_stats(state, **_: Any) -> dict:
         return {"ready": False}
     return {"ready": runtime.serving, "engine": runtime.keeper.state,
             "restarts": runtime.keeper.restarts, "lanes": runtime.lane_names, "pid": os.getpid(),
-            **_engine_stats(runtime).to_dict()}
+            **_engine_stats(runtime).to_dict(),
+            **(runtime.borrower.stats().to_dict() if runtime.borrower is not None else {})}
