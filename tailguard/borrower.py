@@ -10,6 +10,13 @@ message would be) and runs it through the same JobRunner as the Celery task, on 
 own thread, at vLLM priority ``BORROWED_PRIORITY``: in the engine's waiting queue the
 worker's own requests (priority 0) come first.
 
+When its own lanes need the slots back (free slots below ``borrow_headroom`` with own
+work arriving), it **reclaims**: the youngest borrowed jobs are aborted in the engine
+and go back to ``queued`` with the text so far (tailguard/runner.py), and a fresh
+message for each is published to its lane's queue (a fresh one, not the old one put
+back: the old one's Celery ``expires`` may have passed by now). The client's stream
+pauses, then continues where it stopped, from whichever worker takes the job next.
+
 Why not Celery's ``add_consumer``: a Celery consumer prefetches up to the worker's
 concurrency and a prefetched message cannot be taken back (celery#2564), which is
 exactly the short tail we keep. One message at a time, only when the policy says so,
@@ -26,14 +33,17 @@ Flower and Celery events do not show borrowed jobs (they are not Celery tasks he
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
+import time
 from collections import Counter
 from typing import Any, Callable
 
-from tailguard.borrowing import BorrowPolicy, BorrowStats, EngineLoad, may_borrow
-from tailguard.runner import GenerationJob, JobRunner, JobSkipped, NoEngine
+from tailguard.borrowing import (BorrowPolicy, BorrowStats, EngineLoad, may_borrow,
+                                 reclaim_count, youngest)
+from tailguard.runner import GenerationJob, JobReclaimed, JobRunner, JobSkipped, NoEngine
 
 log = logging.getLogger("tailguard.borrower")
 
@@ -59,22 +69,27 @@ class Prioritized:
 
 class Borrower:
     """Takes jobs from the lanes `policy` names while `own_queues` are idle (see the module
-    docstring). `connect` opens a kombu connection to the broker; `in_flight` counts the
-    requests in the engine now; `serving` says whether the engine may take work."""
+    docstring). `connect` opens a kombu connection to the broker; `publish(lane, job)` queues
+    a reclaimed job's message again; `in_flight` counts the requests in the engine now;
+    `serving` says whether the engine may take work."""
 
     def __init__(self, policy: BorrowPolicy, own_queues: list[str], slots: int,
-                 runner: JobRunner, connect: Callable[[], Any], in_flight: Callable[[], int],
+                 runner: JobRunner, connect: Callable[[], Any],
+                 publish: Callable[[str, GenerationJob], None], in_flight: Callable[[], int],
                  serving: Callable[[], bool], period_s: float = PERIOD_S) -> None:
         self.policy, self.own_queues, self.slots = policy, own_queues, slots
-        self.runner, self.connect, self.in_flight, self.serving = runner, connect, in_flight, serving
+        self.runner, self.connect, self.publish = runner, connect, publish
+        self.in_flight, self.serving = in_flight, serving
         self.period_s = period_s
-        self._lock = threading.Lock()  # the kombu channel, and the stats
+        self._lock = threading.Lock()  # the kombu channel, the stats and the jobs below
         self._stats = BorrowStats()
+        #: borrowed jobs on the engine: id -> (when taken, set to reclaim it)
+        self._jobs: dict[str, tuple[float, threading.Event]] = {}
         self._conn: Any = None
 
     def stats(self) -> BorrowStats:
         with self._lock:
-            return BorrowStats(Counter(self._stats.borrowed), self._stats.running)
+            return dataclasses.replace(self._stats, borrowed=Counter(self._stats.borrowed))
 
     def run(self, stopping: threading.Event) -> None:
         """The borrower thread: one decision every period until `stopping`."""
@@ -99,31 +114,63 @@ class Borrower:
                           borrowed_running=borrowed, own_queued=own_queued)
 
     def step(self) -> str | None:
-        """Take and start one borrowed job if the policy allows it now; its id, else None."""
-        if not self.serving() or not may_borrow(self.policy, self.load()):
+        """Reclaim what the policy says to give back, else take and start one borrowed job
+        if it allows that now; the id of the job taken, else None."""
+        if not self.serving():
+            return None
+        load = self.load()
+        if self.reclaim(load):
+            return None
+        if not may_borrow(self.policy, load):
             return None
         with self._lock:
             channel = self._channel()
             for lane in self.policy.lanes:
                 message = channel.basic_get(queue=lane, no_ack=False)
                 if message is not None:
-                    self._stats.borrowed[lane] += 1
-                    self._stats.running += 1
                     break
             else:
                 return None
-        job = self._job_of(message, lane)
-        if job is None:
-            self._settle(message, requeue=False)
-            return None
-        threading.Thread(target=self._run, args=(job, message), daemon=True,
+            job = self._job_of(message, lane)
+            if job is None:
+                message.ack()
+                return None
+            reclaim = threading.Event()
+            self._jobs[job.job_id] = (time.monotonic(), reclaim)
+            self._stats.borrowed[lane] += 1
+            self._stats.running += 1
+        threading.Thread(target=self._run, args=(lane, job, message, reclaim), daemon=True,
                          name=f"tailguard-borrowed-{job.job_id[:8]}").start()
         return job.job_id
 
-    def _run(self, job: GenerationJob, message: Any) -> None:
+    def reclaim(self, load: EngineLoad) -> list[str]:
+        """Tell the youngest borrowed jobs to give their slots back, as many as the policy
+        says with `load`'s own queued work arriving; the ids told."""
+        n = reclaim_count(self.policy, load, arriving=load.own_queued)
+        if n == 0:
+            return []
+        with self._lock:
+            live = [(job, at) for job, (at, ev) in self._jobs.items() if not ev.is_set()]
+            told = len(self._jobs) - len(live)  # still giving back: count them as gone
+            chosen = youngest(live, n - told)
+            for job in chosen:
+                self._jobs[job][1].set()
+        if chosen:
+            log.info("reclaiming %s for %s", ", ".join(chosen), ", ".join(self.own_queues))
+        return chosen
+
+    def _run(self, lane: str, job: GenerationJob, message: Any, reclaim: threading.Event) -> None:
         requeue = False
         try:
-            self.runner.run(job)
+            self.runner.run(job, reclaimed=reclaim.is_set)
+        except JobReclaimed as exc:
+            with self._lock:
+                self._stats.reclaimed += 1
+                self._stats.wasted_tokens += exc.wasted_tokens
+            try:
+                self.publish(lane, job)
+            except Exception:  # noqa: BLE001 - the record is queued: it expires, never hangs
+                log.exception("reclaimed job %s could not be queued again", job.job_id)
         except JobSkipped:
             pass
         except NoEngine:
@@ -131,11 +178,12 @@ class Borrower:
         except Exception:  # noqa: BLE001 - the runner recorded how the job ended
             log.info("borrowed job %s ended in error", job.job_id, exc_info=True)
         finally:
-            self._settle(message, requeue=requeue)
+            self._settle(job.job_id, message, requeue=requeue)
 
-    def _settle(self, message: Any, *, requeue: bool) -> None:
+    def _settle(self, job_id: str, message: Any, *, requeue: bool) -> None:
         """The borrowed job is over here: ack its message, or put it back on its queue."""
         with self._lock:
+            self._jobs.pop(job_id, None)
             self._stats.running -= 1
             if requeue:
                 message.reject(requeue=True)

@@ -82,6 +82,9 @@ class BorrowStats:
 
     borrowed: Counter = field(default_factory=Counter)  # lane -> jobs taken from its queue
     running: int = 0  # borrowed jobs on the engine now
+    reclaimed: int = 0  # borrowed jobs given back to their lane's queue
+    wasted_tokens: int = 0  # the KV cache reclaims threw away (prefilled again later)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"borrowed": dict(self.borrowed), "borrowed_running": self.running}
+        return {"borrowed": dict(self.borrowed), "borrowed_running": self.running,
+                "reclaimed": self.reclaimed, "reclaim_wasted_tokens": self.wasted_tokens}

@@ -190,3 +190,11 @@ class BorrowCollector(Collector):
                               "worker's engine now", labels=["worker"])
         g.add_metric([self.worker], s.running)
         yield g
+        for name, doc, value in (
+                ("reclaimed", "Borrowed jobs given back to their lane's queue for this "
+                 "worker's own lanes", s.reclaimed),
+                ("reclaim_wasted_tokens", "Tokens whose KV cache reclaims threw away "
+                 "(prompt + output so far, prefilled again by the next run)", s.wasted_tokens)):
+            c = CounterMetricFamily(metric_name(name), doc, labels=["worker"])
+            c.add_metric([self.worker], value)
+            yield c

@@ -19,6 +19,7 @@ shutdown hangs on vLLM's engine-core process.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -41,7 +42,7 @@ from tailguard.lanes import Lane, LaneTable, check_worker_lanes, engine_settings
 from tailguard.liveness import Liveness
 from tailguard.modelinfo import model_max_len, serving_dtype
 from tailguard.reaper import LAPSE_PERIODS, Reaper
-from tailguard.runner import JobRunner
+from tailguard.runner import GenerationJob, JobRunner
 from tailguard.stream import DeltaWriter
 
 if TYPE_CHECKING:  # tailguard.engine's users import vLLM only when an engine starts
@@ -65,8 +66,10 @@ class WorkerRuntime:
     liveness: Liveness
     #: builds a fresh (unstarted) EngineHost for these lanes: the first, and each restart's
     build_engine: Callable[[], EngineHost]
-    #: what it may take from other lanes while its own are idle (nothing by default)
+    #: what it may take from other lanes while its own are idle (nothing by default), and
+    #: those lanes
     borrow: BorrowPolicy = BorrowPolicy(lanes=())
+    borrowed_lanes: list[Lane] = field(default_factory=list)
     stopping: threading.Event = field(default_factory=threading.Event)
     keeper: EngineKeeper[EngineHost] = field(init=False)
     runner: JobRunner = field(init=False)
@@ -88,7 +91,7 @@ class WorkerRuntime:
                 engine_died=lambda engine: self.keeper.died(engine.host))
             self.borrower = Borrower(
                 self.borrow, self.lane_names, max(l.max_num_seqs for l in self.lanes),
-                borrowed_runner, connect=self.app.connection_for_read,
+                borrowed_runner, connect=self.app.connection_for_read, publish=self._publish,
                 in_flight=lambda: _engine_stats(self).in_flight,
                 serving=lambda: self.keeper.state == SERVING and not self.stopping.is_set())
 
@@ -154,6 +157,12 @@ class WorkerRuntime:
                      else f"the engine cannot serve, so this worker exits: {exc}")
         _exit_worker()
 
+    def _publish(self, lane_name: str, job: GenerationJob) -> None:
+        """Queue a reclaimed job on its lane again: a fresh message, with a fresh `expires`."""
+        lane = next(l for l in self.borrowed_lanes if l.name == lane_name)
+        self.app.send_task(lane.task_name, task_id=job.job_id, queue=lane.queue,
+                           expires=lane.queue_ttl_s, kwargs=dataclasses.asdict(job))
+
     def _writer_for(self, job_id: str) -> DeltaWriter:
         return DeltaWriter(self.store.redis, job_id, flush_s=settings.STREAM_FLUSH_S.get(),
                            maxlen=self.store.stream_maxlen, ttl_s=self.store.ttl_s)
@@ -190,9 +199,10 @@ def setup(app: Celery, hostname: str, queue_names: list[str], *,
         store = JobStore.from_settings(client)
         from tailguard.engine import EngineHost
 
-        config = engine_config(lanes, [table[name] for name in borrow.lanes])
+        borrowed = [table[name] for name in borrow.lanes]
+        config = engine_config(lanes, borrowed)
         runtime = WorkerRuntime(app=app, hostname=hostname, lanes=lanes, store=store,
-                                liveness=Liveness(client), borrow=borrow,
+                                liveness=Liveness(client), borrow=borrow, borrowed_lanes=borrowed,
                                 build_engine=functools.partial(EngineHost, config))
         setattr(app, _APP_ATTR, runtime)
     _serve_metrics(runtime)
