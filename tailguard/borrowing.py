@@ -15,6 +15,15 @@ borrowing + reclaim*:
   and put them back on their lane's queue. vLLM preempts only on KV-cache
   exhaustion, not at ``max_num_seqs``, which is why the headroom is kept at all.
 
+Where borrowed requests run (``engine``): ``"own"``, in the worker's own engine (the
+right choice where batching more is nearly free: a GPU), or ``"idle"``, in a second
+engine on the same cores whose processes run at the kernel's idle CPU priority
+(``SCHED_IDLE``), so they only get cycles the own engine leaves unused. On a CPU host
+the own engine's steps are compute-bound: a borrowed long request in them slowed
+every short one (docs/benchmarks.md, "Work-conserving lanes"), while an idle-priority
+engine yields the core to them at once. Borrowed requests still count against the own
+engine's slots in the policy, so R and B mean the same in both.
+
 What a reclaimed request's client sees (the contract the worker implements): its
 stream pauses, then continues where it stopped. The requeued job carries the text
 generated so far; the engine that takes it next prefills prompt + that text and
@@ -36,10 +45,17 @@ class BorrowPolicy:
     lanes: tuple[str, ...]  # other lanes' queues it may consume when idle, in order
     headroom: int = 2  # R: slots kept free for the engine's own lanes
     max_borrowed: int = 4  # B: borrowed requests running at once
+    engine: str = "own"  # where they run: one of ENGINES
 
     def __post_init__(self) -> None:
         if self.headroom < 0 or self.max_borrowed < 0:
             raise ValueError("headroom and max_borrowed must be >= 0")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+
+
+#: where borrowed requests run: the worker's own engine, or one at idle CPU priority
+ENGINES = ("own", "idle")
 
 
 @dataclass(frozen=True)

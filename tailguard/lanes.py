@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from tailguard import settings
-from tailguard.borrowing import BorrowPolicy
+from tailguard.borrowing import ENGINES, BorrowPolicy
 from tailguard.errors import ConfigError
 
 PRIORITY_CLASSES = ("interactive", "batch")
@@ -273,7 +273,8 @@ def _workers_from(raw: Any, lanes: tuple[Lane, ...]) -> tuple[WorkerSpec, ...]:
 
 
 #: [[workers]] fields of the borrowing policy -> BorrowPolicy's (defaults are BorrowPolicy's)
-_BORROW_FIELDS = {"borrow": "lanes", "borrow_headroom": "headroom", "borrow_max": "max_borrowed"}
+_BORROW_FIELDS = {"borrow": "lanes", "borrow_headroom": "headroom", "borrow_max": "max_borrowed",
+                  "borrow_engine": "engine"}
 
 
 def _borrow_from(w: dict[str, Any], where: str, own: tuple[str, ...],
@@ -294,6 +295,11 @@ def _borrow_from(w: dict[str, Any], where: str, own: tuple[str, ...],
                 raise ConfigError(f"{where}.{key} must be an integer >= 0, got {value!r}",
                                   field=f"{where}.{key}")
             knobs[_BORROW_FIELDS[key]] = value
+    if "borrow_engine" in w:
+        if w["borrow_engine"] not in ENGINES:
+            raise ConfigError(f"{where}.borrow_engine must be one of {ENGINES}, got "
+                              f"{w['borrow_engine']!r}", field=f"{where}.borrow_engine")
+        knobs["engine"] = w["borrow_engine"]
     if borrow and knobs.get("max_borrowed", 1) == 0:
         raise ConfigError(f"{where}.borrow_max is 0: nothing could be borrowed from "
                           f"{', '.join(borrow)}", field=f"{where}.borrow_max")

@@ -70,10 +70,14 @@ class WorkerRuntime:
     #: those lanes
     borrow: BorrowPolicy = BorrowPolicy(lanes=())
     borrowed_lanes: list[Lane] = field(default_factory=list)
+    #: builds the engine borrowed jobs run on when borrow.engine is "idle" (the first and
+    #: each restart's); it runs at idle CPU priority (_idle_priority)
+    build_idle_engine: Callable[[], EngineHost] | None = None
     stopping: threading.Event = field(default_factory=threading.Event)
     keeper: EngineKeeper[EngineHost] = field(init=False)
     runner: JobRunner = field(init=False)
     borrower: Borrower | None = field(init=False)
+    idle_keeper: EngineKeeper[EngineHost] | None = field(init=False)
     #: held while the lanes' heartbeat is written or withdrawn, so a heartbeat in progress
     #: never re-advertises an engine that has just died
     _advert_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -83,17 +87,41 @@ class WorkerRuntime:
                                    on_down=self.withdraw, on_give_up=self._give_up)
         self.runner = JobRunner(self.ready_engine, self.store, self._writer_for, self.hostname,
                                 engine_died=self.keeper.died)
-        self.borrower = None
-        if self.borrow.lanes:
+        self.borrower = self.idle_keeper = None
+        if not self.borrow.lanes:
+            return
+        if self.build_idle_engine is not None:
+            build = self.build_idle_engine
+
+            def build_idle() -> EngineHost:  # runs on the thread that then starts it
+                _idle_priority()
+                return build()
+
+            idle = self.idle_keeper = EngineKeeper(
+                build_idle, lambda engine: None,
+                on_give_up=lambda exc: log.error("the idle engine for borrowed jobs cannot "
+                                                 "serve; borrowing stops: %s", exc))
+            borrowed_runner = JobRunner(idle.get, self.store, self._writer_for, self.hostname,
+                                        engine_died=idle.died)
+        else:
+            idle = None
             borrowed_runner = JobRunner(
                 lambda: Prioritized(self.ready_engine(), BORROWED_PRIORITY), self.store,
                 self._writer_for, self.hostname,
                 engine_died=lambda engine: self.keeper.died(engine.host))
-            self.borrower = Borrower(
-                self.borrow, self.lane_names, max(l.max_num_seqs for l in self.lanes),
-                borrowed_runner, connect=self.app.connection_for_read, publish=self._publish,
-                in_flight=lambda: _engine_stats(self).in_flight,
-                serving=lambda: self.keeper.state == SERVING and not self.stopping.is_set())
+
+        def in_flight() -> int:  # borrowed ones included, wherever they run
+            return _engine_stats(self).in_flight + (
+                idle.host.stats().in_flight if idle is not None and idle.host else 0)
+
+        def serving() -> bool:
+            return (self.keeper.state == SERVING and not self.stopping.is_set()
+                    and (idle is None or idle.state == SERVING))
+
+        self.borrower = Borrower(
+            self.borrow, self.lane_names, max(l.max_num_seqs for l in self.lanes),
+            borrowed_runner, connect=self.app.connection_for_read, publish=self._publish,
+            in_flight=in_flight, serving=serving)
 
     @staticmethod
     def of(app: Celery) -> WorkerRuntime:
@@ -200,14 +228,20 @@ def setup(app: Celery, hostname: str, queue_names: list[str], *,
         from tailguard.engine import EngineHost
 
         borrowed = [table[name] for name in borrow.lanes]
-        config = engine_config(lanes, borrowed)
+        idle = borrow.engine == "idle" and bool(borrowed)
+        config = engine_config(lanes, [] if idle else borrowed)
         runtime = WorkerRuntime(app=app, hostname=hostname, lanes=lanes, store=store,
                                 liveness=Liveness(client), borrow=borrow, borrowed_lanes=borrowed,
+                                build_idle_engine=functools.partial(
+                                    EngineHost, idle_engine_config(borrowed, borrow.max_borrowed))
+                                if idle else None,
                                 build_engine=functools.partial(EngineHost, config))
         setattr(app, _APP_ATTR, runtime)
     _serve_metrics(runtime)
     if eager_engine:
         runtime.keeper.start()
+        if runtime.idle_keeper is not None:
+            runtime.idle_keeper.start()
     threading.Thread(target=_heartbeat_loop, args=(runtime,), name="tailguard-heartbeat",
                      daemon=True).start()
     if runtime.borrower is not None:
@@ -237,6 +271,21 @@ def engine_config(lanes: list[Lane], borrowed: list[Lane] | None = None) -> Engi
                         extra={"scheduling_policy": "priority"} if borrowed else {})
 
 
+def idle_engine_config(borrowed: list[Lane], slots: int) -> EngineConfig:
+    """The idle-priority engine of a worker borrowing from `borrowed`: `slots` (B) requests,
+    the context of their largest lane."""
+    config = engine_config(borrowed)
+    return dataclasses.replace(config, max_num_seqs=slots)
+
+
+def _idle_priority() -> None:
+    """Put the calling thread at the kernel's idle CPU priority (SCHED_IDLE). Threads and
+    processes it starts inherit it: called on the thread that builds and starts the idle
+    engine, it covers that engine's loop thread, its engine-core process and its compute
+    threads, which then only run when the cores have nothing else to do."""
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+
 def teardown(app: Celery) -> None:
     """Withdraw the heartbeat, shut the engine down and detach the runtime (idempotent)."""
     with _attach_lock:
@@ -251,6 +300,8 @@ def teardown(app: Celery) -> None:
     except redis.RedisError:
         pass
     runtime.keeper.stop()
+    if runtime.idle_keeper is not None:
+        runtime.idle_keeper.stop()
 
 
 def _exit_worker() -> None:
@@ -305,6 +356,8 @@ def _heartbeat_loop(runtime: WorkerRuntime) -> None:
         try:
             runtime.liveness.worker_alive(runtime.hostname, ttl_s=_lapse_s())
             runtime.keeper.check()
+            if runtime.idle_keeper is not None:
+                runtime.idle_keeper.check()
             runtime.advertise()
             reaper.run_once()
         except redis.RedisError as exc:

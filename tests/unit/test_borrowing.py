@@ -42,6 +42,8 @@ def test_youngest_borrowed_go_first():
     assert youngest(borrowed, 0) == [] and youngest(borrowed, 9) == ["b", "c", "a"]
 
 
-def test_policy_rejects_negative_knobs():
+def test_policy_rejects_negative_knobs_and_unknown_engines():
     with pytest.raises(ValueError):
         BorrowPolicy(lanes=("long",), headroom=-1)
+    with pytest.raises(ValueError):
+        BorrowPolicy(lanes=("long",), engine="gpu")

@@ -170,9 +170,11 @@ def test_a_worker_borrows_nothing_unless_told():
 
 
 def test_a_borrowing_worker_and_its_knobs():
-    table = parse_lanes(_borrowing(borrow=["long"], borrow_headroom=3, borrow_max=1))
+    table = parse_lanes(_borrowing(borrow=["long"], borrow_headroom=3, borrow_max=1,
+                                   borrow_engine="idle"))
     policy = table.worker_for_queues(["short"]).borrow
-    assert (policy.lanes, policy.headroom, policy.max_borrowed) == (("long",), 3, 1)
+    assert (policy.lanes, policy.headroom, policy.max_borrowed, policy.engine) == (
+        ("long",), 3, 1, "idle")
     assert table.worker_for_queues(["long", "batch"]).borrow.lanes == ()
     assert table.worker_for_queues(["batch", "long"]) is None  # -Q in another order
 
@@ -184,6 +186,7 @@ def test_a_borrowing_worker_and_its_knobs():
     ({"borrow": ["long"], "borrow_headroom": -1}, "workers[0].borrow_headroom"),
     ({"borrow": ["long"], "borrow_max": 0}, "workers[0].borrow_max"),
     ({"borrow": ["long"], "borrow_max": True}, "workers[0].borrow_max"),
+    ({"borrow": ["long"], "borrow_engine": "gpu"}, "workers[0].borrow_engine"),
 ])
 def test_bad_borrowing_is_named(short, field):
     with pytest.raises(ConfigError) as err:
