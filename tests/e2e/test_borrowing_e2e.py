@@ -96,6 +96,14 @@ def idle_engine_cores(root: int) -> list[int]:
             if procs[pid].comm.startswith("VLLM::") and os.sched_getscheduler(pid) == os.SCHED_IDLE]
 
 
+def idle_threads(pid: int) -> list[int]:
+    """Threads of process `pid` itself at idle CPU priority."""
+    import os
+
+    return [tid for tid in map(int, os.listdir(f"/proc/{pid}/task"))
+            if os.sched_getscheduler(tid) == os.SCHED_IDLE]
+
+
 def metric(url: str, line_start: str) -> float:
     import requests
 
@@ -115,6 +123,7 @@ def test_an_idle_short_worker_serves_a_long_job_and_gives_it_back_to_its_own(
                                START_TIMEOUT_S, "the long job borrowed"))
     assert store.get(long_id)["worker"].startswith("short@")
     assert idle_engine_cores(child.pid), "no engine-core process at idle CPU priority"
+    assert not idle_threads(child.pid), "worker threads left at idle priority (GIL inversion)"
 
     for _ in range(MAX_SHORT):  # own work arrives while the long job runs
         short = wait_done(api, child, submit(api, prompt="mine", max_tokens=32))
