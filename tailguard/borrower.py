@@ -159,6 +159,21 @@ class Borrower:
             log.info("reclaiming %s for %s", ", ".join(chosen), ", ".join(self.own_queues))
         return chosen
 
+    def give_back(self, timeout_s: float) -> bool:
+        """Reclaim every borrowed job (the worker is stopping: they continue elsewhere rather
+        than fail with its engine) and wait up to `timeout_s` for them to be queued again;
+        True if none is left."""
+        with self._lock:
+            for _, reclaim in self._jobs.values():
+                reclaim.set()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._jobs:
+                    return True
+            time.sleep(0.05)
+        return False
+
     def _run(self, lane: str, job: GenerationJob, message: Any, reclaim: threading.Event) -> None:
         requeue = False
         try:

@@ -308,6 +308,8 @@ def teardown(app: Celery) -> None:
         setattr(app, _APP_ATTR, None)
     runtime.stopping.set()
     runtime.withdraw()
+    if runtime.borrower is not None and not runtime.borrower.give_back(timeout_s=10):
+        log.warning("borrowed jobs still running at shutdown: they end with the engine")
     try:
         runtime.liveness.forget_worker(runtime.hostname)
     except redis.RedisError:

@@ -159,3 +159,13 @@ def test_own_work_arriving_reclaims_the_borrowed_job_which_continues_where_it_st
     deltas = [json.loads(f[b"data"])["text"] for _, f in redis_client.xrange(job_stream_key(job_id))
               if f[b"type"] == b"delta"]
     assert "".join(deltas) == "a" + "ab"  # one stream: paused, then continued
+
+
+def test_a_stopping_worker_gives_its_borrowed_jobs_back(client, redis_client, borrower, engine):
+    job_id = long_job(client)
+    assert borrower.step() == job_id
+    wait_for(lambda: engine.in_flight == 1)
+    assert borrower.give_back(timeout_s=10)
+    job = client.get(f"/v1/jobs/{job_id}").get_json()
+    assert job["status"] == QUEUED and redis_client.llen("long") == 1
+    assert unacked(redis_client) == 0
