@@ -251,11 +251,13 @@ class EngineHost:
                  on_first_token: Callable[[], None] | None = None,
                  should_cancel: Callable[[], bool] | None = None,
                  on_delta: Callable[[str], None] | None = None,
-                 add_special_tokens: bool = True) -> GenerationResult:
+                 add_special_tokens: bool = True, priority: int = 0) -> GenerationResult:
         """Run one completion on the shared engine, blocking the calling thread.
 
         ``add_special_tokens=False`` is for prompts rendered from a chat template,
         which carries its own BOS (as vLLM's chat endpoint tokenizes them).
+        ``priority`` is vLLM's (lower is scheduled first); it only orders requests on
+        an engine built with ``scheduling_policy="priority"`` (a borrowing worker's).
 
         The deadline is enforced on the engine's loop: when it passes, the request is
         aborted (KV cache freed) and the text so far comes back with finish_reason
@@ -277,13 +279,14 @@ class EngineHost:
             self._counters.rejected()
             raise
         call = Call(f"{request_id}.{next(self._ids)}", loop, want_deltas=on_delta is not None)
-        future = loop.submit(self._generate(call, prompt, params, deadline_s, t0, add_special_tokens))
+        future = loop.submit(self._generate(call, prompt, params, deadline_s, t0, add_special_tokens,
+                                            priority))
         return call.wait(future, deadline_s, on_first_token=on_first_token,
                          should_cancel=should_cancel, on_delta=on_delta)
 
     async def _generate(self, call: Call, prompt: str, params: "SamplingParams",
                         deadline_s: float | None, t0: float,
-                        add_special_tokens: bool = True) -> GenerationResult:
+                        add_special_tokens: bool = True, priority: int = 0) -> GenerationResult:
         """Runs on the loop: one request, its deadline and its cancellation."""
         engine = self._engine
         if engine is None or self._closed:
@@ -310,7 +313,8 @@ class EngineHost:
         state = _Progress()
         self._calls[call.request_id] = call
         self._counters.entered()
-        consume = loop.create_task(self._consume(engine, engine_input, params, call, state))
+        consume = loop.create_task(self._consume(engine, engine_input, params, call, state,
+                                                 priority))
         cancelled = loop.create_task(call.cancel.wait())
         reason: str | None = None
         # The deadline counts from the caller's generate() call, tokenizing included.
@@ -359,8 +363,9 @@ class EngineHost:
         )
 
     async def _consume(self, engine: "AsyncLLM", engine_input: Any, params: "SamplingParams",
-                       call: Call, state: "_Progress") -> None:
-        async for out in engine.generate(engine_input, params, call.request_id):
+                       call: Call, state: "_Progress", priority: int = 0) -> None:
+        async for out in engine.generate(engine_input, params, call.request_id,
+                                         priority=priority):
             completion = out.outputs[0]
             if completion.token_ids:
                 if state.first_at is None:

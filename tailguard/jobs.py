@@ -1,7 +1,8 @@
 """Job records in Redis and the one state machine every job follows.
 
     queued ──► running ──► succeeded | failed | cancelled
-       │
+       │  ▲         │
+       │  └─────────┘ reclaimed: a borrowing worker gave the slot back (tailguard/borrowing.py)
        └─────► expired | cancelled | failed
 
 Every change to a terminal state also appends the terminal event to the job's
@@ -45,9 +46,11 @@ FINISHED_STREAM_MAXLEN = 100_000
 # fields stored as JSON (the rest are strings or numbers)
 _JSON_FIELDS = ("result", "error", "sampling", "timing")
 _FLOAT_FIELDS = ("submitted_at", "expires_at", "deadline_s", "queued_at", "running_at",
-                 "succeeded_at", "failed_at", "expired_at", "cancelled_at", "ttft_s")
+                 "succeeded_at", "failed_at", "expired_at", "cancelled_at", "ttft_s",
+                 "resume_engine_s")
 _INT_FIELDS = ("prompt_tokens", "max_tokens", "requested_max_tokens", "completion_tokens", "cost",
-               "engine_prompt_tokens", "engine_deaths")
+               "engine_prompt_tokens", "engine_deaths", "resume_tokens", "reclaims",
+               "resume_entries")
 
 
 #: the lane keys transition_job.lua leaves when a job stops being queued (%s: the lane)
@@ -128,7 +131,7 @@ class JobStore:
         args: dict[str, Any] = {"from": sorted(from_states), "to": to, "fields": _encode(fields),
                                 "stream_maxlen": self.stream_maxlen,
                                 "finished_maxlen": FINISHED_STREAM_MAXLEN}
-        if QUEUED in from_states:
+        if QUEUED in from_states or to == QUEUED:
             args["lane_keys"] = _LANE_KEY_PATTERNS
         if overdue_field:
             args.update(overdue_field=overdue_field, grace_s=overdue_grace_s)
@@ -140,6 +143,11 @@ class JobStore:
         if isinstance(state, bytes):
             state = state.decode()
         return bool(moved), state or None
+
+    def requeue(self, job_id: str, fields: dict[str, Any]) -> tuple[bool, str | None]:
+        """A running job back to queued (reclaimed): a fresh queue TTL from now, its cost back
+        in its lane's backlog, `fields` (the resume point) set, as transition() answers."""
+        return self.transition(job_id, {RUNNING}, QUEUED, fields)
 
     def running(self) -> dict[str, str]:
         """Every running job's id -> the worker running it."""

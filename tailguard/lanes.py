@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from tailguard import settings
+from tailguard.borrowing import ENGINES, BorrowPolicy
 from tailguard.errors import ConfigError
 
 PRIORITY_CLASSES = ("interactive", "batch")
@@ -84,11 +85,14 @@ class Lane:
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """One worker process `tailguard up` starts: one engine serving `lanes` in strict order."""
+    """One worker process `tailguard up` starts: one engine serving `lanes` in strict order,
+    and taking work from the lanes it may borrow from while its own are idle
+    (tailguard/borrowing.py)."""
 
     name: str
     lanes: tuple[str, ...]
     gpu: int | None = None
+    borrow: BorrowPolicy = BorrowPolicy(lanes=())
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,12 @@ class LaneTable:
                 return w
         return WorkerSpec(name=lane, lanes=(lane,))
 
+    def worker_for_queues(self, queues: Iterable[str]) -> WorkerSpec | None:
+        """The configured worker that serves exactly `queues` (in that order), if any: how a
+        worker started with `-Q` finds its borrowing policy."""
+        wanted = tuple(queues)
+        return next((w for w in self.workers if w.lanes == wanted), None)
+
     def lanes_for_queues(self, queues: Iterable[str]) -> list[Lane]:
         """The lanes a worker consuming `queues` serves, in the order given."""
         out = []
@@ -147,9 +157,12 @@ class LaneTable:
         return max(lane.queue_ttl_s + lane.deadline_s for lane in self.lanes)
 
 
-def engine_settings_for(lanes: list[Lane]) -> tuple[int, int]:
-    """(max_num_seqs, max_model_len) of an engine serving `lanes`: the largest of each."""
-    return max(l.max_num_seqs for l in lanes), max(l.max_model_len for l in lanes)
+def engine_settings_for(lanes: list[Lane], borrowed: Iterable[Lane] = ()) -> tuple[int, int]:
+    """(max_num_seqs, max_model_len) of an engine serving `lanes`: the largest of each; its
+    context also fits every request of the lanes it may `borrowed` from, its batch does not
+    grow for them (borrowed requests only take slots its own lanes leave free)."""
+    return (max(l.max_num_seqs for l in lanes),
+            max(l.max_model_len for l in [*lanes, *borrowed]))
 
 
 def check_worker_lanes(lanes: list[Lane]) -> None:
@@ -229,7 +242,7 @@ def _workers_from(raw: Any, lanes: tuple[Lane, ...]) -> tuple[WorkerSpec, ...]:
         where = f"workers[{i}]"
         if not isinstance(w, dict):
             raise ConfigError(f"{where} must be a table", field=where)
-        unknown = set(w) - {"name", "lanes", "gpu"}
+        unknown = set(w) - {"name", "lanes", "gpu", *_BORROW_FIELDS}
         if unknown:
             raise ConfigError(f"{where}: unknown field(s) {sorted(unknown)}", field=where)
         wl = w.get("lanes")
@@ -245,7 +258,8 @@ def _workers_from(raw: Any, lanes: tuple[Lane, ...]) -> tuple[WorkerSpec, ...]:
             raise ConfigError(f"{where}.gpu must be a GPU index >= 0", field=f"{where}.gpu")
         name = w.get("name", wl[0])
         validate_lane_name(name)
-        spec = WorkerSpec(name=name, lanes=tuple(wl), gpu=gpu)
+        spec = WorkerSpec(name=name, lanes=tuple(wl), gpu=gpu,
+                          borrow=_borrow_from(w, where, tuple(wl), names))
         check_worker_lanes([names[x] for x in wl])
         specs.append(spec)
     if len({s.name for s in specs}) != len(specs):
@@ -256,6 +270,40 @@ def _workers_from(raw: Any, lanes: tuple[Lane, ...]) -> tuple[WorkerSpec, ...]:
         raise ConfigError(f"no worker serves lane(s) {missing}: requests there would wait forever",
                           field="workers")
     return tuple(specs)
+
+
+#: [[workers]] fields of the borrowing policy -> BorrowPolicy's (defaults are BorrowPolicy's)
+_BORROW_FIELDS = {"borrow": "lanes", "borrow_headroom": "headroom", "borrow_max": "max_borrowed",
+                  "borrow_engine": "engine"}
+
+
+def _borrow_from(w: dict[str, Any], where: str, own: tuple[str, ...],
+                 lanes: dict[str, Lane]) -> BorrowPolicy:
+    borrow = w.get("borrow", [])
+    if not isinstance(borrow, list) or not all(isinstance(x, str) for x in borrow):
+        raise ConfigError(f"{where}.borrow must be a list of lane names", field=f"{where}.borrow")
+    for ln in borrow:
+        if ln not in lanes or ln in own:
+            raise ConfigError(f"{where}.borrow: {ln!r} is not another worker's lane "
+                              f"(lanes: {', '.join(lanes)}; this worker's: {', '.join(own)})",
+                              field=f"{where}.borrow")
+    knobs: dict[str, Any] = {"lanes": tuple(borrow)}
+    for key in ("borrow_headroom", "borrow_max"):
+        if key in w:
+            value = w[key]
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"{where}.{key} must be an integer >= 0, got {value!r}",
+                                  field=f"{where}.{key}")
+            knobs[_BORROW_FIELDS[key]] = value
+    if "borrow_engine" in w:
+        if w["borrow_engine"] not in ENGINES:
+            raise ConfigError(f"{where}.borrow_engine must be one of {ENGINES}, got "
+                              f"{w['borrow_engine']!r}", field=f"{where}.borrow_engine")
+        knobs["engine"] = w["borrow_engine"]
+    if borrow and knobs.get("max_borrowed", 1) == 0:
+        raise ConfigError(f"{where}.borrow_max is 0: nothing could be borrowed from "
+                          f"{', '.join(borrow)}", field=f"{where}.borrow_max")
+    return BorrowPolicy(**knobs)
 
 
 def parse_lanes(data: dict[str, Any]) -> LaneTable:

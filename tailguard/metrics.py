@@ -11,7 +11,8 @@ Who exports what (each process serves only what it owns; Prometheus sums):
   scrape each (the finished stream's consumer group still counts each request once).
 * each worker (`--metrics-port`, `TAILGUARD_WORKER_METRICS_PORT`) owns its engine:
   running and peak running requests, aborts, and vLLM's own `vllm:*` metrics
-  (KV-cache use, scheduler queues), which vLLM registers in the worker process.
+  (KV-cache use, scheduler queues), which vLLM registers in the worker process;
+  a borrowing worker also what it took from other lanes (tailguard/borrower.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from tailguard.borrowing import BorrowStats
 from tailguard.engine_stats import HostStats
 from tailguard.errors import RateLimited
 from tailguard.finished import FinishedRequest
@@ -167,4 +169,32 @@ class WorkerCollector(Collector):
                 ("worker_completed_requests", "Requests the engine finished", "completed")):
             c = CounterMetricFamily(metric_name(name), doc, labels=["worker"])
             c.add_metric([self.worker], getattr(s, key))
+            yield c
+
+
+class BorrowCollector(Collector):
+    """What a borrowing worker took from other lanes (tailguard/borrower.py)."""
+
+    def __init__(self, worker: str, stats: Callable[[], BorrowStats]) -> None:
+        self.worker, self.stats = worker, stats
+
+    def collect(self):
+        s = self.stats()
+        c = CounterMetricFamily(metric_name("borrowed"), "Jobs this worker took from another "
+                                "lane's queue while its own lanes were idle",
+                                labels=["lane", "worker"])
+        for lane, n in sorted(s.borrowed.items()):
+            c.add_metric([lane, self.worker], n)
+        yield c
+        g = GaugeMetricFamily(metric_name("borrowed_running"), "Borrowed jobs on this "
+                              "worker's engine now", labels=["worker"])
+        g.add_metric([self.worker], s.running)
+        yield g
+        for name, doc, value in (
+                ("reclaimed", "Borrowed jobs given back to their lane's queue for this "
+                 "worker's own lanes", s.reclaimed),
+                ("reclaim_wasted_tokens", "Tokens whose KV cache reclaims threw away "
+                 "(prompt + output so far, prefilled again by the next run)", s.wasted_tokens)):
+            c = CounterMetricFamily(metric_name(name), doc, labels=["worker"])
+            c.add_metric([self.worker], value)
             yield c

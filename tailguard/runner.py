@@ -28,6 +28,12 @@ When the engine dies under a job (EngineDeadError), the worker restarts it
   taken back, so running it again would show the client two beginnings;
 * a job in flight during a second engine death fails with ``poison_request`` and is
   never run again, whatever it streamed: it is the likeliest cause.
+
+A job run by a borrowing worker may be **reclaimed** (tailguard/borrowing.py): its
+``reclaimed`` callback says so, the engine request is aborted, and the job goes back
+to ``queued`` with its resume point (text and tokens so far, engine time used) in its
+record (``JobReclaimed``). Whoever runs it next continues from prompt + that text for
+the rest of max_tokens and the rest of the deadline, appending to the same stream.
 """
 
 from __future__ import annotations
@@ -55,6 +61,16 @@ INTERNAL_ERROR_MESSAGE = "internal error while running the request; it has been 
 
 class JobSkipped(Exception):
     """The job is no longer this run's to finish: its record already says how it ended."""
+
+
+class JobReclaimed(Exception):
+    """The job went back to its lane's queue with its resume point: its message belongs
+    back on that queue. `wasted_tokens`: the KV cache thrown away (prompt + output so far),
+    which the next run prefills again."""
+
+    def __init__(self, job_id: str, wasted_tokens: int) -> None:
+        super().__init__(f"job {job_id} was reclaimed")
+        self.wasted_tokens = wasted_tokens
 
 
 class NoEngine(Exception):
@@ -113,10 +129,12 @@ class JobRunner:
             overdue_field="expires_at" if only_if_overdue else "")
         return moved
 
-    def run(self, job: GenerationJob) -> dict[str, Any]:
+    def run(self, job: GenerationJob,
+            reclaimed: Callable[[], bool] = lambda: False) -> dict[str, Any]:
         """Run `job` to its end and return its result body.
 
         Raises JobSkipped when the job ended elsewhere (see the module docstring),
+        JobReclaimed once `reclaimed()` said so and the job is queued again,
         NoEngine when the worker gave up on its engine before the job started (the job
         is still queued), EngineError after recording the job failed, and any other
         exception after recording it failed as internal_error.
@@ -146,7 +164,8 @@ class JobRunner:
                 raise JobSkipped(f"job {job_id} is {state}")
             streamed: list[bool] = []
             try:
-                return self._generate(engine, job, on_first_token=lambda: streamed.append(True))
+                return self._generate(engine, job, on_first_token=lambda: streamed.append(True),
+                                      reclaimed=reclaimed)
             except EngineDeadError as exc:
                 deaths += 1
                 self.engine_died(engine)
@@ -170,11 +189,15 @@ class JobRunner:
     def _fail(self, job_id: str, exc: EngineError, **fields: Any) -> None:
         self.store.transition(job_id, {RUNNING}, FAILED, {"error": exc.to_dict(), **fields})
 
-    def _generate(self, engine: Engine, job: GenerationJob,
-                  on_first_token: Callable[[], None]) -> dict[str, Any]:
+    def _generate(self, engine: Engine, job: GenerationJob, on_first_token: Callable[[], None],
+                  reclaimed: Callable[[], bool]) -> dict[str, Any]:
         """One run of a running job on `engine`, to its terminal state (see run)."""
         store, job_id = self.store, job.job_id
         writer = self.writer_for(job_id)
+        resume = _Resume.of(store.get(job_id) or {})
+        # a continued job appends to its stream after the entries its earlier runs wrote
+        # (the writer's ids are 0-k, so it must not start at 0-1 again)
+        writer.entries = resume.entries
 
         def should_cancel() -> bool:
             # Polled every ~50 ms on this thread while the engine works: a good moment to
@@ -182,6 +205,8 @@ class JobRunner:
             # but running (cancelled, reaped, expired record) means nobody wants the rest;
             # a Redis that does not answer says nothing of the kind, so the job goes on.
             writer.tick()
+            if reclaimed():
+                return True
             try:
                 return store.status(job_id) != RUNNING
             except redis.RedisError:
@@ -189,10 +214,12 @@ class JobRunner:
 
         try:
             result = engine.generate(
-                job_id, job.prompt, {**job.sampling, "max_tokens": job.max_tokens},
-                deadline_s=job.deadline_s, on_delta=writer.add, should_cancel=should_cancel,
-                on_first_token=on_first_token, add_special_tokens=job.add_special_tokens)
-            writer.close()  # the text must be in the stream before the end event
+                job_id, job.prompt + resume.text,
+                {**job.sampling, "max_tokens": max(1, job.max_tokens - resume.tokens)},
+                deadline_s=max(0.0, job.deadline_s - resume.engine_s), on_delta=writer.add,
+                should_cancel=should_cancel, on_first_token=on_first_token,
+                add_special_tokens=job.add_special_tokens)
+            writer.close()  # the text must be in the stream before the end event (or a requeue)
         except EngineDeadError:
             writer.flush()
             raise  # run() decides: run again, engine_dead or poison_request
@@ -205,16 +232,26 @@ class JobRunner:
             log.exception("job %s failed with an internal error", job_id)
             self._fail(job_id, InternalJobError(INTERNAL_ERROR_MESSAGE))
             raise
+        if result.finish_reason == "cancelled" and reclaimed():
+            moved, state = store.requeue(job_id, {
+                "resume_text": resume.text + result.text,
+                "resume_tokens": resume.tokens + result.completion_tokens,
+                "resume_engine_s": f"{resume.engine_s + result.engine_s:.6f}",
+                "resume_entries": writer.entries, "reclaims": resume.reclaims + 1})
+            if not moved:
+                raise JobSkipped(f"job {job_id} is {state}")
+            raise JobReclaimed(job_id, result.prompt_tokens + result.completion_tokens)
         if result.finish_reason == "cancelled":
             # Aborted in the engine because the job ended (DELETE, client gone, reaped):
             # that already ended the job; this only covers an abort from elsewhere.
             store.transition(job_id, {RUNNING}, CANCELLED, {
                 "error": JobCancelled("the request was aborted in the engine").to_dict()})
             raise JobSkipped(f"job {job_id} was aborted in the engine")
-        body = {"text": result.text, "completion_tokens": result.completion_tokens,
+        body = {"text": resume.text + result.text,
+                "completion_tokens": resume.tokens + result.completion_tokens,
                 "finish_reason": result.finish_reason}
         moved, state = _through_outage(lambda: store.transition(job_id, {RUNNING}, SUCCEEDED, {
-            "result": body, "completion_tokens": result.completion_tokens,
+            "result": body, "completion_tokens": body["completion_tokens"],
             "ttft_s": None if result.ttft_s is None else f"{result.ttft_s:.6f}",
             "engine_prompt_tokens": result.prompt_tokens}))
         if not moved and state == SUCCEEDED:
@@ -238,3 +275,20 @@ def _through_outage(call: Callable[[], Any], outage_s: float = OUTAGE_S) -> Any:
             if time.monotonic() > give_up:
                 raise
             time.sleep(0.5)
+
+
+@dataclass(frozen=True)
+class _Resume:
+    """Where a reclaimed job continues: what it generated and the engine time it used."""
+
+    text: str = ""
+    tokens: int = 0
+    engine_s: float = 0.0
+    reclaims: int = 0
+    entries: int = 0  # stream entries written so far
+
+    @classmethod
+    def of(cls, record: dict[str, Any]) -> _Resume:
+        return cls(record.get("resume_text", ""), record.get("resume_tokens", 0),
+                   record.get("resume_engine_s", 0.0), record.get("reclaims", 0),
+                   record.get("resume_entries", 0))

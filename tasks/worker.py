@@ -11,12 +11,15 @@ once and advertised again once the new engine has warmed up. An engine that fail
 its first start or warm-up, or does not come back after a death, makes the worker
 exit non-zero instead of serving. The worker's own heartbeat runs from setup on,
 engine up or not, and every heartbeat also reaps the running jobs of dead peers
-(tailguard/reaper.py). worker_shutdown shuts the engine down: without that a warm
+(tailguard/reaper.py). A worker whose [[workers]] entry borrows from other lanes
+also runs a borrower thread (tailguard/borrower.py) that takes their jobs while its
+own lanes are idle. worker_shutdown shuts the engine down: without that a warm
 shutdown hangs on vLLM's engine-core process.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -31,6 +34,8 @@ from celery.worker import state as worker_state
 from celery.worker.control import inspect_command
 
 from tailguard import redis_client, settings
+from tailguard.borrower import BORROWED_PRIORITY, Borrower, Prioritized
+from tailguard.borrowing import BorrowPolicy
 from tailguard.engine_keeper import IDLE, SERVING, EngineKeeper
 from tailguard.jobs import JobStore
 from tailguard.lanes import Lane, LaneTable, check_worker_lanes, engine_settings_for, load_lanes
@@ -38,7 +43,7 @@ from tailguard.liveness import Liveness
 from tailguard.modelinfo import model_max_len, serving_dtype
 from tailguard.reaper import LAPSE_PERIODS, Reaper
 from tailguard.redeliver import Redeliverer
-from tailguard.runner import JobRunner
+from tailguard.runner import GenerationJob, JobRunner
 from tailguard.stream import DeltaWriter
 
 if TYPE_CHECKING:  # tailguard.engine's users import vLLM only when an engine starts
@@ -62,9 +67,18 @@ class WorkerRuntime:
     liveness: Liveness
     #: builds a fresh (unstarted) EngineHost for these lanes: the first, and each restart's
     build_engine: Callable[[], EngineHost]
+    #: what it may take from other lanes while its own are idle (nothing by default), and
+    #: those lanes
+    borrow: BorrowPolicy = BorrowPolicy(lanes=())
+    borrowed_lanes: list[Lane] = field(default_factory=list)
+    #: builds the engine borrowed jobs run on when borrow.engine is "idle" (the first and
+    #: each restart's); it runs at idle CPU priority (_idle_priority)
+    build_idle_engine: Callable[[], EngineHost] | None = None
     stopping: threading.Event = field(default_factory=threading.Event)
     keeper: EngineKeeper[EngineHost] = field(init=False)
     runner: JobRunner = field(init=False)
+    borrower: Borrower | None = field(init=False)
+    idle_keeper: EngineKeeper[EngineHost] | None = field(init=False)
     #: held while the lanes' heartbeat is written or withdrawn, so a heartbeat in progress
     #: never re-advertises an engine that has just died
     _advert_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -74,6 +88,41 @@ class WorkerRuntime:
                                    on_down=self.withdraw, on_give_up=self._give_up)
         self.runner = JobRunner(self.ready_engine, self.store, self._writer_for, self.hostname,
                                 engine_died=self.keeper.died)
+        self.borrower = self.idle_keeper = None
+        if not self.borrow.lanes:
+            return
+        if self.build_idle_engine is not None:
+            build = self.build_idle_engine
+
+            def build_idle() -> EngineHost:  # runs on the thread that then starts it
+                _idle_priority()
+                return build()
+
+            idle = self.idle_keeper = EngineKeeper(
+                build_idle, lambda engine: _normal_priority_threads(),
+                on_give_up=lambda exc: log.error("the idle engine for borrowed jobs cannot "
+                                                 "serve; borrowing stops: %s", exc))
+            borrowed_runner = JobRunner(idle.get, self.store, self._writer_for, self.hostname,
+                                        engine_died=idle.died)
+        else:
+            idle = None
+            borrowed_runner = JobRunner(
+                lambda: Prioritized(self.ready_engine(), BORROWED_PRIORITY), self.store,
+                self._writer_for, self.hostname,
+                engine_died=lambda engine: self.keeper.died(engine.host))
+
+        def in_flight() -> int:  # borrowed ones included, wherever they run
+            return _engine_stats(self).in_flight + (
+                idle.host.stats().in_flight if idle is not None and idle.host else 0)
+
+        def serving() -> bool:
+            return (self.keeper.state == SERVING and not self.stopping.is_set()
+                    and (idle is None or idle.state == SERVING))
+
+        self.borrower = Borrower(
+            self.borrow, self.lane_names, max(l.max_num_seqs for l in self.lanes),
+            borrowed_runner, connect=self.app.connection_for_read, publish=self._publish,
+            in_flight=in_flight, serving=serving)
 
     @staticmethod
     def of(app: Celery) -> WorkerRuntime:
@@ -137,6 +186,12 @@ class WorkerRuntime:
                      else f"the engine cannot serve, so this worker exits: {exc}")
         _exit_worker()
 
+    def _publish(self, lane_name: str, job: GenerationJob) -> None:
+        """Queue a reclaimed job on its lane again: a fresh message, with a fresh `expires`."""
+        lane = next(l for l in self.borrowed_lanes if l.name == lane_name)
+        self.app.send_task(lane.task_name, task_id=job.job_id, queue=lane.queue,
+                           expires=lane.queue_ttl_s, kwargs=dataclasses.asdict(job))
+
     def _writer_for(self, job_id: str) -> DeltaWriter:
         return DeltaWriter(self.store.redis, job_id, flush_s=settings.STREAM_FLUSH_S.get(),
                            maxlen=self.store.stream_maxlen, ttl_s=self.store.ttl_s)
@@ -160,7 +215,10 @@ def setup(app: Celery, hostname: str, queue_names: list[str], *,
     engine). Either way an engine that cannot serve makes the worker exit non-zero.
     The worker's own heartbeat (and its reaping of dead peers) starts at once.
     """
-    lanes = _lanes_for_queue_names(load_lanes(), queue_names)
+    table = load_lanes()
+    lanes = _lanes_for_queue_names(table, queue_names)
+    spec = table.worker_for_queues(queue_names)
+    borrow = spec.borrow if spec is not None else BorrowPolicy(lanes=())
     with _attach_lock:
         runtime = attached(app)
         if runtime is not None:
@@ -170,32 +228,76 @@ def setup(app: Celery, hostname: str, queue_names: list[str], *,
         store = JobStore.from_settings(client)
         from tailguard.engine import EngineHost
 
+        borrowed = [table[name] for name in borrow.lanes]
+        idle = borrow.engine == "idle" and bool(borrowed)
+        config = engine_config(lanes, [] if idle else borrowed)
         runtime = WorkerRuntime(app=app, hostname=hostname, lanes=lanes, store=store,
-                                liveness=Liveness(client),
-                                build_engine=functools.partial(EngineHost, engine_config(lanes)))
+                                liveness=Liveness(client), borrow=borrow, borrowed_lanes=borrowed,
+                                build_idle_engine=functools.partial(
+                                    EngineHost, idle_engine_config(borrowed, borrow.max_borrowed))
+                                if idle else None,
+                                build_engine=functools.partial(EngineHost, config))
         setattr(app, _APP_ATTR, runtime)
     _serve_metrics(runtime)
     if eager_engine:
         runtime.keeper.start()
+        if runtime.idle_keeper is not None:
+            runtime.idle_keeper.start()
     threading.Thread(target=_heartbeat_loop, args=(runtime,), name="tailguard-heartbeat",
                      daemon=True).start()
+    if runtime.borrower is not None:
+        log.info("borrowing from %s while %s is idle (%s)", ", ".join(borrow.lanes),
+                 ", ".join(runtime.lane_names), borrow)
+        threading.Thread(target=runtime.borrower.run, args=(runtime.stopping,),
+                         name="tailguard-borrower", daemon=True).start()
     return runtime
 
 
-def engine_config(lanes: list[Lane]) -> EngineConfig:
-    """The engine of a worker serving `lanes` (largest batch and context among them)."""
+def engine_config(lanes: list[Lane], borrowed: list[Lane] | None = None) -> EngineConfig:
+    """The engine of a worker serving `lanes` (largest batch and context among them) and
+    borrowing from `borrowed`: then its context fits their requests too, and it schedules
+    by vLLM priority, so its own requests go before borrowed ones."""
     from tailguard.engine import EngineConfig
 
     model = settings.MODEL.get()
     if not model:
         raise RuntimeError("TAILGUARD_MODEL is not set: point it at a model directory or a "
                            "Hugging Face id (`tailguard make-demo-model DIR` builds a demo one)")
-    max_num_seqs, max_len = engine_settings_for(lanes)
+    max_num_seqs, max_len = engine_settings_for(lanes, borrowed or ())
     limit = model_max_len(model)
     if limit is not None:
         max_len = min(max_len, limit)
     return EngineConfig(model=model, max_num_seqs=max_num_seqs, max_model_len=max_len,
-                        dtype=serving_dtype(model, settings.DTYPE.get()))
+                        dtype=serving_dtype(model, settings.DTYPE.get()),
+                        extra={"scheduling_policy": "priority"} if borrowed else {})
+
+
+def idle_engine_config(borrowed: list[Lane], slots: int) -> EngineConfig:
+    """The idle-priority engine of a worker borrowing from `borrowed`: `slots` (B) requests,
+    the context of their largest lane."""
+    config = engine_config(borrowed)
+    return dataclasses.replace(config, max_num_seqs=slots)
+
+
+def _idle_priority() -> None:
+    """Put the calling thread at the kernel's idle CPU priority (SCHED_IDLE). Threads and
+    processes it starts inherit it: called on the thread that builds and starts the idle
+    engine, it covers that engine's engine-core process and its compute threads, which
+    then only run when the cores have nothing else to do."""
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+
+def _normal_priority_threads() -> None:
+    """Once the idle engine is up: this process's threads back at normal priority (its
+    engine-core process stays idle). A thread here at idle priority holding the GIL would
+    be starved by the own engine's compute and stall every thread of the worker, own
+    lane's included (a priority inversion measured as short TTFT stalls of ~0.5 s)."""
+    for tid in map(int, os.listdir("/proc/self/task")):
+        try:
+            if os.sched_getscheduler(tid) == os.SCHED_IDLE:
+                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+        except OSError:  # the thread ended meanwhile
+            pass
 
 
 def teardown(app: Celery) -> None:
@@ -207,11 +309,15 @@ def teardown(app: Celery) -> None:
         setattr(app, _APP_ATTR, None)
     runtime.stopping.set()
     runtime.withdraw()
+    if runtime.borrower is not None and not runtime.borrower.give_back(timeout_s=10):
+        log.warning("borrowed jobs still running at shutdown: they end with the engine")
     try:
         runtime.liveness.forget_worker(runtime.hostname)
     except redis.RedisError:
         pass
     runtime.keeper.stop()
+    if runtime.idle_keeper is not None:
+        runtime.idle_keeper.stop()
 
 
 def _exit_worker() -> None:
@@ -228,9 +334,11 @@ def _serve_metrics(runtime: WorkerRuntime) -> None:
         return
     from prometheus_client import REGISTRY, start_http_server
 
-    from tailguard.metrics import WorkerCollector
+    from tailguard.metrics import BorrowCollector, WorkerCollector
 
     REGISTRY.register(WorkerCollector(runtime.hostname, lambda: _engine_stats(runtime)))
+    if runtime.borrower is not None:
+        REGISTRY.register(BorrowCollector(runtime.hostname, runtime.borrower.stats))
     addr = settings.WORKER_METRICS_ADDR.get()
     start_http_server(port, addr=addr)
     log.info("metrics on http://%s:%d/metrics", addr, port)
@@ -266,6 +374,8 @@ def _heartbeat_loop(runtime: WorkerRuntime) -> None:
         try:
             runtime.liveness.worker_alive(runtime.hostname, ttl_s=_lapse_s())
             runtime.keeper.check()
+            if runtime.idle_keeper is not None:
+                runtime.idle_keeper.check()
             runtime.advertise()
             reaper.run_once()
         except redis.RedisError as exc:
@@ -324,4 +434,5 @@ def engine_stats(state, **_: Any) -> dict:
         return {"ready": False}
     return {"ready": runtime.serving, "engine": runtime.keeper.state,
             "restarts": runtime.keeper.restarts, "lanes": runtime.lane_names, "pid": os.getpid(),
-            **_engine_stats(runtime).to_dict()}
+            **_engine_stats(runtime).to_dict(),
+            **(runtime.borrower.stats().to_dict() if runtime.borrower is not None else {})}

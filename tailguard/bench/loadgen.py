@@ -52,6 +52,7 @@ class Sample:
     finished: bool = False  # that job reached a terminal state
     job_id: str | None = None
     lane: str | None = None
+    worker: str | None = None  # the worker that ran the job (a borrowing one, for another lane)
     http_status: int | None = None
     queued_s: float | None = None  # server: submission -> start on a worker
     ttft_s: float | None = None  # client: sent -> first chunk with text
@@ -211,6 +212,7 @@ class Client:
         if sample.status not in CLIENT_FAILURES:
             sample.status = job["status"]
         sample.queued_s = (job.get("timing") or {}).get("queued_s")
+        sample.worker = job.get("worker")
         result = job.get("result") or {}
         if sample.completion_tokens is None:
             sample.completion_tokens = result.get("completion_tokens")

@@ -12,7 +12,9 @@
 --   stream_maxlen, finished_maxlen   approximate caps of the two streams
 --   fields: {name: string value}     set with the new state
 --   lane_keys: {queued, backlog}     the lane key names with %s for the lane (keys.py):
---                                    a job leaving `queued` leaves its lane's backlog
+--                                    a job leaving `queued` leaves its lane's backlog; a
+--                                    job going back to `queued` (reclaimed from a borrowing
+--                                    worker) re-enters it with a fresh queue TTL from now
 -- }
 -- -> {1, previous state} when moved; {0, current state} when not (false if no such job)
 local a = cjson.decode(ARGV[1])
@@ -32,6 +34,19 @@ if cur == 'queued' and a.lane_keys then
   if lane and cost and redis.call('ZREM', string.format(a.lane_keys.queued, lane),
                                   cost .. ' ' .. KEYS[1]) == 1 then
     redis.call('DECRBY', string.format(a.lane_keys.backlog, lane), cost)
+  end
+end
+if a.to == 'queued' and cur ~= 'queued' and a.lane_keys then
+  local lane, cost = redis.call('HGET', KEYS[1], 'lane'), redis.call('HGET', KEYS[1], 'cost')
+  local submitted = tonumber(redis.call('HGET', KEYS[1], 'submitted_at'))
+  local expires = tonumber(redis.call('HGET', KEYS[1], 'expires_at'))
+  if submitted and expires then
+    expires = now + (expires - submitted)
+    redis.call('HSET', KEYS[1], 'expires_at', string.format('%.6f', expires))
+    if lane and cost then
+      redis.call('ZADD', string.format(a.lane_keys.queued, lane), expires, cost .. ' ' .. KEYS[1])
+      redis.call('INCRBY', string.format(a.lane_keys.backlog, lane), cost)
+    end
   end
 end
 for name, value in pairs(a.fields) do redis.call('HSET', KEYS[1], name, value) end

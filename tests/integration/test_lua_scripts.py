@@ -38,3 +38,27 @@ def test_a_terminal_transition_ends_both_streams_in_one_step(redis_client):
     assert store.get(job_id)["prompt"] == "你好"
     assert redis_client.xlen(keys.FINISHED_STREAM) == 1
     assert redis_client.xlen(keys.job_stream_key(job_id)) == 1
+
+
+def test_a_reclaimed_job_is_queued_again_with_a_fresh_queue_ttl_and_its_cost_back(redis_client):
+    import time
+
+    from tailguard.jobs import RUNNING
+
+    store = JobStore(redis_client)
+    job_id = "cd" * 16
+    backlog = keys.lane_backlog_key("long")
+    store.create(job_id, {"lane": "long", "cost": 100}, queue_ttl_s=60)
+    first = store.get(job_id)["expires_at"]
+    store.transition(job_id, {QUEUED}, RUNNING, {"worker": "short@h"})
+    assert int(redis_client.get(backlog)) == 0 and store.running() == {job_id: "short@h"}
+    time.sleep(0.05)
+    assert store.requeue(job_id, {"resume_text": "so far", "resume_tokens": 2}) == (True, RUNNING)
+    job = store.get(job_id)
+    assert (job["status"], job["resume_text"], job["resume_tokens"]) == (QUEUED, "so far", 2)
+    assert job["expires_at"] > first and store.running() == {}
+    assert int(redis_client.get(backlog)) == 100
+    assert redis_client.zcard(keys.lane_queued_key("long")) == 1
+    # and it leaves the backlog once it runs again, as any queued job does
+    store.transition(job_id, {QUEUED}, RUNNING, {"worker": "long@h"})
+    assert int(redis_client.get(backlog)) == 0

@@ -158,3 +158,48 @@ def test_a_job_ttl_too_short_stops_the_load(tmp_path, monkeypatch):
     monkeypatch.setenv(settings.JOB_TTL_S.env, "100")
     with pytest.raises(ConfigError, match="TAILGUARD_JOB_TTL_S=100 must exceed lane 'short'"):
         load_lanes(default_lanes_path())
+
+
+def _borrowing(**short):
+    return {**GOOD, "workers": [{"name": "short", "lanes": ["short"], **short},
+                                {"name": "long", "lanes": ["long", "batch"]}]}
+
+
+def test_a_worker_borrows_nothing_unless_told():
+    assert all(not w.borrow.lanes for w in parse_lanes(GOOD).workers)
+
+
+def test_a_borrowing_worker_and_its_knobs():
+    table = parse_lanes(_borrowing(borrow=["long"], borrow_headroom=3, borrow_max=1,
+                                   borrow_engine="idle"))
+    policy = table.worker_for_queues(["short"]).borrow
+    assert (policy.lanes, policy.headroom, policy.max_borrowed, policy.engine) == (
+        ("long",), 3, 1, "idle")
+    assert table.worker_for_queues(["long", "batch"]).borrow.lanes == ()
+    assert table.worker_for_queues(["batch", "long"]) is None  # -Q in another order
+
+
+@pytest.mark.parametrize("short, field", [
+    ({"borrow": "long"}, "workers[0].borrow"),
+    ({"borrow": ["bulk"]}, "workers[0].borrow"),
+    ({"borrow": ["short"]}, "workers[0].borrow"),  # its own lane
+    ({"borrow": ["long"], "borrow_headroom": -1}, "workers[0].borrow_headroom"),
+    ({"borrow": ["long"], "borrow_max": 0}, "workers[0].borrow_max"),
+    ({"borrow": ["long"], "borrow_max": True}, "workers[0].borrow_max"),
+    ({"borrow": ["long"], "borrow_engine": "gpu"}, "workers[0].borrow_engine"),
+])
+def test_bad_borrowing_is_named(short, field):
+    with pytest.raises(ConfigError) as err:
+        parse_lanes(_borrowing(**short))
+    assert err.value.field == field
+
+
+def test_a_borrowing_engine_fits_the_borrowed_lanes_requests_not_their_batch():
+    from tailguard.lanes import engine_settings_for
+
+    data = _borrowing(borrow=["long"])
+    data["lanes"] = {**GOOD["lanes"], "short": {**GOOD["lanes"]["short"], "max_num_seqs": 16,
+                                                "max_model_len": 2048},
+                     "long": {"max_tokens": 512, "max_num_seqs": 4, "max_model_len": 4096}}
+    table = parse_lanes(data)
+    assert engine_settings_for([table["short"]], [table["long"]]) == (16, 4096)
