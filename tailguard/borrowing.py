@@ -15,7 +15,7 @@ borrowing + reclaim*:
   and put them back on their lane's queue. vLLM preempts only on KV-cache
   exhaustion, not at ``max_num_seqs``, which is why the headroom is kept at all.
 
-Where borrowed requests run (``engine``): ``"own"``, in the worker's own engine (the
+Where borrowed requests run (``engine``; ``"auto"``, the default, picks by device): ``"own"``, in the worker's own engine (the
 right choice where batching more is nearly free: a GPU), or ``"idle"``, in a second
 engine on the same cores whose processes run at the kernel's idle CPU priority
 (``SCHED_IDLE``), so they only get cycles the own engine leaves unused. On a CPU host
@@ -45,7 +45,7 @@ class BorrowPolicy:
     lanes: tuple[str, ...]  # other lanes' queues it may consume when idle, in order
     headroom: int = 2  # R: slots kept free for the engine's own lanes
     max_borrowed: int = 4  # B: borrowed requests running at once
-    engine: str = "own"  # where they run: one of ENGINES
+    engine: str = "auto"  # where they run: one of ENGINES
 
     def __post_init__(self) -> None:
         if self.headroom < 0 or self.max_borrowed < 0:
@@ -54,8 +54,16 @@ class BorrowPolicy:
             raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
 
 
-#: where borrowed requests run: the worker's own engine, or one at idle CPU priority
-ENGINES = ("own", "idle")
+#: where borrowed requests run: the worker's own engine, or one at idle CPU priority;
+#: "auto" is "idle" on a CPU host (measured) and "own" on a GPU (the CPU trick does not apply)
+ENGINES = ("auto", "own", "idle")
+
+
+def engine_for(policy: BorrowPolicy, device: str) -> str:
+    """Where `policy`'s borrowed requests run on a `device` ("cpu" or "cuda") host."""
+    if policy.engine != "auto":
+        return policy.engine
+    return "idle" if device == "cpu" else "own"
 
 
 @dataclass(frozen=True)

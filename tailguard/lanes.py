@@ -242,7 +242,7 @@ def _workers_from(raw: Any, lanes: tuple[Lane, ...]) -> tuple[WorkerSpec, ...]:
         where = f"workers[{i}]"
         if not isinstance(w, dict):
             raise ConfigError(f"{where} must be a table", field=where)
-        unknown = set(w) - {"name", "lanes", "gpu", *_BORROW_FIELDS}
+        unknown = set(w) - {"name", "lanes", "gpu", *BORROW_FIELDS}
         if unknown:
             raise ConfigError(f"{where}: unknown field(s) {sorted(unknown)}", field=where)
         wl = w.get("lanes")
@@ -273,7 +273,7 @@ def _workers_from(raw: Any, lanes: tuple[Lane, ...]) -> tuple[WorkerSpec, ...]:
 
 
 #: [[workers]] fields of the borrowing policy -> BorrowPolicy's (defaults are BorrowPolicy's)
-_BORROW_FIELDS = {"borrow": "lanes", "borrow_headroom": "headroom", "borrow_max": "max_borrowed",
+BORROW_FIELDS = {"borrow": "lanes", "borrow_headroom": "headroom", "borrow_max": "max_borrowed",
                   "borrow_engine": "engine"}
 
 
@@ -294,7 +294,7 @@ def _borrow_from(w: dict[str, Any], where: str, own: tuple[str, ...],
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{where}.{key} must be an integer >= 0, got {value!r}",
                                   field=f"{where}.{key}")
-            knobs[_BORROW_FIELDS[key]] = value
+            knobs[BORROW_FIELDS[key]] = value
     if "borrow_engine" in w:
         if w["borrow_engine"] not in ENGINES:
             raise ConfigError(f"{where}.borrow_engine must be one of {ENGINES}, got "

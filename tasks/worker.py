@@ -35,12 +35,13 @@ from celery.worker.control import inspect_command
 
 from tailguard import redis_client, settings
 from tailguard.borrower import BORROWED_PRIORITY, Borrower, Prioritized
-from tailguard.borrowing import BorrowPolicy
+from tailguard.borrowing import BorrowPolicy, engine_for
 from tailguard.engine_keeper import IDLE, SERVING, EngineKeeper
 from tailguard.jobs import JobStore
 from tailguard.lanes import Lane, LaneTable, check_worker_lanes, engine_settings_for, load_lanes
 from tailguard.liveness import Liveness
 from tailguard.modelinfo import model_max_len, serving_dtype
+from tailguard.pinning import device_kind
 from tailguard.reaper import LAPSE_PERIODS, Reaper
 from tailguard.redeliver import Redeliverer
 from tailguard.runner import GenerationJob, JobRunner
@@ -229,7 +230,7 @@ def setup(app: Celery, hostname: str, queue_names: list[str], *,
         from tailguard.engine import EngineHost
 
         borrowed = [table[name] for name in borrow.lanes]
-        idle = borrow.engine == "idle" and bool(borrowed)
+        idle = engine_for(borrow, device_kind()) == "idle" and bool(borrowed)
         config = engine_config(lanes, [] if idle else borrowed)
         runtime = WorkerRuntime(app=app, hostname=hostname, lanes=lanes, store=store,
                                 liveness=Liveness(client), borrow=borrow, borrowed_lanes=borrowed,

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from tailguard import procs, settings
-from tailguard.lanes import Lane, LaneTable, WorkerSpec, engine_settings_for, parse_lanes
+from tailguard.lanes import (BORROW_FIELDS, Lane, LaneTable, WorkerSpec, engine_settings_for,
+                             parse_lanes)
 from tailguard.pinning import Pinning, plan
 from tailguard.procs import ChildFailed, ChildSpec, Group, tailguard_argv
 
@@ -107,6 +108,12 @@ def lanes_toml(lanes: list[Lane], workers: list[WorkerSpec], comment: str = "") 
         out.append("\n[[workers]]")
         out.append(f"name = {_toml_value(w.name)}")
         out.append(f"lanes = {_toml_value(list(w.lanes))}")
+        if w.gpu is not None:
+            out.append(f"gpu = {w.gpu}")
+        if w.borrow.lanes:
+            for key, attr in BORROW_FIELDS.items():
+                value = getattr(w.borrow, attr)
+                out.append(f"{key} = {_toml_value(list(value) if key == 'borrow' else value)}")
     return "\n".join(out).lstrip("\n") + "\n"
 
 
