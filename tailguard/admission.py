@@ -11,6 +11,11 @@ A request is refused (429 with Retry-After) when it would push the backlog past
 the lane's ``max_backlog_tokens`` or when its predicted wait exceeds the lane's
 promise (``max_wait_s``, else ``queue_ttl_s``): it is told at once to come back
 instead of being queued to expire. A lane no live worker serves is a 503.
+
+A decision is made on a backlog read a moment before the job is stored, and a burst
+on many API threads would each read the same empty lane; so the store checks the
+decision's limits (``limits``) again in the Lua step that records the job, and a
+request that lost the race is decided again on the backlog as it is then.
 """
 
 from __future__ import annotations
@@ -33,6 +38,15 @@ class LaneLoad:
 
 
 @dataclass(frozen=True)
+class BacklogLimits:
+    """Admission's limits on a lane's backlog (cost tokens), checked again when a job is
+    stored: at most `before` queued ahead of it, at most `after` with it; None: no limit."""
+
+    before: float | None = None
+    after: int | None = None
+
+
+@dataclass(frozen=True)
 class AdmissionPolicy:
     prior_tokens_per_s: float = 20.0
     admit_without_worker: bool = False
@@ -42,6 +56,12 @@ class AdmissionPolicy:
         measured = load.served_tokens / load.window_s if load.window_s > 0 else 0.0
         prior = self.prior_tokens_per_s * lane.max_num_seqs * max(1, load.live_workers)
         return max(measured, prior)
+
+    def limits(self, lane: Lane, load: LaneLoad) -> BacklogLimits:
+        """The backlog bounds `admit` decided within, for the store to check again atomically:
+        a wait within the promise is a backlog of at most promise x rate ahead."""
+        return BacklogLimits(before=lane.promised_wait_s * self.service_rate(lane, load),
+                             after=lane.max_backlog_tokens)
 
     def admit(self, lane: Lane, load: LaneLoad, cost: int) -> float:
         """The predicted wait in seconds of a request of `cost` tokens, if it is accepted.

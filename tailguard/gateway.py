@@ -17,9 +17,10 @@ from typing import Any, Callable, Iterator, Protocol
 from tailguard.admission import AdmissionPolicy
 from tailguard.apikeys import ApiKey, ApiKeyStore
 from tailguard.errors import (EnqueueFailed, JobCancelled, JobNotFound, JobStateConflict, NoLiveWorker,
-                              Refused)
+                              Refused, WaitTooLong)
 from tailguard.jobrequest import JobRequest
-from tailguard.jobs import CANCELLED, FAILED, QUEUED, RUNNING, TERMINAL, JobStore, timing
+from tailguard.jobs import (CANCELLED, FAILED, QUEUED, RUNNING, TERMINAL, BacklogMoved, JobStore,
+                            timing)
 from tailguard.keys import is_job_id
 from tailguard.lanes import LaneTable
 from tailguard.finished import FinishedConsumer
@@ -87,8 +88,9 @@ class Gateway:
             req = dataclasses.replace(req, priority=caller.priority_for(req.priority))
         placement = self.place(req)
         lane = self.lanes[placement.lane]
+        load = self.load.load(lane.name)
         try:
-            wait_s = self.admission.admit(lane, self.load.load(lane.name), placement.cost)
+            wait_s = self.admission.admit(lane, load, placement.cost)
         except (Refused, NoLiveWorker) as exc:
             self.metrics.on_refused(lane.name, exc.code, caller.name if caller else None)
             self.stats.record_refused(lane.name, exc.code)
@@ -101,13 +103,28 @@ class Gateway:
                 raise
         job_id = uuid.uuid4().hex
         # The record exists before the message, so a worker never runs an unknown job.
-        self.store.create(job_id, {
+        fields = {
             "lane": lane.name, "priority": req.priority, "prompt_tokens": placement.prompt_tokens,
             "requested_max_tokens": placement.requested_max_tokens,
             "max_tokens": placement.max_tokens, "max_tokens_capped": placement.max_tokens_capped,
             "cost": placement.cost, "deadline_s": lane.deadline_s, "sampling": req.sampling,
             "api_key": caller.name if caller else None,
-        }, queue_ttl_s=lane.queue_ttl_s)
+        }
+        try:
+            self.store.create(job_id, fields, queue_ttl_s=lane.queue_ttl_s,
+                              limits=self.admission.limits(lane, load))
+        except BacklogMoved as moved:
+            # Other requests took the room this one was admitted into: decide again on the
+            # backlog as it is now (it raises, with the Retry-After that backlog gives).
+            load = dataclasses.replace(load, backlog_tokens=moved.backlog_tokens)
+            try:
+                self.admission.admit(lane, load, placement.cost)
+                raise WaitTooLong(f"lane {lane.name!r} filled up meanwhile", retry_after_s=1,
+                                  lane=lane.name) from None
+            except (Refused, NoLiveWorker) as exc:
+                self.metrics.on_refused(lane.name, exc.code, caller.name if caller else None)
+                self.stats.record_refused(lane.name, exc.code)
+                raise
         try:
             self.broker.send_task(
                 lane.task_name, task_id=job_id, queue=lane.queue, expires=lane.queue_ttl_s,

@@ -32,6 +32,7 @@ from typing import Any, Mapping
 import redis
 
 from tailguard import keys, lua, settings
+from tailguard.admission import BacklogLimits
 from tailguard.errors import JobExpired, WorkerLost
 
 QUEUED, RUNNING = "queued", "running"
@@ -109,14 +110,27 @@ class JobStore:
                    worker_lost_grace_s=settings.WORKER_LOST_GRACE_S.get(config),
                    stream_maxlen=settings.STREAM_MAXLEN.get(config))
 
-    def create(self, job_id: str, fields: dict[str, Any], queue_ttl_s: float) -> float:
+    def create(self, job_id: str, fields: dict[str, Any], queue_ttl_s: float,
+               limits: BacklogLimits | None = None) -> float:
         """Store a new queued job and count its cost in its lane's backlog (tailguard.laneload);
-        returns submitted_at and sets expires_at (Redis clock)."""
+        returns submitted_at and sets expires_at (Redis clock).
+
+        With `limits`, only while the lane's backlog is still within them, in the same atomic
+        step: admission decided on a backlog read a moment earlier, and a burst of requests
+        on other API threads may each have seen the same empty lane. Past a limit nothing is
+        stored and BacklogMoved says what the backlog is now.
+        """
         lane = fields["lane"]
-        return float(self._create(
+        extra = {} if limits is None else {k: v for k, v in (
+            ("max_backlog_before", limits.before), ("max_backlog_after", limits.after))
+            if v is not None}
+        reply = self._create(
             [keys.job_key(job_id), keys.lane_queued_key(lane), keys.lane_backlog_key(lane)],
             ttl_s=self.ttl_s, queue_ttl_s=queue_ttl_s, cost=int(fields.get("cost") or 0),
-            fields=_encode(fields)))
+            fields=_encode(fields), **extra)
+        if isinstance(reply, list):
+            raise BacklogMoved(int(reply[0]))
+        return float(reply)
 
     def transition(self, job_id: str, from_states: set[str] | frozenset[str], to: str,
                    fields: dict[str, Any] | None = None, *, overdue_field: str = "",
@@ -189,6 +203,14 @@ class JobStore:
         else:
             return job
         return self.get(job_id) if moved else job
+
+
+class BacklogMoved(Exception):
+    """The lane's backlog passed admission's limits between the decision and the store."""
+
+    def __init__(self, backlog_tokens: int) -> None:
+        super().__init__(f"the lane's backlog is now {backlog_tokens} cost tokens")
+        self.backlog_tokens = backlog_tokens
 
 
 def end_event_data(status: str, fields: dict[str, Any]) -> dict[str, Any]:

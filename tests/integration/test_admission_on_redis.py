@@ -73,6 +73,40 @@ def test_202_carries_the_predicted_start_until_the_wait_passes_the_promise(api, 
     assert api.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 60}).status_code == 202
 
 
+def test_requests_admitted_on_the_same_stale_backlog_cannot_all_enter(api, queue_app, redis_client):
+    """A burst on many API threads: each reads the lane's backlog, then stores its job. Every
+    read here sees the lane empty (as a burst's first requests do); the store checks the
+    backlog again in the same step, so the lane still stops at its promise."""
+    from dataclasses import replace
+
+    from app import get_gateway
+
+    with queue_app.app_context():
+        gateway = get_gateway()
+    real_load = gateway.load.load
+    gateway.load.load = lambda lane: replace(real_load(lane), backlog_tokens=0)  # stale reads
+    try:
+        codes, backlog, ahead = [], 0, []
+        for _ in range(40):
+            resp = api.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 60})
+            codes.append(resp.status_code)
+            if resp.status_code == 202:
+                assert resp.get_json()["estimated_start_s"] == 0.0  # what the stale read said
+                ahead.append(backlog)
+                backlog += resp.get_json()["cost"]
+            else:
+                assert backlog > 400
+                assert resp.status_code == 429, resp.get_json()
+                assert resp.get_json()["error"]["code"] == "wait_too_long"
+                assert int(resp.headers["Retry-After"]) >= 1
+    finally:
+        gateway.load.load = real_load
+    # short promises 10 s at 40 tokens/s: at most 400 tokens may be ahead of an accepted job
+    # (without the second check all 40 were accepted on the stale reads)
+    assert 429 in codes and max(ahead) <= 400
+    assert int(redis_client.get(keys.lane_backlog_key("short"))) == backlog
+
+
 def test_a_full_lane_is_a_429_with_retry_after_in_both_apis(api, tiny_model):
     long_job = {"prompt": "hi", "max_tokens": 1500}
     first = api.post("/v1/jobs", json=long_job)
