@@ -99,6 +99,8 @@ class Redeliverer:
 
     def _fail_lost(self, client: Any, qos: Any) -> list[str]:
         """Fail the jobs whose message two passes found nowhere (see the module docstring)."""
+        if not self.lanes:
+            return []
         unacked: dict[str, set[str]] = {}  # queue -> job ids delivered, not acked
         for raw in client.hvals(qos.unacked_key):
             job_id, queue = _task_id(raw)

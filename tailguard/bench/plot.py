@@ -94,11 +94,7 @@ def make_plot(report: dict, samples: dict[str, dict[str, list[Sample]]], path: P
     cfg = report["config"]
     fig.suptitle(f"tailguard bench: {report['workload']['name']} workload, {cfg['model_label']}, "
                  f"{cfg['engines']} engines x {cfg['cores_per_engine']}", fontsize=11)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path, plt)
 
 
 def overload_plot(report: dict, samples: dict[str, dict[str, list[Sample]]], path: Path,
@@ -136,6 +132,10 @@ def overload_plot(report: dict, samples: dict[str, dict[str, list[Sample]]], pat
     cfg = report["config"]
     ax.set_title(f"tailguard bench: overload, {cfg['model_label']}, {cfg['engines']} engines x "
                  f"{cfg['cores_per_engine']}", fontsize=11)
+    return _save(fig, path, plt)
+
+
+def _save(fig, path: Path, plt) -> Path:
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)

@@ -32,6 +32,19 @@ def own_database(redis_server: str, number: int) -> Iterator[tuple[str, Any]]:
     client.close()
 
 
+def api_with_reaper(redis_url: str, model: str) -> Iterator[Any]:
+    """The API in-process with its reaper running (as in production), its finished-stream
+    consumer off; the reaper thread stops with the fixture. Use as a fixture body:
+    ``yield from api_with_reaper(db[0], tiny_model)``."""
+    from app import create_app
+
+    app = create_app({"TESTING": True, "TAILGUARD_MODEL": model,
+                      "TAILGUARD_REDIS_URL": redis_url, "TAILGUARD_CONSUME_FINISHED": False})
+    yield app.test_client()
+    if "tailguard" in app.extensions:
+        app.extensions["tailguard"].close()
+
+
 class Worker:
     """One `celery -A tasks worker` process in its own session (so a test can kill it and
     everything it started), pinned to one core as `tailguard up` pins the long worker."""

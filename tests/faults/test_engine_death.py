@@ -14,8 +14,8 @@ import pytest
 from tailguard.jobs import RUNNING, TERMINAL, JobStore
 from waiting import wait_for
 
-from fault_workers import (START_TIMEOUT_S, Worker, finished_jobs, lane_workers, own_database,
-                           submit, wait_serving, wait_streaming)
+from fault_workers import (START_TIMEOUT_S, Worker, api_with_reaper, finished_jobs, lane_workers,
+                           own_database, submit, wait_serving, wait_streaming)
 
 pytestmark = pytest.mark.faults
 
@@ -28,13 +28,7 @@ def db(redis_server):
 
 @pytest.fixture(scope="module")
 def api(db, tiny_model):
-    from app import create_app
-
-    app = create_app({"TESTING": True, "TAILGUARD_MODEL": tiny_model,
-                      "TAILGUARD_REDIS_URL": db[0], "TAILGUARD_CONSUME_FINISHED": False})
-    yield app.test_client()
-    if "tailguard" in app.extensions:
-        app.extensions["tailguard"].close()  # its reaper thread stops with the module
+    yield from api_with_reaper(db[0], tiny_model)
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ from tailguard.jobs import TERMINAL, JobStore
 from tailguard.reaper import LAPSE_PERIODS
 from waiting import wait_for
 
-from fault_workers import (Worker, finished_jobs, own_database, submit, wait_serving,
-                           wait_streaming)
+from fault_workers import (Worker, api_with_reaper, finished_jobs, own_database, submit,
+                           wait_serving, wait_streaming)
 
 pytestmark = pytest.mark.faults
 
@@ -30,14 +30,8 @@ def db(redis_server):
 
 @pytest.fixture
 def api(db, tiny_model):
-    from app import create_app
-
     # the API's reaper runs (as in production); nobody reads the jobs through it
-    app = create_app({"TESTING": True, "TAILGUARD_MODEL": tiny_model,
-                      "TAILGUARD_REDIS_URL": db[0], "TAILGUARD_CONSUME_FINISHED": False})
-    yield app.test_client()
-    if "tailguard" in app.extensions:
-        app.extensions["tailguard"].close()  # its reaper thread stops with the test
+    yield from api_with_reaper(db[0], tiny_model)
 
 
 def test_kill_9_of_a_worker_mid_generation(db, api, tiny_model, tmp_path):
