@@ -25,6 +25,9 @@ class Proc:
     ppid: int
     comm: str
     cpu_s: float  # user + system
+    #: user + system of its children that ended and that it reaped (cutime + cstime): a test
+    #: run that starts and ends within a phase is counted here, in the shell that ran it
+    children_cpu_s: float = 0.0
 
 
 def parse_stat(text: str, ticks: int) -> Proc:
@@ -32,8 +35,10 @@ def parse_stat(text: str, ticks: int) -> Proc:
     head, _, rest = text.rpartition(")")
     pid, _, comm = head.partition(" (")
     fields = rest.split()
-    # fields[0] is the state (stat field 3): ppid is field 4, utime 14, stime 15
-    return Proc(int(pid), int(fields[1]), comm, (int(fields[11]) + int(fields[12])) / ticks)
+    # fields[0] is the state (stat field 3): ppid is field 4, utime 14, stime 15, cutime 16,
+    # cstime 17
+    return Proc(int(pid), int(fields[1]), comm, (int(fields[11]) + int(fields[12])) / ticks,
+                (int(fields[13]) + int(fields[14])) / ticks)
 
 
 def snapshot() -> dict[int, Proc]:
@@ -71,17 +76,33 @@ def descendants(procs: dict[int, Proc], root: int) -> set[int]:
 def others_cpu(before: dict[int, Proc], after: dict[int, Proc], root: int,
                top: int = 3) -> tuple[float, list[tuple[str, float]]]:
     """CPU seconds used between two snapshots by processes outside `root`'s tree (kernel
-    threads left out), and the heaviest of them by command name."""
+    threads left out), and the heaviest of them by command name.
+
+    A process that started and ended between the snapshots is in neither; its time is in
+    its parent's reaped-children time, so that counts too, by the parent's name. A process
+    that was in `before` and has ended took the time it had then into its parent's: that
+    is taken back out, so only what it used since is counted.
+    """
     ours = descendants(after, root) | descendants(before, root)
-    ours |= descendants(after, KTHREADD_PID)
+    ours |= descendants(after, KTHREADD_PID) | descendants(before, KTHREADD_PID)
     by_comm: dict[str, float] = {}
+
+    def total(p: Proc) -> float:
+        return p.cpu_s + p.children_cpu_s
+
     for pid, p in after.items():
         if pid in ours:
             continue
         prev = before.get(pid)
-        delta = p.cpu_s - (prev.cpu_s if prev and prev.comm == p.comm else 0.0)
+        delta = total(p) - (total(prev) if prev and prev.comm == p.comm else 0.0)
         if delta > 0:
             by_comm[p.comm] = by_comm.get(p.comm, 0.0) + delta
+    for pid, prev in before.items():
+        if pid not in after and pid not in ours:  # its time went to its parent's
+            parent = after.get(prev.ppid)
+            comm = parent.comm if parent is not None else prev.comm
+            by_comm[comm] = by_comm.get(comm, 0.0) - total(prev)
+    by_comm = {c: s for c, s in by_comm.items() if s > 0}
     heaviest = sorted(by_comm.items(), key=lambda kv: -kv[1])[:top]
     return sum(by_comm.values()), [(c, round(s, 1)) for c, s in heaviest]
 

@@ -7,7 +7,9 @@ from tailguard.bench.host import Proc, Watch, descendants, others_cpu, parse_sta
 
 def test_parse_stat_with_a_strange_command_name():
     line = "4242 (VLLM::Engine (x) 1) S 17 4242 4242 0 -1 4194560 0 0 0 0 250 50 0 0 20 0 3 0"
-    assert parse_stat(line, ticks=100) == Proc(4242, 17, "VLLM::Engine (x) 1", 3.0)
+    assert parse_stat(line, ticks=100) == Proc(4242, 17, "VLLM::Engine (x) 1", 3.0, 0.0)
+    reaped = line.replace(" 250 50 0 0 ", " 250 50 700 100 ")
+    assert parse_stat(reaped, ticks=100).children_cpu_s == 8.0
 
 
 def procs(*rows):
@@ -32,3 +34,16 @@ def test_watch_reports_this_machine():
     assert set(h) >= {"wall_s", "others_cpu_s", "others_share", "disturbed", "others_heaviest"}
     if os.path.isdir("/proc"):
         assert h["others_cpu_s"] >= 0
+
+
+def test_others_cpu_counts_a_run_that_started_and_ended_within_the_phase():
+    """A test run started by a shell and finished before the second snapshot is in neither
+    snapshot: its time shows in the shell's reaped-children time."""
+    before = {10: Proc(10, 1, "bench", 1.0), 50: Proc(50, 1, "bash", 0.2, 1.0),
+              60: Proc(60, 50, "pytest", 4.0)}  # running at the start, ends within the phase
+    after = {10: Proc(10, 1, "bench", 9.0),
+             # bash reaped pytest (4 s before + 2 s within) and a run of 30 s within the phase
+             50: Proc(50, 1, "bash", 0.2, 1.0 + 6.0 + 30.0)}
+    cpu, heaviest = others_cpu(before, after, root=10)
+    assert round(cpu, 3) == 32.0  # 2 s of the first run, 30 s of the second
+    assert heaviest == [("bash", 32.0)]
