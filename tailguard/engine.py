@@ -31,8 +31,9 @@ the caller can override any of them):
 
 CPU pinning is the caller's job (``VLLM_CPU_OMP_THREADS_BIND`` before ``start()``,
 see tailguard/pinning.py); this module picks no cores. vLLM's processes (engine
-core, model runner) are started on the cores that variable names; the host's own
-threads stay where they are.
+core, model runner) are started on the cores that variable names, at a lower CPU
+priority when the front end shares them (``TAILGUARD_FRONTEND_CORES``); the host's
+own threads stay where they are.
 vLLM starts its engine-core process with spawn: a script that starts an
 ``EngineHost`` needs ``if __name__ == "__main__":``.
 """
@@ -53,7 +54,8 @@ from tailguard.engine_bridge import Call
 from tailguard.engine_loop import LoopThread
 from tailguard.engine_stats import HostCounters, HostStats
 from tailguard.errors import EngineDeadError, EngineError
-from tailguard.pinning import Pinning, children_on
+from tailguard import settings
+from tailguard.pinning import Pinning, children_on, renice_children, shares_frontend
 from tailguard.sampling import vllm_kwargs
 
 if TYPE_CHECKING:  # vLLM (and torch) are imported only when an engine starts.
@@ -228,8 +230,15 @@ class EngineHost:
             seed=cfg.seed,
             **cfg.extra,
         )
-        with children_on(Pinning.from_env().cores):  # vLLM's processes: the engine's cores
-            return AsyncLLM.from_engine_args(args)
+        pin = Pinning.from_env()
+        with children_on(pin.cores):  # vLLM's processes: the engine's cores
+            engine = AsyncLLM.from_engine_args(args)
+        nice = settings.ENGINE_NICE.get()
+        if nice > 0 and shares_frontend(pin):
+            # The front end runs on these cores too: it goes first (tailguard/pinning.py).
+            log.info("engine on %s shares them with the front end: its %d threads at nice %d",
+                     pin.label(), renice_children(nice), nice)
+        return engine
 
     async def _close(self, timeout: float) -> None:
         """Runs on the loop: end the calls in flight, then shut the engine down."""

@@ -4,11 +4,22 @@ The core plan on a CPU host: a pin puts the engine on its cores, and nothing els
 vLLM's OpenMP compute threads bind to them (``VLLM_CPU_OMP_THREADS_BIND``, as a plain
 vLLM server binds them), and vLLM's own processes, the engine core (whose scheduler
 busy-polls while each step runs) and the model runner, start there (`children_on`).
-The worker's front end (Celery's threads, the engine loop with its detokenization,
-Redis I/O) is not pinned: the OS runs it wherever there is room. Pinning the whole
-worker process to the engine's cores made the front end slow its own model down;
-leaving the engine-core process unpinned as well let its busy polling take the other
-core from the API, Redis and Celery (docs/benchmarks.md, issue 12's overhead runs).
+Pinning the whole worker process to the engine's cores made the front end slow its
+own model down; leaving the engine-core process unpinned as well let its busy polling
+take the other core from the API, Redis and Celery (docs/benchmarks.md, issue 12's
+overhead runs).
+
+The front end (the API, Redis, Flower, each worker's own threads: Celery, the engine
+loop with its detokenization, Redis I/O; and a benchmark's load generator) runs on
+the **front-end cores** (`frontend_cores`): by default, on a CPU host with two or more
+workers, the cores of the *last* worker in the lanes file, so the engines of the
+workers listed first (the short lane's, in the shipped file) have their cores to
+themselves. The engine that shares its cores with the front end runs at a lower CPU
+priority (`TAILGUARD_ENGINE_NICE`, `renice_children`), so a request's trip through
+the front end never waits behind a long batch's compute; that engine gets what the
+front end leaves, which is most of its cores. Left unpinned (the plan before), front-end
+work landed on the short engine's core whenever the other core was busy with long
+requests, and short requests decoded ~1.5x slower with long traffic than without.
 """
 
 from __future__ import annotations
@@ -18,7 +29,7 @@ import shutil
 import subprocess
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Sequence
 
 from tailguard import settings
 from tailguard.errors import ConfigError
@@ -44,13 +55,7 @@ class Pinning:
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "Pinning":
         """The CPU pin `env()` handed this process; none for vLLM's own values (auto, all,
         nobind) or anything else that is not a list of cores and ranges (``0,2-3``)."""
-        cores: list[int] = []
-        for part in environ.get(OMP_BIND_ENV, "").split(","):
-            lo, dash, hi = part.strip().partition("-")
-            if not lo.isdigit() or (dash and not hi.isdigit()):
-                return cls()
-            cores.extend(range(int(lo), int(hi) + 1) if dash else [int(lo)])
-        return cls(cores=tuple(cores))
+        return cls(cores=parse_cores(environ.get(OMP_BIND_ENV, "")) or ())
 
     def options(self) -> list[str]:
         """The `tailguard worker` options that pin a worker here."""
@@ -74,6 +79,101 @@ class Pinning:
             return {OMP_BIND_ENV: cores, "OMP_NUM_THREADS": str(len(self.cores)),
                     "CUDA_VISIBLE_DEVICES": ""}
         return {}
+
+
+def parse_cores(text: str) -> tuple[int, ...] | None:
+    """``0,2-3`` as (0, 2, 3); None for anything else (empty, ``auto``, ``all``)."""
+    cores: list[int] = []
+    for part in text.split(","):
+        lo, dash, hi = part.strip().partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()):
+            return None
+        cores.extend(range(int(lo), int(hi) + 1) if dash else [int(lo)])
+    return tuple(cores)
+
+
+def frontend_cores(pins: Sequence[Pinning], setting: str = "auto") -> tuple[int, ...]:
+    """The cores the front end runs on (the module docstring); () for anywhere. Pure.
+
+    `setting` is TAILGUARD_FRONTEND_CORES: ``auto`` (the last worker's cores, when every
+    worker has CPU cores of its own and there are two or more: with one worker, or on a
+    GPU host, there is nothing to keep the front end away from), ``none``, or a core list.
+    """
+    if setting.strip().lower() == "none":
+        return ()
+    if setting.strip().lower() != "auto":
+        cores = parse_cores(setting)
+        if cores is None:
+            raise ConfigError(f"{settings.FRONTEND_CORES.env} must be auto, none or a core list "
+                              f"such as 1 or 2-3, got {setting!r}", field=settings.FRONTEND_CORES.env)
+        return cores
+    if len(pins) < 2 or any(p.gpu is not None or not p.cores for p in pins):
+        return ()
+    last = set(pins[-1].cores)
+    if any(last & set(p.cores) for p in pins[:-1]):
+        return ()  # fewer cores than engines: they share already (`plan`)
+    return pins[-1].cores
+
+
+def frontend_env(cores: tuple[int, ...]) -> dict[str, str]:
+    """What a child of `tailguard up` or the benchmark is told of the front-end cores: a
+    worker whose engine shares them lowers its engine's priority (`shares_frontend`)."""
+    return {settings.FRONTEND_CORES.env: ",".join(map(str, cores)) if cores else "none"}
+
+
+def shares_frontend(pin: Pinning, environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether this worker's engine cores include a front-end core (`frontend_env` told us)."""
+    front = parse_cores(environ.get(settings.FRONTEND_CORES.env, "")) or ()
+    return bool(set(pin.cores) & set(front))
+
+
+def renice_children(nice: int) -> int:
+    """Lower the CPU priority of every thread of this process's descendants (vLLM's engine
+    core and model runner) to at least `nice`; how many threads were changed.
+
+    Linux keeps a nice value per thread and a new thread inherits its creator's, so the
+    threads those processes start later run at `nice` too. Raising one's own children's
+    nice needs no privilege. A thread that ended meanwhile is skipped.
+    """
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    parents[int(entry)] = int(fh.read().rpartition(")")[2].split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+    ours, frontier = set(), [os.getpid()]
+    while frontier:
+        pid = frontier.pop()
+        kids = [c for c, parent in parents.items() if parent == pid and c not in ours]
+        ours.update(kids)
+        frontier.extend(kids)
+    changed = 0
+    for pid in ours:
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                if os.getpriority(os.PRIO_PROCESS, tid) < nice:
+                    os.setpriority(os.PRIO_PROCESS, tid, nice)
+                    changed += 1
+            except OSError:  # ended meanwhile
+                pass
+    return changed
+
+
+def pin_threads(cores: tuple[int, ...]) -> None:
+    """Every thread of this process (and those they start) on `cores`; () does nothing."""
+    if not cores:
+        return
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except ProcessLookupError:
+            pass  # it has ended already
 
 
 @contextmanager

@@ -9,8 +9,9 @@ finds an exited child) and runs as a `Child`:
 * in its own session, so a Ctrl-C meant for us does not reach it, and stopping
   it can end its whole process group (vLLM's engine-core process included);
 * pinned before it runs a line, when its spec has a pin: the environment vLLM and
-  CUDA read (`Pinning.env`), which places its engine, not the process itself
-  (the core plan in tailguard/pinning.py);
+  CUDA read (`Pinning.env`), which places its engine, not the process itself; the
+  process itself runs on its spec's `cpus`, the front-end cores (the core plan in
+  tailguard/pinning.py);
 * with its output in a log file of its own (`log_tail()` goes into error
   messages), or echoed line by line behind a name tag (`tailguard up`);
 * stopped by its stop signal (a warm shutdown), then killed, group and all, if
@@ -37,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, TypeVar
 
-from tailguard.pinning import Pinning
+from tailguard.pinning import Pinning, children_on
 
 T = TypeVar("T")
 
@@ -83,6 +84,9 @@ class ChildSpec:
     argv: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)  # on top of our environment
     pin: Pinning = Pinning()  # its env applied by us; a `tailguard worker` pins itself from its argv
+    #: the CPUs the process runs on (its threads and children inherit them); (): where we run.
+    #: The front-end cores (tailguard/pinning.py); an engine's own processes move to its cores.
+    cpus: tuple[int, ...] = ()
     cwd: Path | None = None
     stop_signal: int = signal.SIGTERM
     stop_timeout_s: float = STOP_TIMEOUT_S
@@ -175,9 +179,10 @@ def start(spec: ChildSpec, *, log: Path | None = None, echo: str | None = None,
     out = (open(log, "ab" if append else "wb") if log is not None
            else (subprocess.PIPE if echo is not None else None))
     try:
-        proc = subprocess.Popen(list(spec.argv), cwd=spec.cwd, env=env, stdout=out,
-                                stderr=subprocess.STDOUT if out is not None else None,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        with children_on(spec.cpus):
+            proc = subprocess.Popen(list(spec.argv), cwd=spec.cwd, env=env, stdout=out,
+                                    stderr=subprocess.STDOUT if out is not None else None,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
     finally:
         if log is not None:
             out.close()  # the child holds its own descriptor
@@ -368,13 +373,14 @@ def tailguard_argv(*args: str, python: str = sys.executable) -> tuple[str, ...]:
 
 
 def worker_spec(name: str, pin: Pinning, *args: str, env: Mapping[str, str] | None = None,
-                python: str = sys.executable) -> ChildSpec:
-    """`tailguard worker --worker NAME` pinned to `pin` (it pins itself from its options),
-    as `tailguard up` and the benchmark run it; `args` are further worker options."""
+                python: str = sys.executable, cpus: tuple[int, ...] = ()) -> ChildSpec:
+    """`tailguard worker --worker NAME` with its engine pinned to `pin` (it pins itself from
+    its options) and its own threads on `cpus`, as `tailguard up` and the benchmark run it;
+    `args` are further worker options."""
     return ChildSpec(f"worker.{name}",
                      tailguard_argv("worker", "--worker", name, *pin.options(), *args,
                                     python=python),
-                     env=dict(env or {}))
+                     env=dict(env or {}), cpus=cpus)
 
 
 def console_script(name: str) -> str:

@@ -95,13 +95,13 @@ def answers_ping(port: int, host: str = "127.0.0.1") -> bool:
 def start_redis(port: int, data_dir: Path, *, appendonly: bool = True,
                 log_path: Path | None = None, timeout_s: float = 15.0,
                 password: str | None = None, restart: RestartPolicy | None = None,
-                bind: Sequence[str] = ("127.0.0.1",)) -> Child:
+                bind: Sequence[str] = ("127.0.0.1",), cpus: tuple[int, ...] = ()) -> Child:
     """Start redis-server and return once it answers PING on its first `bind` address (its
     log in `log_path`, else in `data_dir`); `restart` is the policy a supervising Group
-    restarts it by."""
+    restarts it by; `cpus`: where it runs (the front-end cores, tailguard/pinning.py)."""
     spec = ChildSpec("redis", tuple(redis_command(port, data_dir, appendonly=appendonly,
                                                    password=password, bind=bind)),
-                     restart=restart)
+                     restart=restart, cpus=cpus)
     child = start(spec, log=log_path or data_dir / "redis.log")
     try:
         wait_until(lambda: answers_ping(port, bind[0]), [child], timeout_s,

@@ -84,6 +84,16 @@ DEMO_SIZE = Setting(
 DEVICE = Setting(
     "TAILGUARD_DEVICE", "auto", str,
     "cpu, cuda or auto (cuda when `nvidia-smi -L` lists a GPU). Decides how workers are pinned.")
+FRONTEND_CORES = Setting(
+    "TAILGUARD_FRONTEND_CORES", "auto", str,
+    "CPU host: the cores `tailguard up` and `tailguard bench` run the front end on (API, Redis, "
+    "Flower, each worker's own threads, the bench's load generator): auto (the last [[workers]] "
+    "entry's cores, with two or more workers), none (anywhere), or a list such as 1 or 2-3. The "
+    "engine on those cores runs at TAILGUARD_ENGINE_NICE. See tailguard/pinning.py.")
+ENGINE_NICE = Setting(
+    "TAILGUARD_ENGINE_NICE", 10, int,
+    "CPU host: the nice value of an engine whose cores the front end shares "
+    "(TAILGUARD_FRONTEND_CORES), so front-end work runs first there; 0 leaves it as is.")
 API_PORT = Setting("TAILGUARD_API_PORT", 8000, int, "Port of the REST API (gunicorn).")
 API_THREADS = Setting(
     "TAILGUARD_API_THREADS", 1024, int,

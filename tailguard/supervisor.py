@@ -3,7 +3,9 @@
 Starts, in order: the embedded Redis (unless TAILGUARD_REDIS_URL is set), the
 demo model build (unless TAILGUARD_MODEL is set), the API, one worker per
 [[workers]] entry of the lanes file (pinned to a GPU or to disjoint cores), and
-Flower. Each child runs in its own session so Ctrl-C reaches only us.
+Flower. Each child runs in its own session so Ctrl-C reaches only us. On a CPU host
+Redis, the API, Flower and the workers' own threads run on the front-end cores
+(tailguard/pinning.py), away from the other engines' cores.
 
 Supervision: a child that exits (API, worker, Flower, Redis) is started again
 after an exponential backoff; one restarted TAILGUARD_CRASH_LOOP_RESTARTS times
@@ -26,7 +28,7 @@ import threading
 
 from tailguard import settings
 from tailguard.lanes import LaneTable, load_lanes
-from tailguard.pinning import device_kind, plan
+from tailguard.pinning import device_kind, frontend_cores, frontend_env, plan
 from tailguard.procs import (STOP_TIMEOUT_S, ChildSpec, Group, RestartPolicy, tailguard_argv,
                              worker_spec)
 
@@ -77,6 +79,9 @@ def run_up() -> int:
     table = load_lanes()  # fail before starting anything if the lanes file is bad
     home = settings.home()
     home.mkdir(parents=True, exist_ok=True)
+    pins = plan(table.workers, device_kind())
+    front = frontend_cores(pins, settings.FRONTEND_CORES.get())
+    env.update(frontend_env(front))
     group = Group()
     stop = threading.Event()
     policy = restart_policy()
@@ -88,7 +93,7 @@ def run_up() -> int:
             # Started first and stopped last: workers need Redis to shut down.
             group.adopt(start_redis(port, home / "redis", log_path=home / "redis.log",
                                     password=settings.embedded_redis_password(),
-                                    restart=policy))
+                                    restart=policy, cpus=front))
             env[settings.REDIS_URL.env] = settings.redis_url()
         _say("preparing the model (the first run builds the demo model)")
         model, is_demo = served_model()
@@ -98,13 +103,20 @@ def run_up() -> int:
         auth = flower_auth(home)
         env[settings.FLOWER_BASIC_AUTH.env] = auth
 
-        specs = [ChildSpec("api", tailguard_argv("api"), env=env, restart=policy)]
-        for i, (spec, pin) in enumerate(zip(table.workers, plan(table.workers, device_kind()))):
+        specs = [ChildSpec("api", tailguard_argv("api"), env=env, restart=policy, cpus=front)]
+        for i, (spec, pin) in enumerate(zip(table.workers, pins)):
             specs.append(dataclasses.replace(
-                worker_spec(spec.name, pin, "--metrics-port", str(WORKER_METRICS_BASE + i), env=env),
+                worker_spec(spec.name, pin, "--metrics-port", str(WORKER_METRICS_BASE + i),
+                            env=env, cpus=front),
                 stop_timeout_s=worker_stop_timeout_s(table, spec.lanes), restart=policy))
-            _say(f"worker {spec.name} serves {', '.join(spec.lanes)} on {pin.label()}")
-        specs.append(ChildSpec("flower", tailguard_argv("flower"), env=env, restart=policy))
+            shared = (f" (shared with the front end: the engine at nice "
+                      f"{settings.ENGINE_NICE.get()})" if set(pin.cores) & set(front) else "")
+            _say(f"worker {spec.name} serves {', '.join(spec.lanes)} on {pin.label()}{shared}")
+        if front:
+            _say(f"front end (API, Redis, Flower, the workers' own threads) on cores "
+                 f"{','.join(map(str, front))} ({settings.FRONTEND_CORES.env})")
+        specs.append(ChildSpec("flower", tailguard_argv("flower"), env=env, restart=policy,
+                               cpus=front))
 
         def on_signal(*_: object) -> None:
             if stop.is_set():  # the second Ctrl-C: no more waiting for warm shutdowns

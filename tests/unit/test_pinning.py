@@ -9,7 +9,9 @@ import pytest
 
 from tailguard.errors import ConfigError
 from tailguard.lanes import WorkerSpec
-from tailguard.pinning import OMP_BIND_ENV, Pinning, children_on, plan
+from tailguard import procs
+from tailguard.pinning import (OMP_BIND_ENV, Pinning, children_on, frontend_cores, frontend_env,
+                               plan, renice_children, shares_frontend)
 
 TWO = (WorkerSpec("short", ("short",)), WorkerSpec("long", ("long", "batch")))
 
@@ -88,4 +90,73 @@ def test_children_on_pins_only_the_processes_the_thread_starts():
     thread.start()
     thread.join()
     assert seen == {"child": f"[{core}]", "thread_after": mine, "helper": mine}
+    assert os.sched_getaffinity(0) == mine
+
+
+# --- the front-end cores (the module docstring of tailguard/pinning.py) ---------------------
+
+@pytest.mark.parametrize("pins,setting,expected", [
+    ([Pinning(cores=(0,)), Pinning(cores=(1,))], "auto", (1,)),          # the last worker's
+    ([Pinning(cores=(0, 1, 2)), Pinning(cores=(3, 4))], "auto", (3, 4)),
+    ([Pinning(cores=(0,))], "auto", ()),                                 # one worker: anywhere
+    ([Pinning(cores=(0,)), Pinning(cores=(0,))], "auto", ()),            # engines share cores
+    ([Pinning(gpu=0), Pinning(gpu=1)], "auto", ()),                      # a GPU host
+    ([Pinning(cores=(0,)), Pinning(cores=(1,))], "none", ()),
+    ([Pinning(cores=(0,)), Pinning(cores=(1,))], "0,2-3", (0, 2, 3)),   # as the user says
+])
+def test_frontend_cores(pins, setting, expected):
+    assert frontend_cores(pins, setting) == expected
+
+
+def test_frontend_cores_refuses_what_is_not_a_core_list():
+    with pytest.raises(ConfigError, match="TAILGUARD_FRONTEND_CORES"):
+        frontend_cores([Pinning(cores=(0,))], "the second one")
+
+
+def test_a_worker_learns_whether_its_engine_shares_the_front_end_cores():
+    env = frontend_env((1,))
+    assert shares_frontend(Pinning(cores=(1,)), env)
+    assert not shares_frontend(Pinning(cores=(0,)), env)
+    assert not shares_frontend(Pinning(cores=(1,)), frontend_env(()))  # "none"
+    assert not shares_frontend(Pinning(cores=(1,)), {})                # started by hand
+
+
+def test_renice_children_lowers_every_thread_of_the_descendants_only():
+    """A child and its own child (vLLM's engine core and what it starts) get the nice value;
+    the process that calls it keeps its own. Run in a process of its own, so the test
+    session's other children (a Redis) are not touched."""
+    script = """
+import os, subprocess, sys
+from tailguard.pinning import renice_children
+sleeper = [sys.executable, "-c", "import time; time.sleep(30)"]
+child = subprocess.Popen([sys.executable, "-c",
+                          "import subprocess, sys, time; "
+                          "p = subprocess.Popen(%r, stdout=subprocess.DEVNULL); "
+                          "print(p.pid, flush=True); time.sleep(30)" % (sleeper,)],
+                         stdout=subprocess.PIPE, text=True)
+grandchild = int(child.stdout.readline())
+mine = os.getpriority(os.PRIO_PROCESS, 0)
+first, again = renice_children(mine + 5), renice_children(mine + 5)
+print(first, again, mine, os.getpriority(os.PRIO_PROCESS, 0),
+      os.getpriority(os.PRIO_PROCESS, child.pid), os.getpriority(os.PRIO_PROCESS, grandchild))
+os.kill(grandchild, 9)
+child.kill()
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.split()
+    first, again, mine, caller, child, grandchild = map(int, out)
+    assert first >= 2 and again == 0  # the second call finds them there already
+    assert (caller, child, grandchild) == (mine, mine + 5, mine + 5)
+
+
+def test_a_child_runs_on_its_specs_cpus(tmp_path):
+    """The front end's processes start on the front-end cores; we stay where we were."""
+    mine = os.sched_getaffinity(0)
+    core = max(mine)
+    spec = procs.ChildSpec("probe", (sys.executable, "-c",
+                                     "import os; print(sorted(os.sched_getaffinity(0)))"),
+                           cpus=(core,))
+    child = procs.start(spec, log=tmp_path / "probe.log")
+    assert child.proc.wait(30) == 0
+    assert (tmp_path / "probe.log").read_text().strip() == f"[{core}]"
     assert os.sched_getaffinity(0) == mine
