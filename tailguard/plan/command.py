@@ -62,7 +62,8 @@ def _target(text: str) -> tuple[str, float]:
               help="random draw of arrivals and lengths (with --validate: Poisson arrivals "
                    "instead of the bench runs' own)")
 @click.option("--validate", is_flag=True,
-              help="predicted vs measured for the bench runs of docs/benchmarks.md")
+              help="predicted vs measured for the bench runs of docs/benchmarks.md, each with "
+                   "the lanes file it ran with (--lanes does not apply)")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def plan(profile_out: Path | None, cores: str | None, step_model: Path | None,
          class_specs: tuple[str, ...], workload_file: Path | None, rate: float | None, scale: float,
@@ -85,16 +86,16 @@ def plan(profile_out: Path | None, cores: str | None, step_model: Path | None,
     if step_model is None:
         raise click.UsageError("give --step-model FILE (from `tailguard plan --profile FILE`)")
     model = StepModel.load(step_model)
+    if validate:
+        from tailguard.plan.validate import render, table_rows
+
+        rows = table_rows(model, seed if seed_given else None)
+        click.echo(json.dumps(rows, indent=2) if as_json else render(rows))
+        return
     try:
         table = load_lanes(lanes_file)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    if validate:
-        from tailguard.plan.validate import render, table_rows
-
-        rows = table_rows(table, model, seed if seed_given else None)
-        click.echo(json.dumps(rows, indent=2) if as_json else render(rows))
-        return
     try:
         classes: list[ClassLoad] = [parse_class(s) for s in class_specs]
         if workload_file:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from tailguard.bench.topology import shared_lane
+from tailguard.borrowing import engine_for
 from tailguard.lanes import Lane, LaneTable, engine_settings_for
 from tailguard.plan.sim import ClassResult, EngineGroup, simulate
 from tailguard.plan.stepmodel import StepModel
@@ -32,16 +33,20 @@ MIN_SAMPLE = 1000
 MAX_ENGINES = 1 << 16
 
 
-def topology(table: LaneTable, name: str, count: int = 1) -> tuple[list[Lane], list[EngineGroup]]:
+def topology(table: LaneTable, name: str, count: int = 1,
+             borrow_on: str | None = None) -> tuple[list[Lane], list[EngineGroup]]:
     """The lanes and engine groups of a topology, as `tailguard bench` builds them: ``lanes``,
     the file's worker groups; ``shared``, one lane taking every interactive request.
-    Each group gets `count` engines."""
+    Each group gets `count` engines. With `borrow_on` (a device: "cpu", "cuda") the groups
+    borrow as their workers would there; without, they borrow nothing."""
     if name == "shared":
         lane = shared_lane(table)
         return [lane], [EngineGroup((lane.name,), count, lane.max_num_seqs)]
-    return list(table), [EngineGroup(w.lanes, count,
-                                     engine_settings_for(table.lanes_for_queues(w.lanes))[0])
-                         for w in table.workers]
+    return list(table), [
+        EngineGroup(w.lanes, count, engine_settings_for(table.lanes_for_queues(w.lanes))[0],
+                    **({"borrow": replace(w.borrow, engine=engine_for(w.borrow, borrow_on))}
+                       if borrow_on and w.borrow.lanes else {}))
+        for w in table.workers]
 
 
 @dataclass(frozen=True)
