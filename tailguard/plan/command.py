@@ -23,6 +23,10 @@ from tailguard.plan.stepmodel import StepModel
 from tailguard.plan.workload import ClassLoad, load_classes, parse_class
 
 
+def _cores(text: str | None) -> tuple[int, ...]:
+    return tuple(int(c) for c in text.split(",")) if text else ()
+
+
 def _target(text: str) -> tuple[str, float]:
     name, _, value = text.partition(":")
     try:
@@ -36,6 +40,8 @@ def _target(text: str) -> tuple[str, float]:
               help="measure the engine (the served model, or the demo model) and write its step "
                    "model to this JSON file, then exit")
 @click.option("--cores", help="with --profile: pin the engine to these cores, e.g. 1")
+@click.option("--neighbour-cores", help="with --profile: also measure the engine beside a busy "
+                                        "one on these cores (another lane's), e.g. 0")
 @click.option("--step-model", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="the step model JSON that --profile wrote")
 @click.option("--class", "class_specs", multiple=True, metavar="NAME:RATE:PROMPT:OUTPUT[:PRIORITY]",
@@ -65,7 +71,8 @@ def _target(text: str) -> tuple[str, float]:
               help="predicted vs measured for the bench runs of docs/benchmarks.md, each with "
                    "the lanes file it ran with (--lanes does not apply)")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def plan(profile_out: Path | None, cores: str | None, step_model: Path | None,
+def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | None,
+         step_model: Path | None,
          class_specs: tuple[str, ...], workload_file: Path | None, rate: float | None, scale: float,
          lanes_file: Path | None, topology_name: str, target_specs: tuple[str, ...], max_queue_s: float,
          engines: int | None, split: str | None, duration: float, seed: int, validate: bool,
@@ -77,8 +84,8 @@ def plan(profile_out: Path | None, cores: str | None, step_model: Path | None,
         from tailguard.plan.profile import run_profile
         from tailguard.served_model import served_model
 
-        model = run_profile(served_model()[0], say=click.echo,
-                            cores=tuple(int(c) for c in cores.split(",")) if cores else ())
+        model = run_profile(served_model()[0], say=click.echo, cores=_cores(cores),
+                            neighbour_cores=_cores(neighbour_cores))
         model.save(profile_out)
         click.echo(f"step model: step_s = {model.a_s * 1e3:.3f} ms + {model.decode_s * 1e3:.4f} ms "
                    f"x decoding seqs + {model.prefill_s * 1e3:.5f} ms x prefill tokens -> {profile_out}")

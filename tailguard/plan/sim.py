@@ -37,6 +37,10 @@ What it models, and how the real system does it:
     caches and memory bandwidth and the worker's threads serving the borrowed streams, is
     ``StepModel.borrow_slowdown``: the own engine's steps take that much longer while the
     idle engine holds borrowed requests (a measured coefficient, see tailguard/plan/profile.py).
+* **Neighbours**: the engines of one simulation are taken to share a host (as
+  `tailguard bench`'s two engines share two cores): a step that starts while another
+  engine is stepping takes ``StepModel.neighbour_slowdown`` longer (measured by the
+  profile; 0 where the engines share nothing, as GPUs on their own memory).
 * **Times**: per request, queue wait (arrival to engine), TTFT and end-to-end, the last
   two plus ``StepModel.overhead_s``. Throughput per class is its output tokens over the
   span from its first arrival to its last finish (the bench's definition).
@@ -168,9 +172,10 @@ def simulate(classes: Sequence[ClassLoad], lanes: Sequence[Lane], groups: Sequen
     """
     rng = random.Random(seed)
     by_name = {l.name: l for l in lanes}
-    engines = [_new_engine(g) for g in groups for _ in range(g.count)]
-    lenders = [e for e in engines if e.policy]
-    serving = {name: [e for e in engines if name in e.lanes] for name in by_name}
+    owners = [_new_engine(g) for g in groups for _ in range(g.count)]
+    engines = owners + [e.idle for e in owners if e.idle]
+    lenders = [e for e in owners if e.policy]
+    serving = {name: [e for e in owners if name in e.lanes] for name in by_name}
     queues: dict[str, list[_Req]] = {name: [] for name in by_name}  # FIFO, popped from the head
     heads = {name: 0 for name in by_name}
     events: list[tuple[float, int, str, Any]] = []
@@ -292,6 +297,9 @@ def simulate(classes: Sequence[ClassLoad], lanes: Sequence[Lane], groups: Sequen
         s = model.step_s(len(decode), prefill, context)
         if e.idle and e.idle.reqs:
             s *= 1 + model.borrow_slowdown
+        if model.neighbour_slowdown and any(o.busy and not o.suspended for o in engines
+                                            if o is not e and o is not e.host and o is not e.idle):
+            s *= 1 + model.neighbour_slowdown
         if e.host and e.host.reqs:
             e.suspended, e.left_s = True, s  # its host has work: it waits for the cores
             return

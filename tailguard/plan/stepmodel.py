@@ -28,6 +28,9 @@ class StepModel:
     #: how much longer the engine's steps take while an idle-priority engine on its cores
     #: holds borrowed requests (0.25: 25% longer; tailguard/plan/sim.py, "Borrowing")
     borrow_slowdown: float = 0.0
+    #: how much longer its steps take while another engine of the host is stepping (its
+    #: cores share the caches and the memory bandwidth; tailguard/plan/sim.py)
+    neighbour_slowdown: float = 0.0
     source: dict[str, Any] = field(default_factory=dict)  # how it was obtained
 
     def step_s(self, decode_seqs: int, prefill_tokens: int, context_tokens: int = 0) -> float:
@@ -40,7 +43,8 @@ class StepModel:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "StepModel":
         known = {k: d[k] for k in ("a_s", "decode_s", "prefill_s", "context_s", "max_batched_tokens",
-                                   "overhead_s", "borrow_slowdown", "source") if k in d}
+                                   "overhead_s", "borrow_slowdown", "neighbour_slowdown", "source")
+                 if k in d}
         return cls(**known)
 
     @classmethod
@@ -88,8 +92,9 @@ def fit(decode: Sequence[tuple[int, float]], prefill: Sequence[tuple[int, float]
 
 
 def slowdown(points: Sequence[tuple[int, float, float]]) -> float:
-    """``borrow_slowdown`` from (batch size, step seconds alone, step seconds beside a busy
-    idle-priority engine): the median of the ratios, less one (never below 0)."""
+    """``borrow_slowdown`` or ``neighbour_slowdown`` from (batch size, step seconds alone,
+    step seconds beside the busy other engine): the median of the ratios, less one (never
+    below 0)."""
     if not points:
         raise ValueError("no points")
     ratios = sorted(beside / alone for _, alone, beside in points)

@@ -60,8 +60,11 @@ MEASURED = (
              "pre-borrowing.lanes.toml", {"shared": (2.181, 184.2), "lanes": (0.681, 156.2)},
              borrowed=0),
     BenchRun("bench-final (default, borrowing; c9a94fc)", "tailguard bench", 2.5, 0.2, 90,
-             "bench-final.lanes.toml", {"shared": (5.365, 255.9), "lanes": (0.992, 206.3)},
+             "borrowing.lanes.toml", {"shared": (5.365, 255.9), "lanes": (0.992, 206.3)},
              borrowed=12),
+    BenchRun("bench-run2 (default, borrowing; 9c2ac1f)", "tailguard bench", 2.5, 0.2, 90,
+             "borrowing.lanes.toml", {"shared": (7.287, 246.7), "lanes": (2.160, 191.8)},
+             borrowed=14),
 )
 
 

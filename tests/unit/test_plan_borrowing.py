@@ -126,3 +126,15 @@ def test_an_unresolved_borrow_engine_is_refused():
 def test_slowdown_is_the_median_ratio():
     assert slowdown([(1, 0.010, 0.015), (2, 0.010, 0.012), (4, 0.010, 0.020)]) == pytest.approx(0.5)
     assert slowdown([(1, 0.010, 0.009)]) == 0.0
+
+
+def test_an_engine_stepping_slows_its_neighbours_steps():
+    """neighbour_slowdown: the engines of one simulation share a host; a short request whose
+    steps all start while the long engine steps takes that much longer, alone it does not."""
+    model = dataclasses.replace(UNIT, neighbour_slowdown=0.5)
+    short_only = [(2.5, "short", 3, 3)]
+    both = [(0.0, "long", 1500, 10), *short_only]
+    alone = simulate([SHORT, LONG], LANES, groups(), model, duration_s=10, arrivals=short_only)
+    beside = simulate([SHORT, LONG], LANES, groups(), model, duration_s=10, arrivals=both)
+    assert alone["short"].e2e["max"] == pytest.approx(3.0)
+    assert beside["short"].e2e["max"] == pytest.approx(4.5)
