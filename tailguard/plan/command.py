@@ -11,6 +11,7 @@ import click
 from tailguard.errors import ConfigError
 from tailguard.lanes import load_lanes
 from tailguard.plan.search import (
+    SIM_ENGINES,
     Plan,
     Targets,
     evaluate,
@@ -59,6 +60,10 @@ def _target(text: str) -> tuple[str, float]:
               help="bound on a class's end-to-end P99, e.g. short:0.5")
 @click.option("--max-queue-s", type=float, default=10.0, show_default=True,
               help="classes without a target: bound on their queue wait P99 (keeps up)")
+@click.option("--borrow-on", type=click.Choice(["cpu", "cuda"]),
+              help="model the lanes file's borrowing as its workers would do it on this device "
+                   "(auto: idle-priority engine on cpu, own engine on cuda); the search sizes "
+                   "groups without it, the split is then simulated with it (<= 8 engines)")
 @click.option("--engines", type=int, help="a fleet of N engines: how it splits")
 @click.option("--split", help="simulate this split instead of searching: engines per worker "
                               "group in file order, e.g. 1,1")
@@ -75,7 +80,7 @@ def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | Non
          step_model: Path | None,
          class_specs: tuple[str, ...], workload_file: Path | None, rate: float | None, scale: float,
          lanes_file: Path | None, topology_name: str, target_specs: tuple[str, ...], max_queue_s: float,
-         engines: int | None, split: str | None, duration: float, seed: int, validate: bool,
+         borrow_on: str | None, engines: int | None, split: str | None, duration: float, seed: int, validate: bool,
          as_json: bool) -> None:
     """How many engines each lane needs: a simulation of the lanes and of continuously
     batching engines whose step time comes from `--profile`."""
@@ -113,7 +118,11 @@ def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | Non
         raise click.UsageError("give the workload: --class ... (repeat) or --workload FILE")
     classes = [c.scaled(scale) for c in classes]
     targets = Targets(dict(_target(t) for t in target_specs), max_queue_s)
-    lanes, groups = topology(table, topology_name)
+    lanes, groups = topology(table, topology_name, borrow_on=borrow_on)
+    fleet = sum(int(x) for x in split.split(",") if x.strip().isdigit()) if split else engines
+    if borrow_on and fleet and fleet > SIM_ENGINES:
+        raise click.UsageError(f"--borrow-on: borrowing is simulated for at most {SIM_ENGINES} "
+                               "engines in all")
     if split:
         counts = [int(x) for x in split.split(",")]
         if len(counts) != len(groups) or min(counts) < 1:
@@ -127,8 +136,11 @@ def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | Non
                                        "one request alone takes?)")
         needed = [n for n in found if n is not None]
         counts = split_fleet(needed, engines) if engines else needed
-    result = evaluate(classes, lanes, [replace(g, count=n) for g, n in zip(groups, counts)],
-                      model, targets, duration_s=duration, seed=seed)
+    try:
+        result = evaluate(classes, lanes, [replace(g, count=n) for g, n in zip(groups, counts)],
+                          model, targets, duration_s=duration, seed=seed)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     if as_json:
         click.echo(json.dumps(_to_dict(result, needed, engines), indent=2))
     else:
@@ -159,7 +171,8 @@ def _render(p: Plan, needed: list[int] | None, fleet: int | None, targets: Targe
         out.append(f"{name:<10}{','.join(r.lanes):<16}{r.n:>7} {_s(r.e2e['p50'])} {_s(r.e2e['p99'])} "
                    f" {_s(r.ttft_p99)} {_s(r.queued_p99):>10} {r.tokens_per_s:>9.1f}  "
                    f"{f'P99 <= {goal:g} s' if goal else f'queue P99 <= {targets.max_queue_s:g} s'}"
-                   f"{' ' + str(bad) if bad else ''}")
+                   f"{' ' + str(bad) if bad else ''}"
+                   f"{f'; ran borrowed {r.borrowed}, reclaimed {r.reclaimed}' if r.borrowed or r.reclaimed else ''}")
     return "\n".join(out)
 
 

@@ -73,6 +73,8 @@ from tailguard.plan.workload import ClassLoad
 
 #: where borrowed requests run, once "auto" is resolved for a device (borrowing.engine_for)
 BORROW_ENGINES = ("own", "idle")
+#: a group that borrows nothing
+NO_BORROWING = BorrowPolicy(lanes=(), engine="own")
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,7 @@ class EngineGroup:
     lanes: tuple[str, ...]
     count: int
     max_num_seqs: int
-    borrow: BorrowPolicy = BorrowPolicy(lanes=(), engine="own")
+    borrow: BorrowPolicy = NO_BORROWING
 
     def __post_init__(self) -> None:
         if self.borrow.lanes and self.borrow.engine not in BORROW_ENGINES:

@@ -6,8 +6,8 @@ import pytest
 
 from tailguard.borrowing import BorrowPolicy
 from tailguard.lanes import default_lanes_path, load_lanes
-from tailguard.plan.search import topology
-from tailguard.plan.sim import EngineGroup, simulate
+from tailguard.plan.search import SIM_ENGINES, Targets, evaluate, least_engines, topology
+from tailguard.plan.sim import NO_BORROWING, EngineGroup, simulate
 from tailguard.plan.stepmodel import StepModel, slowdown
 from tailguard.plan.workload import ClassLoad, Lengths, parse_class
 
@@ -138,3 +138,17 @@ def test_an_engine_stepping_slows_its_neighbours_steps():
     beside = simulate([SHORT, LONG], LANES, groups(), model, duration_s=10, arrivals=both)
     assert alone["short"].e2e["max"] == pytest.approx(3.0)
     assert beside["short"].e2e["max"] == pytest.approx(4.5)
+
+
+def test_the_search_sizes_groups_without_borrowing_and_a_split_is_simulated_with_it():
+    classes = [parse_class("short:2:3:64"), parse_class("long:1:2000:512")]
+    _, gs = topology(TABLE, "lanes", borrow_on="cuda")
+    targets = Targets({"short": 1.0}, max_queue_s=1e9)
+    assert (least_engines(classes, LANES, gs[0], CPU, targets, duration_s=60)
+            == least_engines(classes, LANES, dataclasses.replace(gs[0], borrow=NO_BORROWING), CPU,
+                             targets, duration_s=60))
+    split = evaluate(classes, LANES, gs, CPU, targets, duration_s=60)
+    assert split.results["long"].borrowed > 0
+    with pytest.raises(ValueError, match="at most"):
+        evaluate(classes, LANES, [dataclasses.replace(g, count=SIM_ENGINES) for g in gs], CPU,
+                 targets, duration_s=60)
