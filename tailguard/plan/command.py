@@ -93,7 +93,10 @@ def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | Non
                             neighbour_cores=_cores(neighbour_cores))
         model.save(profile_out)
         click.echo(f"step model: step_s = {model.a_s * 1e3:.3f} ms + {model.decode_s * 1e3:.4f} ms "
-                   f"x decoding seqs + {model.prefill_s * 1e3:.5f} ms x prefill tokens -> {profile_out}")
+                   f"x decoding seqs + {model.prefill_s * 1e3:.5f} ms x prefill tokens + "
+                   f"{model.context_s * 1e6:.3f} us x context tokens; beside an idle-priority "
+                   f"engine +{100 * model.borrow_slowdown:.0f}%, beside a busy neighbour "
+                   f"+{100 * model.neighbour_slowdown:.0f}% -> {profile_out}")
         return
     if step_model is None:
         raise click.UsageError("give --step-model FILE (from `tailguard plan --profile FILE`)")

@@ -169,7 +169,8 @@ def simulate(classes: Sequence[ClassLoad], lanes: Sequence[Lane], groups: Sequen
     list (a bench run's) instead of drawing Poisson arrivals and lengths from `classes`.
 
     Requests placed on a lane no group serves are left out (not counted), so one lane
-    group can be simulated alone: lanes that share no engine do not interact (a group
+    group can be simulated alone: lanes that share no engine interact only through
+    ``neighbour_slowdown`` (then among the engines simulated) and borrowing (a group
     borrowing from a lane no group serves borrows nothing).
     """
     rng = random.Random(seed)
