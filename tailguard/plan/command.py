@@ -11,6 +11,7 @@ import click
 from tailguard.errors import ConfigError
 from tailguard.lanes import load_lanes
 from tailguard.plan.search import (
+    SIM_ENGINES,
     Plan,
     Targets,
     evaluate,
@@ -21,6 +22,10 @@ from tailguard.plan.search import (
 from tailguard.plan.sim import EngineGroup
 from tailguard.plan.stepmodel import StepModel
 from tailguard.plan.workload import ClassLoad, load_classes, parse_class
+
+
+def _cores(text: str | None) -> tuple[int, ...]:
+    return tuple(int(c) for c in text.split(",")) if text else ()
 
 
 def _target(text: str) -> tuple[str, float]:
@@ -36,6 +41,8 @@ def _target(text: str) -> tuple[str, float]:
               help="measure the engine (the served model, or the demo model) and write its step "
                    "model to this JSON file, then exit")
 @click.option("--cores", help="with --profile: pin the engine to these cores, e.g. 1")
+@click.option("--neighbour-cores", help="with --profile: also measure the engine beside a busy "
+                                        "one on these cores (another lane's), e.g. 0")
 @click.option("--step-model", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="the step model JSON that --profile wrote")
 @click.option("--class", "class_specs", multiple=True, metavar="NAME:RATE:PROMPT:OUTPUT[:PRIORITY]",
@@ -53,6 +60,10 @@ def _target(text: str) -> tuple[str, float]:
               help="bound on a class's end-to-end P99, e.g. short:0.5")
 @click.option("--max-queue-s", type=float, default=10.0, show_default=True,
               help="classes without a target: bound on their queue wait P99 (keeps up)")
+@click.option("--borrow-on", type=click.Choice(["cpu", "cuda"]),
+              help="model the lanes file's borrowing as its workers would do it on this device "
+                   "(auto: idle-priority engine on cpu, own engine on cuda); the search sizes "
+                   "groups without it, the split is then simulated with it (<= 8 engines)")
 @click.option("--engines", type=int, help="a fleet of N engines: how it splits")
 @click.option("--split", help="simulate this split instead of searching: engines per worker "
                               "group in file order, e.g. 1,1")
@@ -62,12 +73,14 @@ def _target(text: str) -> tuple[str, float]:
               help="random draw of arrivals and lengths (with --validate: Poisson arrivals "
                    "instead of the bench runs' own)")
 @click.option("--validate", is_flag=True,
-              help="predicted vs measured for the bench runs of docs/benchmarks.md")
+              help="predicted vs measured for the bench runs of docs/benchmarks.md, each with "
+                   "the lanes file it ran with (--lanes does not apply)")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def plan(profile_out: Path | None, cores: str | None, step_model: Path | None,
+def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | None,
+         step_model: Path | None,
          class_specs: tuple[str, ...], workload_file: Path | None, rate: float | None, scale: float,
          lanes_file: Path | None, topology_name: str, target_specs: tuple[str, ...], max_queue_s: float,
-         engines: int | None, split: str | None, duration: float, seed: int, validate: bool,
+         borrow_on: str | None, engines: int | None, split: str | None, duration: float, seed: int, validate: bool,
          as_json: bool) -> None:
     """How many engines each lane needs: a simulation of the lanes and of continuously
     batching engines whose step time comes from `--profile`."""
@@ -76,25 +89,28 @@ def plan(profile_out: Path | None, cores: str | None, step_model: Path | None,
         from tailguard.plan.profile import run_profile
         from tailguard.served_model import served_model
 
-        model = run_profile(served_model()[0], say=click.echo,
-                            cores=tuple(int(c) for c in cores.split(",")) if cores else ())
+        model = run_profile(served_model()[0], say=click.echo, cores=_cores(cores),
+                            neighbour_cores=_cores(neighbour_cores))
         model.save(profile_out)
         click.echo(f"step model: step_s = {model.a_s * 1e3:.3f} ms + {model.decode_s * 1e3:.4f} ms "
-                   f"x decoding seqs + {model.prefill_s * 1e3:.5f} ms x prefill tokens -> {profile_out}")
+                   f"x decoding seqs + {model.prefill_s * 1e3:.5f} ms x prefill tokens + "
+                   f"{model.context_s * 1e6:.3f} us x context tokens; beside an idle-priority "
+                   f"engine +{100 * model.borrow_slowdown:.0f}%, beside a busy neighbour "
+                   f"+{100 * model.neighbour_slowdown:.0f}% -> {profile_out}")
         return
     if step_model is None:
         raise click.UsageError("give --step-model FILE (from `tailguard plan --profile FILE`)")
     model = StepModel.load(step_model)
+    if validate:
+        from tailguard.plan.validate import render, table_rows
+
+        rows = table_rows(model, seed if seed_given else None)
+        click.echo(json.dumps(rows, indent=2) if as_json else render(rows))
+        return
     try:
         table = load_lanes(lanes_file)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    if validate:
-        from tailguard.plan.validate import render, table_rows
-
-        rows = table_rows(table, model, seed if seed_given else None)
-        click.echo(json.dumps(rows, indent=2) if as_json else render(rows))
-        return
     try:
         classes: list[ClassLoad] = [parse_class(s) for s in class_specs]
         if workload_file:
@@ -105,7 +121,11 @@ def plan(profile_out: Path | None, cores: str | None, step_model: Path | None,
         raise click.UsageError("give the workload: --class ... (repeat) or --workload FILE")
     classes = [c.scaled(scale) for c in classes]
     targets = Targets(dict(_target(t) for t in target_specs), max_queue_s)
-    lanes, groups = topology(table, topology_name)
+    lanes, groups = topology(table, topology_name, borrow_on=borrow_on)
+    fleet = sum(int(x) for x in split.split(",") if x.strip().isdigit()) if split else engines
+    if borrow_on and fleet and fleet > SIM_ENGINES:
+        raise click.UsageError(f"--borrow-on: borrowing is simulated for at most {SIM_ENGINES} "
+                               "engines in all")
     if split:
         counts = [int(x) for x in split.split(",")]
         if len(counts) != len(groups) or min(counts) < 1:
@@ -119,8 +139,11 @@ def plan(profile_out: Path | None, cores: str | None, step_model: Path | None,
                                        "one request alone takes?)")
         needed = [n for n in found if n is not None]
         counts = split_fleet(needed, engines) if engines else needed
-    result = evaluate(classes, lanes, [replace(g, count=n) for g, n in zip(groups, counts)],
-                      model, targets, duration_s=duration, seed=seed)
+    try:
+        result = evaluate(classes, lanes, [replace(g, count=n) for g, n in zip(groups, counts)],
+                          model, targets, duration_s=duration, seed=seed)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     if as_json:
         click.echo(json.dumps(_to_dict(result, needed, engines), indent=2))
     else:
@@ -151,7 +174,8 @@ def _render(p: Plan, needed: list[int] | None, fleet: int | None, targets: Targe
         out.append(f"{name:<10}{','.join(r.lanes):<16}{r.n:>7} {_s(r.e2e['p50'])} {_s(r.e2e['p99'])} "
                    f" {_s(r.ttft_p99)} {_s(r.queued_p99):>10} {r.tokens_per_s:>9.1f}  "
                    f"{f'P99 <= {goal:g} s' if goal else f'queue P99 <= {targets.max_queue_s:g} s'}"
-                   f"{' ' + str(bad) if bad else ''}")
+                   f"{' ' + str(bad) if bad else ''}"
+                   f"{f'; ran borrowed {r.borrowed}, reclaimed {r.reclaimed}' if r.borrowed or r.reclaimed else ''}")
     return "\n".join(out)
 
 

@@ -10,6 +10,22 @@ at the end, as the others finish first). Prefill: one request of
 ``p`` prompt tokens and one output token, alone, for each ``p``; its TTFT is the
 step that prefilled it. Each point is the median of ``repeats`` runs.
 
+Borrowing on a CPU host (``borrow_slots`` > 0): a second engine of that many slots is
+started on the same cores at the kernel's idle CPU priority, as a borrowing worker starts
+it (``tasks/worker.py``), and kept full of the bench's long requests (``long_context``
+-token prompts, ``long_tokens`` out) while the decode points at ``BORROW_BATCHES`` are
+measured again on the own engine. How much longer those steps take than without it is
+``StepModel.borrow_slowdown`` (``stepmodel.slowdown``): what the idle engine costs the own
+one although the kernel runs it only when the own engine leaves the core (caches, memory
+bandwidth, its threads in this process), measured rather than fitted to a bench run.
+
+A neighbour on other cores (``neighbour_cores``): an engine of ``neighbour_slots`` slots
+pinned there, at normal priority, kept full of the same long requests while the same
+decode points are measured again: how much longer they take is
+``StepModel.neighbour_slowdown``, what one engine costs another on the same host (the
+cores share the caches and the memory bandwidth; `tailguard bench` runs two engines on
+two cores).
+
 The engine runs in this process (``EngineHost``) pinned like a worker
 (``--cores``), so a profile measures what one worker's engine does, without the
 API or the broker around it.
@@ -17,25 +33,36 @@ API or the broker around it.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import os
 import random
 import statistics
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
-from tailguard.plan.stepmodel import StepModel, fit
+from tailguard.plan.stepmodel import StepModel, fit, slowdown
 
 BATCHES = (1, 2, 4, 8, 16)
 PROMPTS = (128, 512, 1024, 2000)
 LONG_BATCHES = (1, 4, 8)
+#: decode batch sizes measured again beside a busy idle-priority engine (the short lane's
+#: usual batch: a few requests)
+BORROW_BATCHES = (1, 2, 4)
 
 
 def run_profile(model: str, *, cores: tuple[int, ...] = (), batches: tuple[int, ...] = BATCHES,
                 prompts: tuple[int, ...] = PROMPTS, long_batches: tuple[int, ...] = LONG_BATCHES,
                 long_context: int = 2000, decode_tokens: int = 64, repeats: int = 3,
-                max_model_len: int = 4096, say: Callable[[str], None] = print) -> StepModel:
-    """Start one engine on `model` (pinned to `cores`), measure, fit, shut it down."""
+                max_model_len: int = 4096, borrow_slots: int = 4, long_tokens: int = 512,
+                neighbour_cores: tuple[int, ...] = (), neighbour_slots: int = 8,
+                say: Callable[[str], None] = print) -> StepModel:
+    """Start one engine on `model` (pinned to `cores`), measure, fit, shut it down; with
+    `borrow_slots`, also measure it beside an idle-priority engine, with `neighbour_cores`
+    beside a busy engine there (the module docstring)."""
     from tailguard.bench.workload import SEED_PROMPTS, long_prompt
     from tailguard.engine import EngineConfig, EngineHost
     from tailguard.pinning import Pinning
@@ -45,8 +72,8 @@ def run_profile(model: str, *, cores: tuple[int, ...] = (), batches: tuple[int, 
     os.environ.update(pin.env())
     if cores:
         os.sched_setaffinity(0, set(cores))
-    host = EngineHost(EngineConfig(model=model, max_num_seqs=max(batches),
-                                   max_model_len=max_model_len))
+    config = EngineConfig(model=model, max_num_seqs=max(batches), max_model_len=max_model_len)
+    host = EngineHost(config)
     t0 = time.perf_counter()
     host.start()
     say(f"engine ready in {time.perf_counter() - t0:.1f} s ({pin.label()})")
@@ -62,14 +89,18 @@ def run_profile(model: str, *, cores: tuple[int, ...] = (), batches: tuple[int, 
         one(SEED_PROMPTS[0], 8)  # warm-up: the first step of a fresh engine is slow
         decode: list[tuple[int, float]] = []
         with ThreadPoolExecutor(max(batches)) as pool:
-            for n in batches:
+            def decode_step_s(n: int) -> float:
+                """Seconds per decode step with `n` short requests decoding (median of runs)."""
                 runs = []
                 for _ in range(repeats):
                     results = list(pool.map(lambda i: one(SEED_PROMPTS[i % 4], decode_tokens),
                                             range(n)))
                     runs.append(statistics.median(
                         (r.engine_s - r.ttft_s) / (r.completion_tokens - 1) for r in results))
-                decode.append((n, statistics.median(runs)))
+                return statistics.median(runs)
+
+            for n in batches:
+                decode.append((n, decode_step_s(n)))
                 say(f"decode batch {n:>3}: {1000 * decode[-1][1]:.2f} ms/step")
             long_decode: list[tuple[int, int, float]] = []
             for n in long_batches:
@@ -83,6 +114,24 @@ def run_profile(model: str, *, cores: tuple[int, ...] = (), batches: tuple[int, 
                 long_decode.append((n, ctx, statistics.median(runs)))
                 say(f"decode batch {n:>3} at {long_context} tokens of context: "
                     f"{1000 * long_decode[-1][2]:.2f} ms/step")
+            alone = dict(decode)
+
+            def beside(other: str, slots: int, **where: Any) -> list[tuple[int, float, float]]:
+                points = []
+                with _busy_engine(dataclasses.replace(config, max_num_seqs=slots),
+                                  long_context, long_tokens, count, say, **where):
+                    for n in BORROW_BATCHES:
+                        points.append((n, alone[n], decode_step_s(n)))
+                        say(f"decode batch {n:>3} beside {slots} long requests on {other}: "
+                            f"{1000 * points[-1][2]:.2f} ms/step "
+                            f"({points[-1][2] / points[-1][1]:.2f}x)")
+                return points
+
+            borrowed = (beside("an idle-priority engine on its cores", borrow_slots, idle=True)
+                        if borrow_slots else [])
+            neighbour = (beside(f"an engine on cores {','.join(map(str, neighbour_cores))}",
+                                neighbour_slots, cores=neighbour_cores)
+                         if neighbour_cores else [])
         prefill: list[tuple[int, float]] = []
         for p in prompts:
             runs = []
@@ -93,7 +142,88 @@ def run_profile(model: str, *, cores: tuple[int, ...] = (), batches: tuple[int, 
             say(f"prefill {p:>5} tokens: {1000 * prefill[-1][1]:.1f} ms")
     finally:
         host.shutdown()
-    return fit(decode, prefill, long_decode, source={
+    return fit(decode, prefill, long_decode,
+               borrow_slowdown=slowdown(borrowed) if borrowed else 0.0,
+               neighbour_slowdown=slowdown(neighbour) if neighbour else 0.0, source={
         "model": model, "pinning": pin.label(), "cpu_count": os.cpu_count(),
         "decode_tokens": decode_tokens, "repeats": repeats,
+        "borrow_points": [list(x) for x in borrowed], "borrow_slots": borrow_slots,
+        "neighbour_points": [list(x) for x in neighbour],
+        "neighbour_cores": list(neighbour_cores), "neighbour_slots": neighbour_slots,
+        "beside_long": [long_context, long_tokens],
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+
+
+@contextmanager
+def _busy_engine(config: Any, prompt_tokens: int, max_tokens: int, count: Callable[[str], int],
+                 say: Callable[[str], None], idle: bool = False,
+                 cores: tuple[int, ...] = ()) -> Iterator[None]:
+    """Within the block, a second engine holds `config.max_num_seqs` long requests at all
+    times; after it, they finish and the engine is shut down. `idle`: on this process's
+    cores at the kernel's idle CPU priority, started as a borrowing worker starts its idle
+    engine; else pinned to `cores` at normal priority."""
+    from tailguard.bench.workload import long_prompt
+    from tailguard.engine import EngineHost
+    from tailguard.pinning import Pinning, children_on
+    from tasks.worker import _idle_priority, _normal_priority_threads
+
+    other = EngineHost(config)
+    started: list[BaseException | None] = []
+    env = Pinning(cores=cores).env()
+
+    def start() -> None:  # on its own thread: priority and affinity are the thread's, inherited
+        try:
+            if idle:
+                _idle_priority()
+            with children_on(cores):
+                other.start()
+            started.append(None)
+        except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
+            started.append(exc)
+
+    t0 = time.perf_counter()
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # vLLM's processes read their pin from the environment they inherit
+    try:
+        starter = threading.Thread(target=start, name="profile-other-engine")
+        starter.start()
+        starter.join()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    if started[0] is not None:
+        raise started[0]
+    if idle:
+        _normal_priority_threads()
+    say(f"{'idle-priority ' if idle else ''}engine ready in {time.perf_counter() - t0:.1f} s"
+        f"{f' on cores {cores}' if cores else ''}")
+    stop = threading.Event()
+
+    def feed(i: int) -> None:
+        rng = random.Random(f"long/{i}")
+        for k in itertools.count():
+            if stop.is_set():
+                return
+            other.generate(f"profile-other-{i}-{k}", long_prompt(prompt_tokens, rng, count),
+                          {"max_tokens": max_tokens, "ignore_eos": True, "temperature": 0.0},
+                          deadline_s=None)
+
+    feeders = [threading.Thread(target=feed, args=(i,), daemon=True, name=f"profile-long-{i}")
+               for i in range(config.max_num_seqs)]
+    try:
+        for f in feeders:
+            f.start()
+        full_by = time.monotonic() + 120
+        while other.stats().in_flight < config.max_num_seqs:
+            if time.monotonic() > full_by or not any(f.is_alive() for f in feeders):
+                raise RuntimeError("the second engine never held its long requests")
+            time.sleep(0.05)
+        yield
+    finally:
+        stop.set()
+        for f in feeders:
+            f.join()
+        other.shutdown()

@@ -14,61 +14,131 @@ What it models, and how the real system does it:
   its prompt and prefills up to ``max_batched_tokens`` prompt tokens (chunked, oldest
   first); a request that entered while a step ran joins the next one. The step lasts
   ``StepModel.step_s`` of its decoding sequences, their context and its prefill tokens. The step that finishes a prompt also yields its first token.
-  A request still running ``deadline_s`` after it entered the engine ends "deadline".
+  A request whose engine time reaches ``deadline_s`` ends "deadline".
+* **Borrowing** (a group's ``borrow``, tailguard/borrowing.py's policy and its pure
+  functions): each engine of the group takes the head of a borrowed lane's queue while
+  ``may_borrow`` allows it, and gives back ``reclaim_count`` of its ``youngest`` borrowed
+  requests when its own work leaves fewer than R slots free. A reclaimed request goes to
+  the back of its lane's queue (a fresh message, a fresh queue TTL) keeping its output so
+  far; whoever takes it next prefills prompt + that output again and generates the rest.
+  Decisions are taken at every event, not every ``borrower.PERIOD_S`` (50 ms) poll.
+  Where borrowed requests run (``BorrowPolicy.engine``, resolved to "own" or "idle"):
+
+  - ``own``: in the engine's own batch, their prompt chunks after its own requests' (vLLM
+    priority orders the waiting queue only): their decode, context and prefill lengthen
+    the steps the own requests are in, through the step model itself.
+  - ``idle``: in a second engine of B slots on the same cores at the kernel's idle CPU
+    priority, with the same step model. It runs only while the own engine has no request
+    (the own engine steps back to back while it has one), and **preemptively**: a step
+    of it in progress is suspended the moment the own engine has work and resumes where
+    it stopped (SCHED_IDLE threads are preempted by the kernel on the own engine's wake-up,
+    not at the end of their step; a step-granular model would hold a short request behind
+    up to a whole 2,000-token prefill). What is left of the cost, the two engines sharing
+    caches and memory bandwidth and the worker's threads serving the borrowed streams, is
+    ``StepModel.borrow_slowdown``: the own engine's steps take that much longer while the
+    idle engine holds borrowed requests (a measured coefficient, see tailguard/plan/profile.py).
+* **Neighbours**: the engines of one simulation are taken to share a host (as
+  `tailguard bench`'s two engines share two cores): a step that starts while another
+  engine is stepping takes ``StepModel.neighbour_slowdown`` longer (measured by the
+  profile; 0 where the engines share nothing, as GPUs on their own memory).
 * **Times**: per request, queue wait (arrival to engine), TTFT and end-to-end, the last
   two plus ``StepModel.overhead_s``. Throughput per class is its output tokens over the
   span from its first arrival to its last finish (the bench's definition).
 
-Not modelled: the KV cache (every admitted request fits), preemption, the API's own
+Not modelled: the KV cache (every admitted request fits), preemption by vLLM, the API's own
 limits, rate_limit, network time beyond ``overhead_s``.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import random
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from tailguard.bench.report import percentile
+from tailguard.borrowing import (
+    BorrowPolicy,
+    EngineLoad,
+    may_borrow,
+    reclaim_count,
+    youngest,
+)
 from tailguard.errors import NoLaneForRequest, PromptTooLong
 from tailguard.lanes import Lane
 from tailguard.placement import place
 from tailguard.plan.stepmodel import StepModel
 from tailguard.plan.workload import ClassLoad
 
+#: where borrowed requests run, once "auto" is resolved for a device (borrowing.engine_for)
+BORROW_ENGINES = ("own", "idle")
+#: a group that borrows nothing
+NO_BORROWING = BorrowPolicy(lanes=(), engine="own")
+
 
 @dataclass(frozen=True)
 class EngineGroup:
-    """``count`` engines, each serving ``lanes`` in strict order with ``max_num_seqs`` slots."""
+    """``count`` engines, each serving ``lanes`` in strict order with ``max_num_seqs`` slots
+    and borrowing as ``borrow`` says (its ``engine`` resolved: one of BORROW_ENGINES)."""
 
     lanes: tuple[str, ...]
     count: int
     max_num_seqs: int
+    borrow: BorrowPolicy = NO_BORROWING
+
+    def __post_init__(self) -> None:
+        if self.borrow.lanes and self.borrow.engine not in BORROW_ENGINES:
+            raise ValueError(f"resolve borrow.engine to one of {BORROW_ENGINES} "
+                             f"(borrowing.engine_for), got {self.borrow.engine!r}")
 
 
-@dataclass
+@dataclass(eq=False)
 class _Req:
     cls: str
     lane: str
     arrival: float
     prompt: int
     max_tokens: int
+    rid: str = ""
+    to_prefill: int = 0  # the prompt, or after a reclaim, prompt + the output so far
     prefilled: int = 0
     out: int = 0
-    start: float | None = None
+    queued_at: float = 0.0  # its queue TTL runs from here (the arrival, or the reclaim)
+    start: float | None = None  # first taken by an engine
+    since: float = 0.0  # taken by the engine it is on
+    used_s: float = 0.0  # engine time before its last reclaim (the deadline counts it)
+    where: _Engine | None = None
+    borrowed: bool = False  # on a borrowing engine now (or, once done, when it finished)
+    reclaimed: int = 0
     first: float | None = None
     end: float | None = None
     status: str = "queued"
 
 
-@dataclass
+@dataclass(eq=False)
 class _Engine:
     lanes: tuple[str, ...]
     slots: int
+    policy: BorrowPolicy | None = None  # what it borrows (None: nothing)
+    idle: _Engine | None = None  # its idle-priority engine for borrowed requests
+    host: _Engine | None = None  # (an idle engine) the own engine it yields the cores to
     reqs: list[_Req] = field(default_factory=list)  # admitted, in admission order
-    busy: bool = False
+    busy: bool = False  # a step in progress (for an idle engine: possibly suspended)
     batch: list[tuple[_Req, int]] = field(default_factory=list)  # (request, prompt chunk)
+    suspended: bool = False  # (an idle engine) its step waits for the cores
+    left_s: float = 0.0  # (suspended) what its step has still to run
+    end: float = 0.0  # (not suspended) when the step in progress ends
+    version: int = 0  # bumped on suspending: the step end scheduled before no longer holds
+
+    def borrowed(self) -> list[_Req]:
+        return self.idle.reqs if self.idle else [r for r in self.reqs if r.borrowed]
+
+    def load(self, queued: int) -> EngineLoad:
+        b = len(self.borrowed())
+        own = len(self.reqs) - (0 if self.idle else b)
+        return EngineLoad(slots=self.slots, own_running=own, borrowed_running=b,
+                          own_queued=queued)
 
 
 @dataclass(frozen=True)
@@ -83,6 +153,8 @@ class ClassResult:
     output_tokens: int
     max_running: int  # the most requests any engine ran at once
     tokens_per_s: float
+    borrowed: int = 0  # requests that finished on a borrowing engine
+    reclaimed: int = 0  # times one of its requests was given back to its lane's queue
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -97,23 +169,26 @@ def simulate(classes: Sequence[ClassLoad], lanes: Sequence[Lane], groups: Sequen
     list (a bench run's) instead of drawing Poisson arrivals and lengths from `classes`.
 
     Requests placed on a lane no group serves are left out (not counted), so one lane
-    group can be simulated alone: lanes that share no engine do not interact.
+    group can be simulated alone: lanes that share no engine interact only through
+    ``neighbour_slowdown`` (then among the engines simulated) and borrowing (a group
+    borrowing from a lane no group serves borrows nothing).
     """
     rng = random.Random(seed)
     by_name = {l.name: l for l in lanes}
-    engines = [_Engine(g.lanes, g.max_num_seqs) for g in groups for _ in range(g.count)]
-    serving = {name: [e for e in engines if name in e.lanes] for name in by_name}
+    owners = [_new_engine(g) for g in groups for _ in range(g.count)]
+    engines = owners + [e.idle for e in owners if e.idle]
+    lenders = [e for e in owners if e.policy]
+    serving = {name: [e for e in owners if name in e.lanes] for name in by_name}
     queues: dict[str, list[_Req]] = {name: [] for name in by_name}  # FIFO, popped from the head
     heads = {name: 0 for name in by_name}
     events: list[tuple[float, int, str, Any]] = []
-    seq = 0
+    seq = itertools.count()
+    rids = itertools.count()
     done: list[_Req] = []
     rejected: dict[str, int] = {c.name: 0 for c in classes}
 
     def push(t: float, kind: str, payload: Any) -> None:
-        nonlocal seq
-        heapq.heappush(events, (t, seq, kind, payload))
-        seq += 1
+        heapq.heappush(events, (t, next(seq), kind, payload))
 
     if arrivals is not None:
         by_class = {c.name: c for c in classes}
@@ -132,42 +207,114 @@ def simulate(classes: Sequence[ClassLoad], lanes: Sequence[Lane], groups: Sequen
 
     max_running = 0
 
-    def take(e: _Engine, r: _Req, t: float) -> None:
+    def take(e: _Engine, r: _Req, t: float, borrowed: bool = False) -> None:
         nonlocal max_running
-        r.start, r.status = t, "running"
+        if r.start is None:
+            r.start = t
+        r.since, r.status, r.where, r.borrowed = t, "running", e, borrowed
         e.reqs.append(r)
         max_running = max(max_running, len(e.reqs))
         if not e.busy:
             step(e, t)
 
+    def queued(name: str) -> int:
+        return len(queues[name]) - heads[name]
+
+    def pop(name: str, t: float) -> _Req | None:
+        """The head of lane `name`'s queue still within its TTL (the expired ones end)."""
+        q, ttl = queues[name], by_name[name].queue_ttl_s
+        while heads[name] < len(q):
+            r = q[heads[name]]
+            heads[name] += 1
+            if t - r.queued_at > ttl:
+                finish(r, r.queued_at + ttl, "expired")
+            else:
+                return r
+        return None
+
+    def enqueue(r: _Req, t: float) -> None:
+        free = [e for e in serving[r.lane] if len(e.reqs) < e.slots]
+        if free:
+            take(rng.choice(free), r, t)
+        else:
+            queues[r.lane].append(r)
+
     def refill(e: _Engine, t: float) -> None:
         for name in e.lanes:
-            q, ttl = queues[name], by_name[name].queue_ttl_s
-            while len(e.reqs) < e.slots and heads[name] < len(q):
-                r = q[heads[name]]
-                heads[name] += 1
-                if t - r.arrival > ttl:
-                    finish(r, r.arrival + ttl, "expired")
-                else:
-                    take(e, r, t)
+            while len(e.reqs) < e.slots:
+                r = pop(name, t)
+                if r is None:
+                    break
+                take(e, r, t)
+
+    def lend(e: _Engine, t: float) -> None:
+        """Borrow and reclaim as e's policy says, now."""
+        p = e.policy
+        assert p is not None
+        while True:
+            load = e.load(sum(queued(name) for name in e.lanes))
+            n = reclaim_count(p, load, arriving=load.own_queued)
+            if n:
+                chosen = set(youngest([(r.rid, r.since) for r in e.borrowed()], n))
+                for r in [r for r in e.borrowed() if r.rid in chosen]:
+                    give_back(r, t)
+                return
+            if not may_borrow(p, load):
+                return
+            r = next((r for name in p.lanes if name in queues
+                      for r in [pop(name, t)] if r is not None), None)
+            if r is None:
+                return
+            take(e.idle or e, r, t, borrowed=True)
+
+    def give_back(r: _Req, t: float) -> None:
+        e = r.where
+        assert e is not None
+        e.reqs.remove(r)
+        r.used_s += t - r.since
+        r.to_prefill, r.prefilled = r.prompt + r.out, 0
+        r.queued_at, r.status, r.where, r.borrowed = t, "queued", None, False
+        r.reclaimed += 1
+        enqueue(r, t)
 
     def step(e: _Engine, t: float) -> None:
         if not e.reqs:
             e.busy = False
+            if e.idle and e.idle.suspended:
+                resume(e.idle, t)
             return
-        decode = [r for r in e.reqs if r.prefilled == r.prompt]
+        if e.idle and e.idle.busy and not e.idle.suspended:
+            suspend(e.idle, t)
+        decode = [r for r in e.reqs if r.prefilled == r.to_prefill]
         budget = max(model.max_batched_tokens - len(decode), 0)
         e.batch = [(r, 0) for r in decode]
         prefill = 0
-        for r in e.reqs:
-            if r.prefilled < r.prompt and budget > 0:
-                chunk = min(r.prompt - r.prefilled, budget)
+        for r in sorted(e.reqs, key=lambda r: r.borrowed):  # own prompts first (vLLM priority)
+            if r.prefilled < r.to_prefill and budget > 0:
+                chunk = min(r.to_prefill - r.prefilled, budget)
                 e.batch.append((r, chunk))
                 budget -= chunk
                 prefill += chunk
         e.busy = True
         context = sum(r.prompt + r.out for r in decode)
-        push(t + model.step_s(len(decode), prefill, context), "step", e)
+        s = model.step_s(len(decode), prefill, context)
+        if e.idle and e.idle.reqs:
+            s *= 1 + model.borrow_slowdown
+        if model.neighbour_slowdown and any(o.busy and not o.suspended for o in engines
+                                            if o is not e and o is not e.host and o is not e.idle):
+            s *= 1 + model.neighbour_slowdown
+        if e.host and e.host.reqs:
+            e.suspended, e.left_s = True, s  # its host has work: it waits for the cores
+            return
+        e.end = t + s
+        push(e.end, "step", (e, e.version))
+
+    def suspend(e: _Engine, t: float) -> None:
+        e.suspended, e.left_s, e.version = True, e.end - t, e.version + 1
+
+    def resume(e: _Engine, t: float) -> None:
+        e.suspended, e.end = False, t + e.left_s
+        push(e.end, "step", (e, e.version))
 
     while events:
         t, _, kind, payload = heapq.heappop(events)
@@ -181,35 +328,48 @@ def simulate(classes: Sequence[ClassLoad], lanes: Sequence[Lane], groups: Sequen
                 continue
             if not serving[p.lane]:
                 continue  # a lane this fleet does not simulate (see simulate's docstring)
-            r = _Req(c.name, p.lane, t, prompt, p.max_tokens)
-            free = [e for e in serving[p.lane] if len(e.reqs) < e.slots]
-            if free:
-                take(rng.choice(free), r, t)
-            else:
-                queues[p.lane].append(r)
-            continue
-        e = payload
-        for r, chunk in e.batch:
-            if chunk:
-                r.prefilled += chunk
-                if r.prefilled < r.prompt:
+            r = _Req(c.name, p.lane, t, prompt, p.max_tokens, rid=str(next(rids)),
+                     to_prefill=prompt, queued_at=t)
+            enqueue(r, t)
+        else:
+            e, version = payload
+            if version != e.version:
+                continue  # suspended since: resume() scheduled its end again
+            for r, chunk in e.batch:
+                if r.where is not e:
+                    continue  # reclaimed while the step ran
+                if chunk:
+                    r.prefilled += chunk
+                    if r.prefilled < r.to_prefill:
+                        continue
+                    if r.first is None:
+                        r.first = t
+                r.out += 1
+            for r in list(e.reqs):
+                if r.out >= r.max_tokens:
+                    status = "succeeded"
+                elif r.used_s + t - r.since >= by_name[r.lane].deadline_s:
+                    status = "deadline"
+                else:
                     continue
-                r.first = t
-            r.out += 1
-        deadline = {name: by_name[name].deadline_s for name in e.lanes}
-        for r in list(e.reqs):
-            if r.out >= r.max_tokens:
-                status = "succeeded"
-            elif t - r.start >= deadline[r.lane]:
-                status = "deadline"
-            else:
-                continue
-            e.reqs.remove(r)
-            finish(r, t, status)
-        refill(e, t)
-        step(e, t)
+                e.reqs.remove(r)
+                finish(r, t, status)
+            if e.host is None:
+                refill(e, t)
+            step(e, t)
+        for e in lenders:
+            lend(e, t)
 
     return _results(classes, done, rejected, model.overhead_s, max_running)
+
+
+def _new_engine(g: EngineGroup) -> _Engine:
+    if not g.borrow.lanes:
+        return _Engine(g.lanes, g.max_num_seqs)
+    e = _Engine(g.lanes, g.max_num_seqs, policy=g.borrow)
+    if g.borrow.engine == "idle":
+        e.idle = _Engine(g.borrow.lanes, g.borrow.max_borrowed, host=e)
+    return e
 
 
 def _results(classes: Sequence[ClassLoad], done: list[_Req], rejected: dict[str, int],
@@ -235,5 +395,6 @@ def _results(classes: Sequence[ClassLoad], done: list[_Req], rejected: dict[str,
             ttft_p99=percentile([r.first - r.arrival + overhead_s for r in ok], 99),
             queued_p99=percentile([r.start - r.arrival for r in rs if r.start is not None], 99),
             output_tokens=tokens, max_running=max_running,
-            tokens_per_s=tokens / span if span > 0 else 0.0)
+            tokens_per_s=tokens / span if span > 0 else 0.0,
+            borrowed=sum(r.borrowed for r in rs), reclaimed=sum(r.reclaimed for r in rs))
     return out

@@ -25,6 +25,12 @@ class StepModel:
     context_s: float = 0.0  # per token of KV cache the decoding sequences attend to
     max_batched_tokens: int = 2048  # prompt tokens one step may prefill (chunked prefill)
     overhead_s: float = 0.0  # per request, outside the engine: API, broker, streaming
+    #: how much longer the engine's steps take while an idle-priority engine on its cores
+    #: holds borrowed requests (0.25: 25% longer; tailguard/plan/sim.py, "Borrowing")
+    borrow_slowdown: float = 0.0
+    #: how much longer its steps take while another engine of the host is stepping (its
+    #: cores share the caches and the memory bandwidth; tailguard/plan/sim.py)
+    neighbour_slowdown: float = 0.0
     source: dict[str, Any] = field(default_factory=dict)  # how it was obtained
 
     def step_s(self, decode_seqs: int, prefill_tokens: int, context_tokens: int = 0) -> float:
@@ -37,7 +43,8 @@ class StepModel:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "StepModel":
         known = {k: d[k] for k in ("a_s", "decode_s", "prefill_s", "context_s", "max_batched_tokens",
-                                   "overhead_s", "source") if k in d}
+                                   "overhead_s", "borrow_slowdown", "neighbour_slowdown", "source")
+                 if k in d}
         return cls(**known)
 
     @classmethod
@@ -82,3 +89,15 @@ def fit(decode: Sequence[tuple[int, float]], prefill: Sequence[tuple[int, float]
                   long_decode_points=[list(x) for x in long_decode], prefill_intercept_s=a2)
     return StepModel(a_s=max(a, 0.0), decode_s=max(b, 0.0), prefill_s=max(c, 0.0),
                      context_s=max(d, 0.0), source=source, **kw)
+
+
+def slowdown(points: Sequence[tuple[int, float, float]]) -> float:
+    """``borrow_slowdown`` or ``neighbour_slowdown`` from (batch size, step seconds alone,
+    step seconds beside the busy other engine): the median of the ratios, less one (never
+    below 0)."""
+    if not points:
+        raise ValueError("no points")
+    ratios = sorted(beside / alone for _, alone, beside in points)
+    mid = len(ratios) // 2
+    median = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+    return max(median - 1.0, 0.0)

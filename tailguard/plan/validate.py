@@ -1,22 +1,26 @@
 """Predicted against measured: the simulator on the bench runs of docs/benchmarks.md.
 
-``MEASURED`` holds the figures of the two `make bench` runs documented there (2-core
-AMD EPYC, the `small` demo model, one engine per core, the shipped lanes file); the
-runs' report.json files were not kept, so the figures are copied from that page, with
-the command of each run. A new run's report can be compared by adding its row.
+``MEASURED`` holds the figures of the `make bench` runs (2-core AMD EPYC, the `small` demo
+model, one engine per core), copied from their report.json (the first two from
+docs/benchmarks.md: their report.json files were not kept), and names the lanes file each
+ran with, kept in ``RUNS_DIR`` (a run's folder keeps the lanes file it used): with it come
+the lanes, the worker groups and whether and how the short worker borrowed. A new run is
+compared by copying its lanes file there and adding its row.
 The simulated fleet is the bench's: `shared` = one lane on both engines, `lanes` = the
-lanes file's worker groups, one engine each. The simulated requests are the run's own:
-the bench's workload generator, given the run's rate, share, duration and seed, yields
-the arrival times it sent (`--seed` draws Poisson arrivals of the same rates instead,
-to show how much a P99 of 200 requests moves with the draw).
+lanes file's worker groups, one engine each, borrowing as on the run's device. The
+simulated requests are the run's own: the bench's workload generator, given the run's
+rate, share, duration and seed, yields the arrival times it sent (`--seed` draws Poisson
+arrivals of the same rates instead, to show how much a P99 of 200 requests moves with
+the draw).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from tailguard.bench.workload import LONG, mixed_workload
-from tailguard.lanes import LaneTable
+from tailguard.lanes import load_lanes
 from tailguard.plan.search import topology
 from tailguard.plan.sim import simulate
 from tailguard.plan.stepmodel import StepModel
@@ -27,6 +31,10 @@ from tailguard.plan.workload import ClassLoad, Lengths
 SHORT_PROMPT_TOKENS, SHORT_TOKENS, LONG_PROMPT_TOKENS, LONG_TOKENS = 3, 64, 2000, 512
 
 
+#: where the lanes file of each run is kept
+RUNS_DIR = Path(__file__).resolve().parents[2] / "docs" / "capacity" / "runs"
+
+
 @dataclass(frozen=True)
 class BenchRun:
     name: str
@@ -34,15 +42,29 @@ class BenchRun:
     rate: float
     long_share: float
     duration_s: float
+    lanes_file: str  # in RUNS_DIR: the lanes file the run used
     # topology -> (short end-to-end P99 s, long output tokens/s), mixed phase
     measured: dict[str, tuple[float, float]]
+    #: long requests of the lanes topology's mixed phase that a borrowing worker ran (None:
+    #: not recorded)
+    borrowed: int | None = None
+    device: str = "cpu"
 
 
 MEASURED = (
-    BenchRun("run1 (default load)", "tailguard bench", 2.5, 0.2, 90,
-             {"shared": (3.924, 266.7), "lanes": (0.584, 181.8)}),
-    BenchRun("run2 (lighter long load)", "tailguard bench --rate 2.3 --long-share 0.13",
-             2.3, 0.13, 90, {"shared": (2.181, 184.2), "lanes": (0.681, 156.2)}),
+    BenchRun("run1 (default load, before borrowing)", "tailguard bench", 2.5, 0.2, 90,
+             "pre-borrowing.lanes.toml", {"shared": (3.924, 266.7), "lanes": (0.584, 181.8)},
+             borrowed=0),
+    BenchRun("run2 (lighter long load, before borrowing)",
+             "tailguard bench --rate 2.3 --long-share 0.13", 2.3, 0.13, 90,
+             "pre-borrowing.lanes.toml", {"shared": (2.181, 184.2), "lanes": (0.681, 156.2)},
+             borrowed=0),
+    BenchRun("bench-final (default, borrowing; c9a94fc)", "tailguard bench", 2.5, 0.2, 90,
+             "borrowing.lanes.toml", {"shared": (5.365, 255.9), "lanes": (0.992, 206.3)},
+             borrowed=12),
+    BenchRun("bench-run2 (default, borrowing; 9c2ac1f)", "tailguard bench", 2.5, 0.2, 90,
+             "borrowing.lanes.toml", {"shared": (7.287, 246.7), "lanes": (2.160, 191.8)},
+             borrowed=14),
 )
 
 
@@ -62,33 +84,40 @@ def bench_arrivals(run: BenchRun) -> list[tuple[float, str, int, int]]:
              r.max_tokens) for r in wl.requests]
 
 
-def predict(run: BenchRun, table: LaneTable, model: StepModel, name: str,
-            seed: int | None = None) -> tuple[float, float]:
-    """(short P99 s, long tokens/s) the simulator predicts for one bench run and topology:
-    for the run's own arrivals, or (`seed`) for a Poisson draw of the same rates."""
-    lanes, groups = topology(table, name, count=2 if name == "shared" else 1)
+def predict(run: BenchRun, model: StepModel, name: str,
+            seed: int | None = None) -> tuple[float, float, int]:
+    """(short P99 s, long tokens/s, long requests borrowed) the simulator predicts for one
+    bench run and topology: for the run's own arrivals, or (`seed`) for a Poisson draw of
+    the same rates."""
+    table = load_lanes(RUNS_DIR / run.lanes_file)
+    lanes, groups = topology(table, name, count=2 if name == "shared" else 1,
+                             borrow_on=run.device)
     res = simulate(bench_classes(run), lanes, groups, model, duration_s=run.duration_s,
                    seed=seed or 0, arrivals=bench_arrivals(run) if seed is None else None)
-    return res["short"].e2e["p99"] or 0.0, res["long"].tokens_per_s
+    return res["short"].e2e["p99"] or 0.0, res["long"].tokens_per_s, res["long"].borrowed
 
 
-def table_rows(table: LaneTable, model: StepModel, seed: int | None = None) -> list[dict]:
+def table_rows(model: StepModel, seed: int | None = None) -> list[dict]:
     rows = []
     for run in MEASURED:
         for name, (m_p99, m_tps) in run.measured.items():
-            p99, tps = predict(run, table, model, name, seed)
-            rows.append({"run": run.name, "topology": name,
+            p99, tps, borrowed = predict(run, model, name, seed)
+            rows.append({"run": run.name, "topology": name, "lanes_file": run.lanes_file,
                          "short_p99": (p99, m_p99, p99 / m_p99 - 1),
-                         "long_tokens_per_s": (tps, m_tps, tps / m_tps - 1)})
+                         "long_tokens_per_s": (tps, m_tps, tps / m_tps - 1),
+                         "long_borrowed": (borrowed, run.borrowed if name == "lanes" else 0)})
     return rows
 
 
 def render(rows: list[dict]) -> str:
     out = [("| run | topology | short P99 predicted | measured | error | long tok/s predicted "
-            "| measured | error |"), "|---|---|---:|---:|---:|---:|---:|---:|"]
+            "| measured | error | long jobs borrowed predicted / measured |"),
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         p, m, e = r["short_p99"]
         tp, tm, te = r["long_tokens_per_s"]
+        bp, bm = r["long_borrowed"]
         out.append(f"| {r['run']} | {r['topology']} | {p:.3f} s | {m:.3f} s | {100 * e:+.0f}% "
-                   f"| {tp:.1f} | {tm:.1f} | {100 * te:+.0f}% |")
+                   f"| {tp:.1f} | {tm:.1f} | {100 * te:+.0f}% "
+                   f"| {bp} / {'-' if bm is None else bm} |")
     return "\n".join(out)
