@@ -85,10 +85,15 @@ task_publish_retry_policy = {"max_retries": 2, "interval_start": 0, "interval_st
 result_expires = _settings.JOB_TTL_S.get()
 result_extended = True
 
-# Events for Flower.
+# Events for Flower (its task list and states come from these events, not from the
+# result backend).
 worker_send_task_events = True
 task_send_sent_event = True
-task_track_started = True
+# No STARTED write to the result backend before each task runs: nothing reads Celery's
+# task state (the job record in tailguard/jobs.py says when a job started), and the write
+# (with result_extended, the task's arguments: the prompt) sat on every request's path to
+# its first token.
+task_track_started = False
 
 
 if __name__ == "__main__":
