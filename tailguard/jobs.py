@@ -18,7 +18,9 @@ state and makes a redelivered task a no-op.
 
 The same step keeps the index of running jobs (``keys.RUNNING_JOBS``: job ->
 worker), which the reaper (tailguard/reaper.py) reads to fail, within seconds, the
-jobs of a worker that stopped heart-beating. As a backstop the API also settles
+jobs of a worker that stopped heart-beating, and each lane's running jobs on its own
+workers (``keys.lane_running_key``), the batch slots in use that admission counts
+(tailguard/admission.py). As a backstop the API also settles
 overdue jobs when it reads them (queued past its queue TTL -> expired, running far
 past its deadline -> failed/worker_lost), so no accepted request can stay "queued"
 or "running" forever even if every worker is gone.
