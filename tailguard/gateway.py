@@ -114,8 +114,8 @@ class Gateway:
                               limits=self.admission.limits(lane, load))
         except BacklogMoved as moved:
             # Other requests took the room this one was admitted into: decide again on the
-            # backlog as it is now (it raises, with the Retry-After that backlog gives).
-            load = dataclasses.replace(load, backlog_tokens=moved.backlog_tokens)
+            # lane as it is now (it raises, with the Retry-After that load gives).
+            load = moved.moved(load)
             try:
                 self.admission.admit(lane, load, placement.cost)
                 raise WaitTooLong(f"lane {lane.name!r} filled up meanwhile", retry_after_s=1,

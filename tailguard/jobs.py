@@ -18,7 +18,9 @@ state and makes a redelivered task a no-op.
 
 The same step keeps the index of running jobs (``keys.RUNNING_JOBS``: job ->
 worker), which the reaper (tailguard/reaper.py) reads to fail, within seconds, the
-jobs of a worker that stopped heart-beating. As a backstop the API also settles
+jobs of a worker that stopped heart-beating, and each lane's running jobs on its own
+workers (``keys.lane_running_key``), the batch slots in use that admission counts
+(tailguard/admission.py). As a backstop the API also settles
 overdue jobs when it reads them (queued past its queue TTL -> expired, running far
 past its deadline -> failed/worker_lost), so no accepted request can stay "queued"
 or "running" forever even if every worker is gone.
@@ -26,13 +28,14 @@ or "running" forever even if every worker is gone.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any, Mapping
 
 import redis
 
 from tailguard import keys, lua, settings
-from tailguard.admission import BacklogLimits
+from tailguard.admission import BacklogLimits, LaneLoad
 from tailguard.errors import JobExpired, WorkerLost
 
 QUEUED, RUNNING = "queued", "running"
@@ -54,8 +57,9 @@ _INT_FIELDS = ("prompt_tokens", "max_tokens", "requested_max_tokens", "completio
                "resume_entries")
 
 
-#: the lane keys transition_job.lua leaves when a job stops being queued (%s: the lane)
-_LANE_KEY_PATTERNS = {"queued": keys.lane_queued_key("%s"), "backlog": keys.lane_backlog_key("%s")}
+#: the lane keys transition_job.lua keeps as a job is queued and runs (%s: the lane)
+_LANE_KEY_PATTERNS = {"queued": keys.lane_queued_key("%s"), "backlog": keys.lane_backlog_key("%s"),
+                      "running": keys.lane_running_key("%s"), "workers": keys.lane_workers_key("%s")}
 
 
 def _encode(fields: dict[str, Any]) -> dict[str, str]:
@@ -100,7 +104,7 @@ class JobStore:
         self.ttl_s = ttl_s
         self.stream_maxlen = stream_maxlen
         self.worker_lost_grace_s = worker_lost_grace_s
-        self._create = lua.Script(client, "clock", "create_job")
+        self._create = lua.Script(client, "clock", "lane_counts", "create_job")
         self._transition = lua.Script(client, "clock", "transition_job")
 
     @classmethod
@@ -115,21 +119,22 @@ class JobStore:
         """Store a new queued job and count its cost in its lane's backlog (tailguard.laneload);
         returns submitted_at and sets expires_at (Redis clock).
 
-        With `limits`, only while the lane's backlog is still within them, in the same atomic
-        step: admission decided on a backlog read a moment earlier, and a burst of requests
+        With `limits`, only while the lane is still within them, in the same atomic step:
+        admission decided on the lane's load read a moment earlier, and a burst of requests
         on other API threads may each have seen the same empty lane. Past a limit nothing is
-        stored and BacklogMoved says what the backlog is now.
+        stored and BacklogMoved says what the lane's figures are now.
         """
         lane = fields["lane"]
         extra = {} if limits is None else {k: v for k, v in (
-            ("max_backlog_before", limits.before), ("max_backlog_after", limits.after))
-            if v is not None}
+            ("slots", limits.slots), ("max_wait_tokens", limits.wait_tokens),
+            ("max_backlog_after", limits.after)) if v is not None}
         reply = self._create(
-            [keys.job_key(job_id), keys.lane_queued_key(lane), keys.lane_backlog_key(lane)],
+            [keys.job_key(job_id), keys.lane_queued_key(lane), keys.lane_backlog_key(lane),
+             keys.lane_running_key(lane)],
             ttl_s=self.ttl_s, queue_ttl_s=queue_ttl_s, cost=int(fields.get("cost") or 0),
             fields=_encode(fields), **extra)
         if isinstance(reply, list):
-            raise BacklogMoved(int(reply[0]))
+            raise BacklogMoved(*(int(n) for n in reply))
         return float(reply)
 
     def transition(self, job_id: str, from_states: set[str] | frozenset[str], to: str,
@@ -144,9 +149,9 @@ class JobStore:
         fields = fields or {}
         args: dict[str, Any] = {"from": sorted(from_states), "to": to, "fields": _encode(fields),
                                 "stream_maxlen": self.stream_maxlen,
-                                "finished_maxlen": FINISHED_STREAM_MAXLEN}
-        if QUEUED in from_states or to == QUEUED:
-            args["lane_keys"] = _LANE_KEY_PATTERNS
+                                "finished_maxlen": FINISHED_STREAM_MAXLEN,
+                                "lane_keys": _LANE_KEY_PATTERNS,
+                                "worker_lost_grace_s": self.worker_lost_grace_s}
         if overdue_field:
             args.update(overdue_field=overdue_field, grace_s=overdue_grace_s)
         if to in TERMINAL:
@@ -206,11 +211,18 @@ class JobStore:
 
 
 class BacklogMoved(Exception):
-    """The lane's backlog passed admission's limits between the decision and the store."""
+    """The lane passed admission's limits between the decision and the store."""
 
-    def __init__(self, backlog_tokens: int) -> None:
-        super().__init__(f"the lane's backlog is now {backlog_tokens} cost tokens")
-        self.backlog_tokens = backlog_tokens
+    def __init__(self, backlog_tokens: int, queued_jobs: int, running_jobs: int) -> None:
+        super().__init__(f"the lane now has {queued_jobs} jobs ({backlog_tokens} cost tokens) "
+                         f"queued and {running_jobs} running")
+        self.backlog_tokens, self.queued_jobs, self.running_jobs = (
+            backlog_tokens, queued_jobs, running_jobs)
+
+    def moved(self, load: LaneLoad) -> LaneLoad:
+        """`load` with the lane's figures as the store found them."""
+        return dataclasses.replace(load, backlog_tokens=self.backlog_tokens,
+                                   queued_jobs=self.queued_jobs, running_jobs=self.running_jobs)
 
 
 def end_event_data(status: str, fields: dict[str, Any]) -> dict[str, Any]:

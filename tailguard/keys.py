@@ -69,6 +69,12 @@ def lane_backlog_key(lane: str) -> str:
     return f"{PREFIX}:lane:{lane}:backlog"
 
 
+def lane_running_key(lane: str) -> str:
+    """Sorted set of a lane's jobs running on its own workers (admission's slots in use), member
+    the job key, scored by when the API would settle the job as worker_lost."""
+    return f"{PREFIX}:lane:{lane}:running"
+
+
 def lane_served_key(lane: str) -> str:
     """Hash of cost tokens served per second (field: the Redis-clock second) over the rate window."""
     return f"{PREFIX}:lane:{lane}:served"

@@ -4,6 +4,9 @@
   created and leaves it when it stops being queued, in the same Lua step as the
   job record changes (tailguard/jobs.py); a job nobody settles leaves it when its
   queue TTL lapses.
+* queued and running: how many of the lane's jobs are queued, and how many run on its
+  own workers' slots, kept in the same Lua steps as the job records (transition_job.lua):
+  what the predicted wait counts free batch slots with.
 * served: the cost tokens of the lane's requests that ran and finished, per
   Redis-clock second, fed by the finished-request stream (one consumer group,
   so each request counts once whichever API process reads it).
@@ -27,14 +30,16 @@ class LaneLoadStore:
                  window_s: int = settings.RATE_WINDOW_S.default) -> None:
         self.window_s = window_s
         self.liveness = Liveness(client)
-        self._load = lua.Script(client, "clock", "lane_load")
+        self._load = lua.Script(client, "clock", "lane_counts", "lane_load")
         self._served = lua.Script(client, "record_served")
 
     def load(self, lane: str) -> LaneLoad:
-        backlog, served, _now = self._load(
-            [keys.lane_queued_key(lane), keys.lane_backlog_key(lane), keys.lane_served_key(lane)],
+        backlog, queued, running, served, _now = self._load(
+            [keys.lane_queued_key(lane), keys.lane_backlog_key(lane), keys.lane_running_key(lane),
+             keys.lane_served_key(lane)],
             window_s=self.window_s)
-        return LaneLoad(backlog_tokens=int(backlog), served_tokens=int(served),
+        return LaneLoad(backlog_tokens=int(backlog), queued_jobs=int(queued),
+                        running_jobs=int(running), served_tokens=int(served),
                         window_s=float(self.window_s),
                         live_workers=self.liveness.live_workers([lane])[lane])
 

@@ -1,7 +1,10 @@
 -- Compare-and-set of a job's state; a terminal state also ends the job's stream and
 -- announces the job on the stream of finished jobs, in the same atomic step. The index of
 -- running jobs follows in that step too: a job enters it with its worker when it starts
--- running and leaves it with any other state.
+-- running and leaves it with any other state; so does its lane's running zset (admission's
+-- slots in use), which a job enters only when its worker serves its lane (a live member of
+-- the lane's workers: a borrowed job runs in another lane's worker and takes no slot of its
+-- own lane), scored by when the API would settle it as worker_lost.
 -- KEYS[1] job hash, KEYS[2] its stream, KEYS[3] the stream of finished jobs,
 -- KEYS[4] the running jobs' index (job key -> worker)
 -- ARGV[1] JSON {
@@ -11,10 +14,13 @@
 --   end_event                optional: terminal event data (a JSON text) for the job's stream
 --   stream_maxlen, finished_maxlen   approximate caps of the two streams
 --   fields: {name: string value}     set with the new state
---   lane_keys: {queued, backlog}     the lane key names with %s for the lane (keys.py):
---                                    a job leaving `queued` leaves its lane's backlog; a
---                                    job going back to `queued` (reclaimed from a borrowing
---                                    worker) re-enters it with a fresh queue TTL from now
+--   lane_keys: {queued, backlog, running, workers}   the lane key names with %s for the
+--                                    lane (keys.py): a job leaving `queued` leaves its lane's
+--                                    backlog; a job going back to `queued` (reclaimed from a
+--                                    borrowing worker) re-enters it with a fresh queue TTL
+--                                    from now
+--   worker_lost_grace_s              with lane_keys: a running job lapses from its lane's
+--                                    running zset this long past now + its deadline_s
 -- }
 -- -> {1, previous state} when moved; {0, current state} when not (false if no such job)
 local a = cjson.decode(ARGV[1])
@@ -50,10 +56,26 @@ if a.to == 'queued' and cur ~= 'queued' and a.lane_keys then
   end
 end
 for name, value in pairs(a.fields) do redis.call('HSET', KEYS[1], name, value) end
+local lane = a.lane_keys and redis.call('HGET', KEYS[1], 'lane')
 if a.to == 'running' then
-  redis.call('HSET', KEYS[4], KEYS[1], redis.call('HGET', KEYS[1], 'worker') or '')
+  local worker = redis.call('HGET', KEYS[1], 'worker')
+  redis.call('HSET', KEYS[4], KEYS[1], worker or '')
+  if lane then
+    local running = string.format(a.lane_keys.running, lane)
+    local serves = worker and redis.call('ZSCORE', string.format(a.lane_keys.workers, lane), worker)
+    if serves and tonumber(serves) > now then
+      local lapse = (tonumber(redis.call('HGET', KEYS[1], 'deadline_s')) or 0) + a.worker_lost_grace_s
+      redis.call('ZADD', running, now + lapse, KEYS[1])
+      if redis.call('TTL', running) < lapse + 60 then
+        redis.call('EXPIRE', running, math.ceil(lapse) + 60)
+      end
+    else
+      redis.call('ZREM', running, KEYS[1])
+    end
+  end
 elseif cur == 'running' then
   redis.call('HDEL', KEYS[4], KEYS[1])
+  if lane then redis.call('ZREM', string.format(a.lane_keys.running, lane), KEYS[1]) end
 end
 if a.end_event then
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', a.stream_maxlen, '*', 'type', 'end', 'data', a.end_event)

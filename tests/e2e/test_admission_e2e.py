@@ -14,12 +14,17 @@ pytestmark = pytest.mark.e2e
 MODEL = "tailguard-demo"
 
 
-def test_a_202_carries_the_predicted_start_and_the_job_runs(api):
+def test_a_202_carries_the_predicted_start_and_the_job_runs(api, redis_client_noflush):
     resp = api.post("/v1/jobs", json={"prompt": "解释什么是Transformer", "max_tokens": 8})
     assert resp.status_code == 202
     job = resp.get_json()
     assert job["lane"] == "short" and 0 <= job["estimated_start_s"] < 5
-    assert api.get(f"/v1/jobs/{job['id']}?wait=30").get_json()["status"] == "succeeded"
+    done = api.get(f"/v1/jobs/{job['id']}?wait=30").get_json()
+    assert done["status"] == "succeeded"
+    # the worker that ran it is the one the lane's heartbeat names, so it took one of the
+    # lane's slots (admission's count of them, tailguard/admission.py) and gave it back
+    assert redis_client_noflush.zscore(keys.lane_workers_key("short"), done["worker"]) is not None
+    assert redis_client_noflush.zscore(keys.lane_running_key("short"), keys.job_key(job["id"])) is None
 
 
 @pytest.fixture

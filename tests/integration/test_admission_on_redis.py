@@ -9,6 +9,7 @@ import pytest
 from conftest import TEST_LANES
 from tailguard import keys
 from tailguard.finished import FinishedConsumer
+from tailguard.errors import WaitTooLong
 from tailguard.jobs import QUEUED, RUNNING, SUCCEEDED, JobStore
 from test_observability import sample
 from test_worker import run_worker  # noqa: F401 - the real threads worker fixture
@@ -52,6 +53,9 @@ def api(queue_app, redis_client):
 
 
 def test_202_carries_the_predicted_start_until_the_wait_passes_the_promise(api, redis_client):
+    """No worker runs (admitted anyway: the lane is judged as one worker's 4 slots, 40 tokens/s):
+    the first 4 requests each have a free slot; the n-th after them waits for the n-1 beyond
+    the slots and for one slot to free, n requests' work at 40 tokens/s."""
     backlog, accepted = 0, []
     while True:
         resp = api.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 60})
@@ -59,24 +63,27 @@ def test_202_carries_the_predicted_start_until_the_wait_passes_the_promise(api, 
             break
         body = resp.get_json()
         assert body["lane"] == "short"
-        assert body["estimated_start_s"] == pytest.approx(backlog / 40.0, abs=1e-3)
+        expected = max(0, len(accepted) - 3) * body["cost"] / 40.0
+        assert body["estimated_start_s"] == pytest.approx(expected, abs=1e-3)
         backlog += body["cost"]
         accepted.append(body["id"])
+    cost = body["cost"]  # every request here costs the same
     assert resp.status_code == 429
     assert resp.get_json()["error"]["code"] == "wait_too_long"
-    assert backlog / 40.0 > 10 >= (backlog - body["cost"]) / 40.0
-    assert int(resp.headers["Retry-After"]) == -(-(backlog / 40.0 - 10) // 1)
+    wait = (len(accepted) - 3) * cost / 40.0
+    assert wait > 10 >= wait - cost / 40.0
+    assert int(resp.headers["Retry-After"]) == -(-(wait - 10) // 1)
     assert int(redis_client.get(keys.lane_backlog_key("short"))) == backlog
     # a cancelled request leaves the backlog at once: there is room again
     assert api.delete(f"/v1/jobs/{accepted[0]}").status_code == 200
-    assert int(redis_client.get(keys.lane_backlog_key("short"))) == backlog - body["cost"]
+    assert int(redis_client.get(keys.lane_backlog_key("short"))) == backlog - cost
     assert api.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 60}).status_code == 202
 
 
 def test_requests_admitted_on_the_same_stale_backlog_cannot_all_enter(api, queue_app, redis_client):
-    """A burst on many API threads: each reads the lane's backlog, then stores its job. Every
-    read here sees the lane empty (as a burst's first requests do); the store checks the
-    backlog again in the same step, so the lane still stops at its promise."""
+    """A burst on many API threads: each reads the lane's load, then stores its job. Every
+    read here sees the lane empty (as a burst's first requests do); the store applies the
+    rule again in the same step, so the lane still stops at its promise."""
     from dataclasses import replace
 
     from app import get_gateway
@@ -84,27 +91,28 @@ def test_requests_admitted_on_the_same_stale_backlog_cannot_all_enter(api, queue
     with queue_app.app_context():
         gateway = get_gateway()
     real_load = gateway.load.load
-    gateway.load.load = lambda lane: replace(real_load(lane), backlog_tokens=0)  # stale reads
+    gateway.load.load = lambda lane: replace(real_load(lane), backlog_tokens=0, queued_jobs=0,
+                                             running_jobs=0)  # stale reads
     try:
-        codes, backlog, ahead = [], 0, []
+        codes, ahead = [], []
         for _ in range(40):
             resp = api.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 60})
             codes.append(resp.status_code)
             if resp.status_code == 202:
                 assert resp.get_json()["estimated_start_s"] == 0.0  # what the stale read said
-                ahead.append(backlog)
-                backlog += resp.get_json()["cost"]
+                ahead.append(len(ahead))
+                cost = resp.get_json()["cost"]
             else:
-                assert backlog > 400
                 assert resp.status_code == 429, resp.get_json()
                 assert resp.get_json()["error"]["code"] == "wait_too_long"
                 assert int(resp.headers["Retry-After"]) >= 1
     finally:
         gateway.load.load = real_load
-    # short promises 10 s at 40 tokens/s: at most 400 tokens may be ahead of an accepted job
+    # short promises 10 s at 40 tokens/s on 4 slots: a job may have 4 ahead (the slots) and
+    # then as many as leave its wait (one request's work each) within 400 tokens
     # (without the second check all 40 were accepted on the stale reads)
-    assert 429 in codes and max(ahead) <= 400
-    assert int(redis_client.get(keys.lane_backlog_key("short"))) == backlog
+    assert 429 in codes and len(ahead) == 4 + 400 // cost
+    assert int(redis_client.get(keys.lane_backlog_key("short"))) == len(ahead) * cost
 
 
 def test_a_full_lane_is_a_429_with_retry_after_in_both_apis(api, tiny_model):
@@ -183,3 +191,139 @@ def test_no_live_worker_is_a_503_until_a_real_worker_serves_the_lane(
     metrics = api.get("/metrics").get_data(as_text=True)
     assert sample(metrics, "tailguard_requests_refused_total",
                   code="no_live_worker", lane="long") == 1
+
+
+WORKER = "short@test-host"  # a worker serving the short lane, by its heartbeat alone
+
+
+@pytest.fixture
+def short_worker(redis_client):
+    """The short lane served by one live worker (4 slots), as its heartbeat says."""
+    from tailguard.liveness import Liveness
+
+    Liveness(redis_client).heartbeat(["short"], WORKER, ttl_s=60)
+    return WORKER
+
+
+@pytest.fixture(scope="module")
+def tight_app(tiny_model, redis_server, tmp_path_factory):
+    """The test lanes with a 0.1 s promise on short (4 slots; one queued request's work,
+    at the prior 40 tokens/s, is already past it)."""
+    text = TEST_LANES.read_text().replace("dedicated = true", "dedicated = true\nmax_wait_s = 0.1", 1)
+    path = tmp_path_factory.mktemp("tight") / "lanes.toml"
+    path.write_text(text)
+    return make_app(tiny_model, redis_server, path)
+
+
+def test_a_tight_promise_admits_requests_arriving_together_while_slots_are_free(
+        tight_app, redis_client, short_worker):
+    """The documented load on an idle lane: requests that arrive together, each still queued
+    when the next comes, are admitted while a free slot is left for each (backlog / rate
+    alone refused the second); a burst gets exactly the free slots, race or not."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    api = tight_app.test_client()
+    short = {"prompt": "hi", "max_tokens": 60}
+    first, second = (api.post("/v1/jobs", json=short) for _ in range(2))
+    assert (first.status_code, second.status_code) == (202, 202)
+    assert first.get_json()["estimated_start_s"] == second.get_json()["estimated_start_s"] == 0.0
+    store = JobStore(redis_client)
+    # both start on the lane's worker: 2 of its 4 slots busy, 2 free, nothing queued
+    for resp in (first, second):
+        assert store.transition(resp.get_json()["id"], {QUEUED}, RUNNING, {"worker": short_worker})[0]
+    with ThreadPoolExecutor(8) as pool:  # 8 together on many API threads, for 2 free slots
+        burst = list(pool.map(lambda _: api.post("/v1/jobs", json=short), range(8)))
+    assert sorted(r.status_code for r in burst) == [202] * 2 + [429] * 6
+    refused = [r for r in burst if r.status_code == 429]
+    assert {r.get_json()["error"]["code"] for r in refused} == {"wait_too_long"}
+    assert all(int(r.headers["Retry-After"]) >= 1 for r in refused)
+    # beyond the free slots: refused until a running request ends and frees one
+    assert api.post("/v1/jobs", json=short).status_code == 429
+    store.transition(first.get_json()["id"], {RUNNING}, SUCCEEDED, {"completion_tokens": 60})
+    assert api.post("/v1/jobs", json=short).status_code == 202
+    assert api.post("/v1/jobs", json=short).status_code == 429
+
+
+def test_the_slots_in_use_follow_the_jobs_own_workers_run_and_cannot_drift(
+        redis_client, short_worker):
+    """A job takes a slot of its lane while it runs on a worker serving the lane, and gives it
+    back in the same step as it stops running, whichever way; a borrowed job (run by another
+    lane's worker) takes none; a job whose record vanished lapses with its deadline."""
+    from tailguard.jobs import CANCELLED, FAILED
+    from tailguard.laneload import LaneLoadStore
+
+    store, loads = JobStore(redis_client, worker_lost_grace_s=0.0), LaneLoadStore(redis_client)
+    jobs = [f"{i:032x}" for i in range(1, 8)]
+    for job in jobs:
+        store.create(job, {"lane": "short", "cost": 10, "deadline_s": 30}, queue_ttl_s=60)
+
+    def running() -> int:
+        return loads.load("short").running_jobs
+
+    def run(job: str, worker: str = short_worker) -> None:
+        assert store.transition(job, {QUEUED}, RUNNING, {"worker": worker})[0]
+
+    run(jobs[0])
+    run(jobs[1], worker="long@test-host")  # borrowed: runs in the long worker's engine
+    assert (running(), loads.load("short").queued_jobs) == (1, 5)
+    assert store.transition(jobs[0], {RUNNING}, RUNNING, {"engine_deaths": 1})[0]  # run again
+    for job in jobs[2:5]:
+        run(job)
+    assert running() == 4
+    store.requeue(jobs[2], {"resume_text": "so far"})  # reclaimed
+    store.transition(jobs[3], {RUNNING}, FAILED, {"error": {"code": "worker_lost"}})  # reaped
+    store.transition(jobs[4], {QUEUED, RUNNING}, CANCELLED)  # DELETE
+    store.transition(jobs[1], {RUNNING}, SUCCEEDED)  # the borrowed one ends: nothing to give
+    assert running() == 1
+    store.transition(jobs[0], {RUNNING}, SUCCEEDED)
+    assert running() == 0
+    # a running job whose record vanished (nothing can end it) lapses past its deadline
+    store.create(jobs[5], {"lane": "short", "cost": 10, "deadline_s": 0.2}, queue_ttl_s=60)
+    run(jobs[5])
+    redis_client.delete(keys.job_key(jobs[5]))
+    assert running() == 1
+    wait_for(lambda: running() == 0, timeout=5)
+
+
+@pytest.mark.parametrize("promise_s", [0.1, 3.0])
+def test_the_store_applies_the_rule_admission_decided_with(redis_client, promise_s):
+    """For every lane state (queued, running) the Lua step stores a job exactly when the pure
+    policy admits it on the same figures: the race fix keeps the slot rule."""
+    from tailguard.admission import AdmissionPolicy
+    from tailguard.jobs import BacklogMoved
+    from tailguard.lanes import Lane
+    from tailguard.laneload import LaneLoadStore
+    from tailguard.liveness import Liveness
+
+    # 4 slots at 40 tokens/s; 3 s is 120 tokens of work: one request of 50 beyond the slots
+    policy, store, loads = AdmissionPolicy(prior_tokens_per_s=10.0), JobStore(redis_client), \
+        LaneLoadStore(redis_client)
+    ids = (f"{i:032x}" for i in range(1, 10_000))
+    for queued in range(7):
+        for running in range(6):
+            lane = Lane(name=f"l{queued}{running}", max_tokens=64, max_num_seqs=4,
+                        queue_ttl_s=60, max_wait_s=promise_s)
+            Liveness(redis_client).heartbeat([lane.name], WORKER, ttl_s=60)
+            fields = {"lane": lane.name, "cost": 50, "deadline_s": 30}
+            for _ in range(running):
+                job = next(ids)
+                store.create(job, fields, queue_ttl_s=60)
+                store.transition(job, {QUEUED}, RUNNING, {"worker": WORKER})
+            for _ in range(queued):
+                store.create(next(ids), fields, queue_ttl_s=60)
+            load = loads.load(lane.name)
+            assert (load.queued_jobs, load.running_jobs) == (queued, running)
+            try:
+                policy.admit(lane, load, 50)
+                admitted = True
+            except WaitTooLong:
+                admitted = False
+            try:
+                store.create(next(ids), fields, queue_ttl_s=60, limits=policy.limits(lane, load))
+                stored = True
+            except BacklogMoved as moved:
+                assert moved.moved(load) == load
+                stored = False
+            assert stored == admitted, (queued, running)
+            assert admitted == (queued < 4 - running or (
+                promise_s == 3.0 and queued - max(0, 4 - running) <= 1))

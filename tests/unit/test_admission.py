@@ -1,20 +1,24 @@
-"""Admission policy: predicted wait, the backlog bound, the lane's promise, Retry-After."""
+"""Admission policy: predicted wait with free batch slots, the backlog bound, the lane's
+promise, Retry-After."""
+
+import dataclasses
 
 import pytest
 
-from tailguard.admission import AdmissionPolicy, LaneLoad
+from tailguard.admission import AdmissionPolicy, BacklogLimits, LaneLoad
 from tailguard.errors import LaneFull, NoLiveWorker, WaitTooLong
 from tailguard.lanes import Lane
 
-# rate prior: 10 tokens/s per sequence x 4 sequences x live workers
+# rate prior: 10 tokens/s per sequence x 4 slots per live worker
 POLICY = AdmissionPolicy(prior_tokens_per_s=10.0)
 LANE = Lane(name="short", max_tokens=64, max_num_seqs=4, max_model_len=1000, queue_ttl_s=60,
             max_wait_s=30, max_backlog_tokens=5000)
+TIGHT = dataclasses.replace(LANE, max_wait_s=0.1)
 
 
-def load(backlog=0, served=0, window=30.0, workers=1):
-    return LaneLoad(backlog_tokens=backlog, served_tokens=served, window_s=window,
-                    live_workers=workers)
+def load(backlog=0, queued=0, running=0, served=0, window=30.0, workers=1):
+    return LaneLoad(backlog_tokens=backlog, queued_jobs=queued, running_jobs=running,
+                    served_tokens=served, window_s=window, live_workers=workers)
 
 
 @pytest.mark.parametrize("lane_load,rate", [
@@ -29,21 +33,29 @@ def test_service_rate_is_measured_never_below_the_prior(lane_load, rate):
 
 
 @pytest.mark.parametrize("lane_load,cost,wait", [
-    (load(), 100, 0.0),                            # empty lane: starts at once
-    (load(backlog=400), 100, 10.0),                # 400 tokens ahead at 40/s
-    (load(backlog=1200), 100, 30.0),               # exactly the promise: accepted
-    (load(backlog=2900, served=3000), 100, 29.0),  # measured 100/s
-    (load(backlog=-5), 100, 0.0),                  # a drifted counter reads as empty
+    (load(), 100, 0.0),                               # idle lane: starts at once
+    (load(backlog=100, queued=1), 100, 0.0),          # arrives with another: both have a slot
+    (load(backlog=300, queued=3, running=0), 100, 0.0),   # the last free slot is left for it
+    (load(backlog=100, queued=1, running=2), 100, 0.0),
+    (load(backlog=400, queued=4), 100, 2.5),          # 4 ahead take the 4 slots: one must end
+    (load(running=4), 100, 2.5),                      # batch full, nothing queued: one must end
+    (load(running=6), 100, 2.5),                      # a dead worker's jobs not reaped yet
+    (load(backlog=600, queued=6, running=2), 100, 12.5),  # 2 absorbed, 400 beyond, + one
+    (load(backlog=400, queued=4, running=4), 100, 12.5),  # none absorbed
+    (load(backlog=1100, queued=11, running=4), 100, 30.0),  # exactly the promise: accepted
+    (load(backlog=2800, queued=28, running=4, served=3000), 100, 29.0),  # measured 100/s
+    (load(backlog=300, queued=3, running=4, workers=2), 100, 0.0),  # 8 slots: one left
+    (load(backlog=-5, queued=0, running=-1), 100, 0.0),  # drifted figures read as empty
 ])
 def test_accepted_with_its_predicted_wait(lane_load, cost, wait):
     assert POLICY.admit(LANE, lane_load, cost) == pytest.approx(wait)
 
 
 @pytest.mark.parametrize("lane_load,cost,error,retry_after", [
-    (load(backlog=1240), 100, WaitTooLong, 1),        # 31 s > 30 s: back in 1 s
-    (load(backlog=2000), 100, WaitTooLong, 20),       # 50 s predicted, 20 s over
-    (load(backlog=4950, served=6000), 100, LaneFull, 1),   # 5050 > 5000 at 200/s
-    (load(backlog=4900), 1000, LaneFull, 23),          # 900 over the bound at 40/s
+    (load(backlog=1140, queued=12, running=4), 100, WaitTooLong, 1),   # 31 s > 30 s
+    (load(backlog=1900, queued=19, running=4), 100, WaitTooLong, 20),  # 50 s, 20 s over
+    (load(backlog=4950, queued=50, running=4, served=6000), 100, LaneFull, 1),  # 5050 > 5000
+    (load(backlog=4900, queued=49, running=4), 1000, LaneFull, 23),  # 900 over at 40/s
 ])
 def test_refused_with_retry_after(lane_load, cost, error, retry_after):
     with pytest.raises(error) as exc:
@@ -52,15 +64,39 @@ def test_refused_with_retry_after(lane_load, cost, error, retry_after):
     assert exc.value.lane == "short"
 
 
+@pytest.mark.parametrize("running", range(6))
+@pytest.mark.parametrize("queued", range(6))
+def test_a_tight_promise_admits_exactly_the_requests_a_free_slot_is_left_for(queued, running):
+    """A 0.1 s promise on 4 slots: what the old backlog / rate refused (one queued request
+    ahead already predicted 2.5 s) is admitted while a slot is free for it, and only then."""
+    lane_load = load(backlog=67 * queued, queued=queued, running=running)
+    if queued < 4 - running:
+        assert POLICY.admit(TIGHT, lane_load, 67) == 0.0
+    else:
+        with pytest.raises(WaitTooLong) as exc:
+            POLICY.admit(TIGHT, lane_load, 67)
+        assert exc.value.retry_after_s >= 1
+
+
+def test_the_limits_are_the_slots_and_the_promise_in_work():
+    assert POLICY.limits(LANE, load(workers=2, served=6000)) == BacklogLimits(
+        slots=8, wait_tokens=30 * 200.0, after=5000)
+    assert POLICY.limits(Lane(name="batch", max_tokens=64, max_num_seqs=4, queue_ttl_s=100),
+                         load(workers=0)) == BacklogLimits(slots=4, wait_tokens=4000.0)
+
+
 def test_without_a_bound_or_max_wait_the_queue_ttl_is_the_promise():
     lane = Lane(name="batch", max_tokens=64, max_num_seqs=4, queue_ttl_s=100)
-    assert POLICY.admit(lane, load(backlog=4000), 100) == 100.0
+    assert POLICY.admit(lane, load(backlog=3900, queued=39, running=4), 100) == 100.0
     with pytest.raises(WaitTooLong):
-        POLICY.admit(lane, load(backlog=4040), 100)
+        POLICY.admit(lane, load(backlog=3940, queued=39, running=4), 100)
 
 
 def test_no_live_worker_is_a_503_unless_admitted_anyway():
     with pytest.raises(NoLiveWorker) as exc:
         POLICY.admit(LANE, load(workers=0), 100)
     assert exc.value.http_status == 503
-    assert AdmissionPolicy(admit_without_worker=True).admit(LANE, load(workers=0), 100) == 0.0
+    # admitted anyway, the lane is judged as if one worker served it (as the prior rate is)
+    anyway = AdmissionPolicy(admit_without_worker=True)
+    assert anyway.admit(LANE, load(workers=0), 100) == 0.0
+    assert anyway.admit(LANE, load(backlog=400, queued=4, workers=0), 100) == 100 / 80.0
