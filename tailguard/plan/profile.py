@@ -199,24 +199,23 @@ def _busy_engine(config: Any, prompt_tokens: int, max_tokens: int, count: Callab
     else at normal priority, or ``TAILGUARD_ENGINE_NICE`` on the `frontend` cores."""
     from tailguard.bench.workload import long_prompt
     from tailguard.engine import EngineHost
-    from tailguard.pinning import Pinning, children_on, idle_priority, normal_priority_threads
+    from tailguard.pinning import Pinning, idle_priority, normal_priority_threads
 
     other = EngineHost(config)
     started: list[BaseException | int] = []
     env = Pinning(cores=cores).env()
 
-    def start() -> None:  # on its own thread: priority and affinity are the thread's, inherited
+    def start() -> None:  # on its own thread: the priority is the thread's, inherited
         try:
             if idle:
                 idle_priority()
-            with children_on(cores):
-                started.append(_start(other, cores, () if idle else frontend))
+            started.append(_start(other, cores, () if idle else frontend))
         except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
             started.append(exc)
 
     t0 = time.perf_counter()
     saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # vLLM's processes read their pin from the environment they inherit
+    os.environ.update(env)  # the engine host reads its pin from the environment (`Pinning.from_env`)
     try:
         starter = threading.Thread(target=start, name="profile-other-engine")
         starter.start()
