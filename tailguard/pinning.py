@@ -29,7 +29,7 @@ import shutil
 import subprocess
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 from tailguard import settings
 from tailguard.errors import ConfigError
@@ -127,14 +127,8 @@ def shares_frontend(pin: Pinning, environ: Mapping[str, str] = os.environ) -> bo
     return bool(set(pin.cores) & set(front))
 
 
-def renice_children(nice: int) -> int:
-    """Lower the CPU priority of every thread of this process's descendants (vLLM's engine
-    core and model runner) to at least `nice`; how many threads were changed.
-
-    Linux keeps a nice value per thread and a new thread inherits its creator's, so the
-    threads those processes start later run at `nice` too. Raising one's own children's
-    nice needs no privilege. A thread that ended meanwhile is skipped.
-    """
+def descendants(pid: int | None = None) -> set[int]:
+    """The processes below `pid` (default: this process), children and theirs; read from /proc."""
     parents: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -143,14 +137,26 @@ def renice_children(nice: int) -> int:
                     parents[int(entry)] = int(fh.read().rpartition(")")[2].split()[1])
             except (OSError, ValueError, IndexError):
                 pass
-    ours, frontier = set(), [os.getpid()]
+    ours: set[int] = set()
+    frontier = [os.getpid() if pid is None else pid]
     while frontier:
-        pid = frontier.pop()
-        kids = [c for c, parent in parents.items() if parent == pid and c not in ours]
+        parent = frontier.pop()
+        kids = [c for c, p in parents.items() if p == parent and c not in ours]
         ours.update(kids)
         frontier.extend(kids)
+    return ours
+
+
+def renice(pids: Iterable[int], nice: int) -> int:
+    """Lower the CPU priority of every thread of the processes `pids` to at least `nice`;
+    how many threads were changed.
+
+    Linux keeps a nice value per thread and a new thread inherits its creator's, so the
+    threads those processes start later run at `nice` too. Raising one's own children's
+    nice needs no privilege. A process or thread that ended meanwhile is skipped.
+    """
     changed = 0
-    for pid in ours:
+    for pid in pids:
         try:
             tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
         except OSError:
@@ -163,6 +169,33 @@ def renice_children(nice: int) -> int:
             except OSError:  # ended meanwhile
                 pass
     return changed
+
+
+def renice_children(nice: int) -> int:
+    """`renice` this process's descendants (vLLM's engine core and model runner): a worker's
+    only children are its engine's."""
+    return renice(descendants(), nice)
+
+
+def idle_priority() -> None:
+    """Put the calling thread at the kernel's idle CPU priority (SCHED_IDLE). Threads and
+    processes it starts inherit it: called on the thread that builds and starts an engine,
+    it covers that engine's engine-core process and its compute threads, which then only
+    run when the cores have nothing else to do (a borrowing worker's idle engine)."""
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+
+def normal_priority_threads() -> None:
+    """Once the idle engine is up: this process's threads back at normal priority (its
+    engine-core process stays idle). A thread here at idle priority holding the GIL would
+    be starved by the own engine's compute and stall every thread of the process, own
+    lane's included (a priority inversion measured as short TTFT stalls of ~0.5 s)."""
+    for tid in map(int, os.listdir("/proc/self/task")):
+        try:
+            if os.sched_getscheduler(tid) == os.SCHED_IDLE:
+                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+        except OSError:  # the thread ended meanwhile
+            pass
 
 
 def pin_threads(cores: tuple[int, ...]) -> None:

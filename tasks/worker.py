@@ -41,7 +41,7 @@ from tailguard.jobs import JobStore
 from tailguard.lanes import Lane, LaneTable, check_worker_lanes, engine_settings_for, load_lanes
 from tailguard.liveness import Liveness
 from tailguard.modelinfo import model_max_len, serving_dtype
-from tailguard.pinning import device_kind
+from tailguard.pinning import device_kind, idle_priority, normal_priority_threads
 from tailguard.reaper import LAPSE_PERIODS, Reaper
 from tailguard.redeliver import Redeliverer
 from tailguard.runner import GenerationJob, JobRunner
@@ -73,7 +73,7 @@ class WorkerRuntime:
     borrow: BorrowPolicy = BorrowPolicy(lanes=())
     borrowed_lanes: list[Lane] = field(default_factory=list)
     #: builds the engine borrowed jobs run on when borrow.engine is "idle" (the first and
-    #: each restart's); it runs at idle CPU priority (_idle_priority)
+    #: each restart's); it runs at idle CPU priority (`idle_priority`)
     build_idle_engine: Callable[[], EngineHost] | None = None
     stopping: threading.Event = field(default_factory=threading.Event)
     keeper: EngineKeeper[EngineHost] = field(init=False)
@@ -96,11 +96,11 @@ class WorkerRuntime:
             build = self.build_idle_engine
 
             def build_idle() -> EngineHost:  # runs on the thread that then starts it
-                _idle_priority()
+                idle_priority()
                 return build()
 
             idle = self.idle_keeper = EngineKeeper(
-                build_idle, lambda engine: _normal_priority_threads(),
+                build_idle, lambda engine: normal_priority_threads(),
                 on_give_up=lambda exc: log.error("the idle engine for borrowed jobs cannot "
                                                  "serve; borrowing stops: %s", exc))
             borrowed_runner = JobRunner(idle.get, self.store, self._writer_for, self.hostname,
@@ -278,27 +278,6 @@ def idle_engine_config(borrowed: list[Lane], slots: int) -> EngineConfig:
     the context of their largest lane."""
     config = engine_config(borrowed)
     return dataclasses.replace(config, max_num_seqs=slots)
-
-
-def _idle_priority() -> None:
-    """Put the calling thread at the kernel's idle CPU priority (SCHED_IDLE). Threads and
-    processes it starts inherit it: called on the thread that builds and starts the idle
-    engine, it covers that engine's engine-core process and its compute threads, which
-    then only run when the cores have nothing else to do."""
-    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-
-
-def _normal_priority_threads() -> None:
-    """Once the idle engine is up: this process's threads back at normal priority (its
-    engine-core process stays idle). A thread here at idle priority holding the GIL would
-    be starved by the own engine's compute and stall every thread of the worker, own
-    lane's included (a priority inversion measured as short TTFT stalls of ~0.5 s)."""
-    for tid in map(int, os.listdir("/proc/self/task")):
-        try:
-            if os.sched_getscheduler(tid) == os.SCHED_IDLE:
-                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
-        except OSError:  # the thread ended meanwhile
-            pass
 
 
 def teardown(app: Celery) -> None:

@@ -42,7 +42,12 @@ def _target(text: str) -> tuple[str, float]:
                    "model to this JSON file, then exit")
 @click.option("--cores", help="with --profile: pin the engine to these cores, e.g. 1")
 @click.option("--neighbour-cores", help="with --profile: also measure the engine beside a busy "
-                                        "one on these cores (another lane's), e.g. 0")
+                                        "one on these cores (another lane's), e.g. 1")
+@click.option("--frontend-cores", default="auto", show_default=True,
+              help="with --profile: this process's own threads (a worker's beside its engine) on "
+                   "these cores, an engine there at TAILGUARD_ENGINE_NICE, as `tailguard up` "
+                   "places them (tailguard/pinning.py): auto (the --neighbour-cores, the last "
+                   "worker's), none (anywhere) or a core list")
 @click.option("--step-model", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="the step model JSON that --profile wrote")
 @click.option("--class", "class_specs", multiple=True, metavar="NAME:RATE:PROMPT:OUTPUT[:PRIORITY]",
@@ -77,7 +82,7 @@ def _target(text: str) -> tuple[str, float]:
                    "the lanes file it ran with (--lanes does not apply)")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | None,
-         step_model: Path | None,
+         frontend_cores: str, step_model: Path | None,
          class_specs: tuple[str, ...], workload_file: Path | None, rate: float | None, scale: float,
          lanes_file: Path | None, topology_name: str, target_specs: tuple[str, ...], max_queue_s: float,
          borrow_on: str | None, engines: int | None, split: str | None, duration: float, seed: int, validate: bool,
@@ -86,11 +91,17 @@ def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | Non
     batching engines whose step time comes from `--profile`."""
     seed_given = click.get_current_context().get_parameter_source("seed").name != "DEFAULT"
     if profile_out:
+        from tailguard import pinning
         from tailguard.plan.profile import run_profile
         from tailguard.served_model import served_model
 
+        pins = [pinning.Pinning(cores=c) for c in (_cores(cores), _cores(neighbour_cores)) if c]
+        try:
+            front = pinning.frontend_cores(pins, frontend_cores)
+        except ConfigError as exc:
+            raise click.BadParameter(str(exc), param_hint="--frontend-cores") from None
         model = run_profile(served_model()[0], say=click.echo, cores=_cores(cores),
-                            neighbour_cores=_cores(neighbour_cores))
+                            neighbour_cores=_cores(neighbour_cores), frontend_cores=front)
         model.save(profile_out)
         click.echo(f"step model: step_s = {model.a_s * 1e3:.3f} ms + {model.decode_s * 1e3:.4f} ms "
                    f"x decoding seqs + {model.prefill_s * 1e3:.5f} ms x prefill tokens + "

@@ -12,23 +12,31 @@ step that prefilled it. Each point is the median of ``repeats`` runs.
 
 Borrowing on a CPU host (``borrow_slots`` > 0): a second engine of that many slots is
 started on the same cores at the kernel's idle CPU priority, as a borrowing worker starts
-it (``tasks/worker.py``), and kept full of the bench's long requests (``long_context``
--token prompts, ``long_tokens`` out) while the decode points at ``BORROW_BATCHES`` are
-measured again on the own engine. How much longer those steps take than without it is
-``StepModel.borrow_slowdown`` (``stepmodel.slowdown``): what the idle engine costs the own
-one although the kernel runs it only when the own engine leaves the core (caches, memory
-bandwidth, its threads in this process), measured rather than fitted to a bench run.
+it (``tasks/worker.py``, `tailguard.pinning.idle_priority`), and kept full of the bench's
+long requests (``long_context``-token prompts, ``long_tokens`` out) while the decode
+points at ``BORROW_BATCHES`` are measured again on the own engine. How much longer those
+steps take than without it is ``StepModel.borrow_slowdown`` (``stepmodel.slowdown``):
+what the idle engine costs the own one although the kernel runs it only when the own
+engine leaves the core (caches, memory bandwidth; its streams' threads run on the
+front-end cores, as a worker's do), measured rather than fitted to a bench run.
 
 A neighbour on other cores (``neighbour_cores``): an engine of ``neighbour_slots`` slots
-pinned there, at normal priority, kept full of the same long requests while the same
-decode points are measured again: how much longer they take is
+pinned there, at normal priority (``TAILGUARD_ENGINE_NICE`` where those are the front-end
+cores, as the last worker's engine runs), kept full of the same long requests while the
+same decode points are measured again: how much longer they take is
 ``StepModel.neighbour_slowdown``, what one engine costs another on the same host (the
 cores share the caches and the memory bandwidth; `tailguard bench` runs two engines on
 two cores).
 
-The engine runs in this process (``EngineHost``) pinned like a worker
-(``--cores``), so a profile measures what one worker's engine does, without the
-API or the broker around it.
+The engines run in this process (``EngineHost``), placed as `tailguard up`'s core plan
+places a worker's (tailguard/pinning.py): an engine's vLLM processes on its cores
+(``--cores``; the neighbour's on ``neighbour_cores``), this process's own threads (what a
+worker runs beside its engine: the engine loop with its detokenization, the requests'
+threads) on the front-end cores (``frontend_cores``: by default the neighbour's, as the
+last worker's cores are the front end's), and an engine whose cores include a front-end
+core at ``TAILGUARD_ENGINE_NICE``. So a profile measures what one worker's engine does,
+without the API or the broker around it. Before the core plan the whole process was
+pinned to the engine's cores, the engines' Python threads competing with their compute.
 """
 
 from __future__ import annotations
@@ -59,24 +67,29 @@ def run_profile(model: str, *, cores: tuple[int, ...] = (), batches: tuple[int, 
                 long_context: int = 2000, decode_tokens: int = 64, repeats: int = 3,
                 max_model_len: int = 4096, borrow_slots: int = 4, long_tokens: int = 512,
                 neighbour_cores: tuple[int, ...] = (), neighbour_slots: int = 8,
+                frontend_cores: tuple[int, ...] = (),
                 say: Callable[[str], None] = print) -> StepModel:
-    """Start one engine on `model` (pinned to `cores`), measure, fit, shut it down; with
-    `borrow_slots`, also measure it beside an idle-priority engine, with `neighbour_cores`
-    beside a busy engine there (the module docstring)."""
+    """Start one engine on `model` (its processes on `cores`, this process's threads on
+    `frontend_cores`), measure, fit, shut it down; with `borrow_slots`, also measure it
+    beside an idle-priority engine, with `neighbour_cores` beside a busy engine there (the
+    module docstring)."""
     from tailguard.bench.workload import SEED_PROMPTS, long_prompt
     from tailguard.engine import EngineConfig, EngineHost
-    from tailguard.pinning import Pinning
+    from tailguard.pinning import Pinning, frontend_env, pin_threads
     from tailguard.tokens import counter_for
 
     pin = Pinning(cores=cores)
     os.environ.update(pin.env())
-    if cores:
-        os.sched_setaffinity(0, set(cores))
+    # An engine host that shares the front-end cores renices every child of its process:
+    # here that would be both engines, so `_start` renices each engine's own processes.
+    os.environ.update(frontend_env(()))
+    pin_threads(frontend_cores)
     config = EngineConfig(model=model, max_num_seqs=max(batches), max_model_len=max_model_len)
     host = EngineHost(config)
     t0 = time.perf_counter()
-    host.start()
-    say(f"engine ready in {time.perf_counter() - t0:.1f} s ({pin.label()})")
+    nice = _start(host, cores, frontend_cores)
+    say(f"engine ready in {time.perf_counter() - t0:.1f} s ({pin.label()}{_at(nice)}; this "
+        f"process's threads on {Pinning(cores=frontend_cores).label()})")
     count = counter_for(model).count
     rng = random.Random(0)
     ids = iter(range(10**9))
@@ -127,10 +140,11 @@ def run_profile(model: str, *, cores: tuple[int, ...] = (), batches: tuple[int, 
                             f"({points[-1][2] / points[-1][1]:.2f}x)")
                 return points
 
-            borrowed = (beside("an idle-priority engine on its cores", borrow_slots, idle=True)
-                        if borrow_slots else [])
+            borrowed = (beside("an idle-priority engine on its cores", borrow_slots, idle=True,
+                               cores=cores) if borrow_slots else [])
             neighbour = (beside(f"an engine on cores {','.join(map(str, neighbour_cores))}",
-                                neighbour_slots, cores=neighbour_cores)
+                                neighbour_slots, cores=neighbour_cores,
+                                frontend=frontend_cores)
                          if neighbour_cores else [])
         prefill: list[tuple[int, float]] = []
         for p in prompts:
@@ -146,6 +160,7 @@ def run_profile(model: str, *, cores: tuple[int, ...] = (), batches: tuple[int, 
                borrow_slowdown=slowdown(borrowed) if borrowed else 0.0,
                neighbour_slowdown=slowdown(neighbour) if neighbour else 0.0, source={
         "model": model, "pinning": pin.label(), "cpu_count": os.cpu_count(),
+        "frontend_cores": list(frontend_cores),
         "decode_tokens": decode_tokens, "repeats": repeats,
         "borrow_points": [list(x) for x in borrowed], "borrow_slots": borrow_slots,
         "neighbour_points": [list(x) for x in neighbour],
@@ -154,36 +169,53 @@ def run_profile(model: str, *, cores: tuple[int, ...] = (), batches: tuple[int, 
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
 
 
+def _start(host: Any, cores: tuple[int, ...], frontend: tuple[int, ...]) -> int:
+    """Start `host`'s engine, its pin in the environment, as a worker starts its engine: at
+    ``TAILGUARD_ENGINE_NICE`` when its `cores` include a front-end core, its own processes
+    only (not the other engine's); that nice value, or 0."""
+    from tailguard import settings
+    from tailguard.pinning import descendants, renice
+
+    before = descendants()
+    host.start()
+    nice = settings.ENGINE_NICE.get()
+    if nice <= 0 or not set(cores) & set(frontend):
+        return 0
+    renice(descendants() - before, nice)
+    return nice
+
+
+def _at(nice: int) -> str:
+    return f", at nice {nice}" if nice else ""
+
+
 @contextmanager
 def _busy_engine(config: Any, prompt_tokens: int, max_tokens: int, count: Callable[[str], int],
-                 say: Callable[[str], None], idle: bool = False,
-                 cores: tuple[int, ...] = ()) -> Iterator[None]:
-    """Within the block, a second engine holds `config.max_num_seqs` long requests at all
-    times; after it, they finish and the engine is shut down. `idle`: on this process's
-    cores at the kernel's idle CPU priority, started as a borrowing worker starts its idle
-    engine; else pinned to `cores` at normal priority."""
+                 say: Callable[[str], None], idle: bool = False, cores: tuple[int, ...] = (),
+                 frontend: tuple[int, ...] = ()) -> Iterator[None]:
+    """Within the block, a second engine on `cores` holds `config.max_num_seqs` long
+    requests at all times; after it, they finish and the engine is shut down. `idle`: at
+    the kernel's idle CPU priority, started as a borrowing worker starts its idle engine;
+    else at normal priority, or ``TAILGUARD_ENGINE_NICE`` on the `frontend` cores."""
     from tailguard.bench.workload import long_prompt
     from tailguard.engine import EngineHost
-    from tailguard.pinning import Pinning, children_on
-    from tasks.worker import _idle_priority, _normal_priority_threads
+    from tailguard.pinning import Pinning, idle_priority, normal_priority_threads
 
     other = EngineHost(config)
-    started: list[BaseException | None] = []
+    started: list[BaseException | int] = []
     env = Pinning(cores=cores).env()
 
-    def start() -> None:  # on its own thread: priority and affinity are the thread's, inherited
+    def start() -> None:  # on its own thread: the priority is the thread's, inherited
         try:
             if idle:
-                _idle_priority()
-            with children_on(cores):
-                other.start()
-            started.append(None)
+                idle_priority()
+            started.append(_start(other, cores, () if idle else frontend))
         except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
             started.append(exc)
 
     t0 = time.perf_counter()
     saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # vLLM's processes read their pin from the environment they inherit
+    os.environ.update(env)  # the engine host reads its pin from the environment (`Pinning.from_env`)
     try:
         starter = threading.Thread(target=start, name="profile-other-engine")
         starter.start()
@@ -194,12 +226,13 @@ def _busy_engine(config: Any, prompt_tokens: int, max_tokens: int, count: Callab
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    if started[0] is not None:
-        raise started[0]
+    nice = started[0]
+    if isinstance(nice, BaseException):
+        raise nice
     if idle:
-        _normal_priority_threads()
+        normal_priority_threads()
     say(f"{'idle-priority ' if idle else ''}engine ready in {time.perf_counter() - t0:.1f} s"
-        f"{f' on cores {cores}' if cores else ''}")
+        f" on {Pinning(cores=cores).label()}{_at(nice)}")
     stop = threading.Event()
 
     def feed(i: int) -> None:

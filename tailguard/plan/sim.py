@@ -34,9 +34,10 @@ What it models, and how the real system does it:
     it stopped (SCHED_IDLE threads are preempted by the kernel on the own engine's wake-up,
     not at the end of their step; a step-granular model would hold a short request behind
     up to a whole 2,000-token prefill). What is left of the cost, the two engines sharing
-    caches and memory bandwidth and the worker's threads serving the borrowed streams, is
-    ``StepModel.borrow_slowdown``: the own engine's steps take that much longer while the
-    idle engine holds borrowed requests (a measured coefficient, see tailguard/plan/profile.py).
+    caches and memory bandwidth (the worker's threads serving the borrowed streams run on the
+    front-end cores: tailguard/pinning.py), is ``StepModel.borrow_slowdown``: the own
+    engine's steps take that much longer while the idle engine holds borrowed requests (a
+    measured coefficient, see tailguard/plan/profile.py).
 * **Neighbours**: the engines of one simulation are taken to share a host (as
   `tailguard bench`'s two engines share two cores): a step that starts while another
   engine is stepping takes ``StepModel.neighbour_slowdown`` longer (measured by the

@@ -149,6 +149,61 @@ child.kill()
     assert (caller, child, grandchild) == (mine, mine + 5, mine + 5)
 
 
+def test_renice_lowers_only_the_processes_given():
+    """Of two children, only the one started after `before` is reniced: how a process with
+    two engines lowers one engine's priority and not the other's."""
+    script = """
+import os, subprocess, sys
+from tailguard.pinning import descendants, renice
+sleeper = [sys.executable, "-c", "import time; time.sleep(30)"]
+first = subprocess.Popen(sleeper, stdout=subprocess.DEVNULL)
+before = descendants()
+second = subprocess.Popen(sleeper, stdout=subprocess.DEVNULL)
+mine = os.getpriority(os.PRIO_PROCESS, 0)
+new = descendants() - before
+changed = renice(new, mine + 5)
+print(changed, sorted(new) == [second.pid], first.pid in before, mine,
+      os.getpriority(os.PRIO_PROCESS, first.pid), os.getpriority(os.PRIO_PROCESS, second.pid))
+first.kill(); second.kill()
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.split()
+    changed, only_second, first_before = int(out[0]), out[1], out[2]
+    mine, first, second = map(int, out[3:])
+    assert changed >= 1 and only_second == "True" and first_before == "True"
+    assert (first, second) == (mine, mine + 5)
+
+
+def test_idle_priority_is_the_threads_and_normal_priority_threads_undoes_it():
+    """The thread that calls `idle_priority` (and what it starts) runs at SCHED_IDLE, the
+    others keep theirs; `normal_priority_threads` puts this process's threads back (not its
+    children's, which stay idle). In a process of its own: scheduling is per thread."""
+    script = """
+import os, subprocess, sys, threading
+from tailguard.pinning import idle_priority, normal_priority_threads
+seen, ready, done = {}, threading.Event(), threading.Event()
+def start():
+    idle_priority()
+    seen["child"] = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                                     stdout=subprocess.DEVNULL)
+    seen["tid"], seen["was"] = threading.get_native_id(), os.sched_getscheduler(0)
+    ready.set()
+    done.wait(30)
+t = threading.Thread(target=start); t.start()
+ready.wait(30)
+main_was = os.sched_getscheduler(0)
+normal_priority_threads()
+print(seen["was"] == os.SCHED_IDLE, main_was == os.SCHED_OTHER,
+      os.sched_getscheduler(seen["tid"]) == os.SCHED_OTHER,
+      os.sched_getscheduler(seen["child"].pid) == os.SCHED_IDLE)
+done.set(); t.join()
+seen["child"].kill()
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.split()
+    assert out == ["True"] * 4
+
+
 def test_a_child_runs_on_its_specs_cpus(tmp_path):
     """The front end's processes start on the front-end cores; we stay where we were."""
     mine = os.sched_getaffinity(0)

@@ -1,0 +1,19 @@
+"""`tailguard plan --validate`'s table: every run's lanes file is kept, and a run marked not
+counted is shown but left out of the count within 20%."""
+
+from tailguard.plan.validate import MEASURED, RUNS_DIR, summary
+
+
+def test_every_run_names_a_kept_lanes_file():
+    assert all((RUNS_DIR / run.lanes_file).is_file() for run in MEASURED)
+
+
+def _row(err_p99: float, err_tps: float, not_counted: str | None = None) -> dict:
+    return {"short_p99": (0, 0, err_p99), "long_tokens_per_s": (0, 0, err_tps),
+            "not_counted": not_counted}
+
+
+def test_summary_counts_only_the_counted_rows():
+    rows = [_row(0.1, -0.2), _row(-0.3, 0.05), _row(-0.9, 0.5, "disturbed")]
+    assert summary(rows) == "within 20%: short P99 1 of 2, long tok/s 2 of 2 (1 row not counted)"
+    assert summary(rows[:2], within=0.3) == "within 30%: short P99 2 of 2, long tok/s 2 of 2"
