@@ -75,6 +75,9 @@ MEASURED = (
              not_counted={"lanes": "partly uncommitted code, unit tests beside its mixed phase"}),
     BenchRun("bench-front1 (default, borrowing, core plan; 5355d9d)",
              {"shared": (8.124, 253.4), "lanes": (0.565, 198.5)}, 17),
+    BenchRun("bench-final2 (default, borrowing, core plan, free slots; edb7c59; quiet)",
+             {"shared": (5.033, 265.7), "lanes": (0.533, 193.1)}, 17,
+             lanes_file="coreplan.lanes.toml"),
 )
 
 
