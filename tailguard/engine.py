@@ -54,8 +54,7 @@ from tailguard.engine_bridge import Call
 from tailguard.engine_loop import LoopThread
 from tailguard.engine_stats import HostCounters, HostStats
 from tailguard.errors import EngineDeadError, EngineError
-from tailguard import settings
-from tailguard.pinning import Pinning, children_on, renice_children, shares_frontend
+from tailguard.pinning import Pinning, children_on, lowered_on_frontend
 from tailguard.sampling import vllm_kwargs
 
 if TYPE_CHECKING:  # vLLM (and torch) are imported only when an engine starts.
@@ -231,14 +230,9 @@ class EngineHost:
             **cfg.extra,
         )
         pin = Pinning.from_env()
-        with children_on(pin.cores):  # vLLM's processes: the engine's cores
-            engine = AsyncLLM.from_engine_args(args)
-        nice = settings.ENGINE_NICE.get()
-        if nice > 0 and shares_frontend(pin):
-            # The front end runs on these cores too: it goes first (tailguard/pinning.py).
-            log.info("engine on %s shares them with the front end: its %d threads at nice %d",
-                     pin.label(), renice_children(nice), nice)
-        return engine
+        # vLLM's processes on the engine's cores, below the front end if it shares them
+        with children_on(pin.cores), lowered_on_frontend(pin):
+            return AsyncLLM.from_engine_args(args)
 
     async def _close(self, timeout: float) -> None:
         """Runs on the loop: end the calls in flight, then shut the engine down."""

@@ -15,7 +15,7 @@ the **front-end cores** (`frontend_cores`): by default, on a CPU host with two o
 workers, the cores of the *last* worker in the lanes file, so the engines of the
 workers listed first (the short lane's, in the shipped file) have their cores to
 themselves. The engine that shares its cores with the front end runs at a lower CPU
-priority (`TAILGUARD_ENGINE_NICE`, `renice_children`), so a request's trip through
+priority (`TAILGUARD_ENGINE_NICE`, `renice`), so a request's trip through
 the front end never waits behind a long batch's compute; that engine gets what the
 front end leaves, which is most of its cores. Left unpinned (the plan before), front-end
 work landed on the short engine's core whenever the other core was busy with long
@@ -127,6 +127,21 @@ def shares_frontend(pin: Pinning, environ: Mapping[str, str] = os.environ) -> bo
     return bool(set(pin.cores) & set(front))
 
 
+def below(parents: Mapping[int, int], root: int) -> set[int]:
+    """The processes below `root` (children and theirs), given each process's parent. Pure."""
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    out: set[int] = set()
+    todo = list(children.get(root, ()))
+    while todo:
+        pid = todo.pop()
+        if pid not in out:
+            out.add(pid)
+            todo.extend(children.get(pid, ()))
+    return out
+
+
 def descendants(pid: int | None = None) -> set[int]:
     """The processes below `pid` (default: this process), children and theirs; read from /proc."""
     parents: dict[int, int] = {}
@@ -137,14 +152,7 @@ def descendants(pid: int | None = None) -> set[int]:
                     parents[int(entry)] = int(fh.read().rpartition(")")[2].split()[1])
             except (OSError, ValueError, IndexError):
                 pass
-    ours: set[int] = set()
-    frontier = [os.getpid() if pid is None else pid]
-    while frontier:
-        parent = frontier.pop()
-        kids = [c for c, p in parents.items() if p == parent and c not in ours]
-        ours.update(kids)
-        frontier.extend(kids)
-    return ours
+    return below(parents, os.getpid() if pid is None else pid)
 
 
 def renice(pids: Iterable[int], nice: int) -> int:
@@ -171,10 +179,16 @@ def renice(pids: Iterable[int], nice: int) -> int:
     return changed
 
 
-def renice_children(nice: int) -> int:
-    """`renice` this process's descendants (vLLM's engine core and model runner): a worker's
-    only children are its engine's."""
-    return renice(descendants(), nice)
+@contextmanager
+def lowered_on_frontend(pin: Pinning, environ: Mapping[str, str] = os.environ) -> Iterator[None]:
+    """Processes started within the block (an engine's) are `renice`d to
+    ``TAILGUARD_ENGINE_NICE`` afterwards when `pin` shares the front-end cores
+    (`shares_frontend`); only those: another engine of the process keeps its own."""
+    nice = settings.ENGINE_NICE.get() if shares_frontend(pin, environ) else 0
+    before = descendants() if nice > 0 else set()
+    yield
+    if nice > 0:
+        renice(descendants() - before, nice)
 
 
 def idle_priority() -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from tailguard.pinning import below
+
 #: A phase is flagged disturbed when others used more than this share of the machine's CPU
 #: (and at least DISTURBED_MIN_S CPU seconds, so a few seconds of noise in a short phase is not).
 DISTURBED_SHARE = 0.05
@@ -61,16 +63,8 @@ def snapshot() -> dict[int, Proc]:
 
 
 def descendants(procs: dict[int, Proc], root: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for p in procs.values():
-        children.setdefault(p.ppid, []).append(p.pid)
-    out, todo = set(), [root]
-    while todo:
-        pid = todo.pop()
-        if pid not in out:
-            out.add(pid)
-            todo.extend(children.get(pid, ()))
-    return out
+    """`root` and the processes below it in a snapshot."""
+    return {root} | below({p.pid: p.ppid for p in procs.values()}, root)
 
 
 def others_cpu(before: dict[int, Proc], after: dict[int, Proc], root: int,

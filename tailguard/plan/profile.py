@@ -80,9 +80,8 @@ def run_profile(model: str, *, cores: tuple[int, ...] = (), batches: tuple[int, 
 
     pin = Pinning(cores=cores)
     os.environ.update(pin.env())
-    # An engine host that shares the front-end cores renices every child of its process:
-    # here that would be both engines, so `_start` renices each engine's own processes.
-    os.environ.update(frontend_env(()))
+    # An engine host on front-end cores lowers its own processes' priority, as in a worker.
+    os.environ.update(frontend_env(frontend_cores))
     pin_threads(frontend_cores)
     config = EngineConfig(model=model, max_num_seqs=max(batches), max_model_len=max_model_len)
     host = EngineHost(config)
@@ -170,19 +169,13 @@ def run_profile(model: str, *, cores: tuple[int, ...] = (), batches: tuple[int, 
 
 
 def _start(host: Any, cores: tuple[int, ...], frontend: tuple[int, ...]) -> int:
-    """Start `host`'s engine, its pin in the environment, as a worker starts its engine: at
-    ``TAILGUARD_ENGINE_NICE`` when its `cores` include a front-end core, its own processes
-    only (not the other engine's); that nice value, or 0."""
+    """Start `host`'s engine, its pin in the environment, as a worker starts its engine (the
+    host lowers its own processes to ``TAILGUARD_ENGINE_NICE`` when its `cores` include a
+    front-end core); the nice value it runs at, for the log."""
     from tailguard import settings
-    from tailguard.pinning import descendants, renice
 
-    before = descendants()
     host.start()
-    nice = settings.ENGINE_NICE.get()
-    if nice <= 0 or not set(cores) & set(frontend):
-        return 0
-    renice(descendants() - before, nice)
-    return nice
+    return max(0, settings.ENGINE_NICE.get()) if set(cores) & set(frontend) else 0
 
 
 def _at(nice: int) -> str:

@@ -11,7 +11,7 @@ from tailguard.errors import ConfigError
 from tailguard.lanes import WorkerSpec
 from tailguard import procs
 from tailguard.pinning import (OMP_BIND_ENV, Pinning, children_on, frontend_cores, frontend_env,
-                               plan, renice_children, shares_frontend)
+                               plan, shares_frontend)
 
 TWO = (WorkerSpec("short", ("short",)), WorkerSpec("long", ("long", "batch")))
 
@@ -121,13 +121,13 @@ def test_a_worker_learns_whether_its_engine_shares_the_front_end_cores():
     assert not shares_frontend(Pinning(cores=(1,)), {})                # started by hand
 
 
-def test_renice_children_lowers_every_thread_of_the_descendants_only():
+def test_renice_of_the_descendants_lowers_every_thread_of_them_only():
     """A child and its own child (vLLM's engine core and what it starts) get the nice value;
     the process that calls it keeps its own. Run in a process of its own, so the test
     session's other children (a Redis) are not touched."""
     script = """
 import os, subprocess, sys
-from tailguard.pinning import renice_children
+from tailguard.pinning import descendants, renice
 sleeper = [sys.executable, "-c", "import time; time.sleep(30)"]
 child = subprocess.Popen([sys.executable, "-c",
                           "import subprocess, sys, time; "
@@ -136,7 +136,7 @@ child = subprocess.Popen([sys.executable, "-c",
                          stdout=subprocess.PIPE, text=True)
 grandchild = int(child.stdout.readline())
 mine = os.getpriority(os.PRIO_PROCESS, 0)
-first, again = renice_children(mine + 5), renice_children(mine + 5)
+first, again = renice(descendants(), mine + 5), renice(descendants(), mine + 5)
 print(first, again, mine, os.getpriority(os.PRIO_PROCESS, 0),
       os.getpriority(os.PRIO_PROCESS, child.pid), os.getpriority(os.PRIO_PROCESS, grandchild))
 os.kill(grandchild, 9)

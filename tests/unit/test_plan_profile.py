@@ -1,11 +1,19 @@
-"""How `tailguard plan --profile` starts an engine: as a worker under the core plan, reniced
-only where it shares the front-end cores, and only its own processes."""
+"""How an engine is started under the core plan (a worker's, and `tailguard plan --profile`'s):
+reniced only where it shares the front-end cores, and only its own processes
+(`pinning.lowered_on_frontend`, which `EngineHost` starts its engine in)."""
 
 import os
 import subprocess
 import sys
 
-from tailguard.plan.profile import _start
+from tailguard.pinning import Pinning, frontend_env, lowered_on_frontend
+
+
+def _start(host, cores, frontend) -> int:
+    """Start `host` as `EngineHost` starts its engine; the nice value it was given."""
+    with lowered_on_frontend(Pinning(cores=cores), frontend_env(frontend)):
+        host.start()
+    return host.nice() - os.getpriority(os.PRIO_PROCESS, 0)
 
 
 class SpawningHost:
