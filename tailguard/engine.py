@@ -166,6 +166,7 @@ class EngineHost:
                 if isinstance(exc, Exception):
                     raise EngineDeadError(f"the engine failed to start: {exc}") from exc
                 raise
+            loop.watch_stalls()
             log.info("vLLM engine for %s ready in %.1f s", self.config.model,
                      time.perf_counter() - t0)
 
@@ -245,7 +246,8 @@ class EngineHost:
             end = time.monotonic() + min(5.0, timeout / 2)
             while self._calls and time.monotonic() < end:
                 await asyncio.sleep(0.01)
-        assert self._engine is not None
+        assert self._engine is not None and self._loop is not None
+        self._loop.stop_watching()  # the shutdown below blocks the loop
         self._engine.shutdown(timeout=timeout / 2)
 
     # --- generation ------------------------------------------------------------------

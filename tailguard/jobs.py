@@ -237,7 +237,8 @@ def end_event_data(status: str, fields: dict[str, Any]) -> dict[str, Any]:
 
 
 def timing(job: dict[str, Any]) -> dict[str, float | None]:
-    """queued_s, ttft_s, e2e_s of a job, from the Redis-clock stamps and the engine's TTFT."""
+    """queued_s, ttft_s, e2e_s of a job, from the Redis-clock stamps and the engine's TTFT,
+    and when it was submitted (Unix seconds, Redis clock)."""
     submitted, started = job.get("submitted_at"), job.get("running_at")
     ended = next((job[f"{s}_at"] for s in TERMINAL if f"{s}_at" in job), None)
     ttft = job.get("ttft_s")
@@ -248,4 +249,5 @@ def timing(job: dict[str, Any]) -> dict[str, float | None]:
         "e2e_s": round(ended - submitted, 6) if ended and submitted else None,
         # the engine's own TTFT: from the worker calling generate() to the first token
         "engine_ttft_s": round(ttft, 6) if ttft is not None else None,
+        "submitted_at": submitted,
     }

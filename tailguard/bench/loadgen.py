@@ -55,6 +55,14 @@ class Sample:
     worker: str | None = None  # the worker that ran the job (a borrowing one, for another lane)
     http_status: int | None = None
     queued_s: float | None = None  # server: submission -> start on a worker
+    #: server: the worker's generate() call -> the engine's first token (the rest of the
+    #: client's TTFT is the API, the queue and the token stream)
+    engine_ttft_s: float | None = None
+    #: server: submission -> the job's end (so e2e_s minus this is the API and the stream)
+    server_e2e_s: float | None = None
+    #: sent -> the API stored the job (its Redis-clock stamp; the same host's clock)
+    submit_delay_s: float | None = None
+    sent_at: float | None = None  # wall clock at sending, for submit_delay_s
     ttft_s: float | None = None  # client: sent -> first chunk with text
     e2e_s: float | None = None  # client: sent -> data: [DONE]
     completion_tokens: int | None = None
@@ -124,6 +132,7 @@ class Client:
         conn = self._conn()
         sent = time.perf_counter()
         sample.sent_s = sent - t0
+        sample.sent_at = time.time()
         sample.status = "sent"
         done = False
         try:
@@ -211,7 +220,12 @@ class Client:
         sample.finished = job["status"] in TERMINAL
         if sample.status not in CLIENT_FAILURES:
             sample.status = job["status"]
-        sample.queued_s = (job.get("timing") or {}).get("queued_s")
+        timing = job.get("timing") or {}
+        sample.queued_s = timing.get("queued_s")
+        sample.engine_ttft_s = timing.get("engine_ttft_s")
+        sample.server_e2e_s = timing.get("e2e_s")
+        if sample.sent_at is not None and isinstance(timing.get("submitted_at"), (int, float)):
+            sample.submit_delay_s = round(timing["submitted_at"] - sample.sent_at, 6)
         sample.worker = job.get("worker")
         result = job.get("result") or {}
         if sample.completion_tokens is None:
