@@ -50,9 +50,9 @@ What it models, and how the real system does it:
   ``frontend_s_per_request`` CPU seconds when it arrives and every output token (of any
   engine) ``frontend_s_per_token`` when its step ends; the front end's share of that
   engine's core is what it was charged over the last ``FRONTEND_WINDOW_S``, per second
-  (at most ``MAX_FRONTEND_SHARE``), and a step of that engine starting then lasts
-  ``1 / (1 - share)`` times as long (front end first: its work is short and runs as soon
-  as it is ready). The step model's engine had one core; a front end spread over more is
+  (at most ``MAX_FRONTEND_SHARE``), and a step of that engine (or of its idle-priority
+  engine) starting then lasts ``1 / (1 - share)`` times as long (front end first: at nice 0
+  against the engine's 10, its short pieces of work run as soon as they are ready). The step model's engine had one core; a front end spread over more is
   not modelled. Zero coefficients (older step models) leave every engine alone.
 * **Times**: per request, queue wait (arrival to engine), TTFT and end-to-end, the last
   two plus ``StepModel.overhead_s``. Throughput per class is its output tokens over the
