@@ -121,3 +121,28 @@ def test_runs_before_the_core_plan_are_simulated_without_the_front_end():
     run_ = next(r for r in MEASURED if not r.frontend_core)
     costly = dataclasses.replace(CPU, frontend_s_per_request=0.03, frontend_s_per_token=1e-4)
     assert predict(run_, costly, "lanes") == predict(run_, CPU, "lanes")
+
+
+def test_plan_frontend_from_writes_the_fit_into_the_step_model(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from tailguard.cli import main
+
+    def phase(short, long, cpu):
+        return ({"short": {"count": short, "output_tokens": 64 * short},
+                 **({"long": {"count": long, "output_tokens": 512 * long}} if long else {})},
+                {"frontend_cpu_s": cpu})
+    phases = {"baseline": phase(200, 0, 0.02 * 200 + 4e-4 * 12800),
+              "mixed": phase(200, 51, 0.02 * 251 + 4e-4 * 38912)}
+    report = {"topologies": {"lanes": {"phases": {k: v[0] for k, v in phases.items()},
+                                       "host": {k: v[1] for k, v in phases.items()}}}}
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    CPU.save(tmp_path / "step.json")
+    result = CliRunner().invoke(main, ["plan", "--step-model", str(tmp_path / "step.json"),
+                                       "--frontend-from", str(tmp_path / "report.json")])
+    assert result.exit_code == 0, result.output
+    m = StepModel.load(tmp_path / "step.json")
+    assert (m.frontend_s_per_request, m.frontend_s_per_token) == pytest.approx((0.02, 4e-4))
+    assert (m.a_s, m.source["frontend_points"]["lanes/mixed"][:2]) == (CPU.a_s, [251, 38912])
