@@ -1,15 +1,20 @@
-"""What else ran on this machine during a phase: CPU time used outside the benchmark's process tree.
+"""Where the CPU went during a phase: outside the benchmark's process tree, and within it.
 
 A benchmark on a shared machine is only as good as its quiet: the report keeps,
 per phase, the CPU seconds that processes other than the benchmark and the
-topology it started (its descendants) used, so a disturbed run says so. Linux
-only (/proc); elsewhere nothing is measured.
+topology it started (its descendants) used, so a disturbed run says so. Within
+the tree it splits the benchmark's own CPU into the vLLM engines' (their
+engine-core and model-runner processes, `is_engine`) and the front end's
+(everything else: Redis, the API, Flower, the workers' own threads, the load
+generator), the figures `tailguard plan` fits its front-end cost from
+(tailguard/plan/stepmodel.py). Linux only (/proc); elsewhere nothing is measured.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 from tailguard.pinning import below
 
@@ -19,6 +24,10 @@ DISTURBED_SHARE = 0.05
 DISTURBED_MIN_S = 2.0
 #: kthreadd: kernel threads (writeback, RCU, ...) are its children and mostly work for everyone.
 KTHREADD_PID = 2
+#: How an engine's processes are named: vLLM titles its engine-core process ``VLLM::EngineCore``
+#: and its model runners ``VLLM::Worker`` (``_TP0``, ...; vllm.utils.system_utils.set_process_title,
+#: which also sets the kernel's command name, cut to 15 characters: ``VLLM::EngineCor``).
+ENGINE_COMMS = ("VLLM::EngineCor", "VLLM::Worker")
 
 
 @dataclass(frozen=True)
@@ -67,42 +76,64 @@ def descendants(procs: dict[int, Proc], root: int) -> set[int]:
     return {root} | below({p.pid: p.ppid for p in procs.values()}, root)
 
 
-def others_cpu(before: dict[int, Proc], after: dict[int, Proc], root: int,
-               top: int = 3) -> tuple[float, list[tuple[str, float]]]:
-    """CPU seconds used between two snapshots by processes outside `root`'s tree (kernel
-    threads left out), and the heaviest of them by command name.
+def is_engine(p: Proc) -> bool:
+    """Whether `p` is a vLLM engine's own process (engine core or model runner), by its name."""
+    return p.comm.startswith(ENGINE_COMMS)
+
+
+def cpu_by(before: dict[int, Proc], after: dict[int, Proc], pids: set[int],
+           key: Callable[[Proc], str]) -> dict[str, float]:
+    """CPU seconds the processes `pids` used between two snapshots, summed by `key`.
 
     A process that started and ended between the snapshots is in neither; its time is in
-    its parent's reaped-children time, so that counts too, by the parent's name. A process
+    its parent's reaped-children time, so that counts too, under the parent's key. A process
     that was in `before` and has ended took the time it had then into its parent's: that
-    is taken back out, so only what it used since is counted.
+    is taken back out, so only what it used since is counted. A pid whose command changed
+    is a new process (the pid was reused): all its time is counted.
     """
-    ours = descendants(after, root) | descendants(before, root)
-    ours |= descendants(after, KTHREADD_PID) | descendants(before, KTHREADD_PID)
-    by_comm: dict[str, float] = {}
+    out: dict[str, float] = {}
 
     def total(p: Proc) -> float:
         return p.cpu_s + p.children_cpu_s
 
     for pid, p in after.items():
-        if pid in ours:
+        if pid not in pids:
             continue
         prev = before.get(pid)
         delta = total(p) - (total(prev) if prev and prev.comm == p.comm else 0.0)
         if delta > 0:
-            by_comm[p.comm] = by_comm.get(p.comm, 0.0) + delta
+            out[key(p)] = out.get(key(p), 0.0) + delta
     for pid, prev in before.items():
-        if pid not in after and pid not in ours:  # its time went to its parent's
+        if pid not in after and pid in pids:  # its time went to its parent's
             parent = after.get(prev.ppid)
-            comm = parent.comm if parent is not None else prev.comm
-            by_comm[comm] = by_comm.get(comm, 0.0) - total(prev)
+            k = key(parent if parent is not None else prev)
+            out[k] = out.get(k, 0.0) - total(prev)
+    return out
+
+
+def others_cpu(before: dict[int, Proc], after: dict[int, Proc], root: int,
+               top: int = 3) -> tuple[float, list[tuple[str, float]]]:
+    """CPU seconds used between two snapshots by processes outside `root`'s tree (kernel
+    threads left out), and the heaviest of them by command name (`cpu_by`)."""
+    ours = descendants(after, root) | descendants(before, root)
+    ours |= descendants(after, KTHREADD_PID) | descendants(before, KTHREADD_PID)
+    by_comm = cpu_by(before, after, (set(before) | set(after)) - ours, lambda p: p.comm)
     by_comm = {c: s for c, s in by_comm.items() if s > 0}
     heaviest = sorted(by_comm.items(), key=lambda kv: -kv[1])[:top]
     return sum(by_comm.values()), [(c, round(s, 1)) for c, s in heaviest]
 
 
+def own_cpu(before: dict[int, Proc], after: dict[int, Proc], root: int) -> tuple[float, float]:
+    """CPU seconds used between two snapshots by `root`'s tree, split into the front end's
+    (`root` itself included) and the engines' (`is_engine`)."""
+    ours = descendants(after, root) | descendants(before, root)
+    split = cpu_by(before, after, ours, lambda p: "engine" if is_engine(p) else "frontend")
+    return max(split.get("frontend", 0.0), 0.0), max(split.get("engine", 0.0), 0.0)
+
+
 class Watch:
-    """CPU used by others over one phase; `stop()` returns the report's `host` entry."""
+    """CPU used over one phase, by others and by our front end and engines (`own_cpu`);
+    `stop()` returns the report's `host` entry."""
 
     def __init__(self) -> None:
         self.before = snapshot()
@@ -114,8 +145,10 @@ class Watch:
         wall = os.times().elapsed - self.t0
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         cpu, heaviest = others_cpu(self.before, after, os.getpid())
+        frontend, engine = own_cpu(self.before, after, os.getpid())
         share = cpu / (wall * (cpus or 1)) if wall > 0 else 0.0
         return {"wall_s": round(wall, 1), "others_cpu_s": round(cpu, 1),
                 "others_share": round(share, 3), "others_heaviest": heaviest,
+                "frontend_cpu_s": round(frontend, 1), "engine_cpu_s": round(engine, 1),
                 "disturbed": bool(after) and share > DISTURBED_SHARE and cpu >= DISTURBED_MIN_S,
                 "loadavg_1m": [self.load0, os.getloadavg()[0] if hasattr(os, "getloadavg") else None]}

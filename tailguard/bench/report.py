@@ -441,6 +441,12 @@ def render_text(report: dict) -> str:
                  f"{_fmt_x(r['lanes_long_tok_s_over_direct'])}", ""]
     lines += [t["line"] for t in report["targets"]]
     for topo, t in report["topologies"].items():
+        own = [f"{phase} {h['frontend_cpu_s']:g} s in {h['wall_s']:g} s "
+               f"({h['frontend_cpu_s'] / h['wall_s']:.2f} cores)"
+               for phase, h in (t.get("host") or {}).items()
+               if h.get("frontend_cpu_s") is not None and h.get("wall_s")]
+        if own:  # what `tailguard plan --frontend-from` fits its front-end cost from
+            lines.append(f"front end's CPU (all but the engines), {topo}: {', '.join(own)}")
         for phase, h in (t.get("host") or {}).items():
             if h.get("disturbed"):
                 lines.append(f"note: {topo}/{phase} was disturbed: other processes used "

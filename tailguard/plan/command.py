@@ -50,6 +50,10 @@ def _target(text: str) -> tuple[str, float]:
                    "worker's), none (anywhere) or a core list")
 @click.option("--step-model", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="the step model JSON that --profile wrote")
+@click.option("--frontend-from", "frontend_report", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="with --step-model: fit the front end's CPU per request and per output token "
+                   "from a bench run's report.json (its phases' front-end CPU seconds), write "
+                   "them into the step model file, then exit")
 @click.option("--class", "class_specs", multiple=True, metavar="NAME:RATE:PROMPT:OUTPUT[:PRIORITY]",
               help="a request class: req/s, prompt and output tokens (repeat per class)")
 @click.option("--workload", "workload_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -82,7 +86,7 @@ def _target(text: str) -> tuple[str, float]:
                    "the lanes file it ran with (--lanes does not apply)")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | None,
-         frontend_cores: str, step_model: Path | None,
+         frontend_cores: str, step_model: Path | None, frontend_report: Path | None,
          class_specs: tuple[str, ...], workload_file: Path | None, rate: float | None, scale: float,
          lanes_file: Path | None, topology_name: str, target_specs: tuple[str, ...], max_queue_s: float,
          borrow_on: str | None, engines: int | None, split: str | None, duration: float, seed: int, validate: bool,
@@ -112,6 +116,9 @@ def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | Non
     if step_model is None:
         raise click.UsageError("give --step-model FILE (from `tailguard plan --profile FILE`)")
     model = StepModel.load(step_model)
+    if frontend_report:
+        _fit_frontend(model, step_model, frontend_report)
+        return
     if validate:
         from tailguard.plan.validate import render, table_rows
 
@@ -159,6 +166,26 @@ def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | Non
         click.echo(json.dumps(_to_dict(result, needed, engines), indent=2))
     else:
         click.echo(_render(result, needed, engines, targets))
+
+
+def _fit_frontend(model: StepModel, path: Path, report_path: Path) -> None:
+    from tailguard.plan.stepmodel import fit_frontend, frontend_points
+
+    points = frontend_points(json.loads(report_path.read_text()))
+    try:
+        per_request, per_token = fit_frontend([p for _, p in points])
+    except ValueError as exc:
+        raise click.ClickException(f"{report_path}: {exc} (a run of tailguard bench that "
+                                   "records its front end's CPU, with two or more phases)") from None
+    for name, (n, tokens, cpu) in points:
+        click.echo(f"{name:<18} {n:>5} requests {tokens:>7} tokens: front end {cpu:6.1f} CPU s, "
+                   f"fit {per_request * n + per_token * tokens:6.1f}")
+    model = replace(model, frontend_s_per_request=per_request, frontend_s_per_token=per_token,
+                    source={**model.source, "frontend_from": str(report_path),
+                            "frontend_points": {k: list(v) for k, v in points}})
+    model.save(path)
+    click.echo(f"front end: {per_request * 1e3:.2f} ms CPU per request + {per_token * 1e3:.3f} ms "
+               f"per output token -> {path}")
 
 
 def _to_dict(p: Plan, needed: list[int] | None, fleet: int | None) -> dict:

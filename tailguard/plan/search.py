@@ -36,20 +36,25 @@ MIN_SAMPLE = 1000
 MAX_ENGINES = 1 << 16
 
 
-def topology(table: LaneTable, name: str, count: int = 1,
-             borrow_on: str | None = None) -> tuple[list[Lane], list[EngineGroup]]:
+def topology(table: LaneTable, name: str, count: int = 1, borrow_on: str | None = None,
+             frontend: bool = False) -> tuple[list[Lane], list[EngineGroup]]:
     """The lanes and engine groups of a topology, as `tailguard bench` builds them: ``lanes``,
     the file's worker groups; ``shared``, one lane taking every interactive request.
     Each group gets `count` engines. With `borrow_on` (a device: "cpu", "cuda") the groups
-    borrow as their workers would there; without, they borrow nothing."""
+    borrow as their workers would there; without, they borrow nothing. With `frontend`, the
+    last group's last engine shares its cores with the front end (tailguard/pinning.py's
+    core plan on a CPU host; tailguard/plan/sim.py)."""
     if name == "shared":
         lane = shared_lane(table)
-        return [lane], [EngineGroup((lane.name,), count, lane.max_num_seqs)]
-    return list(table), [
+        return [lane], [EngineGroup((lane.name,), count, lane.max_num_seqs, frontend=frontend)]
+    groups = [
         EngineGroup(w.lanes, count, engine_settings_for(table.lanes_for_queues(w.lanes))[0],
                     **({"borrow": replace(w.borrow, engine=engine_for(w.borrow, borrow_on))}
                        if borrow_on and w.borrow.lanes else {}))
         for w in table.workers]
+    if frontend and groups:
+        groups[-1] = replace(groups[-1], frontend=True)
+    return list(table), groups
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,18 @@ What it models, and how the real system does it:
   `tailguard bench`'s two engines share two cores): a step that starts while another
   engine is stepping takes ``StepModel.neighbour_slowdown`` longer (measured by the
   profile; 0 where the engines share nothing, as GPUs on their own memory).
+* **Front end** (``StepModel.frontend_s_per_request`` and ``frontend_s_per_token``): on a
+  CPU host the front end (Redis, the API, the workers' own threads; tailguard/pinning.py)
+  runs on the cores of the last worker's engine, which runs at a lower CPU priority (nice
+  10): that engine gets what the front end leaves. A group marked ``frontend`` has its last
+  engine there. Every request the simulation serves costs the front end
+  ``frontend_s_per_request`` CPU seconds when it arrives and every output token (of any
+  engine) ``frontend_s_per_token`` when its step ends; the front end's share of that
+  engine's core is what it was charged over the last ``FRONTEND_WINDOW_S``, per second
+  (at most ``MAX_FRONTEND_SHARE``), and a step of that engine (or of its idle-priority
+  engine) starting then lasts ``1 / (1 - share)`` times as long (front end first: at nice 0
+  against the engine's 10, its short pieces of work run as soon as they are ready). The step model's engine had one core; a front end spread over more is
+  not modelled. Zero coefficients (older step models) leave every engine alone.
 * **Times**: per request, queue wait (arrival to engine), TTFT and end-to-end, the last
   two plus ``StepModel.overhead_s``. Throughput per class is its output tokens over the
   span from its first arrival to its last finish (the bench's definition).
@@ -55,6 +67,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -76,17 +89,24 @@ from tailguard.plan.workload import ClassLoad
 BORROW_ENGINES = ("own", "idle")
 #: a group that borrows nothing
 NO_BORROWING = BorrowPolicy(lanes=(), engine="own")
+#: over how many seconds the front end's recent CPU is averaged into its share of the core
+FRONTEND_WINDOW_S = 2.0
+#: the most of its core the front end takes from the engine there: the kernel weighs a nice-0
+#: thread 1024 against a nice-10 one's 110, so the engine keeps 110 / 1134 of a busy core
+MAX_FRONTEND_SHARE = 1 - 110 / 1134
 
 
 @dataclass(frozen=True)
 class EngineGroup:
     """``count`` engines, each serving ``lanes`` in strict order with ``max_num_seqs`` slots
-    and borrowing as ``borrow`` says (its ``engine`` resolved: one of BORROW_ENGINES)."""
+    and borrowing as ``borrow`` says (its ``engine`` resolved: one of BORROW_ENGINES); with
+    ``frontend``, the last of them shares its cores with the front end (module docstring)."""
 
     lanes: tuple[str, ...]
     count: int
     max_num_seqs: int
     borrow: BorrowPolicy = NO_BORROWING
+    frontend: bool = False
 
     def __post_init__(self) -> None:
         if self.borrow.lanes and self.borrow.engine not in BORROW_ENGINES:
@@ -176,7 +196,13 @@ def simulate(classes: Sequence[ClassLoad], lanes: Sequence[Lane], groups: Sequen
     """
     rng = random.Random(seed)
     by_name = {l.name: l for l in lanes}
-    owners = [_new_engine(g) for g in groups for _ in range(g.count)]
+    owners: list[_Engine] = []
+    front: _Engine | None = None  # the engine on the front end's cores
+    for g in groups:
+        owners += [_new_engine(g) for _ in range(g.count)]
+        if g.frontend and g.count:
+            front = owners[-1]
+    charged: deque[tuple[float, float]] = deque()  # (time, front-end CPU s) in the window
     engines = owners + [e.idle for e in owners if e.idle]
     lenders = [e for e in owners if e.policy]
     serving = {name: [e for e in owners if name in e.lanes] for name in by_name}
@@ -201,6 +227,20 @@ def simulate(classes: Sequence[ClassLoad], lanes: Sequence[Lane], groups: Sequen
         while t < duration_s:
             push(t, "arrive", (c, c.prompt.sample(crng), c.output.sample(crng)))
             t += crng.expovariate(c.rate)
+
+    in_window = 0.0  # the sum of `charged`
+
+    def charge(t: float, cpu_s: float) -> None:
+        nonlocal in_window
+        if cpu_s > 0 and front is not None:
+            charged.append((t, cpu_s))
+            in_window += cpu_s
+
+    def frontend_share(t: float) -> float:
+        nonlocal in_window
+        while charged and charged[0][0] <= t - FRONTEND_WINDOW_S:
+            in_window -= charged.popleft()[1]
+        return min(max(in_window, 0.0) / FRONTEND_WINDOW_S, MAX_FRONTEND_SHARE)
 
     def finish(r: _Req, t: float, status: str) -> None:
         r.end, r.status = t, status
@@ -304,6 +344,8 @@ def simulate(classes: Sequence[ClassLoad], lanes: Sequence[Lane], groups: Sequen
         if model.neighbour_slowdown and any(o.busy and not o.suspended for o in engines
                                             if o is not e and o is not e.host and o is not e.idle):
             s *= 1 + model.neighbour_slowdown
+        if front is not None and front in (e, e.host):
+            s /= 1 - frontend_share(t)
         if e.host and e.host.reqs:
             e.suspended, e.left_s = True, s  # its host has work: it waits for the cores
             return
@@ -331,11 +373,13 @@ def simulate(classes: Sequence[ClassLoad], lanes: Sequence[Lane], groups: Sequen
                 continue  # a lane this fleet does not simulate (see simulate's docstring)
             r = _Req(c.name, p.lane, t, prompt, p.max_tokens, rid=str(next(rids)),
                      to_prefill=prompt, queued_at=t)
+            charge(t, model.frontend_s_per_request)
             enqueue(r, t)
         else:
             e, version = payload
             if version != e.version:
                 continue  # suspended since: resume() scheduled its end again
+            tokens = 0
             for r, chunk in e.batch:
                 if r.where is not e:
                     continue  # reclaimed while the step ran
@@ -346,6 +390,8 @@ def simulate(classes: Sequence[ClassLoad], lanes: Sequence[Lane], groups: Sequen
                     if r.first is None:
                         r.first = t
                 r.out += 1
+                tokens += 1
+            charge(t, model.frontend_s_per_token * tokens)
             for r in list(e.reqs):
                 if r.out >= r.max_tokens:
                     status = "succeeded"

@@ -7,6 +7,13 @@ per token in the batch (a decode token and a prefill token cost differently, so
 each has its coefficient) and, for decoding, attention over each sequence's KV
 cache: ``context`` is the sum of the decoding sequences' lengths so far. The
 coefficients are fitted by least squares from a profile (``tailguard.plan.profile``).
+
+The front end (Redis, the API, the workers' own threads, a bench's load generator)
+costs CPU too, on the cores of the engine that shares them (tailguard/pinning.py):
+``frontend_s_per_request`` and ``frontend_s_per_token``, CPU seconds per request and
+per output token, fitted (`fit_frontend`) from the CPU a bench run's front end used in
+its phases (report.json ``topologies.<t>.host.<phase>.frontend_cpu_s``,
+tailguard/bench/host.py); how the simulator uses them is in tailguard/plan/sim.py.
 """
 
 from __future__ import annotations
@@ -31,6 +38,9 @@ class StepModel:
     #: how much longer its steps take while another engine of the host is stepping (its
     #: cores share the caches and the memory bandwidth; tailguard/plan/sim.py)
     neighbour_slowdown: float = 0.0
+    #: the front end's CPU seconds per request and per output token (`fit_frontend`)
+    frontend_s_per_request: float = 0.0
+    frontend_s_per_token: float = 0.0
     source: dict[str, Any] = field(default_factory=dict)  # how it was obtained
 
     def step_s(self, decode_seqs: int, prefill_tokens: int, context_tokens: int = 0) -> float:
@@ -43,7 +53,8 @@ class StepModel:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "StepModel":
         known = {k: d[k] for k in ("a_s", "decode_s", "prefill_s", "context_s", "max_batched_tokens",
-                                   "overhead_s", "borrow_slowdown", "neighbour_slowdown", "source")
+                                   "overhead_s", "borrow_slowdown", "neighbour_slowdown",
+                                   "frontend_s_per_request", "frontend_s_per_token", "source")
                  if k in d}
         return cls(**known)
 
@@ -101,3 +112,39 @@ def slowdown(points: Sequence[tuple[int, float, float]]) -> float:
     mid = len(ratios) // 2
     median = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
     return max(median - 1.0, 0.0)
+
+
+def fit_frontend(points: Sequence[tuple[int, int, float]]) -> tuple[float, float]:
+    """(``frontend_s_per_request``, ``frontend_s_per_token``) from (requests, output tokens,
+    front-end CPU seconds) of bench phases: least squares through the origin (no CPU without
+    requests), so two phases of different request/token mixes give it exactly. Neither is
+    below 0."""
+    srr = sum(n * n for n, _, _ in points)
+    stt = sum(t * t for _, t, _ in points)
+    srt = sum(n * t for n, t, _ in points)
+    sry = sum(n * y for n, _, y in points)
+    sty = sum(t * y for _, t, y in points)
+    det = srr * stt - srt * srt
+    if det <= 1e-9 * srr * stt:
+        raise ValueError("the phases need different mixes of requests and tokens")
+    per_request, per_token = (sry * stt - sty * srt) / det, (sty * srr - sry * srt) / det
+    if per_request < 0:  # the best fit with tokens alone
+        return 0.0, max(sty / stt, 0.0)
+    if per_token < 0:
+        return max(sry / srr, 0.0), 0.0
+    return per_request, per_token
+
+
+def frontend_points(report: dict[str, Any]) -> list[tuple[str, tuple[int, int, float]]]:
+    """("topology/phase", (requests, output tokens, front-end CPU s)) of each phase of a bench
+    report.json that recorded its front end's CPU (tailguard/bench/host.py)."""
+    out = []
+    for topo, t in report["topologies"].items():
+        for phase, classes in (t.get("phases") or {}).items():
+            cpu = ((t.get("host") or {}).get(phase) or {}).get("frontend_cpu_s")
+            if cpu is None:
+                continue
+            out.append((f"{topo}/{phase}", (sum(c["count"] for c in classes.values()),
+                                            sum(c["output_tokens"] for c in classes.values()),
+                                            cpu)))
+    return out

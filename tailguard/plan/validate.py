@@ -57,26 +57,34 @@ class BenchRun:
     duration_s: float = 90
     lanes_file: str = "borrowing.lanes.toml"  # in RUNS_DIR: the lanes file the run used
     device: str = "cpu"
+    #: whether it ran under the core plan (tailguard/pinning.py): the front end on the last
+    #: engine's core, which it slows (tailguard/plan/sim.py); before it, the front end ran
+    #: anywhere, which the simulator does not model
+    frontend_core: bool = True
 
 
 #: A new run: its line here (and its lanes file in RUNS_DIR if it is not one of these).
 MEASURED = (
     BenchRun("run1 (default load, before borrowing)",
              {"shared": (3.924, 266.7), "lanes": (0.584, 181.8)}, 0,
-             lanes_file="pre-borrowing.lanes.toml"),
+             lanes_file="pre-borrowing.lanes.toml", frontend_core=False),
     BenchRun("run2 (lighter long load, before borrowing)",
              {"shared": (2.181, 184.2), "lanes": (0.681, 156.2)}, 0,
              lanes_file="pre-borrowing.lanes.toml", rate=2.3, long_share=0.13,
-             command="tailguard bench --rate 2.3 --long-share 0.13"),
+             command="tailguard bench --rate 2.3 --long-share 0.13", frontend_core=False),
     BenchRun("bench-final (default, borrowing; c9a94fc)",
-             {"shared": (5.365, 255.9), "lanes": (0.992, 206.3)}, 12),
+             {"shared": (5.365, 255.9), "lanes": (0.992, 206.3)}, 12, frontend_core=False),
     BenchRun("bench-run2 (default, borrowing; 9c2ac1f)",
              {"shared": (7.287, 246.7), "lanes": (2.160, 191.8)}, 14,
-             not_counted={"lanes": "partly uncommitted code, unit tests beside its mixed phase"}),
+             not_counted={"lanes": "partly uncommitted code, unit tests beside its mixed phase"},
+             frontend_core=False),
     BenchRun("bench-front1 (default, borrowing, core plan; 5355d9d)",
              {"shared": (8.124, 253.4), "lanes": (0.565, 198.5)}, 17),
     BenchRun("bench-final2 (default, borrowing, core plan, free slots; edb7c59; quiet)",
              {"shared": (5.033, 265.7), "lanes": (0.533, 193.1)}, 17,
+             lanes_file="coreplan.lanes.toml"),
+    BenchRun("bench-fs1 (default, borrowing, core plan, front end's CPU recorded; f795d7f; quiet)",
+             {"shared": (5.277, 260.7), "lanes": (0.544, 199.7)}, 16,
              lanes_file="coreplan.lanes.toml"),
 )
 
@@ -104,7 +112,7 @@ def predict(run: BenchRun, model: StepModel, name: str,
     the same rates."""
     table = load_lanes(RUNS_DIR / run.lanes_file)
     lanes, groups = topology(table, name, count=2 if name == "shared" else 1,
-                             borrow_on=run.device)
+                             borrow_on=run.device, frontend=run.frontend_core)
     res = simulate(bench_classes(run), lanes, groups, model, duration_s=run.duration_s,
                    seed=seed or 0, arrivals=bench_arrivals(run) if seed is None else None)
     return res["short"].e2e["p99"] or 0.0, res["long"].tokens_per_s, res["long"].borrowed

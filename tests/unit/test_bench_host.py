@@ -2,7 +2,8 @@
 
 import os
 
-from tailguard.bench.host import Proc, Watch, descendants, others_cpu, parse_stat
+from tailguard.bench.host import (Proc, Watch, descendants, is_engine, others_cpu, own_cpu,
+                                 parse_stat)
 
 
 def test_parse_stat_with_a_strange_command_name():
@@ -47,3 +48,34 @@ def test_others_cpu_counts_a_run_that_started_and_ended_within_the_phase():
     cpu, heaviest = others_cpu(before, after, root=10)
     assert round(cpu, 3) == 32.0  # 2 s of the first run, 30 s of the second
     assert heaviest == [("bash", 32.0)]
+
+
+def test_own_cpu_splits_the_engines_from_the_front_end():
+    """The engine-core and model-runner processes (vLLM's titles, cut to 15 characters by the
+    kernel) are the engines; the bench itself, Redis, the API and the workers the front end."""
+    before = procs((10, 1, "bench", 5.0), (11, 10, "redis-server", 1.0), (12, 10, "celery", 3.0),
+                   (13, 12, "VLLM::EngineCor", 10.0), (14, 13, "VLLM::Worker", 50.0),
+                   (15, 10, "celery", 2.0), (16, 15, "VLLM::EngineCor", 4.0),
+                   (17, 16, "VLLM::Worker_TP", 20.0), (20, 1, "pytest", 3.0))
+    after = procs((10, 1, "bench", 9.0), (11, 10, "redis-server", 2.5), (12, 10, "celery", 6.0),
+                  (13, 12, "VLLM::EngineCor", 15.0), (14, 13, "VLLM::Worker", 100.0),
+                  (15, 10, "celery", 2.5), (16, 15, "VLLM::EngineCor", 6.0),
+                  (17, 16, "VLLM::Worker_TP", 30.0), (20, 1, "pytest", 50.0))
+    frontend, engine = own_cpu(before, after, root=10)
+    assert round(frontend, 3) == 4.0 + 1.5 + 3.0 + 0.5  # pytest is not ours
+    assert round(engine, 3) == 5.0 + 50.0 + 2.0 + 10.0
+    assert [is_engine(p) for p in after.values()] == [False] * 3 + [True] * 2 + [False] + [True] * 2 + [False]
+
+
+def test_own_cpu_counts_an_ended_engine_once_under_its_parent():
+    """A model runner that ends within the phase: its time since the first snapshot lands in
+    its parent's reaped-children time, and stays the engines'."""
+    before = {10: Proc(10, 1, "bench", 1.0), 13: Proc(13, 10, "VLLM::EngineCor", 2.0),
+              14: Proc(14, 13, "VLLM::Worker", 30.0)}
+    after = {10: Proc(10, 1, "bench", 2.0), 13: Proc(13, 10, "VLLM::EngineCor", 3.0, 36.0)}
+    assert own_cpu(before, after, root=10) == (1.0, 1.0 + 6.0)
+
+
+def test_watch_splits_its_own_tree():
+    h = Watch().stop()
+    assert h["frontend_cpu_s"] >= 0 and h["engine_cpu_s"] == 0  # no engine below a test

@@ -214,3 +214,12 @@ def test_overhead_lines_compare_lanes_with_direct():
     assert "TTFT overhead P50 +4.0 ms" in lines["overhead_ttft_p50"]
     text = render_text(r)
     assert "| direct | overhead | short | 100 |" in text
+
+
+def test_the_front_ends_cpu_is_reported_per_phase():
+    r = report_of(fake_run(10.0, 1.0, 1.2, 1.0))
+    r["topologies"]["lanes"]["host"] = {
+        "baseline": {"wall_s": 90.0, "frontend_cpu_s": 9.0, "engine_cpu_s": 80.0},
+        "mixed": {"wall_s": 120.0, "frontend_cpu_s": 30.0, "engine_cpu_s": 200.0}}
+    assert ("front end's CPU (all but the engines), lanes: baseline 9 s in 90 s (0.10 cores), "
+            "mixed 30 s in 120 s (0.25 cores)") in render_text(r)
