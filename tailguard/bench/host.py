@@ -123,6 +123,31 @@ def others_cpu(before: dict[int, Proc], after: dict[int, Proc], root: int,
     return sum(by_comm.values()), [(c, round(s, 1)) for c, s in heaviest]
 
 
+def process_label(p: Proc) -> str:
+    """A front-end process's name in the report: its command, and a Celery worker's node name
+    (both lanes' workers are `celery`)."""
+    try:
+        with open(f"/proc/{p.pid}/cmdline", "rb") as fh:
+            args = fh.read().decode(errors="replace").split("\0")
+    except OSError:
+        return p.comm
+    for flag in ("-n", "--hostname"):
+        if flag in args[:-1]:
+            return f"{p.comm} {args[args.index(flag) + 1].split('@')[0]}"
+    return p.comm
+
+
+def frontend_heaviest(before: dict[int, Proc], after: dict[int, Proc], root: int,
+                      top: int = 6) -> list[tuple[str, float]]:
+    """The front end's CPU seconds between two snapshots by process (`process_label`),
+    heaviest first: which part of the front end a phase's CPU went to."""
+    ours = descendants(after, root) | descendants(before, root)
+    front = {pid for pid in ours if not is_engine(after.get(pid) or before[pid])}
+    by = cpu_by(before, after, front, process_label)
+    return [(k, round(v, 1)) for k, v in sorted(by.items(), key=lambda kv: -kv[1])[:top]
+            if v > 0]
+
+
 def own_cpu(before: dict[int, Proc], after: dict[int, Proc], root: int) -> tuple[float, float]:
     """CPU seconds used between two snapshots by `root`'s tree, split into the front end's
     (`root` itself included) and the engines' (`is_engine`)."""
@@ -150,5 +175,6 @@ class Watch:
         return {"wall_s": round(wall, 1), "others_cpu_s": round(cpu, 1),
                 "others_share": round(share, 3), "others_heaviest": heaviest,
                 "frontend_cpu_s": round(frontend, 1), "engine_cpu_s": round(engine, 1),
+                "frontend_heaviest": frontend_heaviest(self.before, after, os.getpid()),
                 "disturbed": bool(after) and share > DISTURBED_SHARE and cpu >= DISTURBED_MIN_S,
                 "loadavg_1m": [self.load0, os.getloadavg()[0] if hasattr(os, "getloadavg") else None]}

@@ -264,7 +264,9 @@ def _timed_phase(client: Client, topo: str, phase: str, wl: Workload, cfg: Bench
     host = hosts[phase] = watch.stop()
     bad = sum(1 for s in samples if not s.ok)
     log(f"[{topo}/{phase}] {len(wl.requests)} requests, {bad} not ok; front end "
-        f"{host['frontend_cpu_s']:g} CPU s, engines {host['engine_cpu_s']:g} in "
+        f"{host['frontend_cpu_s']:g} CPU s ("
+        + ", ".join(f"{name} {cpu:g}" for name, cpu in host["frontend_heaviest"])
+        + f"), engines {host['engine_cpu_s']:g} in "
         f"{host['wall_s']:g} s; other processes used {host['others_share']:.0%} of the CPU"
         + (f" (DISTURBED: {host['others_heaviest']})" if host["disturbed"] else ""))
     return samples

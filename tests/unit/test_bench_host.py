@@ -79,3 +79,13 @@ def test_own_cpu_counts_an_ended_engine_once_under_its_parent():
 def test_watch_splits_its_own_tree():
     h = Watch().stop()
     assert h["frontend_cpu_s"] >= 0 and h["engine_cpu_s"] == 0  # no engine below a test
+
+
+def test_front_end_cpu_by_process_leaves_the_engines_out():
+    from tailguard.bench.host import Proc, frontend_heaviest
+    P = 10**7  # above any pid_max: no /proc entry, so labels are the command names
+    before = {P: Proc(P, 0, "python", 1.0), P + 1: Proc(P + 1, P, "gunicorn", 2.0),
+              P + 2: Proc(P + 2, P, "VLLM::EngineCor", 5.0)}
+    after = {P: Proc(P, 0, "python", 1.5), P + 1: Proc(P + 1, P, "gunicorn", 4.0),
+             P + 2: Proc(P + 2, P, "VLLM::EngineCor", 50.0)}
+    assert frontend_heaviest(before, after, P) == [("gunicorn", 2.0), ("python", 0.5)]
