@@ -5,6 +5,12 @@ caller asks for cancellation through ``cancel`` (an asyncio.Event, set on the
 loop with ``call_soon``), so neither side ever runs the other's code. User
 callbacks run on the caller's thread, never on the loop: they may do blocking
 I/O (Redis), and the loop serves every request of the process.
+
+Text is handed over in batches: the first delta wakes the caller at once (time to
+first token), later ones collect until the caller's next tick (every
+``CANCEL_POLL_S``, the pace at which a job's stream is written anyway). Waking a
+thread per token cost the front end a thread switch per token and request, on the
+core the API and Redis share (docs/benchmarks.md, "Where the front end's CPU goes").
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import queue
+import threading
 import time
 from typing import Any, Callable, TypeVar
 
@@ -20,7 +27,7 @@ from tailguard.errors import EngineDeadError
 
 T = TypeVar("T")
 
-#: How often the caller's thread polls should_cancel.
+#: How often the caller's thread polls should_cancel and takes the text collected meanwhile.
 CANCEL_POLL_S = 0.05
 #: How long past its deadline a caller waits for the loop before declaring it wedged.
 LOOP_GRACE_S = 30.0
@@ -41,6 +48,9 @@ class Call:
         # Set only on the loop; it binds to the loop on first use, not here.
         self.cancel = asyncio.Event()
         self.cancel_reason: str | None = None  # "cancelled" | "shutdown"
+        self._text: list[str] = []  # deltas the caller has not taken yet
+        self._text_lock = threading.Lock()
+        self._woken_for_text = False  # the first delta woke the caller; later ones wait
 
     # --- loop side ---------------------------------------------------------------------
 
@@ -48,8 +58,19 @@ class Call:
         self.events.put((Call.FIRST, None))
 
     def delta(self, text: str) -> None:
-        if self.want_deltas:
-            self.events.put((Call.DELTA, text))
+        if not self.want_deltas:
+            return
+        with self._text_lock:
+            self._text.append(text)
+            wake, self._woken_for_text = not self._woken_for_text, True
+        if wake:
+            self.events.put((Call.DELTA, None))
+
+    def _take_text(self) -> str:
+        with self._text_lock:
+            text = "".join(self._text)
+            self._text.clear()
+        return text
 
     # --- caller side -------------------------------------------------------------------
 
@@ -67,7 +88,8 @@ class Call:
              on_delta: Callable[[str], None] | None = None) -> T:
         """Block this thread until the request's coroutine (`future`) ends; return its result.
 
-        Runs the callbacks as events arrive and polls ``should_cancel`` every
+        Runs the callbacks as events arrive (``on_delta`` with all the text that came since
+        its last call: the module docstring) and polls ``should_cancel`` every
         CANCEL_POLL_S. If a callback raises, this thread is torn down, or the loop has
         not ended the request LOOP_GRACE_S past its deadline (EngineDeadError), the
         request is aborted before the exception reaches the caller.
@@ -77,20 +99,21 @@ class Call:
         next_poll = time.monotonic() + CANCEL_POLL_S
         try:
             while True:
-                timeout = CANCEL_POLL_S if should_cancel is not None else None
+                ticking = should_cancel is not None or on_delta is not None
+                timeout = CANCEL_POLL_S if ticking else None
                 if wait_until is not None:
                     left = max(0.0, wait_until - time.monotonic())
                     timeout = left if timeout is None else min(timeout, left)
                 try:
-                    kind, payload = self.events.get(timeout=timeout)
+                    kind, _ = self.events.get(timeout=timeout)
                 except queue.Empty:
-                    kind, payload = "", None
-                if kind == Call.DONE:
-                    break
+                    kind = ""
                 if kind == Call.FIRST and on_first_token is not None:
                     on_first_token()
-                elif kind == Call.DELTA and on_delta is not None:
-                    on_delta(payload)
+                if on_delta is not None and (text := self._take_text()):
+                    on_delta(text)
+                if kind == Call.DONE:
+                    break
                 now = time.monotonic()
                 if should_cancel is not None and now >= next_poll:
                     next_poll = now + CANCEL_POLL_S

@@ -57,6 +57,9 @@ QUEUE_TTL_PASSED = "the request waited in its lane's queue past queue_ttl_s"
 #: A job in flight during this many engine deaths is quarantined (poison_request).
 POISON_DEATHS = 2
 INTERNAL_ERROR_MESSAGE = "internal error while running the request; it has been logged"
+#: How often a running job's record is read to see whether it is still wanted (a cancel, the
+#: reaper): a Redis round trip per running job, on the core the front end shares.
+STATUS_POLL_S = 0.2
 
 
 class JobSkipped(Exception):
@@ -199,14 +202,20 @@ class JobRunner:
         # (the writer's ids are 0-k, so it must not start at 0-1 again)
         writer.entries = resume.entries
 
+        next_status = time.monotonic() + STATUS_POLL_S
+
         def should_cancel() -> bool:
             # Polled every ~50 ms on this thread while the engine works: a good moment to
             # write a batch of deltas that is due even if no new token arrived. Any state
             # but running (cancelled, reaped, expired record) means nobody wants the rest;
             # a Redis that does not answer says nothing of the kind, so the job goes on.
+            nonlocal next_status
             writer.tick()
             if reclaimed():
                 return True
+            if time.monotonic() < next_status:
+                return False
+            next_status = time.monotonic() + STATUS_POLL_S
             try:
                 return store.status(job_id) != RUNNING
             except redis.RedisError:

@@ -43,7 +43,20 @@ def test_callbacks_run_on_the_callers_thread_and_the_result_comes_back(loop):
                        on_first_token=lambda: seen.append(("first", threading.current_thread().name)),
                        on_delta=lambda t: seen.append((t, threading.current_thread().name)))
     assert result == "done:ab"
-    assert seen == [("first", me), ("a", me), ("b", me)]
+    assert seen[0] == ("first", me)  # before any text
+    assert all(thread == me for _, thread in seen)
+    assert "".join(text for text, _ in seen[1:]) == "ab"  # in order, maybe batched
+
+
+def test_text_after_the_first_delta_comes_in_batches_not_one_wake_per_token(loop):
+    call = Call("r4", loop, want_deltas=True)
+    batches: list[str] = []
+    result = call.wait(loop.submit(stream(call, ["x"] * 200, pause_s=0.001)), deadline_s=10,
+                       on_delta=batches.append)
+    assert result == "done:" + "x" * 200 and "".join(batches) == "x" * 200
+    # one call per token would be 200; batched, it is one per tick of the caller (plus the
+    # first), however slowly the loop runs
+    assert len(batches) < 100
 
 
 def test_should_cancel_reaches_the_request_on_the_loop(loop):
