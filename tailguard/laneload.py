@@ -19,7 +19,6 @@ import redis
 from tailguard import keys, lua, settings
 from tailguard.admission import LaneLoad
 from tailguard.finished import FinishedRequest
-from tailguard.liveness import Liveness
 from tailguard.placement import request_cost
 
 
@@ -29,19 +28,17 @@ class LaneLoadStore:
     def __init__(self, client: redis.Redis, *,
                  window_s: int = settings.RATE_WINDOW_S.default) -> None:
         self.window_s = window_s
-        self.liveness = Liveness(client)
-        self._load = lua.Script(client, "clock", "lane_counts", "lane_load")
+        self._load = lua.Script(client, "clock", "lane_counts", "live_count", "lane_load")
         self._served = lua.Script(client, "record_served")
 
     def load(self, lane: str) -> LaneLoad:
-        backlog, queued, running, served, _now = self._load(
+        backlog, queued, running, served, _now, live = self._load(
             [keys.lane_queued_key(lane), keys.lane_backlog_key(lane), keys.lane_running_key(lane),
-             keys.lane_served_key(lane)],
+             keys.lane_served_key(lane), keys.lane_workers_key(lane)],
             window_s=self.window_s)
         return LaneLoad(backlog_tokens=int(backlog), queued_jobs=int(queued),
                         running_jobs=int(running), served_tokens=int(served),
-                        window_s=float(self.window_s),
-                        live_workers=self.liveness.live_workers([lane])[lane])
+                        window_s=float(self.window_s), live_workers=int(live))
 
     def record(self, rec: FinishedRequest) -> None:
         """Count a request that ran (a FinishedConsumer sink); one that never started is not

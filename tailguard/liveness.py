@@ -29,7 +29,7 @@ class Liveness:
     def __init__(self, client: redis.Redis) -> None:
         self.redis = client
         self._heartbeat = lua.Script(client, "clock", "heartbeat")
-        self._live = lua.Script(client, "clock", "live_workers")
+        self._live = lua.Script(client, "clock", "live_count", "live_workers")
         self._members = lua.Script(client, "clock", "live_members")
 
     def heartbeat(self, lanes: list[str], worker: str, ttl_s: float) -> None:

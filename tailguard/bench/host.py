@@ -123,27 +123,15 @@ def others_cpu(before: dict[int, Proc], after: dict[int, Proc], root: int,
     return sum(by_comm.values()), [(c, round(s, 1)) for c, s in heaviest]
 
 
-def process_label(p: Proc) -> str:
-    """A front-end process's name in the report: its command, and a Celery worker's node name
-    (both lanes' workers are `celery`)."""
-    try:
-        with open(f"/proc/{p.pid}/cmdline", "rb") as fh:
-            args = fh.read().decode(errors="replace").split("\0")
-    except OSError:
-        return p.comm
-    for flag in ("-n", "--hostname"):
-        if flag in args[:-1]:
-            return f"{p.comm} {args[args.index(flag) + 1].split('@')[0]}"
-    return p.comm
-
-
 def frontend_heaviest(before: dict[int, Proc], after: dict[int, Proc], root: int,
                       top: int = 6) -> list[tuple[str, float]]:
-    """The front end's CPU seconds between two snapshots by process (`process_label`),
-    heaviest first: which part of the front end a phase's CPU went to."""
+    """The front end's CPU seconds between two snapshots by process name, heaviest first:
+    which part of the front end a phase's CPU went to. The names are what the processes
+    call themselves: Celery's and gunicorn's titles name a worker's node (``[celeryd:
+    short``) and gunicorn's master and worker; the kernel keeps 15 characters."""
     ours = descendants(after, root) | descendants(before, root)
     front = {pid for pid in ours if not is_engine(after.get(pid) or before[pid])}
-    by = cpu_by(before, after, front, process_label)
+    by = cpu_by(before, after, front, lambda p: p.comm)
     return [(k, round(v, 1)) for k, v in sorted(by.items(), key=lambda kv: -kv[1])[:top]
             if v > 0]
 

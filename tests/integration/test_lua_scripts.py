@@ -9,13 +9,13 @@ from tailguard.jobs import CANCELLED, QUEUED, JobStore
 pytestmark = pytest.mark.integration
 
 # what each script is run as (the preludes first: clock where the script stamps times,
-# lane_counts where it reads a lane's load)
-PRELUDES = {"clock", "lane_counts"}
+# lane_counts where it reads a lane's load, live_count where it counts live workers)
+PRELUDES = {"clock", "lane_counts", "live_count"}
 SCRIPTS = {"create_job": ("clock", "lane_counts", "create_job"),
            "transition_job": ("clock", "transition_job"),
-           "heartbeat": ("clock", "heartbeat"), "live_workers": ("clock", "live_workers"),
+           "heartbeat": ("clock", "heartbeat"), "live_workers": ("clock", "live_count", "live_workers"),
            "live_members": ("clock", "live_members"),
-           "record_stats": ("record_stats",), "lane_load": ("clock", "lane_counts", "lane_load"),
+           "record_stats": ("record_stats",), "lane_load": ("clock", "lane_counts", "live_count", "lane_load"),
            "record_served": ("record_served",), "take_tokens": ("clock", "take_tokens")}
 
 

@@ -83,7 +83,7 @@ def test_watch_splits_its_own_tree():
 
 def test_front_end_cpu_by_process_leaves_the_engines_out():
     from tailguard.bench.host import Proc, frontend_heaviest
-    P = 10**7  # above any pid_max: no /proc entry, so labels are the command names
+    P = 10**7
     before = {P: Proc(P, 0, "python", 1.0), P + 1: Proc(P + 1, P, "gunicorn", 2.0),
               P + 2: Proc(P + 2, P, "VLLM::EngineCor", 5.0)}
     after = {P: Proc(P, 0, "python", 1.5), P + 1: Proc(P + 1, P, "gunicorn", 4.0),
