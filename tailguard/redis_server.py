@@ -60,6 +60,9 @@ def redis_config(password: str | None = None, maxmemory: str | None = None) -> s
     callers see, rather than evicting queued jobs, which nobody would)."""
     lines = [f'rename-command {name} ""' for name in DISABLED_COMMANDS]
     lines += [f"maxmemory {maxmemory or settings.REDIS_MAXMEMORY.get()}", "maxmemory-policy noeviction"]
+    # Redis notes its own stalls of 100 ms or more (LATENCY LATEST / DOCTOR): a blocked Redis
+    # delays every request at once, and this says when it was Redis
+    lines.append("latency-monitor-threshold 100")
     if password:
         lines.append(f"requirepass {password}")
     return "\n".join(lines) + "\n"

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from tailguard import settings
 from tailguard.bench.host import Watch
+from tailguard.bench.redis_watch import RedisWatch
 from tailguard.bench.loadgen import Client, Sample, closed_loop, run_phase, served_model_name
 from tailguard.bench.report import OVERHEAD, PROBE, build_report, capacity_rps, render_text
 from tailguard.bench.topology import (DIRECT, TOPOLOGIES, DirectSpec, RunningDirect,
@@ -249,11 +250,12 @@ def _warm(client: Client, workload: Workload, per_class: int, engines: int) -> N
 
 
 def _timed_phase(client: Client, topo: str, phase: str, wl: Workload, cfg: BenchConfig,
-                 hosts: dict[str, Any]) -> list[Sample]:
-    """One open-loop phase after a quiet pause, with its progress bar and what else ran
-    meanwhile (kept in `hosts[phase]`)."""
+                 hosts: dict[str, Any], redis_url: str | None = None) -> list[Sample]:
+    """One open-loop phase after a quiet pause, with its progress bar, what else ran
+    meanwhile and whether the topology's Redis stalled (kept in `hosts[phase]`)."""
     time.sleep(cfg.pause_s)
     bar = _Progress(cfg.progress, len(wl.requests), f"{topo}/{phase}")
+    redis_watch = RedisWatch(redis_url) if redis_url else None
     watch = Watch()
     try:
         samples = run_phase(client, wl.requests, duration_s=wl.params.get("duration_s") or 0,
@@ -262,19 +264,23 @@ def _timed_phase(client: Client, topo: str, phase: str, wl: Workload, cfg: Bench
     finally:
         bar.close()
     host = hosts[phase] = watch.stop()
+    if redis_watch is not None:
+        host["redis"] = redis_watch.stop()
     bad = sum(1 for s in samples if not s.ok)
     log(f"[{topo}/{phase}] {len(wl.requests)} requests, {bad} not ok; front end "
         f"{host['frontend_cpu_s']:g} CPU s ("
         + ", ".join(f"{name} {cpu:g}" for name, cpu in host["frontend_heaviest"])
         + f"), engines {host['engine_cpu_s']:g} in "
         f"{host['wall_s']:g} s; other processes used {host['others_share']:.0%} of the CPU"
-        + (f" (DISTURBED: {host['others_heaviest']})" if host["disturbed"] else ""))
+        + (f" (DISTURBED: {host['others_heaviest']})" if host["disturbed"] else "")
+        + (f"; Redis stalled: {host['redis']['latency_events_ms']} ms"
+           if host.get("redis", {}).get("latency_events_ms") else ""))
     return samples
 
 
 def _overload(client: Client, topo: str, workload: Workload, table: LaneTable, limit: int | None,
               count_tokens: Callable[[str], int] | None, cfg: BenchConfig, info: dict[str, Any],
-              samples: dict[str, list[Sample]]) -> Workload:
+              samples: dict[str, list[Sample]], redis_url: str | None = None) -> Workload:
     """Measure the short lane's capacity with a saturation probe (a closed loop, so the lane is
     kept full without a growing queue), then run the overload timeline with its burst at
     `overload_factor` x that capacity. Fills `samples` (the probe, then the windows) and `info`;
@@ -304,7 +310,7 @@ def _overload(client: Client, topo: str, workload: Workload, table: LaneTable, l
     workload = add_burst(workload, capacity)
     log(f"[{topo}/{PROBE}] capacity {capacity:.2f} req/s; the burst sends short requests at "
         f"{workload.params['burst_short_rate']:.2f} req/s for {cfg.burst_s:g} s")
-    timeline = _timed_phase(client, topo, OVERLOAD, workload, cfg, info["host"])
+    timeline = _timed_phase(client, topo, OVERLOAD, workload, cfg, info["host"], redis_url)
     samples.update(split_windows(timeline, workload.params))
     return workload
 
@@ -461,11 +467,13 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
                 samples[name], topo_info[name]["host"] = {}, {}
                 if workload.name == OVERLOAD:
                     workload = _overload(client, name, workload, table, limit, count_tokens,
-                                         cfg, topo_info[name], samples[name])
+                                         cfg, topo_info[name], samples[name],
+                                         None if direct else topo.redis_url)
                     phases = phases_of(workload, cfg.baseline)
                 for phase, wl in ({} if workload.name == OVERLOAD else phases).items():
-                    samples[name][phase] = _timed_phase(client, name, phase, wl, cfg,
-                                                        topo_info[name]["host"])
+                    samples[name][phase] = _timed_phase(
+                        client, name, phase, wl, cfg, topo_info[name]["host"],
+                        None if direct else topo.redis_url)
             finally:
                 # Warm shutdown takes a while; the next topology starts meanwhile.
                 log(f"[{name}] stopping")
