@@ -83,6 +83,10 @@ class EngineConfig:
     max_model_len: int = 2048  # prompt + completion, <= the model's max_position_embeddings
     dtype: str = "auto"  # the checkpoint's dtype; bfloat16 and float32 both run on CPU
     enforce_eager: bool = True  # no graph capture: faster start, nothing to gain on CPU
+    #: vLLM's own stat loggers: its `vllm:*` Prometheus metrics (a worker serves them) and its
+    #: throughput log lines. They cost the worker's front end CPU on every step
+    #: (TAILGUARD_VLLM_METRICS, docs/benchmarks.md "Where a slow short request's time goes").
+    log_stats: bool = True
     seed: int = 0
     extra: dict = field(default_factory=dict)  # passed through to AsyncEngineArgs
 
@@ -228,6 +232,7 @@ class EngineHost:
             dtype=cfg.dtype,
             enforce_eager=cfg.enforce_eager,
             seed=cfg.seed,
+            disable_log_stats=not cfg.log_stats,
             **cfg.extra,
         )
         pin = Pinning.from_env()

@@ -94,6 +94,12 @@ ENGINE_NICE = Setting(
     "TAILGUARD_ENGINE_NICE", 10, int,
     "CPU host: the nice value of an engine whose cores the front end shares "
     "(TAILGUARD_FRONTEND_CORES), so front-end work runs first there; 0 leaves it as is.")
+VLLM_METRICS = Setting(
+    "TAILGUARD_VLLM_METRICS", True, _bool,
+    "Workers keep vLLM's own stat loggers: its vllm:* metrics on each worker's /metrics and "
+    "its throughput log lines. Off saves the worker 25-40% of its CPU per output token (measured "
+    "on a 2-core AMD EPYC; docs/benchmarks.md), which counts where the front end shares a core "
+    "(TAILGUARD_FRONTEND_CORES); tailguard's own worker metrics stay.")
 API_PORT = Setting("TAILGUARD_API_PORT", 8000, int, "Port of the REST API (gunicorn).")
 API_THREADS = Setting(
     "TAILGUARD_API_THREADS", 1024, int,

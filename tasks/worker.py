@@ -270,6 +270,7 @@ def engine_config(lanes: list[Lane], borrowed: list[Lane] | None = None) -> Engi
         max_len = min(max_len, limit)
     return EngineConfig(model=model, max_num_seqs=max_num_seqs, max_model_len=max_len,
                         dtype=serving_dtype(model, settings.DTYPE.get()),
+                        log_stats=settings.VLLM_METRICS.get(),
                         extra={"scheduling_policy": "priority"} if borrowed else {})
 
 
