@@ -84,8 +84,8 @@ class EngineConfig:
     dtype: str = "auto"  # the checkpoint's dtype; bfloat16 and float32 both run on CPU
     enforce_eager: bool = True  # no graph capture: faster start, nothing to gain on CPU
     #: vLLM's own stat loggers: its `vllm:*` Prometheus metrics (a worker serves them) and its
-    #: throughput log lines. They cost the worker's front end CPU on every step
-    #: (TAILGUARD_VLLM_METRICS, docs/benchmarks.md "Where a slow short request's time goes").
+    #: throughput log lines. They run on every step in the host's process, the front end's CPU
+    #: (TAILGUARD_VLLM_METRICS; benchmarks/vllm_stats_cost.py).
     log_stats: bool = True
     seed: int = 0
     extra: dict = field(default_factory=dict)  # passed through to AsyncEngineArgs

@@ -97,9 +97,9 @@ ENGINE_NICE = Setting(
 VLLM_METRICS = Setting(
     "TAILGUARD_VLLM_METRICS", True, _bool,
     "Workers keep vLLM's own stat loggers: its vllm:* metrics on each worker's /metrics and "
-    "its throughput log lines. Off saves the worker 25-40% of its CPU per output token (measured "
-    "on a 2-core AMD EPYC; docs/benchmarks.md), which counts where the front end shares a core "
-    "(TAILGUARD_FRONTEND_CORES); tailguard's own worker metrics stay.")
+    "its throughput log lines. Off (as vLLM's --disable-log-stats) skips their work on every "
+    "engine step in the worker's process, the front end's CPU (benchmarks/vllm_stats_cost.py "
+    "measures it); tailguard's own worker metrics stay.")
 API_PORT = Setting("TAILGUARD_API_PORT", 8000, int, "Port of the REST API (gunicorn).")
 API_THREADS = Setting(
     "TAILGUARD_API_THREADS", 1024, int,
