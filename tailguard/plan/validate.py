@@ -86,6 +86,9 @@ MEASURED = (
     BenchRun("bench-fs1 (default, borrowing, core plan, front end's CPU recorded; f795d7f; quiet)",
              {"shared": (5.277, 260.7), "lanes": (0.544, 199.7)}, 16,
              lanes_file="coreplan.lanes.toml"),
+    BenchRun("bench-final4 (default, borrowing, core plan, worker batches its text; b3a1c19; quiet)",
+             {"shared": (5.681, 258.6), "lanes": (0.488, 196.3)}, 17,
+             lanes_file="coreplan.lanes.toml"),
 )
 
 
