@@ -81,6 +81,19 @@ def is_engine(p: Proc) -> bool:
     return p.comm.startswith(ENGINE_COMMS)
 
 
+def engine_pids(before: dict[int, Proc], after: dict[int, Proc]) -> set[int]:
+    """The engines' processes in two snapshots: those with an engine's name, and what they
+    start (a model runner is a bare `python` spawn child until it names itself, which is
+    seconds when an engine is built meanwhile: a borrowing worker's idle engine)."""
+    engines: set[int] = set()
+    for procs in (before, after):
+        named = {p.pid for p in procs.values() if is_engine(p)}
+        parents = {p.pid: p.ppid for p in procs.values()}
+        for pid in named:
+            engines |= {pid} | below(parents, pid)
+    return engines
+
+
 def cpu_by(before: dict[int, Proc], after: dict[int, Proc], pids: set[int],
            key: Callable[[Proc], str]) -> dict[str, float]:
     """CPU seconds the processes `pids` used between two snapshots, summed by `key`.
@@ -130,7 +143,7 @@ def frontend_heaviest(before: dict[int, Proc], after: dict[int, Proc], root: int
     call themselves: Celery's and gunicorn's titles name a worker's node (``[celeryd:
     short``) and gunicorn's master and worker; the kernel keeps 15 characters."""
     ours = descendants(after, root) | descendants(before, root)
-    front = {pid for pid in ours if not is_engine(after.get(pid) or before[pid])}
+    front = ours - engine_pids(before, after)
     by = cpu_by(before, after, front, lambda p: p.comm)
     return [(k, round(v, 1)) for k, v in sorted(by.items(), key=lambda kv: -kv[1])[:top]
             if v > 0]
@@ -138,9 +151,10 @@ def frontend_heaviest(before: dict[int, Proc], after: dict[int, Proc], root: int
 
 def own_cpu(before: dict[int, Proc], after: dict[int, Proc], root: int) -> tuple[float, float]:
     """CPU seconds used between two snapshots by `root`'s tree, split into the front end's
-    (`root` itself included) and the engines' (`is_engine`)."""
+    (`root` itself included) and the engines' (`engine_pids`)."""
     ours = descendants(after, root) | descendants(before, root)
-    split = cpu_by(before, after, ours, lambda p: "engine" if is_engine(p) else "frontend")
+    engines = engine_pids(before, after)
+    split = cpu_by(before, after, ours, lambda p: "engine" if p.pid in engines else "frontend")
     return max(split.get("frontend", 0.0), 0.0), max(split.get("engine", 0.0), 0.0)
 
 

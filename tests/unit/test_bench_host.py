@@ -89,3 +89,15 @@ def test_front_end_cpu_by_process_leaves_the_engines_out():
     after = {P: Proc(P, 0, "python", 1.5), P + 1: Proc(P + 1, P, "gunicorn", 4.0),
              P + 2: Proc(P + 2, P, "VLLM::EngineCor", 50.0)}
     assert frontend_heaviest(before, after, P) == [("gunicorn", 2.0), ("python", 0.5)]
+
+
+def test_a_model_runner_not_yet_named_counts_as_its_engines():
+    from tailguard.bench.host import Proc, frontend_heaviest, own_cpu
+    P = 10**7
+    # the worker (P) builds an engine: its core has its name, its model runner is still `python`
+    before = {P: Proc(P, 0, "[celeryd: short", 1.0),
+              P + 1: Proc(P + 1, P, "VLLM::EngineCor", 1.0), P + 2: Proc(P + 2, P + 1, "python", 0.0)}
+    after = {P: Proc(P, 0, "[celeryd: short", 2.0),
+             P + 1: Proc(P + 1, P, "VLLM::EngineCor", 3.0), P + 2: Proc(P + 2, P + 1, "python", 5.0)}
+    assert own_cpu(before, after, P) == (1.0, 7.0)
+    assert frontend_heaviest(before, after, P) == [("[celeryd: short", 1.0)]
