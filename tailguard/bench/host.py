@@ -13,6 +13,7 @@ generator), the figures `tailguard plan` fits its front-end cost from
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -156,6 +157,17 @@ def own_cpu(before: dict[int, Proc], after: dict[int, Proc], root: int) -> tuple
     engines = engine_pids(before, after)
     split = cpu_by(before, after, ours, lambda p: "engine" if p.pid in engines else "frontend")
     return max(split.get("frontend", 0.0), 0.0), max(split.get("engine", 0.0), 0.0)
+
+
+def engines_idle(root: int, interval_s: float = 1.0, busy_share: float = 0.1) -> bool:
+    """Whether `root`'s engines used less than `busy_share` of a core over the next
+    `interval_s`: none is still being built or warming up (a borrowing worker builds its
+    idle-priority engine at idle priority, so it can still be starting when its lanes are
+    already served)."""
+    before = snapshot()
+    time.sleep(interval_s)
+    _, engine = own_cpu(before, snapshot(), root)
+    return engine < busy_share * interval_s
 
 
 class Watch:

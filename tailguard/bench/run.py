@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from tailguard import settings
-from tailguard.bench.host import Watch
+from tailguard.bench.host import Watch, engines_idle
 from tailguard.bench.redis_watch import RedisWatch
 from tailguard.bench.loadgen import Client, Sample, closed_loop, run_phase, served_model_name
 from tailguard.bench.report import OVERHEAD, PROBE, build_report, capacity_rps, render_text
@@ -249,6 +249,18 @@ def _warm(client: Client, workload: Workload, per_class: int, engines: int) -> N
         run_phase(client, reqs, duration_s=0, drain_s=300)
 
 
+def _settle(topo: str, limit_s: float = 180.0) -> None:
+    """Measure only once the topology's engines are all built and idle: the first phase must
+    not share the machine with an engine still starting."""
+    t0 = time.monotonic()
+    while not engines_idle(os.getpid()):
+        if time.monotonic() - t0 > limit_s:
+            log(f"[{topo}] engines still busy after {limit_s:.0f} s with no request; measuring")
+            return
+    if time.monotonic() - t0 > 2:
+        log(f"[{topo}] engines settled after {time.monotonic() - t0:.0f} s")
+
+
 def _timed_phase(client: Client, topo: str, phase: str, wl: Workload, cfg: BenchConfig,
                  hosts: dict[str, Any], redis_url: str | None = None) -> list[Sample]:
     """One open-loop phase after a quiet pause, with its progress bar, what else ran
@@ -462,6 +474,7 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
                                 priorities=class_priorities(workload.classes) if direct else None)
                 log(f"[{name}] up in {topo_info[name]['startup_s']:.0f} s; warming up")
                 _warm(client, workload, cfg.warmup, len(spec.workers))
+                _settle(name)
                 for t in stopping:  # the previous topology must be gone before measuring
                     t.join()
                 samples[name], topo_info[name]["host"] = {}, {}

@@ -101,3 +101,10 @@ def test_a_model_runner_not_yet_named_counts_as_its_engines():
              P + 1: Proc(P + 1, P, "VLLM::EngineCor", 3.0), P + 2: Proc(P + 2, P + 1, "python", 5.0)}
     assert own_cpu(before, after, P) == (1.0, 7.0)
     assert frontend_heaviest(before, after, P) == [("[celeryd: short", 1.0)]
+
+
+def test_a_tree_without_engines_is_idle_at_once():
+    import os
+
+    from tailguard.bench.host import engines_idle
+    assert engines_idle(os.getpid(), interval_s=0.05)
