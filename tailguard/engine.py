@@ -232,8 +232,8 @@ class EngineHost:
             dtype=cfg.dtype,
             enforce_eager=cfg.enforce_eager,
             seed=cfg.seed,
-            disable_log_stats=not cfg.log_stats,
-            **cfg.extra,
+            # vLLM's own name for it in `extra` wins, as every other field there does
+            **{"disable_log_stats": not cfg.log_stats, **cfg.extra},
         )
         pin = Pinning.from_env()
         # vLLM's processes on the engine's cores, below the front end if it shares them

@@ -29,7 +29,7 @@ def host(tmp_path_factory):
     model = build_demo_model(tmp_path_factory.mktemp("models") / "tiny", size="tiny")
     engine = EngineHost(EngineConfig(model=str(model), max_num_seqs=8,
                                      max_model_len=MAX_MODEL_LEN, dtype=serving_dtype(str(model)),
-                                     extra={"disable_log_stats": True}))
+                                     log_stats=False))
     engine.start()
     yield engine
     engine.shutdown()
