@@ -42,7 +42,7 @@ class LoopThread:
         #: loop stalls longer than STALL_WARN_S so far, and the longest (seconds)
         self.stalls = 0
         self.longest_stall_s = 0.0
-        self._watcher: list[asyncio.Task[None]] = []  # the stall watch, once started
+        self._watch: asyncio.Task[None] | None = None  # the stall watch, once started
 
     def start(self) -> None:
         self._thread.start()
@@ -65,12 +65,16 @@ class LoopThread:
     def watch_stalls(self) -> None:
         """From now on, log each stall of the loop (the module docstring). Called once the
         code that may block the loop on purpose (building an engine) is done."""
-        self.call_soon(lambda: self._watcher.append(self._loop.create_task(self._watch_lag())))
+
+        def start() -> None:
+            if self._watch is None:
+                self._watch = self._loop.create_task(self._watch_lag())
+        self.call_soon(start)
 
     def stop_watching(self) -> None:
         """On the loop: no more stall warnings (before blocking it on purpose, to shut down)."""
-        for task in self._watcher:
-            task.cancel()
+        if self._watch is not None:
+            self._watch.cancel()
 
     def stop(self, timeout: float) -> None:
         """Stop the loop (its pending tasks are cancelled) and join the thread."""

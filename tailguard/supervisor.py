@@ -28,7 +28,7 @@ import threading
 
 from tailguard import settings
 from tailguard.lanes import LaneTable, load_lanes
-from tailguard.pinning import device_kind, frontend_cores, frontend_env, plan
+from tailguard.pinning import device_kind, frontend_cores, frontend_env, plan, shares_frontend
 from tailguard.procs import (STOP_TIMEOUT_S, ChildSpec, Group, RestartPolicy, tailguard_argv,
                              worker_spec)
 
@@ -110,7 +110,7 @@ def run_up() -> int:
                             env=env, cpus=front),
                 stop_timeout_s=worker_stop_timeout_s(table, spec.lanes), restart=policy))
             shared = (f" (shared with the front end: the engine at nice "
-                      f"{settings.ENGINE_NICE.get()})" if set(pin.cores) & set(front) else "")
+                      f"{settings.ENGINE_NICE.get()})" if shares_frontend(pin, env) else "")
             _say(f"worker {spec.name} serves {', '.join(spec.lanes)} on {pin.label()}{shared}")
         if front:
             _say(f"front end (API, Redis, Flower, the workers' own threads) on cores "

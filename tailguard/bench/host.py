@@ -137,26 +137,39 @@ def others_cpu(before: dict[int, Proc], after: dict[int, Proc], root: int,
     return sum(by_comm.values()), [(c, round(s, 1)) for c, s in heaviest]
 
 
+#: the key the engines' CPU is summed under in `own_split` (no process is named so)
+_ENGINES = "\0engines"
+
+
+def own_split(before: dict[int, Proc], after: dict[int, Proc], root: int) -> dict[str, float]:
+    """CPU seconds used between two snapshots by `root`'s tree (`root` itself included): the
+    engines' together (`engine_pids`) under one key, each front-end process's by name."""
+    ours = descendants(after, root) | descendants(before, root)
+    engines = engine_pids(before, after)
+    return cpu_by(before, after, ours, lambda p: _ENGINES if p.pid in engines else p.comm)
+
+
 def frontend_heaviest(before: dict[int, Proc], after: dict[int, Proc], root: int,
-                      top: int = 6) -> list[tuple[str, float]]:
+                      top: int = 6, split: dict[str, float] | None = None
+                      ) -> list[tuple[str, float]]:
     """The front end's CPU seconds between two snapshots by process name, heaviest first:
     which part of the front end a phase's CPU went to. The names are what the processes
     call themselves: Celery's and gunicorn's titles name a worker's node (``[celeryd:
-    short``) and gunicorn's master and worker; the kernel keeps 15 characters."""
-    ours = descendants(after, root) | descendants(before, root)
-    front = ours - engine_pids(before, after)
-    by = cpu_by(before, after, front, lambda p: p.comm)
-    return [(k, round(v, 1)) for k, v in sorted(by.items(), key=lambda kv: -kv[1])[:top]
-            if v > 0]
+    short``) and gunicorn's master and worker; the kernel keeps 15 characters. `split`:
+    `own_split`'s, if already taken."""
+    split = own_split(before, after, root) if split is None else split
+    front = sorted(((k, v) for k, v in split.items() if k != _ENGINES), key=lambda kv: -kv[1])
+    return [(k, round(v, 1)) for k, v in front[:top] if v > 0]
 
 
-def own_cpu(before: dict[int, Proc], after: dict[int, Proc], root: int) -> tuple[float, float]:
+def own_cpu(before: dict[int, Proc], after: dict[int, Proc], root: int,
+            split: dict[str, float] | None = None) -> tuple[float, float]:
     """CPU seconds used between two snapshots by `root`'s tree, split into the front end's
-    (`root` itself included) and the engines' (`engine_pids`)."""
-    ours = descendants(after, root) | descendants(before, root)
-    engines = engine_pids(before, after)
-    split = cpu_by(before, after, ours, lambda p: "engine" if p.pid in engines else "frontend")
-    return max(split.get("frontend", 0.0), 0.0), max(split.get("engine", 0.0), 0.0)
+    (`root` itself included) and the engines' (`engine_pids`). `split`: `own_split`'s, if
+    already taken."""
+    split = own_split(before, after, root) if split is None else split
+    frontend = sum(v for k, v in split.items() if k != _ENGINES)
+    return max(frontend, 0.0), max(split.get(_ENGINES, 0.0), 0.0)
 
 
 def engines_idle(root: int, interval_s: float = 1.0, busy_share: float = 0.1) -> bool:
@@ -184,11 +197,13 @@ class Watch:
         wall = os.times().elapsed - self.t0
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         cpu, heaviest = others_cpu(self.before, after, os.getpid())
-        frontend, engine = own_cpu(self.before, after, os.getpid())
+        split = own_split(self.before, after, os.getpid())
+        frontend, engine = own_cpu(self.before, after, os.getpid(), split)
         share = cpu / (wall * (cpus or 1)) if wall > 0 else 0.0
         return {"wall_s": round(wall, 1), "others_cpu_s": round(cpu, 1),
                 "others_share": round(share, 3), "others_heaviest": heaviest,
                 "frontend_cpu_s": round(frontend, 1), "engine_cpu_s": round(engine, 1),
-                "frontend_heaviest": frontend_heaviest(self.before, after, os.getpid()),
+                "frontend_heaviest": frontend_heaviest(self.before, after, os.getpid(),
+                                                       split=split),
                 "disturbed": bool(after) and share > DISTURBED_SHARE and cpu >= DISTURBED_MIN_S,
                 "loadavg_1m": [self.load0, os.getloadavg()[0] if hasattr(os, "getloadavg") else None]}

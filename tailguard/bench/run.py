@@ -478,15 +478,14 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
                 for t in stopping:  # the previous topology must be gone before measuring
                     t.join()
                 samples[name], topo_info[name]["host"] = {}, {}
+                redis_url = None if direct else topo.redis_url
                 if workload.name == OVERLOAD:
                     workload = _overload(client, name, workload, table, limit, count_tokens,
-                                         cfg, topo_info[name], samples[name],
-                                         None if direct else topo.redis_url)
+                                         cfg, topo_info[name], samples[name], redis_url)
                     phases = phases_of(workload, cfg.baseline)
                 for phase, wl in ({} if workload.name == OVERLOAD else phases).items():
-                    samples[name][phase] = _timed_phase(
-                        client, name, phase, wl, cfg, topo_info[name]["host"],
-                        None if direct else topo.redis_url)
+                    samples[name][phase] = _timed_phase(client, name, phase, wl, cfg,
+                                                        topo_info[name]["host"], redis_url)
             finally:
                 # Warm shutdown takes a while; the next topology starts meanwhile.
                 log(f"[{name}] stopping")
