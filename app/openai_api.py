@@ -140,7 +140,7 @@ def _chunks(gw: Gateway, req: OpenAIRequest, accepted: dict[str, Any], created: 
     job_id, chat = accepted["id"], req.kind == "chat"
     common = {"request_id": job_id, "model": req.model, "created": created}
     first = True
-    for event in gw.events(job_id, heartbeat_s=heartbeat_s):
+    for event in gw.events(job_id, heartbeat_s=heartbeat_s, just_submitted=True):
         if event is None:
             yield HEARTBEAT
             continue

@@ -43,7 +43,7 @@ class Broker(Protocol):
     control: Any  # celery.app.control.Control: .revoke(task_id)
 
     def send_task(self, name: str, *, task_id: str, queue: str, expires: float,
-                  kwargs: dict[str, Any]) -> Any: ...
+                  kwargs: dict[str, Any], ignore_result: bool) -> Any: ...
 
 
 class Gateway:
@@ -128,7 +128,11 @@ class Gateway:
                 lane.task_name, task_id=job_id, queue=lane.queue, expires=lane.queue_ttl_s,
                 kwargs={"job_id": job_id, "prompt": req.prompt, "max_tokens": placement.max_tokens,
                         "sampling": req.sampling, "deadline_s": lane.deadline_s,
-                        **({} if req.add_special_tokens else {"add_special_tokens": False})})
+                        **({} if req.add_special_tokens else {"add_special_tokens": False})},
+                # The job record is the result. With Celery's copy stored, publishing would also
+                # subscribe this process to the task's result channel (and unsubscribe when the
+                # AsyncResult is dropped): two more commands per request, on the front-end core.
+                ignore_result=True)
         except Exception as exc:
             self.store.transition(job_id, {QUEUED}, FAILED, {
                 "error": EnqueueFailed(f"could not queue the request: {exc}").to_dict()})
@@ -191,17 +195,20 @@ class Gateway:
         job = self.store.get(job_id)
         return render(job_id, job) if job else {"id": job_id, "status": CANCELLED}
 
-    def events(self, job_id: str, after: str = "0-0", *,
-               heartbeat_s: float = 2.0) -> Iterator[StreamEvent | None]:
+    def events(self, job_id: str, after: str = "0-0", *, heartbeat_s: float = 2.0,
+               just_submitted: bool = False) -> Iterator[StreamEvent | None]:
         """The job's output events from `after` on, ending with its end event.
 
         Yields None on each `heartbeat_s` of silence (so the caller can write a
         heartbeat and notice a gone client); overdue jobs are settled meanwhile. May end
-        with an "error" event instead (see `follow`): the job goes on.
+        with an "error" event instead (see `follow`): the job goes on. `just_submitted`:
+        this process created the job a moment ago (a streamed submit), so it exists and
+        is not overdue; the read that would check that is one less on its way to the
+        first token.
         """
         if not is_job_id(job_id):
             raise JobNotFound(f"no job {job_id!r}")
-        if self.store.settle(job_id) is None:
+        if not just_submitted and self.store.settle(job_id) is None:
             raise JobNotFound(f"no job {job_id!r} (unknown, or its record expired)")
         def status() -> str | None:
             job = self.store.settle(job_id)

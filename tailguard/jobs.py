@@ -163,6 +163,27 @@ class JobStore:
             state = state.decode()
         return bool(moved), state or None
 
+    def start(self, job_id: str, worker: str) -> JobStart:
+        """A worker starts a queued job: queued -> running with `worker`, unless its queue TTL
+        has passed (`overdue`: the caller expires it) or it is no longer queued.
+
+        One round trip on the path to the job's first token: the same step returns the record
+        as it now is (the resume point of a reclaimed job is in it)."""
+        reply = self._transition(
+            [keys.job_key(job_id), keys.job_stream_key(job_id), keys.FINISHED_STREAM,
+             keys.RUNNING_JOBS],
+            **{"from": [QUEUED], "to": RUNNING, "fields": _encode({"worker": worker}),
+               "stream_maxlen": self.stream_maxlen, "finished_maxlen": FINISHED_STREAM_MAXLEN,
+               "lane_keys": _LANE_KEY_PATTERNS, "worker_lost_grace_s": self.worker_lost_grace_s,
+               "fresh_field": "expires_at", "return_record": True})
+        moved, state = bool(reply[0]), reply[1]
+        if isinstance(state, bytes):
+            state = state.decode()
+        extra = reply[2] if len(reply) > 2 else None
+        if not moved:
+            return JobStart(False, state or None, overdue=extra in (b"overdue", "overdue"))
+        return JobStart(True, state, record=decode(dict(zip(extra[::2], extra[1::2]))))
+
     def requeue(self, job_id: str, fields: dict[str, Any]) -> tuple[bool, str | None]:
         """A running job back to queued (reclaimed): a fresh queue TTL from now, its cost back
         in its lane's backlog, `fields` (the resume point) set, as transition() answers."""
@@ -208,6 +229,17 @@ class JobStore:
         else:
             return job
         return self.get(job_id) if moved else job
+
+
+@dataclasses.dataclass(frozen=True)
+class JobStart:
+    """What JobStore.start did: `started` (and the record after it), or the state that
+    stopped it; `overdue`: still queued, but past its queue TTL."""
+
+    started: bool
+    state: str | None
+    overdue: bool = False
+    record: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class BacklogMoved(Exception):

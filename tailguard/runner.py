@@ -143,31 +143,35 @@ class JobRunner:
         exception after recording it failed as internal_error.
         """
         store, job_id = self.store, job.job_id
-        if self.expire(job_id):
-            raise JobSkipped(f"job {job_id} expired in the queue")
         deaths = 0
         while True:
             try:
-                engine = self.engine()
+                engine = self.engine()  # at once while it serves; waits while it (re)starts
             except EngineDeadError as exc:
                 if deaths == 0:
                     raise NoEngine(str(exc)) from exc
                 self._fail(job_id, exc)  # waiting to run it again, the worker gave up
                 raise
             if deaths == 0:
-                # the wait for a cold engine may have outlasted the job's queue TTL
-                if self.expire(job_id):
+                # one round trip from the message to the engine: queued -> running unless the
+                # queue TTL has passed (in the queue, the prefetch buffer or a cold engine's
+                # wait), and the record with any resume point
+                start = store.start(job_id, self.worker)
+                if start.overdue:
+                    self.expire(job_id)  # unless someone else just ended it: not ours either way
                     raise JobSkipped(f"job {job_id} expired in the queue")
-                moved, state = store.transition(job_id, {QUEUED}, RUNNING, {"worker": self.worker})
+                moved, state, record = start.started, start.state, start.record
             else:
                 moved, state = store.transition(job_id, {RUNNING}, RUNNING, {"worker": self.worker})
+                record = store.get(job_id) or {}
             if not moved:
                 log.info("job %s is %s, not %s: skipping", job_id, state,
                          QUEUED if deaths == 0 else RUNNING)
                 raise JobSkipped(f"job {job_id} is {state}")
             streamed: list[bool] = []
             try:
-                return self._generate(engine, job, on_first_token=lambda: streamed.append(True),
+                return self._generate(engine, job, record,
+                                      on_first_token=lambda: streamed.append(True),
                                       reclaimed=reclaimed)
             except EngineDeadError as exc:
                 deaths += 1
@@ -192,12 +196,14 @@ class JobRunner:
     def _fail(self, job_id: str, exc: EngineError, **fields: Any) -> None:
         self.store.transition(job_id, {RUNNING}, FAILED, {"error": exc.to_dict(), **fields})
 
-    def _generate(self, engine: Engine, job: GenerationJob, on_first_token: Callable[[], None],
+    def _generate(self, engine: Engine, job: GenerationJob, record: dict[str, Any],
+                  on_first_token: Callable[[], None],
                   reclaimed: Callable[[], bool]) -> dict[str, Any]:
-        """One run of a running job on `engine`, to its terminal state (see run)."""
+        """One run of a running job (`record`: as it was when it started) on `engine`, to its
+        terminal state (see run)."""
         store, job_id = self.store, job.job_id
         writer = self.writer_for(job_id)
-        resume = _Resume.of(store.get(job_id) or {})
+        resume = _Resume.of(record)
         # a continued job appends to its stream after the entries its earlier runs wrote
         # (the writer's ids are 0-k, so it must not start at 0-1 again)
         writer.entries = resume.entries

@@ -191,7 +191,8 @@ class WorkerRuntime:
         """Queue a reclaimed job on its lane again: a fresh message, with a fresh `expires`."""
         lane = next(l for l in self.borrowed_lanes if l.name == lane_name)
         self.app.send_task(lane.task_name, task_id=job.job_id, queue=lane.queue,
-                           expires=lane.queue_ttl_s, kwargs=dataclasses.asdict(job))
+                           expires=lane.queue_ttl_s, kwargs=dataclasses.asdict(job),
+                           ignore_result=True)  # as the API publishes it: the job record is the result
 
     def _writer_for(self, job_id: str) -> DeltaWriter:
         return DeltaWriter(self.store.redis, job_id, flush_s=settings.STREAM_FLUSH_S.get(),

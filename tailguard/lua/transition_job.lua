@@ -11,6 +11,9 @@
 --   from: [state, ...]       move only from one of these
 --   to: state                the new state; `<to>_at` is stamped with `now`
 --   overdue_field, grace_s   optional: move only if now > the job's overdue_field + grace_s
+--   fresh_field              optional: move only if now <= the job's fresh_field (a worker
+--                            starting a job: not once its queue TTL has passed)
+--   return_record            optional: when moved, also return the job's fields after the move
 --   end_event                optional: terminal event data (a JSON text) for the job's stream
 --   stream_maxlen, finished_maxlen   approximate caps of the two streams
 --   fields: {name: string value}     set with the new state
@@ -22,7 +25,9 @@
 --   worker_lost_grace_s              with lane_keys: a running job lapses from its lane's
 --                                    running zset this long past now + its deadline_s
 -- }
--- -> {1, previous state} when moved; {0, current state} when not (false if no such job)
+-- -> {1, previous state[, the job's fields as HGETALL lists them]} when moved;
+--    {0, current state} when not (false if no such job); {0, current state, 'overdue'} when
+--    fresh_field has passed
 local a = cjson.decode(ARGV[1])
 local cur = redis.call('HGET', KEYS[1], 'status')
 if not cur then return {0, false} end
@@ -32,6 +37,10 @@ if not allowed then return {0, cur} end
 if a.overdue_field then
   local since = tonumber(redis.call('HGET', KEYS[1], a.overdue_field))
   if not since or now <= since + a.grace_s then return {0, cur} end
+end
+if a.fresh_field then
+  local fresh_until = tonumber(redis.call('HGET', KEYS[1], a.fresh_field))
+  if fresh_until and now > fresh_until then return {0, cur, 'overdue'} end
 end
 redis.call('HSET', KEYS[1], 'status', a.to, a.to .. '_at', string.format('%.6f', now))
 if cur == 'queued' and a.lane_keys then
@@ -83,4 +92,5 @@ if a.end_event then
   if ttl > 0 then redis.call('EXPIRE', KEYS[2], ttl) end
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', a.finished_maxlen, '*', 'key', KEYS[1])
 end
+if a.return_record then return {1, cur, redis.call('HGETALL', KEYS[1])} end
 return {1, cur}

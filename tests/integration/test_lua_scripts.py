@@ -65,3 +65,33 @@ def test_a_reclaimed_job_is_queued_again_with_a_fresh_queue_ttl_and_its_cost_bac
     # and it leaves the backlog once it runs again, as any queued job does
     store.transition(job_id, {QUEUED}, RUNNING, {"worker": "long@h"})
     assert int(redis_client.get(backlog)) == 0
+
+
+def test_a_worker_starts_a_job_in_one_step_and_gets_its_record(redis_client):
+    from tailguard.jobs import RUNNING
+
+    store = JobStore(redis_client)
+    job_id = "ef" * 16
+    store.create(job_id, {"lane": "long", "cost": 100, "resume_text": "so far",
+                          "resume_tokens": 2}, queue_ttl_s=60)
+    start = store.start(job_id, "long@h")
+    assert start.started and start.state == QUEUED and not start.overdue
+    assert start.record["status"] == RUNNING and start.record["worker"] == "long@h"
+    assert (start.record["resume_text"], start.record["resume_tokens"]) == ("so far", 2)
+    assert int(redis_client.get(keys.lane_backlog_key("long"))) == 0
+    assert store.running() == {job_id: "long@h"}
+    again = store.start(job_id, "other@h")  # a redelivered duplicate
+    assert (again.started, again.state, again.overdue) == (False, RUNNING, False)
+    assert store.start("00" * 16, "long@h") == type(start)(False, None)
+
+
+def test_a_worker_does_not_start_a_job_past_its_queue_ttl(redis_client):
+    import time
+
+    store = JobStore(redis_client)
+    job_id = "fe" * 16
+    store.create(job_id, {"lane": "short", "cost": 10}, queue_ttl_s=0.01)
+    time.sleep(0.05)
+    start = store.start(job_id, "short@h")
+    assert (start.started, start.state, start.overdue) == (False, QUEUED, True)
+    assert store.status(job_id) == QUEUED and store.running() == {}

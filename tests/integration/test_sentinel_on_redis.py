@@ -109,14 +109,15 @@ def test_the_api_records_and_queues_through_the_sentinel(deployment, master, tin
                       **SENTINEL_SETTINGS, "TAILGUARD_CONSUME_FINISHED": False,
                       "TAILGUARD_REAP_RUNNING": False, settings.ADMIT_WITHOUT_WORKER.env: True})
     reply = api.test_client().post("/v1/jobs", json={"prompt": "hi", "max_tokens": 4})
-    # Publishing subscribed the API's Celery app to the job's result channel: let go of it
-    # before this module's Redis stops, or its reconnecting outlives the test.
-    api.extensions["tailguard"].broker.backend.result_consumer.stop()
     assert reply.status_code == 202, reply.get_json()
     job_id = reply.get_json()["id"]
     assert master.hget(keys.job_key(job_id), "status") == b"queued"  # tailguard's client
     [message] = [json.loads(m) for m in master.lrange("short", 0, -1)]  # Celery's producer
     assert message["headers"]["id"] == job_id
+    # the job record is the result: Celery stores none, and the API subscribed to no result
+    # channel (a reconnecting subscriber would outlive this module's Redis)
+    assert message["headers"]["ignore_result"] is True
+    assert api.extensions["tailguard"].broker.backend.result_consumer._pubsub is None
 
 
 def test_a_worker_runtime_and_a_celery_round_trip_go_through_the_sentinel(deployment, master,
