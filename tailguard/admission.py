@@ -58,6 +58,7 @@ class LaneLoad:
     served_tokens: int    # cost tokens of its requests that finished within the window
     window_s: float       # that window
     live_workers: int     # workers serving the lane now
+    now: float | None = None  # the Redis clock when these were read (Unix seconds)
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,7 @@ class Gateway:
         try:
             wait_s = self.admission.admit(lane, load, placement.cost)
         except (Refused, NoLiveWorker) as exc:
-            self._count_refusal(lane.name, exc, caller)
+            self._count_refusal(lane.name, exc, caller, load.now)
             raise
         if caller is not None:
             try:
@@ -121,7 +121,7 @@ class Gateway:
                 raise WaitTooLong(f"lane {lane.name!r} filled up meanwhile", retry_after_s=1,
                                   lane=lane.name) from None
             except (Refused, NoLiveWorker) as exc:
-                self._count_refusal(lane.name, exc, caller)
+                self._count_refusal(lane.name, exc, caller, load.now)
                 raise
         try:
             self.broker.send_task(
@@ -146,11 +146,12 @@ class Gateway:
                 "max_tokens_capped": placement.max_tokens_capped, "cost": placement.cost,
                 "estimated_start_s": round(wait_s, 3)}
 
-    def _count_refusal(self, lane: str, exc: Refused | NoLiveWorker,
-                       caller: ApiKey | None) -> None:
-        """A lane's refusal, in /metrics and in `tailguard stats`."""
+    def _count_refusal(self, lane: str, exc: Refused | NoLiveWorker, caller: ApiKey | None,
+                       at: float | None) -> None:
+        """A lane's refusal (`at`: the Redis clock of the load it was decided on), in /metrics
+        and in `tailguard stats`."""
         self.metrics.on_refused(lane, exc.code, caller.name if caller else None)
-        self.stats.record_refused(lane, exc.code)
+        self.stats.record_refused(lane, exc.code, at)
 
     def status(self, job_id: str, wait_s: float = 0.0) -> dict[str, Any]:
         """The job as the client sees it; with wait_s, long-poll until it is terminal."""

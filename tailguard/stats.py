@@ -58,11 +58,15 @@ class StatsStore:
             args["slow"] = {"member": member, "score": r.e2e_s, "keep": SLOW_PER_MINUTE}
         self._record([keys.stats_key(minute, lane), keys.slow_key(minute)], **args)
 
-    def record_refused(self, lane: str, code: str) -> None:
-        """Count one request the lane refused at admission in this minute (Redis clock)."""
-        secs, _micros = self.client.time()
-        key = keys.stats_key(int(secs) // 60, lane)
-        pipe = self.client.pipeline()
+    def record_refused(self, lane: str, code: str, at: float | None = None) -> None:
+        """Count one request the lane refused at admission in the minute of `at` (the Redis
+        clock as admission read the lane's load; read here when not given). One round trip:
+        a refusal is what a burst makes many of, on the front end's core."""
+        if at is None:
+            secs, _micros = self.client.time()
+            at = float(secs)
+        key = keys.stats_key(int(at) // 60, lane)
+        pipe = self.client.pipeline(transaction=False)
         pipe.hincrby(key, f"refused:{code}", 1)
         pipe.expire(key, self.retention_s)
         pipe.execute()
