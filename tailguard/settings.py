@@ -166,6 +166,13 @@ STREAM_FLUSH_S = Setting(
     "TAILGUARD_STREAM_FLUSH_S", 0.05, float,
     "A worker batches text deltas into one Redis Stream entry per this many seconds "
     "(the first delta is written at once, so time to first token is not held back).")
+STREAM_WRITES_PER_S = Setting(
+    "TAILGUARD_STREAM_WRITES_PER_S", 100.0, float,
+    "The stream entries per second a worker's running jobs write together, at most: with more "
+    "than this x TAILGUARD_STREAM_FLUSH_S jobs running, a job starting then batches its text "
+    "over (running jobs / this) seconds instead. Each entry is work for the worker, Redis and "
+    "the API on the front end's core; under a burst that work is what delays new requests "
+    "(docs/benchmarks.md, issue 11). 0: never stretched.")
 STREAM_MAXLEN = Setting(
     "TAILGUARD_STREAM_MAXLEN", 10000, int, "Approximate cap on entries in one job's stream.")
 SSE_HEARTBEAT_S = Setting(

@@ -32,6 +32,14 @@ log = logging.getLogger("tailguard.stream")
 OUTAGE_S = 30.0
 
 
+def flush_interval(running: int, base_s: float, writes_per_s: float) -> float:
+    """How long a job's writer batches text: `base_s`, stretched so that `running` jobs'
+    streams together write at most `writes_per_s` entries per second (0: never stretched)."""
+    if writes_per_s <= 0:
+        return base_s
+    return max(base_s, running / writes_per_s)
+
+
 class DeltaWriter:
     """Batches a job's text deltas into stream entries; used on one worker thread.
 

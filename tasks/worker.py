@@ -45,7 +45,7 @@ from tailguard.pinning import device_kind, idle_priority, normal_priority_thread
 from tailguard.reaper import LAPSE_PERIODS, Reaper
 from tailguard.redeliver import Redeliverer
 from tailguard.runner import GenerationJob, JobRunner
-from tailguard.stream import DeltaWriter
+from tailguard.stream import DeltaWriter, flush_interval
 
 if TYPE_CHECKING:  # tailguard.engine's users import vLLM only when an engine starts
     from tailguard.engine import EngineConfig, EngineHost
@@ -195,7 +195,10 @@ class WorkerRuntime:
                            ignore_result=True)  # as the API publishes it: the job record is the result
 
     def _writer_for(self, job_id: str) -> DeltaWriter:
-        return DeltaWriter(self.store.redis, job_id, flush_s=settings.STREAM_FLUSH_S.get(),
+        # the job about to start counts among the running ones
+        flush_s = flush_interval(_engine_stats(self).in_flight + 1, settings.STREAM_FLUSH_S.get(),
+                                 settings.STREAM_WRITES_PER_S.get())
+        return DeltaWriter(self.store.redis, job_id, flush_s=flush_s,
                            maxlen=self.store.stream_maxlen, ttl_s=self.store.ttl_s)
 
 
