@@ -167,7 +167,7 @@ STREAM_FLUSH_S = Setting(
     "A worker batches text deltas into one Redis Stream entry per this many seconds "
     "(the first delta is written at once, so time to first token is not held back).")
 STREAM_WRITES_PER_S = Setting(
-    "TAILGUARD_STREAM_WRITES_PER_S", 100.0, float,
+    "TAILGUARD_STREAM_WRITES_PER_S", 40.0, float,
     "The stream entries per second a worker's running jobs write together, at most: with more "
     "than this x TAILGUARD_STREAM_FLUSH_S jobs running, a job starting then batches its text "
     "over (running jobs / this) seconds instead. Each entry is work for the worker, Redis and "
