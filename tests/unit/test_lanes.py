@@ -203,3 +203,20 @@ def test_a_borrowing_engine_fits_the_borrowed_lanes_requests_not_their_batch():
                      "long": {"max_tokens": 512, "max_num_seqs": 4, "max_model_len": 4096}}
     table = parse_lanes(data)
     assert engine_settings_for([table["short"]], [table["long"]]) == (16, 4096)
+
+
+def test_the_cpu_host_lanes_file_is_the_packaged_one_with_a_smaller_short_lane():
+    # benchmarks/lanes-cpu-2core.toml is what docs/benchmarks.md measured overload with: it must
+    # not drift from the packaged file in anything but the short lane's batch and promise
+    import dataclasses
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    packaged = load_lanes(root / "tailguard" / "lanes.toml")
+    cpu = load_lanes(root / "benchmarks" / "lanes-cpu-2core.toml")
+    assert (cpu["short"].max_num_seqs, cpu["short"].max_wait_s) == (6, 0.1)
+    assert dataclasses.replace(cpu["short"], max_num_seqs=packaged["short"].max_num_seqs,
+                               max_wait_s=packaged["short"].max_wait_s) == packaged["short"]
+    assert [cpu[n] for n in cpu.names if n != "short"] == \
+        [packaged[n] for n in packaged.names if n != "short"]
+    assert cpu.workers == packaged.workers
