@@ -145,23 +145,31 @@ class JobStore:
         Returns (moved, state before the call); (False, None) when the job does not exist.
         With `overdue_field`, only moves when the Redis clock is past that field + grace.
         """
-        assert to in STATES
         fields = fields or {}
-        args: dict[str, Any] = {"from": sorted(from_states), "to": to, "fields": _encode(fields),
-                                "stream_maxlen": self.stream_maxlen,
-                                "finished_maxlen": FINISHED_STREAM_MAXLEN,
-                                "lane_keys": _LANE_KEY_PATTERNS,
-                                "worker_lost_grace_s": self.worker_lost_grace_s}
+        extra: dict[str, Any] = {}
         if overdue_field:
-            args.update(overdue_field=overdue_field, grace_s=overdue_grace_s)
+            extra.update(overdue_field=overdue_field, grace_s=overdue_grace_s)
         if to in TERMINAL:
-            args["end_event"] = json.dumps(end_event_data(to, fields), ensure_ascii=False)
-        moved, state = self._transition(
+            extra["end_event"] = json.dumps(end_event_data(to, fields), ensure_ascii=False)
+        moved, state, _ = self._run_transition(job_id, from_states, to, fields, **extra)
+        return moved, state
+
+    def _run_transition(self, job_id: str, from_states: set[str] | frozenset[str], to: str,
+                        fields: dict[str, Any], **extra: Any) -> tuple[bool, str | None, Any]:
+        """transition_job.lua with its usual arguments plus `extra`: (moved, state, what the
+        script returned third, or None)."""
+        assert to in STATES
+        reply = self._transition(
             [keys.job_key(job_id), keys.job_stream_key(job_id), keys.FINISHED_STREAM,
-             keys.RUNNING_JOBS], **args)
+             keys.RUNNING_JOBS],
+            **{"from": sorted(from_states), "to": to, "fields": _encode(fields),
+               "stream_maxlen": self.stream_maxlen, "finished_maxlen": FINISHED_STREAM_MAXLEN,
+               "lane_keys": _LANE_KEY_PATTERNS, "worker_lost_grace_s": self.worker_lost_grace_s,
+               **extra})
+        state = reply[1]
         if isinstance(state, bytes):
             state = state.decode()
-        return bool(moved), state or None
+        return bool(reply[0]), state or None, reply[2] if len(reply) > 2 else None
 
     def start(self, job_id: str, worker: str) -> JobStart:
         """A worker starts a queued job: queued -> running with `worker`, unless its queue TTL
@@ -169,19 +177,10 @@ class JobStore:
 
         One round trip on the path to the job's first token: the same step returns the record
         as it now is (the resume point of a reclaimed job is in it)."""
-        reply = self._transition(
-            [keys.job_key(job_id), keys.job_stream_key(job_id), keys.FINISHED_STREAM,
-             keys.RUNNING_JOBS],
-            **{"from": [QUEUED], "to": RUNNING, "fields": _encode({"worker": worker}),
-               "stream_maxlen": self.stream_maxlen, "finished_maxlen": FINISHED_STREAM_MAXLEN,
-               "lane_keys": _LANE_KEY_PATTERNS, "worker_lost_grace_s": self.worker_lost_grace_s,
-               "fresh_field": "expires_at", "return_record": True})
-        moved, state = bool(reply[0]), reply[1]
-        if isinstance(state, bytes):
-            state = state.decode()
-        extra = reply[2] if len(reply) > 2 else None
+        moved, state, extra = self._run_transition(job_id, {QUEUED}, RUNNING, {"worker": worker},
+                                                   fresh_field="expires_at", return_record=True)
         if not moved:
-            return JobStart(False, state or None, overdue=extra in (b"overdue", "overdue"))
+            return JobStart(False, state, overdue=extra in (b"overdue", "overdue"))
         return JobStart(True, state, record=decode(dict(zip(extra[::2], extra[1::2]))))
 
     def requeue(self, job_id: str, fields: dict[str, Any]) -> tuple[bool, str | None]:
