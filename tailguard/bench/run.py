@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from tailguard import settings
 from tailguard.bench.host import Watch, engines_idle
 from tailguard.bench.redis_watch import RedisWatch
+from tailguard.bench.stall_watch import StallWatch
 from tailguard.bench.loadgen import Client, Sample, closed_loop, run_phase, served_model_name
 from tailguard.bench.report import OVERHEAD, PROBE, build_report, capacity_rps, render_text
 from tailguard.bench.topology import (DIRECT, TOPOLOGIES, DirectSpec, RunningDirect,
@@ -268,7 +269,7 @@ def _timed_phase(client: Client, topo: str, phase: str, wl: Workload, cfg: Bench
     time.sleep(cfg.pause_s)
     bar = _Progress(cfg.progress, len(wl.requests), f"{topo}/{phase}")
     redis_watch = RedisWatch(redis_url) if redis_url else None
-    watch = Watch()
+    watch, stall_watch = Watch(), StallWatch()
     try:
         samples = run_phase(client, wl.requests, duration_s=wl.params.get("duration_s") or 0,
                             drain_s=cfg.drain_s, max_in_flight=cfg.max_in_flight,
@@ -276,6 +277,7 @@ def _timed_phase(client: Client, topo: str, phase: str, wl: Workload, cfg: Bench
     finally:
         bar.close()
     host = hosts[phase] = watch.stop()
+    host["machine_stalls"] = stall_watch.stop()
     if redis_watch is not None:
         host["redis"] = redis_watch.stop()
     bad = sum(1 for s in samples if not s.ok)
@@ -286,7 +288,10 @@ def _timed_phase(client: Client, topo: str, phase: str, wl: Workload, cfg: Bench
         f"{host['wall_s']:g} s; other processes used {host['others_share']:.0%} of the CPU"
         + (f" (DISTURBED: {host['others_heaviest']})" if host["disturbed"] else "")
         + (f"; Redis stalled: {host['redis']['latency_events_ms']} ms"
-           if host.get("redis", {}).get("latency_events_ms") else ""))
+           if host.get("redis", {}).get("latency_events_ms") else "")
+        + "; worst second: " + (", ".join(
+            f"{name} {w['share']:.0%} at {w['at_s']:g} s"
+            for name, w in host["machine_stalls"].items()) or "not measured"))
     return samples
 
 
