@@ -7,7 +7,10 @@ busy-polls while each step runs) and the model runner, start there (`children_on
 Pinning the whole worker process to the engine's cores made the front end slow its
 own model down; leaving the engine-core process unpinned as well let its busy polling
 take the other core from the API, Redis and Celery (docs/benchmarks.md, issue 12's
-overhead runs).
+overhead runs). Off its engine's core, the engine core is faster only where the other
+core is free (plain vLLM's placement in the overhead workload); beside the long engine
+it made the short engine 21% slower, and beside an idle-priority one it took 39-48% of
+that core (benchmarks/engine_core_placement.py).
 
 The front end (the API, Redis, Flower, each worker's own threads: Celery, the engine
 loop with its detokenization, Redis I/O; and a benchmark's load generator) runs on
