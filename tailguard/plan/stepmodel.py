@@ -137,9 +137,12 @@ def fit_frontend(points: Sequence[tuple[int, int, float]]) -> tuple[float, float
 
 def frontend_points(report: dict[str, Any]) -> list[tuple[str, tuple[int, int, float]]]:
     """("topology/phase", (requests, output tokens, front-end CPU s)) of each phase of a bench
-    report.json that recorded its front end's CPU (tailguard/bench/host.py)."""
+    report.json that recorded its front end's CPU (tailguard/bench/host.py). `direct` is left
+    out: its front end is vLLM's own server (its report entry names it, `server`), not ours."""
     out = []
     for topo, t in report["topologies"].items():
+        if "server" in t:
+            continue
         for phase, classes in (t.get("phases") or {}).items():
             cpu = ((t.get("host") or {}).get(phase) or {}).get("frontend_cpu_s")
             if cpu is None:

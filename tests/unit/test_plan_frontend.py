@@ -99,7 +99,11 @@ def test_frontend_points_read_a_reports_phases():
         "shared": {"phases": {"baseline": {"short": phase},
                               "mixed": {"short": phase, "long": {"count": 51, "output_tokens": 26112}}},
                    "host": {"baseline": {"frontend_cpu_s": 10.0}, "mixed": {"frontend_cpu_s": 20.5}}},
-        "old": {"phases": {"baseline": {"short": phase}}, "host": {"baseline": {"wall_s": 9.0}}}}}
+        "old": {"phases": {"baseline": {"short": phase}}, "host": {"baseline": {"wall_s": 9.0}}},
+        # plain vLLM's server: its front end is not ours to fit
+        "direct": {"server": "python -m vllm.entrypoints.openai.api_server",
+                   "phases": {"baseline": {"short": phase}},
+                   "host": {"baseline": {"frontend_cpu_s": 5.5}}}}}
     assert frontend_points(report) == [("shared/baseline", (200, 12800, 10.0)),
                                        ("shared/mixed", (251, 38912, 20.5))]
 
