@@ -291,7 +291,10 @@ def _timed_phase(client: Client, topo: str, phase: str, wl: Workload, cfg: Bench
            if host.get("redis", {}).get("latency_events_ms") else "")
         + "; worst second: " + (", ".join(
             f"{name} {w['share']:.0%} at {w['at_s']:g} s"
-            for name, w in host["machine_stalls"].items()) or "not measured"))
+            for name, w in host["machine_stalls"].items() if "share" in w) or "not measured")
+        + (f"; longest sampler gap {host['machine_stalls']['sample_gap']['max_s']:g} s at "
+           f"{host['machine_stalls']['sample_gap']['at_s']:g} s"
+           if "sample_gap" in host["machine_stalls"] else ""))
     return samples
 
 

@@ -7,8 +7,11 @@ else could stop every front-end process together is the machine: its CPU saturat
 (the kernel's pressure stall information, ``/proc/pressure/cpu``), I/O (``io``), or,
 on a VM, the hypervisor not running our vCPUs (steal time, ``/proc/stat``). A phase
 samples the three counters four times a second on a thread of the load generator and
-keeps each one's worst 1-second window and when it began, so the report says
-whether a stall seen in the samples lines up with one of them. Linux only; elsewhere
+keeps each one's worst 1-second window and when it began, and the longest gap between
+its own samples (a sampler that ran late is a load generator that did not run), so the
+report says whether a stall seen in the samples lines up with one of them. Under the
+default load both cores are busy and CPU pressure reads near 100% in some second of
+every phase; steal, I/O and the sampler's gap are what single out a stall. Linux only; elsewhere
 nothing is sampled.
 """
 
@@ -71,11 +74,18 @@ def worst_window(points: Sequence[tuple[float, float]], window_s: float = WINDOW
     return best
 
 
+def longest_gap(times: Sequence[float]) -> tuple[float, float] | None:
+    """The longest time between two samples and when it began; None for fewer than two. Pure."""
+    gaps = [(b - a, a) for a, b in zip(times, times[1:])]
+    return max(gaps) if gaps else None
+
+
 class StallWatch:
     """Samples `read_counters` on a daemon thread until `stop()`, which returns the phase's
     worst 1-second windows: ``{"cpu_some": {"share": .., "at_s": ..}, ...}`` where `share` is
     the fraction of that second the counter grew by (for steal, summed over vCPUs, so it can
-    exceed 1 on a multi-core VM) and `at_s` is seconds from the phase's start."""
+    exceed 1 on a multi-core VM) and `at_s` is seconds from the phase's start; and
+    ``"sample_gap": {"max_s": .., "at_s": ..}``, the longest time between two samples."""
 
     def __init__(self, interval_s: float = INTERVAL_S) -> None:
         self.t0 = time.monotonic()
@@ -100,6 +110,10 @@ class StallWatch:
         if self._thread is not None:
             self._thread.join(timeout=2)
         out: dict[str, dict[str, float]] = {}
+        gap = longest_gap([t for t, _ in self.points])
+        if gap is not None:
+            # the sampler itself late: this process (on a front-end core) did not run
+            out["sample_gap"] = {"max_s": round(gap[0], 3), "at_s": round(gap[1], 2)}
         names = set().union(*(c.keys() for _, c in self.points)) if self.points else set()
         for name in sorted(names):
             series = [(t, c[name]) for t, c in self.points if name in c]

@@ -3,7 +3,7 @@
 import os
 import time
 
-from tailguard.bench.stall_watch import StallWatch, read_counters, worst_window
+from tailguard.bench.stall_watch import StallWatch, longest_gap, read_counters, worst_window
 
 
 def test_worst_window_finds_the_steepest_second_and_when_it_began():
@@ -27,15 +27,26 @@ def test_worst_window_counts_a_jump_in_the_last_quarter_second():
     assert worst_window(points) == (0.5, 0.25)
 
 
+def test_longest_gap_between_samples():
+    assert longest_gap([0.0, 0.25, 0.5, 2.5, 2.75]) == (2.0, 0.5)
+    assert longest_gap([1.0]) is None
+
+
 def test_stall_watch_samples_this_machine():
     watch = StallWatch(interval_s=0.05)
-    time.sleep(0.3)
+    t0 = time.monotonic()
+    while len(watch.points) < 4 and time.monotonic() - t0 < 10:
+        time.sleep(0.05)
+    elapsed = time.monotonic() - t0
     out = watch.stop()
     if read_counters() is None:
         assert out == {}
         return
-    assert set(out) <= {"cpu_some", "io_some", "steal"}
+    assert set(out) <= {"cpu_some", "io_some", "steal", "sample_gap"}
     if os.path.exists("/proc/stat"):
         assert "steal" in out
-    for figures in out.values():
-        assert figures["share"] >= 0 and 0 <= figures["at_s"] <= 0.3
+    assert 0.05 <= out["sample_gap"]["max_s"] <= elapsed + 0.1
+    for name, figures in out.items():
+        assert 0 <= figures["at_s"] <= elapsed + 0.1
+        if name != "sample_gap":
+            assert figures["share"] >= 0
