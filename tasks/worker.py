@@ -112,10 +112,6 @@ class WorkerRuntime:
                 self._writer_for, self.hostname,
                 engine_died=lambda engine: self.keeper.died(engine.host))
 
-        def in_flight() -> int:  # borrowed ones included, wherever they run
-            return _engine_stats(self).in_flight + (
-                idle.host.stats().in_flight if idle is not None and idle.host else 0)
-
         def serving() -> bool:
             return (self.keeper.state == SERVING and not self.stopping.is_set()
                     and (idle is None or idle.state == SERVING))
@@ -123,7 +119,7 @@ class WorkerRuntime:
         self.borrower = Borrower(
             self.borrow, self.lane_names, max(l.max_num_seqs for l in self.lanes),
             borrowed_runner, connect=self.app.connection_for_read, publish=self._publish,
-            in_flight=in_flight, serving=serving)
+            in_flight=self.running_jobs, serving=serving)
 
     @staticmethod
     def of(app: Celery) -> WorkerRuntime:
@@ -194,9 +190,18 @@ class WorkerRuntime:
                            expires=lane.queue_ttl_s, kwargs=dataclasses.asdict(job),
                            ignore_result=True)  # as the API publishes it: the job record is the result
 
+    def running_jobs(self) -> int:
+        """The jobs running in this process now: its own engine's, borrowed ones included
+        wherever they run (the idle engine's too)."""
+        idle = self.idle_keeper
+        return _engine_stats(self).in_flight + (
+            idle.host.stats().in_flight if idle is not None and idle.host else 0)
+
     def _writer_for(self, job_id: str) -> DeltaWriter:
-        # the job about to start counts among the running ones
-        flush_s = flush_interval(_engine_stats(self).in_flight + 1, settings.STREAM_FLUSH_S.get(),
+        # The write budget is the process's: every job running here counts, the one about
+        # to start included. Counting only the own engine's let borrowed jobs on the idle
+        # engine write every 50 ms beside a quiet own lane.
+        flush_s = flush_interval(self.running_jobs() + 1, settings.STREAM_FLUSH_S.get(),
                                  settings.STREAM_WRITES_PER_S.get())
         return DeltaWriter(self.store.redis, job_id, flush_s=flush_s,
                            maxlen=self.store.stream_maxlen, ttl_s=self.store.ttl_s)
