@@ -70,11 +70,12 @@ def move(pid: int, cores: tuple[int, ...]) -> None:
 
 
 def engine_core_pid() -> int:
+    from tailguard.bench.host import ENGINE_COMMS
     from tailguard.pinning import descendants
 
     for pid in descendants():
         with open(f"/proc/{pid}/comm") as fh:
-            if fh.read().startswith("VLLM::EngineCor"):
+            if fh.read().startswith(ENGINE_COMMS[0]):  # VLLM::EngineCor
                 return pid
     raise RuntimeError("no vLLM engine-core process below this one")
 

@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any, Callable
 from tailguard import settings
 from tailguard.bench.host import Watch, engines_idle
 from tailguard.bench.redis_watch import RedisWatch
-from tailguard.bench.stall_watch import StallWatch
 from tailguard.bench.loadgen import Client, Sample, closed_loop, run_phase, served_model_name
 from tailguard.bench.report import OVERHEAD, PROBE, build_report, capacity_rps, render_text
+from tailguard.bench.stall_watch import StallWatch, describe as describe_stalls
 from tailguard.bench.topology import (DIRECT, TOPOLOGIES, DirectSpec, RunningDirect,
                                       RunningTopology, TopologySpec, class_priorities, direct_spec,
                                       lanes_spec, shared_spec)
@@ -289,12 +289,7 @@ def _timed_phase(client: Client, topo: str, phase: str, wl: Workload, cfg: Bench
         + (f" (DISTURBED: {host['others_heaviest']})" if host["disturbed"] else "")
         + (f"; Redis stalled: {host['redis']['latency_events_ms']} ms"
            if host.get("redis", {}).get("latency_events_ms") else "")
-        + "; worst second: " + (", ".join(
-            f"{name} {w['share']:.0%} at {w['at_s']:g} s"
-            for name, w in host["machine_stalls"].items() if "share" in w) or "not measured")
-        + (f"; longest sampler gap {host['machine_stalls']['sample_gap']['max_s']:g} s at "
-           f"{host['machine_stalls']['sample_gap']['at_s']:g} s"
-           if "sample_gap" in host["machine_stalls"] else ""))
+        + "; " + describe_stalls(host["machine_stalls"]))
     return samples
 
 

@@ -11,8 +11,8 @@ keeps each one's worst 1-second window and when it began, and the longest gap be
 its own samples (a sampler that ran late is a load generator that did not run), so the
 report says whether a stall seen in the samples lines up with one of them. Under the
 default load both cores are busy and CPU pressure reads near 100% in some second of
-every phase; steal, I/O and the sampler's gap are what single out a stall. Linux only; elsewhere
-nothing is sampled.
+every phase; steal, I/O and the sampler's gap are what single out a stall. Linux only;
+elsewhere nothing is sampled.
 """
 
 from __future__ import annotations
@@ -121,3 +121,12 @@ class StallWatch:
             if worst is not None:
                 out[name] = {"share": round(worst[0], 3), "at_s": round(worst[1], 2)}
         return out
+
+
+def describe(stalls: dict[str, dict[str, float]]) -> str:
+    """`StallWatch.stop()`'s result in one line, for the phase's log."""
+    worst = ", ".join(f"{name} {w['share']:.0%} at {w['at_s']:g} s"
+                      for name, w in stalls.items() if "share" in w)
+    gap = stalls.get("sample_gap")
+    return ("worst second: " + (worst or "not measured")
+            + (f"; longest sampler gap {gap['max_s']:g} s at {gap['at_s']:g} s" if gap else ""))

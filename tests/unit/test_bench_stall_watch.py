@@ -3,7 +3,8 @@
 import os
 import time
 
-from tailguard.bench.stall_watch import StallWatch, longest_gap, read_counters, worst_window
+from tailguard.bench.stall_watch import (StallWatch, describe, longest_gap, read_counters,
+                                         worst_window)
 
 
 def test_worst_window_finds_the_steepest_second_and_when_it_began():
@@ -30,6 +31,14 @@ def test_worst_window_counts_a_jump_in_the_last_quarter_second():
 def test_longest_gap_between_samples():
     assert longest_gap([0.0, 0.25, 0.5, 2.5, 2.75]) == (2.0, 0.5)
     assert longest_gap([1.0]) is None
+
+
+def test_describe_puts_a_phase_on_one_line():
+    stalls = {"cpu_some": {"share": 0.97, "at_s": 11.5}, "steal": {"share": 0.01, "at_s": 3.0},
+              "sample_gap": {"max_s": 0.252, "at_s": 0.25}}
+    assert describe(stalls) == ("worst second: cpu_some 97% at 11.5 s, steal 1% at 3 s; "
+                                "longest sampler gap 0.252 s at 0.25 s")
+    assert describe({}) == "worst second: not measured"
 
 
 def test_stall_watch_samples_this_machine():
