@@ -86,9 +86,11 @@ result_expires = _settings.JOB_TTL_S.get()
 result_extended = True
 
 # Events for Flower (its task list and states come from these events, not from the
-# result backend).
+# result backend). No task-sent event: the API queues a job's message with its record in one
+# Redis call (tailguard/task_message.py), not through Celery's publish, so a task enters
+# Flower's list when a worker receives it; a job still queued is counted on the Broker page.
 worker_send_task_events = True
-task_send_sent_event = True
+task_send_sent_event = False
 # No STARTED write to the result backend before each task runs: nothing reads Celery's
 # task state (the job record in tailguard/jobs.py says when a job started), and the write
 # (with result_extended, the task's arguments: the prompt) sat on every request's path to

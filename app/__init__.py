@@ -141,6 +141,7 @@ def _build_gateway(config: Mapping[str, Any]) -> Gateway:
     from tailguard.metrics import GatewayMetrics
     from tailguard.redis_client import celery_transport_options
     from tailguard.stats import StatsStore
+    from tailguard.task_message import TaskMessages
     from tailguard.tokens import counter_for
 
     model = settings.MODEL.get(config)
@@ -169,7 +170,7 @@ def _build_gateway(config: Mapping[str, Any]) -> Gateway:
     load = LaneLoadStore(client, window_s=settings.RATE_WINDOW_S.get(config))
     admission = AdmissionPolicy(prior_tokens_per_s=settings.PRIOR_TOKENS_PER_S.get(config),
                                 admit_without_worker=settings.ADMIT_WITHOUT_WORKER.get(config))
-    gateway = Gateway(lanes, store, counter_for(model), producer, metrics=metrics,
+    gateway = Gateway(lanes, store, counter_for(model), TaskMessages(producer), metrics=metrics,
                       admission=admission, load=load, stats=stats)
     # Every finished request, whoever ended it: one log line, metrics, `tailguard stats`,
     # and the lane's measured service rate (admission).

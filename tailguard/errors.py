@@ -34,7 +34,6 @@ one place (``app/errors.py``); workers map them to a terminal job state.
         ├── WorkerLost                  worker_lost            500  its worker stopped heart-beating
         ├── PoisonRequest               poison_request         422  in flight during two engine deaths
         ├── InternalJobError            internal_error         500  a bug in the task (the root's code too)
-        ├── EnqueueFailed               enqueue_failed         500  the broker did not take the message
         └── MessageLost                 message_lost           503  its message was lost in a broker outage
 
 The root's code, ``internal_error``, is what any unexpected exception is
@@ -230,12 +229,6 @@ class PoisonRequest(JobError):
 
 class InternalJobError(JobError):
     code = "internal_error"
-
-
-class EnqueueFailed(JobError):
-    """The job was recorded but its message could not be published to the lane's queue."""
-
-    code = "enqueue_failed"
 
 
 class MessageLost(JobError):

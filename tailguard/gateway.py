@@ -16,10 +16,10 @@ from typing import Any, Callable, Iterator, Protocol
 
 from tailguard.admission import AdmissionPolicy
 from tailguard.apikeys import ApiKey, ApiKeyStore
-from tailguard.errors import (EnqueueFailed, JobCancelled, JobNotFound, JobStateConflict, NoLiveWorker,
+from tailguard.errors import (JobCancelled, JobNotFound, JobStateConflict, NoLiveWorker,
                               Refused, WaitTooLong)
 from tailguard.jobrequest import JobRequest
-from tailguard.jobs import (CANCELLED, FAILED, QUEUED, RUNNING, TERMINAL, BacklogMoved, JobStore,
+from tailguard.jobs import (CANCELLED, QUEUED, RUNNING, TERMINAL, BacklogMoved, JobStore,
                             timing)
 from tailguard.keys import is_job_id
 from tailguard.lanes import LaneTable
@@ -38,12 +38,14 @@ class TokenCounter(Protocol):
 
 
 class Broker(Protocol):
-    """What the gateway needs of a Celery app: publish a task by name, revoke one."""
+    """What the gateway needs of Celery (tailguard.task_message.TaskMessages): a task's
+    message for a lane's queue, which the job store pushes with the job's record; revoking
+    a task."""
 
     control: Any  # celery.app.control.Control: .revoke(task_id)
 
-    def send_task(self, name: str, *, task_id: str, queue: str, expires: float,
-                  kwargs: dict[str, Any], ignore_result: bool) -> Any: ...
+    def build(self, name: str, *, task_id: str, queue: str, kwargs: dict[str, Any],
+              expires_s: float) -> str: ...
 
 
 class Gateway:
@@ -78,8 +80,8 @@ class Gateway:
                      requested_max_tokens=req.max_tokens, model_max_len=self.counter.model_max_len)
 
     def submit(self, req: JobRequest, caller: ApiKey | None = None) -> dict[str, Any]:
-        """Admit the request on its lane, charge it to the caller's key, record the job, then
-        publish it to the lane's queue.
+        """Admit the request on its lane, charge it to the caller's key, then record the job
+        and queue its task message in one Redis call.
 
         Returns the 202 body; raises Refused (429) or NoLiveWorker (503), counted per lane
         and per key. A key's priority ceiling lowers the request's class before placement.
@@ -101,7 +103,6 @@ class Gateway:
                 self.metrics.on_refused(lane.name, exc.code, caller.name)
                 raise
         job_id = uuid.uuid4().hex
-        # The record exists before the message, so a worker never runs an unknown job.
         fields = {
             "lane": lane.name, "priority": req.priority, "prompt_tokens": placement.prompt_tokens,
             "requested_max_tokens": placement.requested_max_tokens,
@@ -109,9 +110,17 @@ class Gateway:
             "cost": placement.cost, "deadline_s": lane.deadline_s, "sampling": req.sampling,
             "api_key": caller.name if caller else None,
         }
+        message = self.broker.build(
+            lane.task_name, task_id=job_id, queue=lane.queue, expires_s=lane.queue_ttl_s,
+            kwargs={"job_id": job_id, "prompt": req.prompt, "max_tokens": placement.max_tokens,
+                    "sampling": req.sampling, "deadline_s": lane.deadline_s,
+                    **({} if req.add_special_tokens else {"add_special_tokens": False})})
         try:
+            # The record and the lane's message in one step: a worker never runs an unknown
+            # job, and no record waits for a message that was never sent.
             self.store.create(job_id, fields, queue_ttl_s=lane.queue_ttl_s,
-                              limits=self.admission.limits(lane, load))
+                              limits=self.admission.limits(lane, load),
+                              message=(lane.queue, message))
         except BacklogMoved as moved:
             # Other requests took the room this one was admitted into: decide again on the
             # lane as it is now (it raises, with the Retry-After that load gives).
@@ -123,20 +132,6 @@ class Gateway:
             except (Refused, NoLiveWorker) as exc:
                 self._count_refusal(lane.name, exc, caller, load.now)
                 raise
-        try:
-            self.broker.send_task(
-                lane.task_name, task_id=job_id, queue=lane.queue, expires=lane.queue_ttl_s,
-                kwargs={"job_id": job_id, "prompt": req.prompt, "max_tokens": placement.max_tokens,
-                        "sampling": req.sampling, "deadline_s": lane.deadline_s,
-                        **({} if req.add_special_tokens else {"add_special_tokens": False})},
-                # The job record is the result. With Celery's copy stored, publishing would also
-                # subscribe this process to the task's result channel (and unsubscribe when the
-                # AsyncResult is dropped): two more commands per request, on the front-end core.
-                ignore_result=True)
-        except Exception as exc:
-            self.store.transition(job_id, {QUEUED}, FAILED, {
-                "error": EnqueueFailed(f"could not queue the request: {exc}").to_dict()})
-            raise
         self.metrics.on_accepted(lane.name, placement.max_tokens_capped,
                                  caller.name if caller else None)
         return {"id": job_id, "status": QUEUED, "lane": lane.name, "priority": req.priority,

@@ -115,9 +115,12 @@ class JobStore:
                    stream_maxlen=settings.STREAM_MAXLEN.get(config))
 
     def create(self, job_id: str, fields: dict[str, Any], queue_ttl_s: float,
-               limits: BacklogLimits | None = None) -> float:
+               limits: BacklogLimits | None = None,
+               message: tuple[str, str] | None = None) -> float:
         """Store a new queued job and count its cost in its lane's backlog (tailguard.laneload);
-        returns submitted_at and sets expires_at (Redis clock).
+        returns submitted_at and sets expires_at (Redis clock). With `message` (a queue's
+        list, its task message: tailguard.task_message), push the message too, in the same
+        step.
 
         With `limits`, only while the lane is still within them, in the same atomic step:
         admission decided on the lane's load read a moment earlier, and a burst of requests
@@ -128,10 +131,13 @@ class JobStore:
         extra = {} if limits is None else {k: v for k, v in (
             ("slots", limits.slots), ("max_wait_tokens", limits.wait_tokens),
             ("max_backlog_after", limits.after)) if v is not None}
+        script_keys = [keys.job_key(job_id), keys.lane_queued_key(lane),
+                       keys.lane_backlog_key(lane), keys.lane_running_key(lane)]
+        if message is not None:
+            queue, extra["message"] = message
+            script_keys.append(queue)
         reply = self._create(
-            [keys.job_key(job_id), keys.lane_queued_key(lane), keys.lane_backlog_key(lane),
-             keys.lane_running_key(lane)],
-            ttl_s=self.ttl_s, queue_ttl_s=queue_ttl_s, cost=int(fields.get("cost") or 0),
+            script_keys, ttl_s=self.ttl_s, queue_ttl_s=queue_ttl_s, cost=int(fields.get("cost") or 0),
             fields=_encode(fields), **extra)
         if isinstance(reply, list):
             raise BacklogMoved(*(int(n) for n in reply))

@@ -1,8 +1,10 @@
 -- Store a new queued job and add it to its lane's backlog, in one step.
 -- KEYS[1] job hash, KEYS[2] the lane's queued zset, KEYS[3] the lane's backlog (cost tokens),
--- KEYS[4] the lane's running zset
+-- KEYS[4] the lane's running zset, optional KEYS[5] the lane's Celery queue (a list)
 -- ARGV[1] JSON {ttl_s, queue_ttl_s, cost, fields: {name: string value},
---               optional slots, max_wait_tokens, max_backlog_after: admission's limits}
+--               optional slots, max_wait_tokens, max_backlog_after: admission's limits,
+--               optional message: the job's Celery task message (tailguard/task_message.py),
+--               pushed onto KEYS[5] with the record: one exists exactly when the other does}
 -- -> submitted_at (expires_at = submitted_at + queue_ttl_s); or, when the lane is past a
 --    limit (requests admitted meanwhile by other API threads), {backlog, queued, running}
 --    and nothing stored
@@ -29,6 +31,7 @@ redis.call('EXPIRE', KEYS[1], a.ttl_s)
 -- leaves the backlog anyway; both keys outlive the last member.
 redis.call('ZADD', KEYS[2], expires, a.cost .. ' ' .. KEYS[1])
 redis.call('INCRBY', KEYS[3], a.cost)
+if a.message then redis.call('LPUSH', KEYS[5], a.message) end
 local keep = math.ceil(a.queue_ttl_s) + 60
 for i = 2, 3 do
   if redis.call('TTL', KEYS[i]) < keep then redis.call('EXPIRE', KEYS[i], keep) end

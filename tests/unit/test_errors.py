@@ -70,7 +70,6 @@ def test_every_job_error_code_round_trips_through_the_record(cls):
     # quarantined: a 4xx, so clients that retry 5xx on their own do not send it again
     ({"status": FAILED, "error": {"code": "poison_request", "message": "m"}}, 422, "poison_request"),
     ({"status": FAILED, "error": {"code": "internal_error", "message": "m"}}, 500, "internal_error"),
-    ({"status": FAILED, "error": {"code": "enqueue_failed", "message": "m"}}, 500, "enqueue_failed"),
     # a record without a known code: its state decides
     ({"status": EXPIRED}, 503, "expired"),
     ({"status": CANCELLED, "error": None}, 409, "cancelled"),
