@@ -99,17 +99,21 @@ class ApiKeyStore:
 
     def authenticate(self, authorization: str | None) -> ApiKey | None:
         """The key an ``Authorization: Bearer <key>`` header names; None while no key exists
-        (authentication off: whatever an OpenAI client sends is ignored)."""
+        (authentication off: whatever an OpenAI client sends is ignored).
+
+        A known key costs one Redis call, the lookup: whether any key exists is asked only
+        when there is none to look up, or it is unknown. Every /v1/ request comes here."""
+        scheme, _, secret = (authorization or "").partition(" ")
+        secret = secret.strip() if scheme.lower() == "bearer" else ""
+        key = self.lookup(secret) if secret else None
+        if key is not None:
+            return key
         if not self.any():
             return None
-        scheme, _, secret = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not secret.strip():
+        if not secret:
             raise Unauthenticated("send an API key: Authorization: Bearer <key> "
                                   "(`tailguard keys add NAME` makes one)")
-        key = self.lookup(secret.strip())
-        if key is None:
-            raise Unauthenticated("unknown API key (revoked, or mistyped)")
-        return key
+        raise Unauthenticated("unknown API key (revoked, or mistyped)")
 
     def take(self, key: ApiKey, cost: int) -> None:
         """Charge one request of `cost` tokens to the key's limits, or raise RateLimited."""

@@ -8,6 +8,7 @@ from click.testing import CliRunner
 from tailguard import keys
 from tailguard.apikeys import ApiKey, ApiKeyStore
 from tailguard.cli import main
+from tailguard.errors import Unauthenticated
 from tailguard.finished import FinishedConsumer
 from tailguard.jobs import QUEUED, RUNNING, SUCCEEDED, JobStore
 from test_observability import sample
@@ -47,6 +48,22 @@ def test_once_a_key_exists_every_v1_call_needs_it(client, store, tiny_model):
     assert job.status_code == 202
     assert client.get(f"/v1/jobs/{job.get_json()['id']}", headers=bearer(key)).status_code == 200
     assert store.revoke("team-a") and not store.any()
+
+
+def test_a_known_key_is_one_lookup_and_the_rest_ask_whether_any_key_exists(store, monkeypatch):
+    key = store.add(ApiKey("team-a"))
+    asked = []
+    any_key = store.any
+    monkeypatch.setattr(store, "any", lambda: asked.append(1) or any_key())
+    assert store.authenticate(f"Bearer {key}").name == "team-a"
+    assert asked == []  # every /v1/ request with a key: no second Redis call
+    for header, message in ((None, "send an API key"), ("Bearer tg-wrong", "unknown API key"),
+                            (f"Basic {key}", "send an API key")):
+        with pytest.raises(Unauthenticated, match=message):
+            store.authenticate(header)
+    assert len(asked) == 3
+    store.revoke("team-a")
+    assert store.authenticate(f"Bearer {key}") is None  # no key left: authentication is off
 
 
 def test_requests_per_minute_is_a_429_with_retry_after(client, store):
