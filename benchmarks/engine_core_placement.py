@@ -60,26 +60,6 @@ while True:
 """
 
 
-def move(pid: int, cores: tuple[int, ...]) -> None:
-    """Every thread of process `pid` onto `cores`."""
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            os.sched_setaffinity(int(tid), cores)
-        except ProcessLookupError:
-            pass
-
-
-def engine_core_pid() -> int:
-    from tailguard.bench.host import ENGINE_COMMS
-    from tailguard.pinning import descendants
-
-    for pid in descendants():
-        with open(f"/proc/{pid}/comm") as fh:
-            if fh.read().startswith(ENGINE_COMMS[0]):  # VLLM::EngineCor
-                return pid
-    raise RuntimeError("no vLLM engine-core process below this one")
-
-
 def decode(host, concurrency: int, n: int) -> tuple[float, float]:
     """Output tokens/s and median TTFT (ms) of `n` requests, `concurrency` at a time."""
     t0 = time.perf_counter()
@@ -104,6 +84,7 @@ def main() -> None:
     from tailguard.demo_model import build_demo_model
     from tailguard.engine import EngineConfig, EngineHost
     from tailguard.pinning import children_on, pin_threads
+    from tailguard.roaming import move
 
     model = args.model or str(build_demo_model(ROOT / ".tailguard" / "models" / "demo-small",
                                                size="small"))
@@ -113,7 +94,8 @@ def main() -> None:
     try:
         for i in range(3):
             host.generate(f"warm-{i}", "hello there", SAMPLING, 60)
-        core = engine_core_pid()
+        core = host.engine_core_pid
+        assert core is not None, "vLLM did not say which process is its engine core"
         print(f"{'engine core':<12}{'batch 1 tok/s':>14}{'TTFT ms':>9}"
               f"{'batch 4 tok/s':>15}{'TTFT ms':>9}{'core-1 loop M/s':>17}")
         for _ in range(args.rounds):

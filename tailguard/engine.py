@@ -131,6 +131,16 @@ class EngineHost:
         self._calls: dict[str, Call] = {}  # by engine request id; touched on the loop only
         self._counters = HostCounters()
 
+    @property
+    def engine_core_pid(self) -> int | None:
+        """The pid of vLLM's engine-core process while the engine is up (tailguard/roaming.py
+        moves it); None before, after, or where vLLM does not say (it runs in-process)."""
+        try:
+            manager = self._engine.engine_core.resources.engine_manager  # type: ignore[union-attr]
+            return manager.processes[0].pid
+        except (AttributeError, IndexError):
+            return None
+
     # --- lifecycle -------------------------------------------------------------------
 
     def start(self, timeout: float | None = 900) -> None:

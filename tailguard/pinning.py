@@ -38,6 +38,11 @@ from tailguard import settings
 from tailguard.errors import ConfigError
 from tailguard.lanes import WorkerSpec
 
+#: How an engine's processes are named: vLLM titles its engine-core process ``VLLM::EngineCore``
+#: and its model runners ``VLLM::Worker`` (``_TP0``, ...; vllm.utils.system_utils.set_process_title,
+#: which also sets the kernel's command name, cut to 15 characters: ``VLLM::EngineCor``).
+ENGINE_CORE_COMM = "VLLM::EngineCor"
+MODEL_RUNNER_COMM = "VLLM::Worker"
 #: How a pin reaches vLLM: the cores its OpenMP compute threads bind to (vLLM's own variable).
 OMP_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 

@@ -94,6 +94,11 @@ ENGINE_NICE = Setting(
     "TAILGUARD_ENGINE_NICE", 10, int,
     "CPU host: the nice value of an engine whose cores the front end shares "
     "(TAILGUARD_FRONTEND_CORES), so front-end work runs first there; 0 leaves it as is.")
+ENGINE_CORE_ROAM = Setting(
+    "TAILGUARD_ENGINE_CORE_ROAM", True, _bool,
+    "CPU host: an engine whose cores are not the front end's moves its vLLM engine-core process "
+    "onto the front-end cores while they are idle, and back as soon as they are busy "
+    "(tailguard/roaming.py).")
 VLLM_METRICS = Setting(
     "TAILGUARD_VLLM_METRICS", True, _bool,
     "Workers keep vLLM's own stat loggers: its vllm:* metrics on each worker's /metrics and "

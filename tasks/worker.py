@@ -41,8 +41,9 @@ from tailguard.jobs import JobStore
 from tailguard.lanes import Lane, LaneTable, check_worker_lanes, engine_settings_for, load_lanes
 from tailguard.liveness import Liveness
 from tailguard.modelinfo import model_max_len, serving_dtype
-from tailguard.pinning import device_kind, idle_priority, normal_priority_threads
+from tailguard.pinning import Pinning, device_kind, idle_priority, normal_priority_threads
 from tailguard.reaper import LAPSE_PERIODS, Reaper
+from tailguard.roaming import EngineCoreRoamer, roamer_for
 from tailguard.redeliver import Redeliverer
 from tailguard.runner import GenerationJob, JobRunner
 from tailguard.stream import DeltaWriter, flush_interval
@@ -80,6 +81,8 @@ class WorkerRuntime:
     runner: JobRunner = field(init=False)
     borrower: Borrower | None = field(init=False)
     idle_keeper: EngineKeeper[EngineHost] | None = field(init=False)
+    #: moves the engine's engine-core process onto idle front-end cores (CPU hosts)
+    roamer: EngineCoreRoamer | None = None
     #: held while the lanes' heartbeat is written or withdrawn, so a heartbeat in progress
     #: never re-advertises an engine that has just died
     _advert_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -255,6 +258,13 @@ def setup(app: Celery, hostname: str, queue_names: list[str], *,
             runtime.idle_keeper.start()
     threading.Thread(target=_heartbeat_loop, args=(runtime,), name="tailguard-heartbeat",
                      daemon=True).start()
+    runtime.roamer = roamer_for(Pinning.from_env(), lambda: runtime.engine and
+                                runtime.engine.engine_core_pid)
+    if runtime.roamer is not None:
+        log.info("the engine core moves to cores %s while they are idle",
+                 ",".join(map(str, runtime.roamer.frontend)))
+        threading.Thread(target=runtime.roamer.run, args=(runtime.stopping,),
+                         name="tailguard-roaming", daemon=True).start()
     if runtime.borrower is not None:
         log.info("borrowing from %s while %s is idle (%s)", ", ".join(borrow.lanes),
                  ", ".join(runtime.lane_names), borrow)
@@ -425,4 +435,7 @@ def engine_stats(state, **_: Any) -> dict:
     return {"ready": runtime.serving, "engine": runtime.keeper.state,
             "restarts": runtime.keeper.restarts, "lanes": runtime.lane_names, "pid": os.getpid(),
             **_engine_stats(runtime).to_dict(),
+            **({"engine_core_away": runtime.roamer.away,
+                "engine_core_moves_away": runtime.roamer.moves_away}
+               if runtime.roamer is not None else {}),
             **(runtime.borrower.stats().to_dict() if runtime.borrower is not None else {})}

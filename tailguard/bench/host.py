@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from tailguard.pinning import below
+from tailguard.pinning import ENGINE_CORE_COMM, MODEL_RUNNER_COMM, below
 
 #: A phase is flagged disturbed when others used more than this share of the machine's CPU
 #: (and at least DISTURBED_MIN_S CPU seconds, so a few seconds of noise in a short phase is not).
@@ -25,10 +25,8 @@ DISTURBED_SHARE = 0.05
 DISTURBED_MIN_S = 2.0
 #: kthreadd: kernel threads (writeback, RCU, ...) are its children and mostly work for everyone.
 KTHREADD_PID = 2
-#: How an engine's processes are named: vLLM titles its engine-core process ``VLLM::EngineCore``
-#: and its model runners ``VLLM::Worker`` (``_TP0``, ...; vllm.utils.system_utils.set_process_title,
-#: which also sets the kernel's command name, cut to 15 characters: ``VLLM::EngineCor``).
-ENGINE_COMMS = ("VLLM::EngineCor", "VLLM::Worker")
+#: How an engine's processes are named (tailguard/pinning.py).
+ENGINE_COMMS = (ENGINE_CORE_COMM, MODEL_RUNNER_COMM)
 
 
 @dataclass(frozen=True)

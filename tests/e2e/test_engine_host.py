@@ -58,6 +58,18 @@ def test_generation_returns_exactly_max_tokens(host):
     assert_idle(host)
 
 
+def test_the_host_names_its_engine_core_process(host):
+    """What tailguard/roaming.py moves: vLLM's engine-core process, a child of this one."""
+    import os
+    from pathlib import Path
+
+    from tailguard.pinning import ENGINE_CORE_COMM, descendants
+
+    pid = host.engine_core_pid
+    assert pid is not None and pid in descendants(os.getpid())
+    assert Path(f"/proc/{pid}/comm").read_text().startswith(ENGINE_CORE_COMM)
+
+
 def test_concurrent_calls_are_batched_by_one_engine(host):
     n = 6
     barrier = threading.Barrier(n)
