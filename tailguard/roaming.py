@@ -14,7 +14,11 @@ the worker samples, every ``period_s``, how busy the front-end cores are with ev
 but that engine core (``/proc/stat`` less the process's own CPU time), and moves the
 process's threads there while that stays below ``go_below`` for ``settle`` samples in a
 row, and home again as soon as one sample is above ``back_above`` (the long engine
-started a batch, or a burst keeps the front end busy). The policy is pure
+started a batch, or a burst keeps the front end busy). Away, it runs at
+``TAILGUARD_ENGINE_NICE`` (10), below the front end, as the engine that lives there does:
+at normal priority its busy-polling on the front end's core made requests wait 40-256 ms
+in the queue (docs/benchmarks.md, issue 12's "compute threads only" runs). Home, at 0
+again, which needs root or ``RLIMIT_NICE`` >= 20; without either it does not roam. The policy is pure
 (`RoamPolicy`); `EngineCoreRoamer` applies it. ``TAILGUARD_ENGINE_CORE_ROAM=0`` turns it
 off.
 """
@@ -42,7 +46,7 @@ class RoamPolicy:
     #: ... for this many samples in a row
     settle: int = 2
     #: others' share above which it comes home at once
-    back_above: float = 0.5
+    back_above: float = 0.4
 
     def next(self, away: bool, calm: int, others_busy: float) -> tuple[bool, int]:
         """(away, calm samples in a row) after one sample of `others_busy` (0..1)."""
@@ -76,13 +80,23 @@ def process_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat(5))
 
 
-def move(pid: int, cores: tuple[int, ...]) -> None:
-    """Every thread of process `pid` onto `cores`."""
+def move(pid: int, cores: tuple[int, ...], nice: int | None = None) -> None:
+    """Every thread of process `pid` onto `cores` (and to `nice`, when given)."""
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             os.sched_setaffinity(int(tid), cores)
+            if nice is not None:
+                os.setpriority(os.PRIO_PROCESS, int(tid), nice)
         except ProcessLookupError:
             pass  # the thread ended meanwhile
+
+
+def may_raise_priority() -> bool:
+    """Whether this process may set a nice value back to 0 (root, or RLIMIT_NICE >= 20):
+    the roaming engine core runs below the front end while away and at 0 at home."""
+    import resource
+
+    return os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20
 
 
 class EngineCoreRoamer:
@@ -91,9 +105,9 @@ class EngineCoreRoamer:
 
     def __init__(self, find_pid: Callable[[], int | None], home: tuple[int, ...],
                  frontend: tuple[int, ...], policy: RoamPolicy = RoamPolicy(),
-                 period_s: float = 0.2) -> None:
+                 period_s: float = 0.2, away_nice: int = 10) -> None:
         self.find_pid, self.home, self.frontend = find_pid, home, frontend
-        self.policy, self.period_s = policy, period_s
+        self.policy, self.period_s, self.away_nice = policy, period_s, away_nice
         #: moves to the front-end cores so far (`celery inspect engine_stats`)
         self.moves_away = 0
         self.away = False
@@ -118,7 +132,8 @@ class EngineCoreRoamer:
                     away, calm = self.policy.next(self.away, calm,
                                                   max(0.0, others / (total - last[1])))
                     if away != self.away:
-                        move(pid, self.frontend if away else self.home)
+                        # away, below the front end, as the engine that lives there runs
+                        move(pid, *((self.frontend, self.away_nice) if away else (self.home, 0)))
                         self.away = away
                         self.moves_away += away
                         log.debug("engine core %d %s", pid,
@@ -138,4 +153,9 @@ def roamer_for(pin: Pinning, find_pid: Callable[[], int | None]) -> EngineCoreRo
     front = parse_cores(os.environ.get(settings.FRONTEND_CORES.env, "")) or ()
     if not front or set(front) & set(pin.cores):
         return None
-    return EngineCoreRoamer(find_pid, pin.cores, front)
+    if not may_raise_priority():
+        log.info("the engine core stays on its engine's cores: moving it back would need its "
+                 "nice value raised to 0 (root, or RLIMIT_NICE >= 20)")
+        return None
+    return EngineCoreRoamer(find_pid, pin.cores, front,
+                            away_nice=max(1, settings.ENGINE_NICE.get()))

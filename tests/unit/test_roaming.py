@@ -11,7 +11,8 @@ import pytest
 
 from tailguard import settings
 from tailguard.pinning import Pinning
-from tailguard.roaming import EngineCoreRoamer, RoamPolicy, cpu_ticks, process_ticks, roamer_for
+from tailguard.roaming import (EngineCoreRoamer, RoamPolicy, cpu_ticks, may_raise_priority,
+                               process_ticks, roamer_for)
 
 STAT = """cpu  300 0 100 1000 50 0 0 0 0 0
 cpu0 100 0 50 500 25 0 0 0 0 0
@@ -46,10 +47,17 @@ def test_process_ticks_reads_this_process():
 
 
 def test_it_applies_to_an_engine_off_the_front_end_cores_only(monkeypatch):
+    import tailguard.roaming
+
     none = lambda: None  # noqa: E731
     monkeypatch.setenv(settings.FRONTEND_CORES.env, "1")
+    monkeypatch.setattr(tailguard.roaming, "may_raise_priority", lambda: True)
     roamer = roamer_for(Pinning(cores=(0,)), none)
     assert roamer is not None and (roamer.home, roamer.frontend) == ((0,), (1,))
+    assert roamer.away_nice == settings.ENGINE_NICE.default
+    monkeypatch.setattr(tailguard.roaming, "may_raise_priority", lambda: False)
+    assert roamer_for(Pinning(cores=(0,)), none) is None  # could not come home at nice 0
+    monkeypatch.setattr(tailguard.roaming, "may_raise_priority", lambda: True)
     assert roamer_for(Pinning(cores=(1,)), none) is None  # it shares them: niced instead
     assert roamer_for(Pinning(gpu=0), none) is None
     monkeypatch.setenv(settings.FRONTEND_CORES.env, "none")
@@ -60,7 +68,8 @@ def test_it_applies_to_an_engine_off_the_front_end_cores_only(monkeypatch):
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
-def test_a_real_process_is_moved_to_the_front_end_cores_and_home_again():
+@pytest.mark.skipif(not may_raise_priority(), reason="needs root or RLIMIT_NICE >= 20")
+def test_a_real_process_is_moved_to_the_front_end_cores_below_them_and_home_again():
     home, front = sorted(os.sched_getaffinity(0))[:2]
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -69,18 +78,20 @@ def test_a_real_process_is_moved_to_the_front_end_cores_and_home_again():
         # first: the front-end core always counts as idle; then always as busy
         roamer = EngineCoreRoamer(lambda: child.pid, (home,), (front,),
                                   RoamPolicy(go_below=2.0, settle=2, back_above=2.0),
-                                  period_s=0.02)
+                                  period_s=0.02, away_nice=7)
         thread = threading.Thread(target=roamer.run, args=(stop,), daemon=True)
         thread.start()
         deadline = time.monotonic() + 10
         while os.sched_getaffinity(child.pid) != {front} and time.monotonic() < deadline:
             time.sleep(0.02)
         assert os.sched_getaffinity(child.pid) == {front} and roamer.away
+        assert os.getpriority(os.PRIO_PROCESS, child.pid) == 7  # below the front end there
         assert roamer.moves_away == 1
         roamer.policy = RoamPolicy(go_below=-1.0, back_above=-1.0)
         while os.sched_getaffinity(child.pid) != {home} and time.monotonic() < deadline:
             time.sleep(0.02)
         assert os.sched_getaffinity(child.pid) == {home} and not roamer.away
+        assert os.getpriority(os.PRIO_PROCESS, child.pid) == 0
         stop.set()
         thread.join(5)
     finally:
