@@ -10,7 +10,9 @@ take the other core from the API, Redis and Celery (docs/benchmarks.md, issue 12
 overhead runs). Off its engine's core, the engine core is faster only where the other
 core is free (plain vLLM's placement in the overhead workload); beside the long engine
 it made the short engine 21% slower, and beside an idle-priority one it took 39-48% of
-that core (benchmarks/engine_core_placement.py).
+that core (benchmarks/engine_core_placement.py). So it moves only while the front-end
+cores are idle, below the front end there, and comes home as soon as they are busy
+(tailguard/roaming.py).
 
 The front end (the API, Redis, Flower, each worker's own threads: Celery, the engine
 loop with its detokenization, Redis I/O; and a benchmark's load generator) runs on
