@@ -43,8 +43,8 @@ from tailguard.liveness import Liveness
 from tailguard.modelinfo import model_max_len, serving_dtype
 from tailguard.pinning import Pinning, device_kind, idle_priority, normal_priority_threads
 from tailguard.reaper import LAPSE_PERIODS, Reaper
-from tailguard.roaming import EngineCoreRoamer, roamer_for
 from tailguard.redeliver import Redeliverer
+from tailguard.roaming import EngineCoreRoamer, roamer_for
 from tailguard.runner import GenerationJob, JobRunner
 from tailguard.stream import DeltaWriter, flush_interval
 
@@ -146,6 +146,11 @@ class WorkerRuntime:
         """Whether /healthz may count this worker: its engine is up and warm, or (a worker
         set up without eager_engine) will start with the first task."""
         return self.keeper.state in (SERVING, IDLE) and not self.stopping.is_set()
+
+    def engine_core_pid(self) -> int | None:
+        """The own engine's vLLM engine-core process, while it is up (the roamer moves it)."""
+        engine = self.keeper.host
+        return engine.engine_core_pid if engine is not None else None
 
     def ready_engine(self) -> EngineHost:
         """The up and warm engine, for a task about to generate: starts it if nobody has,
@@ -258,8 +263,7 @@ def setup(app: Celery, hostname: str, queue_names: list[str], *,
             runtime.idle_keeper.start()
     threading.Thread(target=_heartbeat_loop, args=(runtime,), name="tailguard-heartbeat",
                      daemon=True).start()
-    runtime.roamer = roamer_for(Pinning.from_env(), lambda: runtime.engine and
-                                runtime.engine.engine_core_pid)
+    runtime.roamer = roamer_for(Pinning.from_env(), runtime.engine_core_pid)
     if runtime.roamer is not None:
         log.info("the engine core moves to cores %s while they are idle",
                  ",".join(map(str, runtime.roamer.frontend)))
