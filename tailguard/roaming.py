@@ -16,11 +16,15 @@ process's threads there while that stays below ``go_below`` for ``settle`` sampl
 row, and home again as soon as one sample is above ``back_above`` (the long engine
 started a batch, or a burst keeps the front end busy). Away, it runs at
 ``TAILGUARD_ENGINE_NICE`` (10), below the front end, as the engine that lives there does:
-at normal priority its busy-polling on the front end's core made requests wait 40-256 ms
-in the queue (docs/benchmarks.md, issue 12's "compute threads only" runs). Home, at 0
-again, which needs root or ``RLIMIT_NICE`` >= 20; without either it does not roam. The policy is pure
-(`RoamPolicy`); `EngineCoreRoamer` applies it. ``TAILGUARD_ENGINE_CORE_ROAM=0`` turns it
-off.
+at normal priority its busy-polling on the front end's core stalled the API and the streams
+for 1.3-1.8 s in a quiet phase (and made requests wait 40-256 ms in the queue in issue 12's
+"compute threads only" runs). Home, it is at 0 again, which needs root or ``RLIMIT_NICE``
+>= 20; without either it does not roam. Measured in the overhead workload (no long
+traffic): the short engine's TTFT 19.2 -> 15.9-17.7 ms; under long traffic it stays home
+(docs/benchmarks.md, "The engine core roams to the idle front-end core").
+
+The policy is pure (`RoamPolicy`); `EngineCoreRoamer` applies it.
+``TAILGUARD_ENGINE_CORE_ROAM=0`` turns it off.
 """
 
 from __future__ import annotations
