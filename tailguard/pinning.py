@@ -152,6 +152,31 @@ def below(parents: Mapping[int, int], root: int) -> set[int]:
     return out
 
 
+@dataclass(frozen=True)
+class Proc:
+    """One process as its ``/proc/<pid>/stat`` line gives it (`parse_stat`): who its parent
+    is (`descendants`), and its CPU time (tailguard/bench/host.py, tailguard/roaming.py)."""
+
+    pid: int
+    ppid: int
+    comm: str
+    cpu_s: float  # user + system
+    #: user + system of its children that ended and that it reaped (cutime + cstime): a test
+    #: run that starts and ends within a phase is counted here, in the shell that ran it
+    children_cpu_s: float = 0.0
+
+
+def parse_stat(text: str, ticks: int) -> Proc:
+    """One /proc/<pid>/stat line (the command may hold spaces and parentheses)."""
+    head, _, rest = text.rpartition(")")
+    pid, _, comm = head.partition(" (")
+    fields = rest.split()
+    # fields[0] is the state (stat field 3): ppid is field 4, utime 14, stime 15, cutime 16,
+    # cstime 17
+    return Proc(int(pid), int(fields[1]), comm, (int(fields[11]) + int(fields[12])) / ticks,
+                (int(fields[13]) + int(fields[14])) / ticks)
+
+
 def descendants(pid: int | None = None) -> set[int]:
     """The processes below `pid` (default: this process), children and theirs; read from /proc."""
     parents: dict[int, int] = {}
@@ -159,7 +184,7 @@ def descendants(pid: int | None = None) -> set[int]:
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/stat") as fh:
-                    parents[int(entry)] = int(fh.read().rpartition(")")[2].split()[1])
+                    parents[int(entry)] = parse_stat(fh.read(), ticks=1).ppid
             except (OSError, ValueError, IndexError):
                 pass
     return below(parents, os.getpid() if pid is None else pid)

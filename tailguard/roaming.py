@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from tailguard import settings
-from tailguard.pinning import Pinning, parse_cores
+from tailguard.pinning import Pinning, parse_cores, parse_stat
 
 log = logging.getLogger("tailguard.roaming")
 
@@ -80,8 +80,7 @@ def cpu_ticks(cores: tuple[int, ...], stat: str | None = None) -> tuple[int, int
 def process_ticks(pid: int) -> int:
     """User + system clock ticks of process `pid`, all its threads (``/proc/<pid>/stat``)."""
     with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rpartition(")")[2].split()
-    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat(5))
+        return int(parse_stat(fh.read(), ticks=1).cpu_s)
 
 
 def move(pid: int, cores: tuple[int, ...], nice: int | None = None) -> None:

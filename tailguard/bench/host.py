@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 from typing import Callable
 
-from tailguard.pinning import ENGINE_CORE_COMM, MODEL_RUNNER_COMM, below
+from tailguard.pinning import ENGINE_CORE_COMM, MODEL_RUNNER_COMM, Proc, below, parse_stat
 
 #: A phase is flagged disturbed when others used more than this share of the machine's CPU
 #: (and at least DISTURBED_MIN_S CPU seconds, so a few seconds of noise in a short phase is not).
@@ -27,28 +26,6 @@ DISTURBED_MIN_S = 2.0
 KTHREADD_PID = 2
 #: How an engine's processes are named (tailguard/pinning.py).
 ENGINE_COMMS = (ENGINE_CORE_COMM, MODEL_RUNNER_COMM)
-
-
-@dataclass(frozen=True)
-class Proc:
-    pid: int
-    ppid: int
-    comm: str
-    cpu_s: float  # user + system
-    #: user + system of its children that ended and that it reaped (cutime + cstime): a test
-    #: run that starts and ends within a phase is counted here, in the shell that ran it
-    children_cpu_s: float = 0.0
-
-
-def parse_stat(text: str, ticks: int) -> Proc:
-    """One /proc/<pid>/stat line (the command may hold spaces and parentheses)."""
-    head, _, rest = text.rpartition(")")
-    pid, _, comm = head.partition(" (")
-    fields = rest.split()
-    # fields[0] is the state (stat field 3): ppid is field 4, utime 14, stime 15, cutime 16,
-    # cstime 17
-    return Proc(int(pid), int(fields[1]), comm, (int(fields[11]) + int(fields[12])) / ticks,
-                (int(fields[13]) + int(fields[14])) / ticks)
 
 
 def snapshot() -> dict[int, Proc]:
