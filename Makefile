@@ -1,5 +1,5 @@
 # Two commands on a fresh machine:  make up  |  make test
-.PHONY: up test install install-test test-fast bench clean
+.PHONY: up test lint check-wheel install install-test test-fast bench clean
 
 VENV := .venv
 STAMP := $(VENV)/.installed
@@ -8,8 +8,16 @@ TEST_STAMP := $(VENV)/.installed-test
 up: $(STAMP)                 ## install, build the demo model, start Redis + API + workers + Flower
 	$(VENV)/bin/tailguard up
 
-test: $(TEST_STAMP)          ## install and run the whole suite (pure, integration, end-to-end)
+test: $(TEST_STAMP)          ## install, lint, check the wheel, run the whole suite (pure, integration, end-to-end)
+	$(VENV)/bin/ruff check .
+	PYTHON=$(VENV)/bin/python scripts/check-wheel.sh
 	$(VENV)/bin/python -m pytest
+
+lint: $(TEST_STAMP)          ## ruff, as configured in pyproject.toml
+	$(VENV)/bin/ruff check .
+
+check-wheel: $(TEST_STAMP)   ## build the wheel, install it in a clean venv, run the installed CLI
+	PYTHON=$(VENV)/bin/python scripts/check-wheel.sh
 
 test-fast: $(TEST_STAMP)     ## pure tests only
 	$(VENV)/bin/python -m pytest -m "not integration and not fuzz and not e2e and not faults and not multihost"

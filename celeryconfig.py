@@ -14,8 +14,8 @@ is a backstop a little past it.
 from kombu import Exchange, Queue
 
 from tailguard import settings as _settings
-from tailguard.lanes import load_lanes as _load_lanes
-from tailguard.redis_client import celery_transport_options as _celery_transport_options
+from tailguard.lanes.table import load_lanes as _load_lanes
+from tailguard.redis.client import celery_transport_options as _celery_transport_options
 
 _lanes = _load_lanes()
 
@@ -87,12 +87,12 @@ result_extended = True
 
 # Events for Flower (its task list and states come from these events, not from the
 # result backend). No task-sent event: the API queues a job's message with its record in one
-# Redis call (tailguard/task_message.py), not through Celery's publish, so a task enters
+# Redis call (tailguard/jobs/task_message.py), not through Celery's publish, so a task enters
 # Flower's list when a worker receives it; a job still queued is counted on the Broker page.
 worker_send_task_events = True
 task_send_sent_event = False
 # No STARTED write to the result backend before each task runs: nothing reads Celery's
-# task state (the job record in tailguard/jobs.py says when a job started), and the write
+# task state (the job record in tailguard/jobs/store.py says when a job started), and the write
 # (with result_extended, the task's arguments: the prompt) sat on every request's path to
 # its first token.
 task_track_started = False

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from flask import Flask, current_app, g, request
 
 from tailguard import settings
-from tailguard.gateway import Gateway
+from tailguard.gateway.service import Gateway
 
 _gateway_lock = threading.Lock()
 
@@ -122,7 +123,7 @@ def redis_client(url: str, timeout_s: float, max_connections: int | None = None,
     from redis.backoff import ConstantBackoff
     from redis.retry import Retry
 
-    from tailguard.redis_client import connect
+    from tailguard.redis.client import connect
 
     return connect(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, config=config,
                    retry=Retry(ConstantBackoff(0.1), 1, (redis.ConnectionError,)),
@@ -132,17 +133,17 @@ def redis_client(url: str, timeout_s: float, max_connections: int | None = None,
 def _build_gateway(config: Mapping[str, Any]) -> Gateway:
     from celery import Celery
 
-    from tailguard.admission import AdmissionPolicy
     from tailguard.errors import ConfigError
-    from tailguard.finished import FinishedConsumer, log_request
-    from tailguard.jobs import JobStore
-    from tailguard.laneload import LaneLoadStore
-    from tailguard.lanes import load_lanes
-    from tailguard.metrics import GatewayMetrics
-    from tailguard.redis_client import celery_transport_options
-    from tailguard.stats import StatsStore
-    from tailguard.task_message import TaskMessages
-    from tailguard.tokens import counter_for
+    from tailguard.jobs.finished import FinishedConsumer, log_request
+    from tailguard.jobs.lane_load import LaneLoadStore
+    from tailguard.jobs.store import JobStore
+    from tailguard.jobs.task_message import TaskMessages
+    from tailguard.lanes.admission import AdmissionPolicy
+    from tailguard.lanes.table import load_lanes
+    from tailguard.model.tokens import counter_for
+    from tailguard.observe.metrics import GatewayMetrics
+    from tailguard.observe.stats import StatsStore
+    from tailguard.redis.client import celery_transport_options
 
     model = settings.MODEL.get(config)
     if not model:
@@ -180,9 +181,9 @@ def _build_gateway(config: Mapping[str, Any]) -> Gateway:
         gateway.finished.start()
     if config["TAILGUARD_REAP_RUNNING"]:
         # Running jobs of dead workers end within seconds, read or not (workers reap too).
-        from tailguard.liveness import Liveness
-        from tailguard.reaper import Reaper
-        from tailguard.redeliver import Redeliverer
+        from tailguard.jobs.liveness import Liveness
+        from tailguard.jobs.reaper import Reaper
+        from tailguard.jobs.redeliver import Redeliverer
 
         Reaper(store, Liveness(client), settings.WORKER_HEARTBEAT_S.get(config),
                Redeliverer(store, producer.connection_for_write,

@@ -19,11 +19,24 @@ from flask import Flask, Response, jsonify, request
 from kombu.exceptions import OperationalError
 from werkzeug.exceptions import HTTPException
 
-from tailguard.errors import (BodyTooLarge, BrokerUnavailable, EngineError, JobCancelled, JobExpired,
-                              JobNotFound, Refused, RequestError, ResultTimeout, TailguardError,
-                              Unauthenticated, Unavailable, UnsupportedMediaType, error_class)
-from tailguard.jobs import CANCELLED, EXPIRED, TERMINAL
-from tailguard.openai_protocol import error_body
+from tailguard.errors import (
+    BodyTooLarge,
+    BrokerUnavailable,
+    EngineError,
+    JobCancelled,
+    JobExpired,
+    JobNotFound,
+    Refused,
+    RequestError,
+    ResultTimeout,
+    TailguardError,
+    Unauthenticated,
+    Unavailable,
+    UnsupportedMediaType,
+    error_class,
+)
+from tailguard.gateway.openai_protocol import error_body
+from tailguard.jobs.store import CANCELLED, EXPIRED, TERMINAL
 
 #: blueprints whose clients speak the OpenAI API
 OPENAI_BLUEPRINTS = frozenset({"openai"})

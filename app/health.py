@@ -6,7 +6,7 @@ from flask import Blueprint, Response, jsonify
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app import get_gateway
-from tailguard.liveness import Liveness, lane_health
+from tailguard.jobs.liveness import Liveness, lane_health
 
 bp = Blueprint("health", __name__)
 
@@ -46,7 +46,7 @@ def lanes():
 
 @bp.get("/metrics")
 def metrics():
-    """Prometheus text: per-lane histograms and counters, queue depth (see tailguard/metrics.py).
+    """Prometheus text: per-lane histograms and counters, queue depth (see tailguard/observe/metrics.py).
     ---
     get:
       summary: Prometheus metrics

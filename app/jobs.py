@@ -8,8 +8,8 @@ from app import get_gateway, json_body
 from app.sse import HEARTBEAT, sse_event, sse_response
 from tailguard import settings
 from tailguard.errors import InvalidField
-from tailguard.jobrequest import parse_job_request
-from tailguard.stream import valid_stream_id
+from tailguard.gateway.job_request import parse_job_request
+from tailguard.jobs.stream import valid_stream_id
 
 bp = Blueprint("jobs", __name__, url_prefix="/v1/jobs")
 
@@ -43,7 +43,8 @@ def status(job_id: str):
       summary: A job's state and result
       parameters:
         - {in: path, name: job_id, required: true, schema: {type: string}}
-        - {in: query, name: wait, schema: {type: number, minimum: 0}, description: long-poll up to this many seconds (at most TAILGUARD_MAX_WAIT_S)}
+        - {in: query, name: wait, schema: {type: number, minimum: 0},
+           description: long-poll up to this many seconds (at most TAILGUARD_MAX_WAIT_S)}
       responses:
         200: {description: the job, content: {application/json: {schema: Job}}}
         400: Native400

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from flask import Blueprint, Response, current_app, g, jsonify
 
@@ -20,14 +21,28 @@ from app import get_gateway, json_body
 from app.errors import exception_response, job_error, openai_error
 from app.sse import HEARTBEAT, client_connected, sse_event, sse_response
 from tailguard import settings
-from tailguard.chat import chat_template_for, compile_chat_template, render_chat, special_token
 from tailguard.errors import InvalidField, TailguardError, error_class
-from tailguard.gateway import Gateway
-from tailguard.jobs import SUCCEEDED
-from tailguard.modelinfo import resolve_model_dir, served_model_names
-from tailguard.openai_protocol import (STREAM_DONE, OpenAIRequest, chat_chunk, chat_response,
-                                       completion_chunk, completion_response, openai_finish_reason,
-                                       parse_chat_request, parse_completion_request, usage_chunk)
+from tailguard.gateway.openai_protocol import (
+    STREAM_DONE,
+    OpenAIRequest,
+    chat_chunk,
+    chat_response,
+    completion_chunk,
+    completion_response,
+    openai_finish_reason,
+    parse_chat_request,
+    parse_completion_request,
+    usage_chunk,
+)
+from tailguard.gateway.service import Gateway
+from tailguard.jobs.store import SUCCEEDED
+from tailguard.model.chat import (
+    chat_template_for,
+    compile_chat_template,
+    render_chat,
+    special_token,
+)
+from tailguard.model.info import resolve_model_dir, served_model_names
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
 

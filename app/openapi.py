@@ -20,8 +20,8 @@ from flask import Blueprint, Flask, current_app, jsonify
 from app import needs_api_key
 from app.errors import HTTP_CODES, OPENAI_BLUEPRINTS
 from tailguard.errors import Refused, Unavailable, error_classes
-from tailguard.lanes import PRIORITY_CLASSES
-from tailguard.openai_protocol import CHAT_ROLES, inert_fields
+from tailguard.gateway.openai_protocol import CHAT_ROLES, inert_fields
+from tailguard.lanes.table import PRIORITY_CLASSES
 from tailguard.sampling import FIELDS, MAX_STOP_CHARS, MAX_TOKENS, SamplingField
 
 bp = Blueprint("openapi", __name__)

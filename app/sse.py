@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import select
 import socket
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from flask import Response, request
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import redis
 
-from tailguard.redis_server import free_port, start_redis
+from tailguard.host.redis_server import free_port, start_redis
 
 SCRIPT = "redis.call('HSET', KEYS[1], 'state', ARGV[1]); return redis.call('HGET', KEYS[1], 'state')"
 

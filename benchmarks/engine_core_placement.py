@@ -8,7 +8,7 @@ waits for the worker's answer in vLLM's shared-memory queue, which busy-polls wi
 vllm/distributed/device_communicators/shm_broadcast.py). Wherever that process runs,
 it takes CPU from whatever else runs there.
 
-tailguard starts both processes on the engine's cores (tailguard/pinning.py,
+tailguard starts both processes on the engine's cores (tailguard/host/cores.py,
 ``children_on``); a plain vLLM server leaves the engine core unpinned, so on a host
 with a free core its busy-polling lands there. This measures the trade-off, one
 engine on core 0 and this process's threads on core 1, as a worker runs it, with
@@ -81,10 +81,10 @@ def main() -> None:
         sys.exit("needs 2 cores")
     sys.path.insert(0, str(ROOT))
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0"
-    from tailguard.demo_model import build_demo_model
-    from tailguard.engine import EngineConfig, EngineHost
-    from tailguard.pinning import children_on, pin_threads
-    from tailguard.roaming import move
+    from tailguard.engine.host import EngineConfig, EngineHost
+    from tailguard.host.cores import children_on, pin_threads
+    from tailguard.host.roaming import move
+    from tailguard.model.demo import build_demo_model
 
     model = args.model or str(build_demo_model(ROOT / ".tailguard" / "models" / "demo-small",
                                                size="small"))

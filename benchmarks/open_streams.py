@@ -25,7 +25,7 @@ from pathlib import Path
 
 from tailguard import settings
 from tailguard.bench.report import percentile
-from tailguard.redis_server import free_port, start_redis
+from tailguard.host.redis_server import free_port, start_redis
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_P99_S = 0.100
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="a model folder (its tokenizer is all the API loads); built if missing")
     args = ap.parse_args(argv)
 
-    from tailguard.demo_model import build_demo_model
+    from tailguard.model.demo import build_demo_model
 
     model = args.model if Path(args.model, "config.json").exists() else \
         str(build_demo_model(Path(args.model), size="tiny"))

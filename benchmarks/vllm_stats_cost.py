@@ -31,8 +31,8 @@ SAMPLING = {"max_tokens": 64, "temperature": 0.0, "ignore_eos": True}
 def measure(model: str, log_stats: bool) -> dict[int, dict[str, float]]:
     """One engine's figures at 1, 4 and 8 requests at once (run in a process of its own)."""
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0"
-    from tailguard.engine import EngineConfig, EngineHost
-    from tailguard.pinning import pin_threads
+    from tailguard.engine.host import EngineConfig, EngineHost
+    from tailguard.host.cores import pin_threads
 
     pin_threads((1,))
     host = EngineHost(EngineConfig(model=model, max_num_seqs=16, log_stats=log_stats))
@@ -46,7 +46,8 @@ def measure(model: str, log_stats: bool) -> dict[int, dict[str, float]]:
             t0, cpu0 = time.perf_counter(), time.process_time()
             with ThreadPoolExecutor(concurrency) as pool:
                 results = list(pool.map(lambda i: host.generate(
-                    f"r{concurrency}-{i}", "hello there friend", SAMPLING, 60), range(n)))
+                    f"r{concurrency}-{i}", "hello there friend", SAMPLING, 60),  # noqa: B023
+                    range(n)))
             wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
             tokens = sum(r.completion_tokens for r in results)
             ttfts = sorted(r.ttft_s or 0.0 for r in results)
@@ -67,7 +68,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(measure(args.model, args.child == "on")), flush=True)
         return
-    from tailguard.demo_model import build_demo_model
+    from tailguard.model.demo import build_demo_model
 
     model = args.model or str(build_demo_model(ROOT / ".tailguard" / "models" / "demo-small",
                                                size="small"))

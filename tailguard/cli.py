@@ -13,8 +13,9 @@ from __future__ import annotations
 import dataclasses
 import sys
 import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import click
 
@@ -23,8 +24,8 @@ from tailguard.bench.report import render_text
 from tailguard.bench.run import BenchConfig, run_bench
 from tailguard.bench.topology import TopologyError
 from tailguard.errors import ConfigError
+from tailguard.host.procs import become, console_script
 from tailguard.plan.command import plan
-from tailguard.procs import become, console_script
 
 
 @click.group()
@@ -38,7 +39,7 @@ def main() -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 def make_demo_model(out_dir: Path, size: str, seed: int) -> None:
     """Build a random-weight Llama and a locally trained tokenizer in OUT_DIR (offline)."""
-    from tailguard.demo_model import build_demo_model
+    from tailguard.model.demo import build_demo_model
 
     path = build_demo_model(out_dir, size=size, seed=seed)
     click.echo(f"demo model ({size}) in {path}: random weights, its text is noise")
@@ -56,10 +57,10 @@ def make_demo_model(out_dir: Path, size: str, seed: int) -> None:
 def worker(lane: str | None, worker_name: str | None, gpu: int | None, cores: str | None,
            concurrency: int | None, metrics_port: int | None, loglevel: str) -> None:
     """Run one Celery worker hosting one vLLM engine for one lane group."""
-    from tailguard.lanes import engine_settings_for, load_lanes
-    from tailguard.liveness import node_name
-    from tailguard.pinning import Pinning
-    from tailguard.served_model import DEMO_NOTICE, served_model
+    from tailguard.host.cores import Pinning
+    from tailguard.jobs.liveness import node_name
+    from tailguard.lanes.table import engine_settings_for, load_lanes
+    from tailguard.model.served import DEMO_NOTICE, served_model
 
     table = load_lanes()
     if bool(lane) == bool(worker_name):
@@ -86,16 +87,16 @@ def api(port: int | None, host: str) -> None:
 
     With no API key in Redis it serves loopback only: binding elsewhere refuses to start
     (unless $TAILGUARD_API_OPEN)."""
-    from tailguard.apikeys import check_bind
-    from tailguard.served_model import served_model
+    from tailguard.gateway.api_keys import check_bind
+    from tailguard.model.served import served_model
 
     try:
         have_keys = _key_store().any()
     except ConfigError:
         have_keys = False  # Redis not up yet: as if no key existed (the stricter case)
     try:
-        click.echo(f"tailguard api: {check_bind(host, have_keys=have_keys, open_api=settings.API_OPEN.get())}",
-                   err=True)
+        mode = check_bind(host, have_keys=have_keys, open_api=settings.API_OPEN.get())
+        click.echo(f"tailguard api: {mode}", err=True)
     except ConfigError as exc:
         raise click.ClickException(exc.message) from None
     model, _ = served_model()
@@ -111,8 +112,8 @@ def _key_store():
     """The API keys of the configured Redis (ConfigError when it does not answer)."""
     import redis as redis_lib
 
-    from tailguard.apikeys import ApiKeyStore
-    from tailguard.redis_client import connect
+    from tailguard.gateway.api_keys import ApiKeyStore
+    from tailguard.redis.client import connect
 
     client = connect(settings.redis_url(), socket_connect_timeout=3)
     try:
@@ -137,7 +138,7 @@ def keys() -> None:
               show_default=True, help="highest class: a batch key's requests all run as batch")
 def keys_add(name: str, rpm: int | None, tpm: int | None, max_priority: str) -> None:
     """Make a key named NAME and print it (the only time it is shown)."""
-    from tailguard.apikeys import ApiKey
+    from tailguard.gateway.api_keys import ApiKey
 
     try:
         secret = _key_store().add(ApiKey(name, requests_per_min=rpm, tokens_per_min=tpm,
@@ -184,7 +185,7 @@ def flower(port: int | None) -> None:
     else a password generated once into $TAILGUARD_HOME/flower.auth."""
     argv = [console_script("celery"), "-A", "tasks", "flower",
             f"--port={port or settings.FLOWER_PORT.get()}", "--address=127.0.0.1"]
-    from tailguard.supervisor import flower_auth
+    from tailguard.launch.supervisor import flower_auth
 
     home = settings.home()
     home.mkdir(parents=True, exist_ok=True)
@@ -198,10 +199,11 @@ def flower(port: int | None) -> None:
 def redis(port: int | None) -> None:
     """Run the embedded redis-server in the foreground (data and AOF under $TAILGUARD_HOME), with
     the password kept in $TAILGUARD_HOME/redis.password (made on first use)."""
-    from tailguard.redis_server import redis_command
+    from tailguard.host.redis_server import redis_command
+    from tailguard.host.secrets import embedded_redis_password
 
     become(redis_command(port or settings.REDIS_PORT.get(), settings.home() / "redis",
-                         password=settings.embedded_redis_password()))
+                         password=embedded_redis_password()))
 
 
 @main.command()
@@ -214,10 +216,10 @@ def stats(window: str, top: int, as_json: bool) -> None:
 
     import redis as redis_lib
 
-    from tailguard.lanes import load_lanes
-    from tailguard.liveness import Liveness
-    from tailguard.redis_client import connect
-    from tailguard.stats import StatsStore, parse_window
+    from tailguard.jobs.liveness import Liveness
+    from tailguard.lanes.table import load_lanes
+    from tailguard.observe.stats import StatsStore, parse_window
+    from tailguard.redis.client import connect
 
     try:
         seconds = parse_window(window)
@@ -227,7 +229,7 @@ def stats(window: str, top: int, as_json: bool) -> None:
     try:
         now_s, now_us = client.time()
     except redis_lib.RedisError as exc:
-        raise click.ClickException(f"Redis at {settings.redis_url()} does not answer: {exc}")
+        raise click.ClickException(f"Redis at {settings.redis_url()} does not answer: {exc}") from None
     now = now_s + now_us / 1e6
     names = load_lanes().names
     result = StatsStore(client).window(names, now - seconds, now, top=top)
@@ -243,7 +245,7 @@ def stats(window: str, top: int, as_json: bool) -> None:
 @main.command()
 def up() -> None:
     """Start the whole system and stop all of it on Ctrl-C."""
-    from tailguard.supervisor import run_up
+    from tailguard.launch.supervisor import run_up
 
     sys.exit(run_up())
 

@@ -233,7 +233,7 @@ class InternalJobError(JobError):
 
 class MessageLost(JobError):
     """The broker took the job's message, but it was lost in a Redis outage before any worker
-    started it (tailguard/redeliver.py): nothing ran, and the client may resubmit."""
+    started it (tailguard/jobs/redeliver.py): nothing ran, and the client may resubmit."""
 
     code = "message_lost"
     http_status = 503

@@ -8,9 +8,10 @@ so tests and ``tailguard up`` can set the environment before anything reads it.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Generic, Mapping, TypeVar
+from typing import Any, Generic, TypeVar
 
 from tailguard.errors import ConfigError
 
@@ -74,7 +75,7 @@ DTYPE = Setting(
     "it was verified with (float32 for tiny), else auto.")
 LANES_FILE = Setting(
     "TAILGUARD_LANES", "", str,
-    "Path of the lanes TOML. Empty: the default tailguard/lanes.toml shipped with the package.")
+    "Path of the lanes TOML. Empty: the default tailguard/lanes/lanes.toml shipped with the package.")
 HOME = Setting(
     "TAILGUARD_HOME", ".tailguard", str,
     "State directory of `tailguard up`: embedded Redis data and AOF, demo model, logs.")
@@ -89,7 +90,7 @@ FRONTEND_CORES = Setting(
     "CPU host: the cores `tailguard up` and `tailguard bench` run the front end on (API, Redis, "
     "Flower, each worker's own threads, the bench's load generator): auto (the last [[workers]] "
     "entry's cores, with two or more workers), none (anywhere), or a list such as 1 or 2-3. The "
-    "engine on those cores runs at TAILGUARD_ENGINE_NICE. See tailguard/pinning.py.")
+    "engine on those cores runs at TAILGUARD_ENGINE_NICE. See tailguard/host/cores.py.")
 ENGINE_NICE = Setting(
     "TAILGUARD_ENGINE_NICE", 10, int,
     "CPU host: the nice value of an engine whose cores the front end shares "
@@ -98,7 +99,7 @@ ENGINE_CORE_ROAM = Setting(
     "TAILGUARD_ENGINE_CORE_ROAM", True, _bool,
     "CPU host: an engine whose cores are not the front end's moves its vLLM engine-core process "
     "onto the front-end cores while they are idle, and back as soon as they are busy "
-    "(tailguard/roaming.py).")
+    "(tailguard/host/roaming.py).")
 VLLM_METRICS = Setting(
     "TAILGUARD_VLLM_METRICS", True, _bool,
     "Workers keep vLLM's own stat loggers: its vllm:* metrics on each worker's /metrics and "
@@ -159,7 +160,7 @@ REDELIVER_AFTER_S = Setting(
     "TAILGUARD_REDELIVER_AFTER_S", 30.0, float,
     "A message a worker took this long ago and never started (its job still queued) goes back on "
     "its queue: a worker that loses its broker connection forgets the messages it had reserved "
-    "(tailguard/redeliver.py). Keep it above the longest pause between delivery and start (an "
+    "(tailguard/jobs/redeliver.py). Keep it above the longest pause between delivery and start (an "
     "engine restart); a copy that races the original is a no-op.")
 WORKER_HEARTBEAT_S = Setting(
     "TAILGUARD_WORKER_HEARTBEAT_S", 1.5, float,
@@ -230,14 +231,6 @@ def redis_url() -> str:
     if password_file.exists():
         return f"redis://:{password_file.read_text().strip()}@127.0.0.1:{REDIS_PORT.get()}/0"
     return DEFAULT_REDIS_URL
-
-
-def embedded_redis_password() -> str:
-    """The embedded Redis's password, made on first use (see tailguard.secretfile)."""
-    from tailguard.secretfile import kept_secret
-
-    home().mkdir(parents=True, exist_ok=True)
-    return kept_secret(home() / REDIS_PASSWORD_FILE)
 
 
 def home() -> Path:

@@ -5,7 +5,7 @@ engine live in modules the worker imports (`include`), so the API can import
 `tasks` to publish without pulling in vLLM or torch.
 """
 
-from tasks.celery import app
 from tasks import worker  # noqa: F401 - registers `celery -A tasks inspect engine_stats`
+from tasks.celery import app
 
 __all__ = ["app"]

@@ -1,7 +1,7 @@
 """The generation task: one per lane (`tailguard.generate.<lane>`), all the same body.
 
 A task name per lane makes Celery's per-task `rate_limit` (and Flower's task
-view) per lane. The body adapts Celery to tailguard/runner.py, which owns the
+view) per lane. The body adapts Celery to tailguard/worker/runner.py, which owns the
 job's lifecycle: a job that ended elsewhere (cancelled, expired, a redelivered
 duplicate) ends the task with `Ignore`, so Celery never overwrites what the job
 record says; a job whose worker gave up on its engine before the job started goes
@@ -15,10 +15,10 @@ from typing import Any
 from celery import Task
 from celery.exceptions import Ignore, Reject
 
-from tailguard.lanes import load_lanes
-from tailguard.runner import GenerationJob, JobSkipped, NoEngine
+from tailguard.lanes.table import load_lanes
+from tailguard.worker.runner import GenerationJob, JobSkipped, NoEngine
+from tailguard.worker.runtime import WorkerRuntime
 from tasks.celery import app
-from tasks.worker import WorkerRuntime
 
 
 def _register(lane_name: str) -> None:
@@ -31,9 +31,9 @@ def _register(lane_name: str) -> None:
             body = runtime.runner.run(GenerationJob(job_id, prompt, max_tokens, sampling,
                                                     deadline_s, add_special_tokens))
         except JobSkipped:
-            raise Ignore()
+            raise Ignore() from None
         except NoEngine:
-            raise Reject(requeue=True)
+            raise Reject(requeue=True) from None
         # Celery logs a task's return value at INFO: the text stays in the job record.
         return {k: v for k, v in body.items() if k != "text"}
 

@@ -16,7 +16,7 @@ _SCRIPT = """
 import time
 from celery.contrib.testing.worker import start_worker
 from tasks import app
-from tasks import worker
+from tailguard.worker import runtime as worker
 
 @app.task(name="tailguard.round_trip_echo")
 def echo(text):

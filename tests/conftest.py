@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tailguard import settings
-from tailguard.redis_server import free_port, start_redis
+from tailguard.host.redis_server import free_port, start_redis
 
 pytest_plugins = ["e2e_fixtures"]
 
@@ -67,7 +67,7 @@ def redis_client_noflush(redis_server):
 @pytest.fixture(scope="session")
 def tiny_model() -> str:
     """The tiny random-weight demo model, built offline on first use."""
-    from tailguard.demo_model import build_demo_model
+    from tailguard.model.demo import build_demo_model
 
     path = build_demo_model(MODEL_CACHE / "tiny", size="tiny")
     os.environ[settings.MODEL.env] = str(path)

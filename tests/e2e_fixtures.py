@@ -16,17 +16,28 @@ e2e module runs alone or in any order.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import pytest
-
 from conftest import ROOT
+
 from tailguard import settings
 from tailguard.bench.host import descendants, snapshot
-from tailguard.pinning import Pinning
-from tailguard.procs import (Child, ChildFailed, ChildSpec, Group, console_script, running,
-                             start, tailguard_argv, wait_until, worker_spec)
-from tailguard.redis_server import free_port
+from tailguard.host.cores import Pinning
+from tailguard.host.procs import (
+    Child,
+    ChildFailed,
+    ChildSpec,
+    Group,
+    console_script,
+    running,
+    start,
+    tailguard_argv,
+    wait_until,
+    worker_spec,
+)
+from tailguard.host.redis_server import free_port
 
 T = TypeVar("T")
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
-from tailguard.pinning import ENGINE_CORE_COMM, MODEL_RUNNER_COMM, Proc, below, parse_stat
+from tailguard.host.procfs import ENGINE_CORE_COMM, MODEL_RUNNER_COMM, Proc, below, parse_stat
 
 #: A phase is flagged disturbed when others used more than this share of the machine's CPU
 #: (and at least DISTURBED_MIN_S CPU seconds, so a few seconds of noise in a short phase is not).
@@ -24,7 +24,7 @@ DISTURBED_SHARE = 0.05
 DISTURBED_MIN_S = 2.0
 #: kthreadd: kernel threads (writeback, RCU, ...) are its children and mostly work for everyone.
 KTHREADD_PID = 2
-#: How an engine's processes are named (tailguard/pinning.py).
+#: How an engine's processes are named (tailguard/host/cores.py).
 ENGINE_COMMS = (ENGINE_CORE_COMM, MODEL_RUNNER_COMM)
 
 

@@ -21,14 +21,15 @@ import http.client
 import json
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 from tailguard.bench.workload import BenchRequest
 
-#: Job states that end a job (tailguard.jobs.TERMINAL, repeated so this module stays import-light).
+#: Job states that end a job (tailguard.jobs.store.TERMINAL, repeated so this module stays import-light).
 TERMINAL = frozenset({"succeeded", "failed", "expired", "cancelled"})
 #: Outcomes decided by the client, which the job's own status must not overwrite.
 CLIENT_FAILURES = frozenset({"http_error", "client_error", "timeout"})
@@ -87,7 +88,7 @@ class Sample:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Sample":
+    def from_dict(cls, d: dict[str, Any]) -> Sample:
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
 

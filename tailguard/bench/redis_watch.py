@@ -4,7 +4,7 @@ Every request's path goes through Redis (admission, the job record, the queue, t
 stream), so a Redis that blocks for a second (a fork, a slow script, a big command) delays
 every client at once, from the API and from the workers alike, which is what a front-end
 stall looks like. Redis records such events itself: its latency monitor (events over
-``latency-monitor-threshold``, which tailguard's Redis config sets, tailguard/redis_server.py)
+``latency-monitor-threshold``, which tailguard's Redis config sets, tailguard/host/redis_server.py)
 and its slow log (commands over ``slowlog-log-slower-than``, 10 ms by default). The bench
 clears both before a phase and keeps what they hold after it.
 """

@@ -13,7 +13,8 @@ is each request's own rate after its first token.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from tailguard.bench.loadgen import REFUSED, Sample
 from tailguard.bench.workload import OVERLOAD, WINDOWS

@@ -19,26 +19,47 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from tailguard import settings
 from tailguard.bench.host import Watch, engines_idle
-from tailguard.bench.redis_watch import RedisWatch
 from tailguard.bench.loadgen import Client, Sample, closed_loop, run_phase, served_model_name
+from tailguard.bench.redis_watch import RedisWatch
 from tailguard.bench.report import OVERHEAD, PROBE, build_report, capacity_rps, render_text
-from tailguard.bench.stall_watch import StallWatch, describe as describe_stalls
-from tailguard.bench.topology import (DIRECT, TOPOLOGIES, DirectSpec, RunningDirect,
-                                      RunningTopology, TopologySpec, class_priorities, direct_spec,
-                                      lanes_spec, shared_spec)
-from tailguard.bench.workload import (CHARS_PER_TOKEN, OVERLOAD, SHORT, BenchRequest, Workload,
-                                      add_burst, jsonl_workload, mixed_workload,
-                                      overhead_workload, overload_workload, seed_workload,
-                                      split_windows)
+from tailguard.bench.stall_watch import StallWatch
+from tailguard.bench.stall_watch import describe as describe_stalls
+from tailguard.bench.topology import (
+    DIRECT,
+    TOPOLOGIES,
+    DirectSpec,
+    RunningDirect,
+    RunningTopology,
+    TopologySpec,
+    class_priorities,
+    direct_spec,
+    lanes_spec,
+    shared_spec,
+)
+from tailguard.bench.workload import (
+    CHARS_PER_TOKEN,
+    OVERLOAD,
+    SHORT,
+    BenchRequest,
+    Workload,
+    add_burst,
+    jsonl_workload,
+    mixed_workload,
+    overhead_workload,
+    overload_workload,
+    seed_workload,
+    split_windows,
+)
 
 if TYPE_CHECKING:
-    from tailguard.lanes import LaneTable
+    from tailguard.lanes.table import LaneTable
 
 
 @dataclass(frozen=True)
@@ -300,7 +321,7 @@ def _overload(client: Client, topo: str, workload: Workload, table: LaneTable, l
     kept full without a growing queue), then run the overload timeline with its burst at
     `overload_factor` x that capacity. Fills `samples` (the probe, then the windows) and `info`;
     returns the workload with its burst."""
-    from tailguard.placement import place
+    from tailguard.lanes.placement import place
 
     first = next(r for r in workload.requests if r.cls == SHORT)
     prompt_tokens = (count_tokens(first.prompt) if count_tokens
@@ -353,10 +374,11 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
 
 
 def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
-    from tailguard.lanes import default_lanes_path, load_lanes
-    from tailguard.modelinfo import model_max_len, serving_dtype
-    from tailguard.pinning import Pinning, device_kind, pin_threads
-    from tailguard.redis_server import free_port, start_redis
+    from tailguard.host.cores import Pinning, pin_threads
+    from tailguard.host.devices import device_kind
+    from tailguard.host.redis_server import free_port, start_redis
+    from tailguard.lanes.table import default_lanes_path, load_lanes
+    from tailguard.model.info import model_max_len, serving_dtype
 
     if cfg.metric not in ("e2e_s", "ttft_s"):
         raise ValueError("metric must be e2e_s or ttft_s")
@@ -366,14 +388,14 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
     if cfg.model:
         model = cfg.model
     else:
-        from tailguard.served_model import served_model
+        from tailguard.model.served import served_model
 
         log("preparing the model (the first run builds the small demo model)")
         model = served_model()[0]
     lanes_path = Path(cfg.lanes_file or settings.LANES_FILE.get() or default_lanes_path())
     table = load_lanes(lanes_path)
     try:
-        from tailguard.tokens import PromptCounter
+        from tailguard.model.tokens import PromptCounter
 
         count_tokens: Callable[[str], int] | None = PromptCounter(model).count
     except Exception:  # noqa: BLE001 - no local tokenizer: prompt lengths are estimated
@@ -396,7 +418,7 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
     # engine that serves it, on its cores: the same engine with and without tailguard.
     replaced = lanes_topo.workers
     if workload.name == OVERHEAD:
-        from tailguard.placement import place
+        from tailguard.lanes.placement import place
 
         p = workload.params
         lane = place(list(table), priority="interactive", prompt_tokens=p["input_tokens"],
@@ -429,7 +451,7 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
         f"{engines} engines on cores {cores}; output in {out}")
 
     # The load generator is the front end's client: on the front-end cores with Redis and
-    # the API (tailguard/pinning.py), as every topology's shared one: the lanes file's.
+    # the API (tailguard/host/cores.py), as every topology's shared one: the lanes file's.
     front = lanes_topo.frontend
     config["frontend_cores"] = list(front)
     if front:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 INTERVAL_S = 0.25
 WINDOW_S = 1.0

@@ -21,7 +21,7 @@ private Redis, with a lanes file written for it. The specs are pure; only
 evenly and disjointly between workers (GPUs: one each), as `tailguard up` does,
 and the same front-end cores (`TopologySpec.frontend`): the last worker's, where
 the API, Redis, the workers' own threads and the load generator run, that worker's
-engine at a lower CPU priority (tailguard/pinning.py). `direct`'s server process runs
+engine at a lower CPU priority (tailguard/host/cores.py). `direct`'s server process runs
 on all the cores (`DirectSpec.cpus`), as a user would start it.
 """
 
@@ -35,11 +35,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tailguard import procs, settings
-from tailguard.lanes import (BORROW_FIELDS, Lane, LaneTable, WorkerSpec, engine_settings_for,
-                             parse_lanes)
-from tailguard.pinning import Pinning, frontend_cores, frontend_env, plan
-from tailguard.procs import ChildFailed, ChildSpec, Group, tailguard_argv
+from tailguard import settings
+from tailguard.host import procs
+from tailguard.host.cores import Pinning, frontend_cores, frontend_env
+from tailguard.host.procs import ChildFailed, ChildSpec, Group, tailguard_argv
+from tailguard.lanes.table import (
+    BORROW_FIELDS,
+    Lane,
+    LaneTable,
+    WorkerSpec,
+    engine_settings_for,
+    parse_lanes,
+)
+from tailguard.launch.placement import place_workers
 
 SHARED_LANE = "shared"
 DIRECT = "direct"
@@ -77,7 +85,7 @@ class TopologySpec:
 
     @property
     def frontend(self) -> tuple[int, ...]:
-        """The cores its API, Redis and workers' own threads run on (tailguard/pinning.py)."""
+        """The cores its API, Redis and workers' own threads run on (tailguard/host/cores.py)."""
         return frontend_cores([w.pin for w in self.workers], settings.FRONTEND_CORES.get())
 
     def workers_per_lane(self) -> dict[str, int]:
@@ -146,7 +154,7 @@ def shared_spec(table: LaneTable, *, engines: int, kind: str = "cpu",
     text = lanes_toml([shared_lane(table)], workers, comment=(
         "tailguard bench, topology `shared`: every worker consumes one queue, first come first "
         "served.\nThe lane's limits are the largest of the interactive lanes in force."))
-    pins = plan(tuple(workers), kind, cores, gpus)
+    pins = place_workers(tuple(workers), kind, cores, gpus)
     return TopologySpec("shared", text, tuple(WorkerPlan(w.name, w.lanes, p)
                                               for w, p in zip(workers, pins)))
 
@@ -154,7 +162,7 @@ def shared_spec(table: LaneTable, *, engines: int, kind: str = "cpu",
 def lanes_spec(table: LaneTable, lanes_text: str, *, kind: str = "cpu",
                cores: list[int] | None = None, gpus: int | None = None) -> TopologySpec:
     """The lanes file in force, each worker on its own cores: the article's 'after'."""
-    pins = plan(table.workers, kind, cores, gpus)
+    pins = place_workers(table.workers, kind, cores, gpus)
     return TopologySpec("lanes", lanes_text, tuple(WorkerPlan(w.name, w.lanes, p)
                                                    for w, p in zip(table.workers, pins)))
 
@@ -184,7 +192,7 @@ class DirectSpec:
 
     def env(self) -> dict[str, str]:
         """As tailguard's engines run (engine.ENV_DEFAULTS), compute threads bound to `pin`."""
-        from tailguard.engine import ENV_DEFAULTS
+        from tailguard.engine.host import ENV_DEFAULTS
 
         return {**ENV_DEFAULTS, "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib), **self.pin.env()}
 
@@ -200,7 +208,7 @@ def direct_spec(pin: Pinning, engines: tuple[WorkerPlan, ...], table: LaneTable,
                 cpus: tuple[int, ...] = ()) -> DirectSpec:
     """One vLLM server on `pin` doing the work of tailguard's `engines`: their batch slots
     and KV cache together, the largest context of their lanes (capped at `max_model_len`)."""
-    from tailguard.engine import KVCACHE_SPACE_DEFAULT_GIB
+    from tailguard.engine.host import KVCACHE_SPACE_DEFAULT_GIB
 
     sizes = [engine_settings_for(table.lanes_for_queues(w.lanes)) for w in engines]
     slots, context = sum(n for n, _ in sizes), max(m for _, m in sizes)
@@ -280,7 +288,7 @@ class RunningTopology:
         """Warm shutdown of the workers first, then the API; kill what does not stop in time."""
         self.group.stop()
 
-    def __enter__(self) -> "RunningTopology":
+    def __enter__(self) -> RunningTopology:
         return self
 
     def __exit__(self, *exc: Any) -> None:

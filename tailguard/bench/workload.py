@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 SHORT, MEDIUM, LONG = "short", "medium", "long"
 
@@ -80,7 +81,7 @@ class Workload:
         tail = [c for c in (self.long_class,) if c in seen and c not in head]
         return head + [c for c in seen if c not in head + tail] + tail
 
-    def only(self, classes: Iterable[str]) -> "Workload":
+    def only(self, classes: Iterable[str]) -> Workload:
         keep = set(classes)
         return replace(self, requests=tuple(r for r in self.requests if r.cls in keep))
 

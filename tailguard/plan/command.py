@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from tailguard.errors import ConfigError
-from tailguard.lanes import load_lanes
+from tailguard.lanes.table import load_lanes
 from tailguard.plan.search import (
     SIM_ENGINES,
     Plan,
@@ -46,11 +46,12 @@ def _target(text: str) -> tuple[str, float]:
 @click.option("--frontend-cores", default="auto", show_default=True,
               help="with --profile: this process's own threads (a worker's beside its engine) on "
                    "these cores, an engine there at TAILGUARD_ENGINE_NICE, as `tailguard up` "
-                   "places them (tailguard/pinning.py): auto (the --neighbour-cores, the last "
+                   "places them (tailguard/host/cores.py): auto (the --neighbour-cores, the last "
                    "worker's), none (anywhere) or a core list")
 @click.option("--step-model", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="the step model JSON that --profile wrote")
-@click.option("--frontend-from", "frontend_report", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+@click.option("--frontend-from", "frontend_report",
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="with --step-model: fit the front end's CPU per request and per output token "
                    "from a bench run's report.json (its phases' front-end CPU seconds), write "
                    "them into the step model file, then exit")
@@ -89,19 +90,20 @@ def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | Non
          frontend_cores: str, step_model: Path | None, frontend_report: Path | None,
          class_specs: tuple[str, ...], workload_file: Path | None, rate: float | None, scale: float,
          lanes_file: Path | None, topology_name: str, target_specs: tuple[str, ...], max_queue_s: float,
-         borrow_on: str | None, engines: int | None, split: str | None, duration: float, seed: int, validate: bool,
-         as_json: bool) -> None:
+         borrow_on: str | None, engines: int | None, split: str | None, duration: float, seed: int,
+         validate: bool, as_json: bool) -> None:
     """How many engines each lane needs: a simulation of the lanes and of continuously
     batching engines whose step time comes from `--profile`."""
     seed_given = click.get_current_context().get_parameter_source("seed").name != "DEFAULT"
     if profile_out:
-        from tailguard import pinning
+        from tailguard.host.cores import Pinning
+        from tailguard.host.cores import frontend_cores as front_of
+        from tailguard.model.served import served_model
         from tailguard.plan.profile import run_profile
-        from tailguard.served_model import served_model
 
-        pins = [pinning.Pinning(cores=c) for c in (_cores(cores), _cores(neighbour_cores)) if c]
+        pins = [Pinning(cores=c) for c in (_cores(cores), _cores(neighbour_cores)) if c]
         try:
-            front = pinning.frontend_cores(pins, frontend_cores)
+            front = front_of(pins, frontend_cores)
         except ConfigError as exc:
             raise click.BadParameter(str(exc), param_hint="--frontend-cores") from None
         model = run_profile(served_model()[0], say=click.echo, cores=_cores(cores),
@@ -213,7 +215,8 @@ def _render(p: Plan, needed: list[int] | None, fleet: int | None, targets: Targe
                    f" {_s(r.ttft_p99)} {_s(r.queued_p99):>10} {r.tokens_per_s:>9.1f}  "
                    f"{f'P99 <= {goal:g} s' if goal else f'queue P99 <= {targets.max_queue_s:g} s'}"
                    f"{' ' + str(bad) if bad else ''}"
-                   f"{f'; ran borrowed {r.borrowed}, reclaimed {r.reclaimed}' if r.borrowed or r.reclaimed else ''}")
+                   + (f"; ran borrowed {r.borrowed}, reclaimed {r.reclaimed}"
+                      if r.borrowed or r.reclaimed else ""))
     return "\n".join(out)
 
 

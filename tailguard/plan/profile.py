@@ -12,7 +12,7 @@ step that prefilled it. Each point is the median of ``repeats`` runs.
 
 Borrowing on a CPU host (``borrow_slots`` > 0): a second engine of that many slots is
 started on the same cores at the kernel's idle CPU priority, as a borrowing worker starts
-it (``tasks/worker.py``, `tailguard.pinning.idle_priority`), and kept full of the bench's
+it (``tasks/worker.py``, `tailguard.host.procfs.idle_priority`), and kept full of the bench's
 long requests (``long_context``-token prompts, ``long_tokens`` out) while the decode
 points at ``BORROW_BATCHES`` are measured again on the own engine. How much longer those
 steps take than without it is ``StepModel.borrow_slowdown`` (``stepmodel.slowdown``):
@@ -29,7 +29,7 @@ cores share the caches and the memory bandwidth; `tailguard bench` runs two engi
 two cores).
 
 The engines run in this process (``EngineHost``), placed as `tailguard up`'s core plan
-places a worker's (tailguard/pinning.py): an engine's vLLM processes on its cores
+places a worker's (tailguard/host/cores.py): an engine's vLLM processes on its cores
 (``--cores``; the neighbour's on ``neighbour_cores``), this process's own threads (what a
 worker runs beside its engine: the engine loop with its detokenization, the requests'
 threads) on the front-end cores (``frontend_cores``: by default the neighbour's, as the
@@ -48,9 +48,10 @@ import random
 import statistics
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from tailguard.plan.stepmodel import StepModel, fit, slowdown
 
@@ -74,9 +75,9 @@ def run_profile(model: str, *, cores: tuple[int, ...] = (), batches: tuple[int, 
     beside an idle-priority engine, with `neighbour_cores` beside a busy engine there (the
     module docstring)."""
     from tailguard.bench.workload import SEED_PROMPTS, long_prompt
-    from tailguard.engine import EngineConfig, EngineHost
-    from tailguard.pinning import Pinning, frontend_env, pin_threads
-    from tailguard.tokens import counter_for
+    from tailguard.engine.host import EngineConfig, EngineHost
+    from tailguard.host.cores import Pinning, frontend_env, pin_threads
+    from tailguard.model.tokens import counter_for
 
     pin = Pinning(cores=cores)
     os.environ.update(pin.env())
@@ -191,8 +192,9 @@ def _busy_engine(config: Any, prompt_tokens: int, max_tokens: int, count: Callab
     the kernel's idle CPU priority, started as a borrowing worker starts its idle engine;
     else at normal priority, or ``TAILGUARD_ENGINE_NICE`` on the `frontend` cores."""
     from tailguard.bench.workload import long_prompt
-    from tailguard.engine import EngineHost
-    from tailguard.pinning import Pinning, idle_priority, normal_priority_threads
+    from tailguard.engine.host import EngineHost
+    from tailguard.host.cores import Pinning
+    from tailguard.host.procfs import idle_priority, normal_priority_threads
 
     other = EngineHost(config)
     started: list[BaseException | int] = []

@@ -21,12 +21,12 @@ handful of requests.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Sequence
 
 from tailguard.bench.topology import shared_lane
-from tailguard.borrowing import engine_for
-from tailguard.lanes import Lane, LaneTable, engine_settings_for
+from tailguard.lanes.borrowing import engine_for
+from tailguard.lanes.table import Lane, LaneTable, engine_settings_for
 from tailguard.plan.sim import NO_BORROWING, ClassResult, EngineGroup, simulate
 from tailguard.plan.stepmodel import StepModel
 from tailguard.plan.workload import ClassLoad
@@ -42,7 +42,7 @@ def topology(table: LaneTable, name: str, count: int = 1, borrow_on: str | None 
     the file's worker groups; ``shared``, one lane taking every interactive request.
     Each group gets `count` engines. With `borrow_on` (a device: "cpu", "cuda") the groups
     borrow as their workers would there; without, they borrow nothing. With `frontend`, the
-    last group's last engine shares its cores with the front end (tailguard/pinning.py's
+    last group's last engine shares its cores with the front end (tailguard/host/cores.py's
     core plan on a CPU host; tailguard/plan/sim.py)."""
     if name == "shared":
         lane = shared_lane(table)

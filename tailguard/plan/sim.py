@@ -2,7 +2,7 @@
 
 What it models, and how the real system does it:
 
-* **Placement**: each request goes to the lane ``tailguard.placement.place`` picks (the
+* **Placement**: each request goes to the lane ``tailguard.lanes.placement.place`` picks (the
   same function the API calls), with max_tokens capped as the API caps it.
 * **Queues**: one FIFO per lane. An engine holds at most ``max_num_seqs`` requests (a
   worker has that many threads and prefetches one message each); it takes work as soon
@@ -13,9 +13,10 @@ What it models, and how the real system does it:
 * **Engines**: continuous batching. Each step decodes one token for every sequence past
   its prompt and prefills up to ``max_batched_tokens`` prompt tokens (chunked, oldest
   first); a request that entered while a step ran joins the next one. The step lasts
-  ``StepModel.step_s`` of its decoding sequences, their context and its prefill tokens. The step that finishes a prompt also yields its first token.
+  ``StepModel.step_s`` of its decoding sequences, their context and its prefill tokens.
+  The step that finishes a prompt also yields its first token.
   A request whose engine time reaches ``deadline_s`` ends "deadline".
-* **Borrowing** (a group's ``borrow``, tailguard/borrowing.py's policy and its pure
+* **Borrowing** (a group's ``borrow``, tailguard/lanes/borrowing.py's policy and its pure
   functions): each engine of the group takes the head of a borrowed lane's queue while
   ``may_borrow`` allows it, and gives back ``reclaim_count`` of its ``youngest`` borrowed
   requests when its own work leaves fewer than R slots free. A reclaimed request goes to
@@ -35,7 +36,7 @@ What it models, and how the real system does it:
     not at the end of their step; a step-granular model would hold a short request behind
     up to a whole 2,000-token prefill). What is left of the cost, the two engines sharing
     caches and memory bandwidth (the worker's threads serving the borrowed streams run on the
-    front-end cores: tailguard/pinning.py), is ``StepModel.borrow_slowdown``: the own
+    front-end cores: tailguard/host/cores.py), is ``StepModel.borrow_slowdown``: the own
     engine's steps take that much longer while the idle engine holds borrowed requests (a
     measured coefficient, see tailguard/plan/profile.py).
 * **Neighbours**: the engines of one simulation are taken to share a host (as
@@ -43,7 +44,7 @@ What it models, and how the real system does it:
   engine is stepping takes ``StepModel.neighbour_slowdown`` longer (measured by the
   profile; 0 where the engines share nothing, as GPUs on their own memory).
 * **Front end** (``StepModel.frontend_s_per_request`` and ``frontend_s_per_token``): on a
-  CPU host the front end (Redis, the API, the workers' own threads; tailguard/pinning.py)
+  CPU host the front end (Redis, the API, the workers' own threads; tailguard/host/cores.py)
   runs on the cores of the last worker's engine, which runs at a lower CPU priority (nice
   10): that engine gets what the front end leaves. A group marked ``frontend`` has its last
   engine there. Every request the simulation serves costs the front end
@@ -52,8 +53,9 @@ What it models, and how the real system does it:
   engine's core is what it was charged over the last ``FRONTEND_WINDOW_S``, per second
   (at most ``MAX_FRONTEND_SHARE``), and a step of that engine (or of its idle-priority
   engine) starting then lasts ``1 / (1 - share)`` times as long (front end first: at nice 0
-  against the engine's 10, its short pieces of work run as soon as they are ready). The step model's engine had one core; a front end spread over more is
-  not modelled. Zero coefficients (older step models) leave every engine alone.
+  against the engine's 10, its short pieces of work run as soon as they are ready). The
+  step model's engine had one core; a front end spread over more is not modelled. Zero
+  coefficients (older step models) leave every engine alone.
 * **Times**: per request, queue wait (arrival to engine), TTFT and end-to-end, the last
   two plus ``StepModel.overhead_s``. Throughput per class is its output tokens over the
   span from its first arrival to its last finish (the bench's definition).
@@ -68,20 +70,15 @@ import heapq
 import itertools
 import random
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from tailguard.bench.report import percentile
-from tailguard.borrowing import (
-    BorrowPolicy,
-    EngineLoad,
-    may_borrow,
-    reclaim_count,
-    youngest,
-)
 from tailguard.errors import NoLaneForRequest, PromptTooLong
-from tailguard.lanes import Lane
-from tailguard.placement import place
+from tailguard.lanes.borrowing import BorrowPolicy, EngineLoad, may_borrow, reclaim_count, youngest
+from tailguard.lanes.placement import place
+from tailguard.lanes.table import Lane
 from tailguard.plan.stepmodel import StepModel
 from tailguard.plan.workload import ClassLoad
 

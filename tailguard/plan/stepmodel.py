@@ -9,7 +9,7 @@ cache: ``context`` is the sum of the decoding sequences' lengths so far. The
 coefficients are fitted by least squares from a profile (``tailguard.plan.profile``).
 
 The front end (Redis, the API, the workers' own threads, a bench's load generator)
-costs CPU too, on the cores of the engine that shares them (tailguard/pinning.py):
+costs CPU too, on the cores of the engine that shares them (tailguard/host/cores.py):
 ``frontend_s_per_request`` and ``frontend_s_per_token``, CPU seconds per request and
 per output token, fitted (`fit_frontend`) from the CPU a bench run's front end used in
 its phases (report.json ``topologies.<t>.host.<phase>.frontend_cpu_s``,
@@ -19,9 +19,10 @@ tailguard/bench/host.py); how the simulator uses them is in tailguard/plan/sim.p
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class StepModel:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "StepModel":
+    def from_dict(cls, d: dict[str, Any]) -> StepModel:
         known = {k: d[k] for k in ("a_s", "decode_s", "prefill_s", "context_s", "max_batched_tokens",
                                    "overhead_s", "borrow_slowdown", "neighbour_slowdown",
                                    "frontend_s_per_request", "frontend_s_per_token", "source")
@@ -59,7 +60,7 @@ class StepModel:
         return cls(**known)
 
     @classmethod
-    def load(cls, path: str | Path) -> "StepModel":
+    def load(cls, path: str | Path) -> StepModel:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
     def save(self, path: str | Path) -> None:

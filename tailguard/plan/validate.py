@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tailguard.bench.workload import LONG, mixed_workload
-from tailguard.lanes import load_lanes
+from tailguard.lanes.table import load_lanes
 from tailguard.plan.search import topology
 from tailguard.plan.sim import simulate
 from tailguard.plan.stepmodel import StepModel
@@ -57,7 +57,7 @@ class BenchRun:
     duration_s: float = 90
     lanes_file: str = "borrowing.lanes.toml"  # in RUNS_DIR: the lanes file the run used
     device: str = "cpu"
-    #: whether it ran under the core plan (tailguard/pinning.py): the front end on the last
+    #: whether it ran under the core plan (tailguard/host/cores.py): the front end on the last
     #: engine's core, which it slows (tailguard/plan/sim.py); before it, the front end ran
     #: anywhere, which the simulator does not model
     frontend_core: bool = True

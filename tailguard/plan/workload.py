@@ -17,12 +17,13 @@ from __future__ import annotations
 import bisect
 import json
 import random
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from tailguard.bench.workload import CHARS_PER_TOKEN
-from tailguard.lanes import PRIORITY_CLASSES, LaneTable
+from tailguard.lanes.table import PRIORITY_CLASSES, LaneTable
 
 
 @dataclass(frozen=True)
@@ -32,11 +33,11 @@ class Lengths:
     points: tuple[tuple[float, float], ...]
 
     @classmethod
-    def fixed(cls, tokens: int) -> "Lengths":
+    def fixed(cls, tokens: int) -> Lengths:
         return cls(((0.0, float(tokens)), (1.0, float(tokens))))
 
     @classmethod
-    def from_values(cls, values: Sequence[float]) -> "Lengths":
+    def from_values(cls, values: Sequence[float]) -> Lengths:
         """The empirical distribution of `values`."""
         vs = sorted(values)
         if not vs:
@@ -68,7 +69,7 @@ class ClassLoad:
     output: Lengths  # max_tokens asked (outputs run to it: ignore_eos, as the bench does)
     priority: str = "interactive"
 
-    def scaled(self, factor: float) -> "ClassLoad":
+    def scaled(self, factor: float) -> ClassLoad:
         return ClassLoad(self.name, self.rate * factor, self.prompt, self.output, self.priority)
 
 

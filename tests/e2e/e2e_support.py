@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from tailguard.jobs import TERMINAL
+from tailguard.jobs.store import TERMINAL
 
 #: Each poll of a job long-polls this long, so a dead worker is noticed within it.
 POLL_WAIT_S = 1
@@ -67,7 +68,7 @@ class EngineHold:
         for pid in self.pids:
             os.kill(pid, signal.SIGCONT)
 
-    def __enter__(self) -> "EngineHold":
+    def __enter__(self) -> EngineHold:
         self.hold()
         return self
 

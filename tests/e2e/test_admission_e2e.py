@@ -6,8 +6,8 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tailguard import keys
-from tailguard.apikeys import ApiKey, ApiKeyStore
+from tailguard.gateway.api_keys import ApiKey, ApiKeyStore
+from tailguard.redis import keys
 
 pytestmark = pytest.mark.e2e
 
@@ -22,7 +22,7 @@ def test_a_202_carries_the_predicted_start_and_the_job_runs(api, redis_client_no
     done = api.get(f"/v1/jobs/{job['id']}?wait=30").get_json()
     assert done["status"] == "succeeded"
     # the worker that ran it is the one the lane's heartbeat names, so it took one of the
-    # lane's slots (admission's count of them, tailguard/admission.py) and gave it back
+    # lane's slots (admission's count of them, tailguard/lanes/admission.py) and gave it back
     assert redis_client_noflush.zscore(keys.lane_workers_key("short"), done["worker"]) is not None
     assert redis_client_noflush.zscore(keys.lane_running_key("short"), keys.job_key(job["id"])) is None
 

@@ -14,7 +14,6 @@ import sys
 import time
 
 import pytest
-
 from conftest import ROOT, TEST_LANES
 
 pytestmark = pytest.mark.e2e

@@ -15,14 +15,15 @@ import dataclasses
 import json
 
 import pytest
-
 from conftest import ROOT, TEST_LANES
 from e2e_fixtures import HEALTH_GRACE_S, START_TIMEOUT_S, http_status, or_fail
-from tailguard import keys, settings
-from tailguard.jobs import JobStore
-from tailguard.pinning import Pinning
-from tailguard.procs import start, wait_until, worker_spec
-from tailguard.redis_server import free_port
+
+from tailguard import settings
+from tailguard.host.cores import Pinning
+from tailguard.host.procs import start, wait_until, worker_spec
+from tailguard.host.redis_server import free_port
+from tailguard.jobs.store import JobStore
+from tailguard.redis import keys
 
 pytestmark = pytest.mark.e2e
 

@@ -10,11 +10,11 @@ import threading
 
 import pytest
 
+from tailguard.engine.host import EngineConfig, EngineHost
+from tailguard.engine.warmup import MAX_PROMPT_TOKENS, exact_length_prompts, warm_up
 from tailguard.errors import EngineError
-from tailguard.engine import EngineConfig, EngineHost
-from tailguard.modelinfo import serving_dtype
-from tailguard.tokens import PromptCounter
-from tailguard.warmup import MAX_PROMPT_TOKENS, exact_length_prompts, warm_up
+from tailguard.model.info import serving_dtype
+from tailguard.model.tokens import PromptCounter
 
 pytestmark = pytest.mark.e2e
 
@@ -24,7 +24,7 @@ PROMPT = "解释什么是Transformer"  # ~10 tokens: leaves room for 2000 new on
 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
-    from tailguard.demo_model import build_demo_model
+    from tailguard.model.demo import build_demo_model
 
     model = build_demo_model(tmp_path_factory.mktemp("models") / "tiny", size="tiny")
     engine = EngineHost(EngineConfig(model=str(model), max_num_seqs=8,
@@ -59,11 +59,11 @@ def test_generation_returns_exactly_max_tokens(host):
 
 
 def test_the_host_names_its_engine_core_process(host):
-    """What tailguard/roaming.py moves: vLLM's engine-core process, a child of this one."""
+    """What tailguard/host/roaming.py moves: vLLM's engine-core process, a child of this one."""
     import os
     from pathlib import Path
 
-    from tailguard.pinning import ENGINE_CORE_COMM, descendants
+    from tailguard.host.procfs import ENGINE_CORE_COMM, descendants
 
     pid = host.engine_core_pid
     assert pid is not None and pid in descendants(os.getpid())

@@ -1,5 +1,5 @@
 """Workers warm their engine up before serving, and a worker whose engine cannot serve
-exits non-zero, saying why, instead of advertising its lanes (tailguard/warmup.py)."""
+exits non-zero, saying why, instead of advertising its lanes (tailguard/engine/warmup.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
+
 from tailguard import settings
 
 pytestmark = pytest.mark.e2e

@@ -10,12 +10,12 @@ import time
 
 import pytest
 import requests
-
 from conftest import ROOT
 from e2e_fixtures import http_status, serve
+
 from tailguard import settings
-from tailguard.procs import ChildSpec, tailguard_argv
-from tailguard.redis_server import free_port
+from tailguard.host.procs import ChildSpec, tailguard_argv
+from tailguard.host.redis_server import free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -10,7 +10,6 @@ import time
 import openai
 import pytest
 import requests
-
 from e2e_support import EngineHold, engine_stats
 
 pytestmark = pytest.mark.e2e

@@ -9,7 +9,6 @@ import time
 
 import pytest
 import requests
-
 from e2e_support import EngineHold, engine_stats
 from waiting import wait_for
 

@@ -6,12 +6,12 @@ test starts a worker of its own, so this module runs alone or in any order.
 from __future__ import annotations
 
 import pytest
-
 from e2e_fixtures import or_fail
 from e2e_support import engine_stats, wait_job
+
 from tailguard import settings
-from tailguard.pinning import Pinning
-from tailguard.procs import Group, worker_spec
+from tailguard.host.cores import Pinning
+from tailguard.host.procs import Group, worker_spec
 
 pytestmark = pytest.mark.e2e
 

@@ -20,15 +20,16 @@ from pathlib import Path
 import pytest
 import redis
 import requests
-
 from conftest import ROOT
 from e2e_fixtures import http_status, or_fail
 from fault_workers import finished_jobs
-from tailguard import keys, settings
-from tailguard.jobs import CANCELLED, TERMINAL
-from tailguard.pinning import Pinning
-from tailguard.procs import Child, ChildSpec, start, tailguard_argv, wait_until, worker_spec
-from tailguard.redis_server import free_port, start_redis
+
+from tailguard import settings
+from tailguard.host.cores import Pinning
+from tailguard.host.procs import Child, ChildSpec, start, tailguard_argv, wait_until, worker_spec
+from tailguard.host.redis_server import free_port, start_redis
+from tailguard.jobs.store import CANCELLED, TERMINAL
+from tailguard.redis import keys
 
 #: How long a client waits for one answer: far above the API's bounded Redis calls, so a
 #: request that hangs shows up as a timeout, not as a slow success.

@@ -10,8 +10,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from conftest import ROOT
 from waiting import wait_for
@@ -133,7 +134,7 @@ def submit(client, max_tokens: int = 1500, **body) -> str:
 
 def wait_streaming(redis_client, job_id: str, timeout: float = 60) -> None:
     """Until the job has streamed at least one delta (it is mid-generation)."""
-    from tailguard import keys
+    from tailguard.redis import keys
 
     wait_for(lambda: redis_client.xlen(keys.job_stream_key(job_id)) > 0, timeout,
              f"job {job_id} streaming")
@@ -141,7 +142,7 @@ def wait_streaming(redis_client, job_id: str, timeout: float = 60) -> None:
 
 def finished_jobs(redis_client) -> list[str]:
     """Ids announced on the finished stream, in order (duplicates kept)."""
-    from tailguard import keys
+    from tailguard.redis import keys
 
     return [keys.job_id_of(f[b"key"].decode())
             for _, f in redis_client.xrange(keys.FINISHED_STREAM)]

@@ -11,12 +11,19 @@ import threading
 import time
 
 import pytest
+from fault_system import (
+    NativeStream,
+    OpenAIStream,
+    assert_invariants,
+    figure,
+    submit,
+    system_fixture,
+    wait_terminal,
+)
 
-from fault_system import (NativeStream, OpenAIStream, assert_invariants, figure, submit,
-                            system_fixture, wait_terminal)
-from tailguard.jobs import QUEUED, RUNNING, SUCCEEDED, JobStore
-from tailguard.liveness import Liveness
-from tailguard.stream import DeltaWriter
+from tailguard.jobs.liveness import Liveness
+from tailguard.jobs.store import QUEUED, RUNNING, SUCCEEDED, JobStore
+from tailguard.jobs.stream import DeltaWriter
 
 pytestmark = pytest.mark.faults
 

@@ -10,12 +10,20 @@ import signal
 import time
 
 import pytest
-
-from tailguard.jobs import RUNNING, TERMINAL, JobStore
+from fault_workers import (
+    START_TIMEOUT_S,
+    Worker,
+    api_with_reaper,
+    finished_jobs,
+    lane_workers,
+    own_database,
+    submit,
+    wait_serving,
+    wait_streaming,
+)
 from waiting import wait_for
 
-from fault_workers import (START_TIMEOUT_S, Worker, api_with_reaper, finished_jobs, lane_workers,
-                           own_database, submit, wait_serving, wait_streaming)
+from tailguard.jobs.store import RUNNING, TERMINAL, JobStore
 
 pytestmark = pytest.mark.faults
 

@@ -13,9 +13,17 @@ import time
 from collections import Counter
 
 import pytest
-
-from fault_system import (Load, NativeStream, OpenAIStream, assert_invariants, figure, submit,
-                            serves_again, system_fixture, wait_terminal)
+from fault_system import (
+    Load,
+    NativeStream,
+    OpenAIStream,
+    assert_invariants,
+    figure,
+    serves_again,
+    submit,
+    system_fixture,
+    wait_terminal,
+)
 
 pytestmark = pytest.mark.faults
 

@@ -10,10 +10,10 @@ import time
 
 import pytest
 import requests
-
 from fault_system import HTTP_TIMEOUT_S, NativeStream, figure, submit, system_fixture
-from tailguard.jobs import QUEUED, RUNNING, SUCCEEDED, JobStore
-from tailguard.stream import DeltaWriter
+
+from tailguard.jobs.store import QUEUED, RUNNING, SUCCEEDED, JobStore
+from tailguard.jobs.stream import DeltaWriter
 
 pytestmark = pytest.mark.faults
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import redis
 
-from tailguard.procs import Group, RestartPolicy, wait_until
-from tailguard.redis_server import answers_ping, free_port, start_redis
+from tailguard.host.procs import Group, RestartPolicy, wait_until
+from tailguard.host.redis_server import answers_ping, free_port, start_redis
 
 pytestmark = pytest.mark.faults
 

@@ -7,14 +7,20 @@ from __future__ import annotations
 import time
 
 import pytest
-
-from tailguard import settings
-from tailguard.jobs import TERMINAL, JobStore
-from tailguard.reaper import LAPSE_PERIODS
+from fault_workers import (
+    Worker,
+    api_with_reaper,
+    finished_jobs,
+    own_database,
+    submit,
+    wait_serving,
+    wait_streaming,
+)
 from waiting import wait_for
 
-from fault_workers import (Worker, api_with_reaper, finished_jobs, own_database, submit,
-                           wait_serving, wait_streaming)
+from tailguard import settings
+from tailguard.jobs.reaper import LAPSE_PERIODS
+from tailguard.jobs.store import TERMINAL, JobStore
 
 pytestmark = pytest.mark.faults
 

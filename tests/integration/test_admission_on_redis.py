@@ -5,15 +5,15 @@ live worker serves it (a real threads worker makes it live)."""
 import tomllib
 
 import pytest
-
 from conftest import TEST_LANES
-from tailguard import keys
-from tailguard.finished import FinishedConsumer
-from tailguard.errors import WaitTooLong
-from tailguard.jobs import QUEUED, RUNNING, SUCCEEDED, JobStore
 from test_observability import sample
 from test_worker import run_worker  # noqa: F401 - the real threads worker fixture
 from waiting import wait_for
+
+from tailguard.errors import WaitTooLong
+from tailguard.jobs.finished import FinishedConsumer
+from tailguard.jobs.store import QUEUED, RUNNING, SUCCEEDED, JobStore
+from tailguard.redis import keys
 
 pytestmark = pytest.mark.integration
 
@@ -132,7 +132,7 @@ def test_a_full_lane_is_a_429_with_retry_after_in_both_apis(api, tiny_model):
 
 
 def test_refusals_are_in_tailguard_stats(api, redis_client):
-    from tailguard.stats import StatsStore
+    from tailguard.observe.stats import StatsStore
 
     api.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 1500})
     assert api.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 1500}).status_code == 429
@@ -143,7 +143,7 @@ def test_refusals_are_in_tailguard_stats(api, redis_client):
 
 
 def test_a_job_whose_queue_ttl_lapsed_leaves_the_backlog_unsettled(redis_client):
-    from tailguard.laneload import LaneLoadStore
+    from tailguard.jobs.lane_load import LaneLoadStore
 
     store = JobStore(redis_client)
     store.create("ab" * 16, {"lane": "batch", "cost": 100}, queue_ttl_s=0.2)
@@ -199,7 +199,7 @@ WORKER = "short@test-host"  # a worker serving the short lane, by its heartbeat 
 @pytest.fixture
 def short_worker(redis_client):
     """The short lane served by one live worker (4 slots), as its heartbeat says."""
-    from tailguard.liveness import Liveness
+    from tailguard.jobs.liveness import Liveness
 
     Liveness(redis_client).heartbeat(["short"], WORKER, ttl_s=60)
     return WORKER
@@ -249,8 +249,8 @@ def test_the_slots_in_use_follow_the_jobs_own_workers_run_and_cannot_drift(
     """A job takes a slot of its lane while it runs on a worker serving the lane, and gives it
     back in the same step as it stops running, whichever way; a borrowed job (run by another
     lane's worker) takes none; a job whose record vanished lapses with its deadline."""
-    from tailguard.jobs import CANCELLED, FAILED
-    from tailguard.laneload import LaneLoadStore
+    from tailguard.jobs.lane_load import LaneLoadStore
+    from tailguard.jobs.store import CANCELLED, FAILED
 
     store, loads = JobStore(redis_client, worker_lost_grace_s=0.0), LaneLoadStore(redis_client)
     jobs = [f"{i:032x}" for i in range(1, 8)]
@@ -289,11 +289,11 @@ def test_the_slots_in_use_follow_the_jobs_own_workers_run_and_cannot_drift(
 def test_the_store_applies_the_rule_admission_decided_with(redis_client, promise_s):
     """For every lane state (queued, running) the Lua step stores a job exactly when the pure
     policy admits it on the same figures: the race fix keeps the slot rule."""
-    from tailguard.admission import AdmissionPolicy
-    from tailguard.jobs import BacklogMoved
-    from tailguard.lanes import Lane
-    from tailguard.laneload import LaneLoadStore
-    from tailguard.liveness import Liveness
+    from tailguard.jobs.lane_load import LaneLoadStore
+    from tailguard.jobs.liveness import Liveness
+    from tailguard.jobs.store import BacklogMoved
+    from tailguard.lanes.admission import AdmissionPolicy
+    from tailguard.lanes.table import Lane
 
     # 4 slots at 40 tokens/s; 3 s is 120 tokens of work: one request of 50 beyond the slots
     policy, store, loads = AdmissionPolicy(prior_tokens_per_s=10.0), JobStore(redis_client), \

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tailguard.jobs import QUEUED
+from tailguard.jobs.store import QUEUED
 
 pytestmark = pytest.mark.integration
 
@@ -89,7 +89,7 @@ def test_lane_table(client):
 
 
 def test_healthz_and_lane_table_count_live_workers_per_host(client, redis_client):
-    from tailguard.liveness import Liveness
+    from tailguard.jobs.liveness import Liveness
 
     liveness = Liveness(redis_client)
     liveness.heartbeat(["short"], "short@gpu-a", ttl_s=30)
@@ -168,7 +168,7 @@ def test_unknown_route_and_method_are_json(client):
 
 def test_redis_down_is_a_503_not_a_500(tiny_model):
     from app import create_app
-    from tailguard.redis_server import free_port
+    from tailguard.host.redis_server import free_port
 
     dead = create_app({"TESTING": True, "TAILGUARD_MODEL": tiny_model, "TAILGUARD_CONSUME_FINISHED": False,
                        "TAILGUARD_REAP_RUNNING": False,
@@ -226,8 +226,9 @@ def test_create_app_takes_every_setting_the_api_reads(tiny_model, redis_server):
     them as the workers' does (TAILGUARD_STREAM_MAXLEN included)."""
     import re
 
-    from app import APP_SETTINGS, create_app, get_gateway
     from conftest import ROOT
+
+    from app import APP_SETTINGS, create_app, get_gateway
     from tailguard import settings
 
     app = create_app({"TESTING": True, "TAILGUARD_CONSUME_FINISHED": False,

@@ -4,14 +4,14 @@ key's name in the request log and metrics, and the `tailguard keys` command."""
 
 import pytest
 from click.testing import CliRunner
+from test_observability import sample
 
-from tailguard import keys
-from tailguard.apikeys import ApiKey, ApiKeyStore
 from tailguard.cli import main
 from tailguard.errors import Unauthenticated
-from tailguard.finished import FinishedConsumer
-from tailguard.jobs import QUEUED, RUNNING, SUCCEEDED, JobStore
-from test_observability import sample
+from tailguard.gateway.api_keys import ApiKey, ApiKeyStore
+from tailguard.jobs.finished import FinishedConsumer
+from tailguard.jobs.store import QUEUED, RUNNING, SUCCEEDED, JobStore
+from tailguard.redis import keys
 
 pytestmark = pytest.mark.integration
 

@@ -8,17 +8,17 @@ import json
 import threading
 
 import pytest
-
-from tailguard.borrower import BORROWED_PRIORITY, Borrower, Prioritized
-from tailguard.borrowing import BorrowPolicy
-from tailguard.engine import GenerationResult
-from tailguard.jobs import QUEUED, SUCCEEDED, JobStore
-from tailguard.keys import job_stream_key
-from tailguard.lanes import load_lanes
-from tailguard.runner import JobRunner
-from tailguard.stream import DeltaWriter
-from tasks import app
 from waiting import wait_for
+
+from tailguard.engine.host import GenerationResult
+from tailguard.jobs.store import QUEUED, SUCCEEDED, JobStore
+from tailguard.jobs.stream import DeltaWriter
+from tailguard.lanes.borrowing import BorrowPolicy
+from tailguard.lanes.table import load_lanes
+from tailguard.redis.keys import job_stream_key
+from tailguard.worker.borrower import BORROWED_PRIORITY, Borrower, Prioritized
+from tailguard.worker.runner import JobRunner
+from tasks import app
 
 pytestmark = pytest.mark.integration
 
@@ -68,7 +68,7 @@ def borrower(redis_client, engine):
                        lambda job_id: DeltaWriter(redis_client, job_id, flush_s=0), WORKER)
     long = load_lanes()["long"]
 
-    def publish(lane, job):  # as the worker does (tasks/worker.py)
+    def publish(lane, job):  # as the worker does (tailguard/worker/runtime.py)
         app.send_task(long.task_name, task_id=job.job_id, queue=lane,
                       expires=long.queue_ttl_s, kwargs=dataclasses.asdict(job))
 

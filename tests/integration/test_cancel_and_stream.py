@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from tailguard.jobs import QUEUED, RUNNING, SUCCEEDED, JobStore
-from tailguard.stream import DeltaWriter
+from tailguard.jobs.store import QUEUED, RUNNING, SUCCEEDED, JobStore
+from tailguard.jobs.stream import DeltaWriter
 
 pytestmark = pytest.mark.integration
 
@@ -118,7 +118,7 @@ def test_a_write_retried_after_its_reply_was_lost_is_not_doubled(redis_client):
 def test_a_write_while_redis_is_away_stays_pending_until_it_answers(redis_client):
     import redis
 
-    from tailguard.redis_server import free_port
+    from tailguard.host.redis_server import free_port
 
     job_id = "ac" * 16
     away = redis.Redis(port=free_port(), socket_connect_timeout=0.2, socket_timeout=0.2)
@@ -176,7 +176,7 @@ def test_a_record_that_vanishes_ends_the_stream_with_an_error_event(client, redi
 
 def test_redis_down_is_a_fast_503_with_retry_after_on_every_route(tiny_model, redis_client):
     from app import create_app
-    from tailguard.redis_server import free_port
+    from tailguard.host.redis_server import free_port
 
     down = create_app({"TESTING": True, "TAILGUARD_MODEL": tiny_model,
                        "TAILGUARD_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",

@@ -6,7 +6,7 @@ import pytest
 from celery.contrib.testing.worker import start_worker
 from celery.utils.nodenames import host_format
 
-from tailguard.liveness import host_of, node_name
+from tailguard.jobs.liveness import host_of, node_name
 from tasks import app
 
 pytestmark = pytest.mark.integration

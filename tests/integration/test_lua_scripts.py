@@ -1,10 +1,10 @@
 """Every Lua script compiles on a real Redis, and the job store names its arguments."""
 
 import pytest
-
 from conftest import ROOT
-from tailguard import keys
-from tailguard.jobs import CANCELLED, QUEUED, JobStore
+
+from tailguard.jobs.store import CANCELLED, QUEUED, JobStore
+from tailguard.redis import keys
 
 pytestmark = pytest.mark.integration
 
@@ -20,13 +20,13 @@ SCRIPTS = {"create_job": ("clock", "lane_counts", "create_job"),
 
 
 def test_every_script_file_is_listed_here():
-    files = {p.stem for p in (ROOT / "tailguard" / "lua").glob("*.lua")} - PRELUDES
+    files = {p.stem for p in (ROOT / "tailguard" / "redis" / "lua").glob("*.lua")} - PRELUDES
     assert files == set(SCRIPTS)
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_script_compiles(redis_client, name):
-    from tailguard import lua
+    from tailguard.redis import lua
 
     sha = redis_client.script_load(lua.source(*SCRIPTS[name]))
     assert redis_client.script_exists(sha) == [True]
@@ -46,7 +46,7 @@ def test_a_terminal_transition_ends_both_streams_in_one_step(redis_client):
 def test_a_reclaimed_job_is_queued_again_with_a_fresh_queue_ttl_and_its_cost_back(redis_client):
     import time
 
-    from tailguard.jobs import RUNNING
+    from tailguard.jobs.store import RUNNING
 
     store = JobStore(redis_client)
     job_id = "cd" * 16
@@ -68,7 +68,7 @@ def test_a_reclaimed_job_is_queued_again_with_a_fresh_queue_ttl_and_its_cost_bac
 
 
 def test_a_worker_starts_a_job_in_one_step_and_gets_its_record(redis_client):
-    from tailguard.jobs import RUNNING
+    from tailguard.jobs.store import RUNNING
 
     store = JobStore(redis_client)
     job_id = "ef" * 16

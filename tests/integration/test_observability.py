@@ -10,13 +10,13 @@ import sys
 import time
 
 import pytest
-
 from conftest import ROOT
-from tailguard import keys
-from tailguard.finished import GROUP, FinishedConsumer, FinishedRequest
-from tailguard.jobs import QUEUED, RUNNING, SUCCEEDED, JobStore
-from tailguard.liveness import Liveness
-from tailguard.stats import StatsStore
+
+from tailguard.jobs.finished import GROUP, FinishedConsumer, FinishedRequest
+from tailguard.jobs.liveness import Liveness
+from tailguard.jobs.store import QUEUED, RUNNING, SUCCEEDED, JobStore
+from tailguard.observe.stats import StatsStore
+from tailguard.redis import keys
 
 pytestmark = pytest.mark.integration
 

@@ -5,10 +5,10 @@ import time
 
 import pytest
 
-from tailguard import keys
-from tailguard.jobs import QUEUED, RUNNING, SUCCEEDED, JobStore
-from tailguard.liveness import Liveness
-from tailguard.reaper import Reaper
+from tailguard.jobs.liveness import Liveness
+from tailguard.jobs.reaper import Reaper
+from tailguard.jobs.store import QUEUED, RUNNING, SUCCEEDED, JobStore
+from tailguard.redis import keys
 
 pytestmark = pytest.mark.integration
 

@@ -1,5 +1,5 @@
 """A message a worker took and then lost with its broker connection goes back on its queue,
-against a real Redis and kombu's own ack emulation (tailguard/redeliver.py).
+against a real Redis and kombu's own ack emulation (tailguard/jobs/redeliver.py).
 
 The "lost" worker is a kombu consumer that takes the message without acking and is
 never closed while the pass runs: exactly what a worker cut off from Redis leaves in
@@ -9,8 +9,8 @@ kombu's ``unacked`` hash.
 import pytest
 from kombu import Queue
 
-from tailguard.jobs import CANCELLED, QUEUED, JobStore
-from tailguard.redeliver import Redeliverer
+from tailguard.jobs.redeliver import Redeliverer
+from tailguard.jobs.store import CANCELLED, QUEUED, JobStore
 from tasks import app
 
 pytestmark = pytest.mark.integration
@@ -57,7 +57,7 @@ def test_a_finished_job_s_unacked_message_is_dropped_not_requeued(taken, redis_c
 def test_a_queued_job_whose_message_vanished_fails_as_message_lost(client, redis_client):
     """A worker's BRPOP took the message and its connection dropped before kombu recorded the
     delivery: the job's message is nowhere. Two passes apart, it fails with a reason."""
-    from tailguard.lanes import load_lanes
+    from tailguard.lanes.table import load_lanes
 
     lost = client.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 4}).get_json()["id"]
     kept = client.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 4}).get_json()["id"]
@@ -74,7 +74,7 @@ def test_a_queued_job_whose_message_vanished_fails_as_message_lost(client, redis
 
 
 def test_jobs_whose_messages_are_queued_or_delivered_are_never_failed(taken, client, redis_client):
-    from tailguard.lanes import load_lanes
+    from tailguard.lanes.table import load_lanes
 
     waiting = client.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 4}).get_json()["id"]
     store = JobStore(redis_client)

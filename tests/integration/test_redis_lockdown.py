@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import redis
-
 from conftest import ROOT
-from tailguard.redis_server import answers_ping, free_port, start_redis
+
+from tailguard.host.redis_server import answers_ping, free_port, start_redis
 
 pytestmark = pytest.mark.integration
 

@@ -1,18 +1,18 @@
-"""The job lifecycle of tailguard/runner.py against a real Redis, with an in-process fake
+"""The job lifecycle of tailguard/worker/runner.py against a real Redis, with an in-process fake
 engine (the e2e tier runs the same runner on a real engine inside real workers)."""
 
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 
-from tailguard.engine import GenerationResult
+from tailguard.engine.host import GenerationResult
 from tailguard.errors import EngineDeadError, EngineError
-from tailguard.jobs import CANCELLED, QUEUED, RUNNING, JobStore
-from tailguard.runner import GenerationJob, JobRunner, JobSkipped, NoEngine
-from tailguard.stream import DeltaWriter, read_events
+from tailguard.jobs.store import CANCELLED, QUEUED, RUNNING, JobStore
+from tailguard.jobs.stream import DeltaWriter, read_events
+from tailguard.worker.runner import GenerationJob, JobRunner, JobSkipped, NoEngine
 
 pytestmark = pytest.mark.integration
 

@@ -15,11 +15,12 @@ import pytest
 import redis
 from celery_round_trip import ROOT, celery_round_trip
 
-from tailguard import keys, settings
+from tailguard import settings
 from tailguard.errors import ConfigError
-from tailguard.procs import Child, ChildSpec, start, wait_until
-from tailguard.redis_client import connect
-from tailguard.redis_server import find_redis_server, free_port, start_redis
+from tailguard.host.procs import Child, ChildSpec, start, wait_until
+from tailguard.host.redis_server import find_redis_server, free_port, start_redis
+from tailguard.redis import keys
+from tailguard.redis.client import connect
 
 pytestmark = pytest.mark.integration
 
@@ -112,7 +113,7 @@ def test_the_api_records_and_queues_through_the_sentinel(deployment, master, tin
     assert reply.status_code == 202, reply.get_json()
     job_id = reply.get_json()["id"]
     assert master.hget(keys.job_key(job_id), "status") == b"queued"  # tailguard's client
-    # the task message went in with the record, on the master (tailguard/task_message.py)
+    # the task message went in with the record, on the master (tailguard/jobs/task_message.py)
     [message] = [json.loads(m) for m in master.lrange("short", 0, -1)]
     assert message["headers"]["id"] == job_id
     # the job record is the result: Celery stores none
@@ -127,7 +128,7 @@ def test_a_worker_runtime_and_a_celery_round_trip_go_through_the_sentinel(deploy
 
 
 def test_tailguard_stats_reads_through_the_sentinel(deployment, master):
-    from tailguard.liveness import Liveness
+    from tailguard.jobs.liveness import Liveness
 
     url, _ = deployment
     Liveness(master).heartbeat(["short"], "short@gpu-a", ttl_s=60)

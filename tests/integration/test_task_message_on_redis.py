@@ -1,4 +1,4 @@
-"""The task message the API pushes with a job's record (tailguard/task_message.py) against the
+"""The task message the API pushes with a job's record (tailguard/jobs/task_message.py) against the
 one Celery's own `send_task` writes to the same Redis, and the record and message as one step."""
 
 import base64
@@ -7,9 +7,9 @@ from datetime import datetime
 
 import pytest
 
-from tailguard import keys
-from tailguard.admission import BacklogLimits
-from tailguard.jobs import BacklogMoved, JobStore
+from tailguard.jobs.store import BacklogMoved, JobStore
+from tailguard.lanes.admission import BacklogLimits
+from tailguard.redis import keys
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,7 @@ def pop_all(redis_client, queue):
 
 
 def test_the_message_is_the_one_send_task_writes(producer, redis_client):
-    from tailguard.task_message import TaskMessages
+    from tailguard.jobs.task_message import TaskMessages
 
     task_id = "a" * 32
     producer.send_task("tailguard.generate.short", task_id=task_id, queue="short", expires=60,
@@ -78,7 +78,7 @@ def test_the_message_goes_in_with_the_record_or_not_at_all(redis_client):
                                      {"broker_transport_options": {"global_keyprefix": "x:"}}])
 def test_a_celery_setting_the_message_does_not_follow_is_refused_at_startup(producer, setting):
     from tailguard.errors import ConfigError
-    from tailguard.task_message import TaskMessages
+    from tailguard.jobs.task_message import TaskMessages
 
     TaskMessages(producer)  # celeryconfig as shipped
     producer.conf.update(setting)

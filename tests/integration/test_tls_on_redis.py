@@ -22,8 +22,8 @@ import redis
 from celery_round_trip import celery_round_trip
 
 from tailguard import settings
-from tailguard.redis_client import connect
-from tailguard.redis_server import free_port, start_redis
+from tailguard.host.redis_server import free_port, start_redis
+from tailguard.redis.client import connect
 
 pytestmark = pytest.mark.integration
 

@@ -6,12 +6,12 @@ from contextlib import contextmanager
 
 import pytest
 from celery.contrib.testing.worker import start_worker, test_worker_started
+from waiting import wait_for
 
 from tailguard import settings
-from tailguard.jobs import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, JobStore
+from tailguard.jobs.store import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, JobStore
+from tailguard.worker import runtime as tailguard_worker
 from tasks import app
-from tasks import worker as tailguard_worker
-from waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -16,19 +16,19 @@ import secrets
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import pytest
-
 from conftest import ROOT
-from tailguard import settings
-from tailguard.jobs import QUEUED, SUCCEEDED, TERMINAL
-from tailguard.pinning import Pinning
-from tailguard.procs import Child, ChildSpec, console_script, start, wait_until
-from tailguard.redis_server import free_port, start_redis
 from waiting import wait_for
+
+from tailguard import settings
+from tailguard.host.cores import Pinning
+from tailguard.host.procs import Child, ChildSpec, console_script, start, wait_until
+from tailguard.host.redis_server import free_port, start_redis
+from tailguard.jobs.store import QUEUED, SUCCEEDED, TERMINAL
 
 pytestmark = pytest.mark.multihost
 

@@ -5,9 +5,9 @@ import dataclasses
 
 import pytest
 
-from tailguard.admission import AdmissionPolicy, BacklogLimits, LaneLoad
 from tailguard.errors import LaneFull, NoLiveWorker, WaitTooLong
-from tailguard.lanes import Lane
+from tailguard.lanes.admission import AdmissionPolicy, BacklogLimits, LaneLoad
+from tailguard.lanes.table import Lane
 
 # rate prior: 10 tokens/s per sequence x 4 slots per live worker
 POLICY = AdmissionPolicy(prior_tokens_per_s=10.0)

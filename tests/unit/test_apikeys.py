@@ -2,8 +2,8 @@
 
 import pytest
 
-from tailguard.apikeys import ApiKey, check_bind, digest, is_loopback
 from tailguard.errors import ConfigError
+from tailguard.gateway.api_keys import ApiKey, check_bind, digest, is_loopback
 
 
 @pytest.mark.parametrize("ceiling,wanted,runs_as", [

@@ -3,7 +3,7 @@
 import os
 
 from tailguard.bench.host import Watch, descendants, is_engine, others_cpu, own_cpu
-from tailguard.pinning import Proc, parse_stat
+from tailguard.host.procfs import Proc, parse_stat
 
 
 def test_parse_stat_with_a_strange_command_name():

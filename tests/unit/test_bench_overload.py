@@ -7,11 +7,25 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tailguard.bench.loadgen import REFUSED, Client, Sample
-from tailguard.bench.report import (OVERLOAD_P99_MAX, build_report, capacity_rps, recovery,
-                                    render_text)
+from tailguard.bench.report import (
+    OVERLOAD_P99_MAX,
+    build_report,
+    capacity_rps,
+    recovery,
+    render_text,
+)
 from tailguard.bench.run import BenchConfig, build_workload, phases_of
-from tailguard.bench.workload import (LONG, OVERLOAD, SHORT, WINDOWS, BenchRequest, add_burst,
-                                      overload_workload, split_windows, window_of)
+from tailguard.bench.workload import (
+    LONG,
+    OVERLOAD,
+    SHORT,
+    WINDOWS,
+    BenchRequest,
+    add_burst,
+    overload_workload,
+    split_windows,
+    window_of,
+)
 
 
 def timeline(**kw):

@@ -3,8 +3,13 @@
 import os
 import time
 
-from tailguard.bench.stall_watch import (StallWatch, describe, longest_gap, read_counters,
-                                         worst_window)
+from tailguard.bench.stall_watch import (
+    StallWatch,
+    describe,
+    longest_gap,
+    read_counters,
+    worst_window,
+)
 
 
 def test_worst_window_finds_the_steepest_second_and_when_it_began():

@@ -6,10 +6,20 @@ import random
 import pytest
 
 from tailguard.bench.run import BenchConfig, build_workload, phases_of
-from tailguard.bench.workload import (LONG, MEDIUM, SEED_MAX_TOKENS, SEED_PROMPTS, SHORT,
-                                      jsonl_workload, long_prompt, mixed_workload,
-                                      overhead_workload, parse_jsonl, poisson_arrivals,
-                                      seed_workload)
+from tailguard.bench.workload import (
+    LONG,
+    MEDIUM,
+    SEED_MAX_TOKENS,
+    SEED_PROMPTS,
+    SHORT,
+    jsonl_workload,
+    long_prompt,
+    mixed_workload,
+    overhead_workload,
+    parse_jsonl,
+    poisson_arrivals,
+    seed_workload,
+)
 
 
 def words_x2(text: str) -> int:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tailguard.borrowing import BorrowPolicy, EngineLoad, may_borrow, reclaim_count, youngest
+from tailguard.lanes.borrowing import BorrowPolicy, EngineLoad, may_borrow, reclaim_count, youngest
 
 POLICY = BorrowPolicy(lanes=("long",), headroom=2, max_borrowed=3)
 

@@ -6,7 +6,7 @@ import sys
 from conftest import ROOT
 
 import celeryconfig
-from tailguard.lanes import load_lanes
+from tailguard.lanes.table import load_lanes
 
 
 def test_module_runs_cleanly():

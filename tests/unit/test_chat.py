@@ -4,9 +4,14 @@ import json
 
 import pytest
 
-from tailguard.chat import chat_template_for, compile_chat_template, render_chat, special_token
-from tailguard.demo_model import CHAT_TEMPLATE, build_demo_model
 from tailguard.errors import ConfigError, InvalidField
+from tailguard.model.chat import (
+    chat_template_for,
+    compile_chat_template,
+    render_chat,
+    special_token,
+)
+from tailguard.model.demo import CHAT_TEMPLATE, build_demo_model
 
 
 @pytest.fixture(scope="module")

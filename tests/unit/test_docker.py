@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import ROOT
-from tailguard.lanes import LaneTable, default_lanes_path, load_lanes
+
+from tailguard.lanes.table import LaneTable, default_lanes_path, load_lanes
 
 DOCKER = ROOT / "docker"
 
@@ -354,9 +354,9 @@ def test_worker_image_is_the_pinned_vllm_image_with_its_entrypoint_reset():
 @pytest.mark.parametrize("name", ["Dockerfile.api", "Dockerfile.worker"])
 def test_images_copy_every_package_of_the_project(name):
     setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    # a subpackage (tailguard.bench) travels inside its top-level folder
-    needed = {"pyproject.toml", "README.md", *(p.split(".")[0] for p in setup["packages"]),
-              *(f"{m}.py" for m in setup["py-modules"])}
+    # subpackages (tailguard.*) travel inside their top-level folder
+    roots = {p.split(".")[0] for p in setup["packages"]["find"]["include"]}
+    needed = {"pyproject.toml", "README.md", *roots, *(f"{m}.py" for m in setup["py-modules"])}
     assert needed <= copied_sources(dockerfile(name))
 
 

@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from tailguard.engine_bridge import Call
-from tailguard.engine_loop import LoopThread
-from tailguard.engine_stats import HostCounters, HostStats
+from tailguard.engine.bridge import Call
+from tailguard.engine.loop import LoopThread
+from tailguard.engine.stats import HostCounters, HostStats
 
 
 @pytest.fixture

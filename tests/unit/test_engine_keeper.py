@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from tailguard.engine_keeper import FAILED, SERVING, Backoff, EngineKeeper
+from tailguard.engine.keeper import FAILED, SERVING, Backoff, EngineKeeper
 from tailguard.errors import EngineDeadError
 
 

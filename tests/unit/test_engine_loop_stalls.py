@@ -3,8 +3,8 @@
 import logging
 import time
 
-from tailguard import engine_loop
-from tailguard.engine_loop import LoopThread
+from tailguard.engine import loop as engine_loop
+from tailguard.engine.loop import LoopThread
 
 
 def test_a_blocked_loop_is_logged_with_the_cpu_it_used(caplog, monkeypatch):

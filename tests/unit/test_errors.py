@@ -5,11 +5,27 @@ import json
 import pytest
 from flask import Flask
 
-from app.errors import error_response, exception_response, job_error, openai_error, openai_error_type
+from app.errors import (
+    error_response,
+    exception_response,
+    job_error,
+    openai_error,
+    openai_error_type,
+)
 from tailguard import errors
-from tailguard.errors import (EngineError, JobCancelled, JobError, JobExpired, ModelNotFound,
-                              PromptTooLong, ResultTimeout, TailguardError, Unavailable, error_class)
-from tailguard.jobs import CANCELLED, EXPIRED, FAILED, QUEUED, RUNNING
+from tailguard.errors import (
+    EngineError,
+    JobCancelled,
+    JobError,
+    JobExpired,
+    ModelNotFound,
+    PromptTooLong,
+    ResultTimeout,
+    TailguardError,
+    Unavailable,
+    error_class,
+)
+from tailguard.jobs.store import CANCELLED, EXPIRED, FAILED, QUEUED, RUNNING
 
 
 def _below(cls):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tailguard.finished import finished_request
+from tailguard.jobs.finished import finished_request
 
 
 def test_timings_of_a_succeeded_job():

@@ -3,7 +3,7 @@
 import pytest
 
 from tailguard.errors import InvalidField
-from tailguard.jobrequest import parse_job_request
+from tailguard.gateway.job_request import parse_job_request
 
 
 def test_minimal_request():

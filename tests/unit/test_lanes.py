@@ -6,7 +6,7 @@ import pytest
 
 from tailguard import settings
 from tailguard.errors import ConfigError
-from tailguard.lanes import default_lanes_path, load_lanes, parse_lanes
+from tailguard.lanes.table import default_lanes_path, load_lanes, parse_lanes
 
 GOOD = {
     "lanes": {
@@ -145,7 +145,7 @@ def test_visibility_covers_longest_wait_plus_deadline():
 
 
 def test_job_ttl_must_outlive_every_lane():
-    from tailguard.lanes import check_job_ttl
+    from tailguard.lanes.table import check_job_ttl
 
     table = load_lanes(default_lanes_path())
     check_job_ttl(table, settings.JOB_TTL_S.default, settings.WORKER_LOST_GRACE_S.default)
@@ -195,7 +195,7 @@ def test_bad_borrowing_is_named(short, field):
 
 
 def test_a_borrowing_engine_fits_the_borrowed_lanes_requests_not_their_batch():
-    from tailguard.lanes import engine_settings_for
+    from tailguard.lanes.table import engine_settings_for
 
     data = _borrowing(borrow=["long"])
     data["lanes"] = {**GOOD["lanes"], "short": {**GOOD["lanes"]["short"], "max_num_seqs": 16,
@@ -212,7 +212,7 @@ def test_the_cpu_host_lanes_file_is_the_packaged_one_with_a_smaller_short_lane()
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    packaged = load_lanes(root / "tailguard" / "lanes.toml")
+    packaged = load_lanes(root / "tailguard" / "lanes" / "lanes.toml")
     cpu = load_lanes(root / "benchmarks" / "lanes-cpu-2core.toml")
     assert (cpu["short"].max_num_seqs, cpu["short"].max_wait_s) == (6, 0.1)
     assert dataclasses.replace(cpu["short"], max_num_seqs=packaged["short"].max_num_seqs,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tailguard.liveness import host_of
+from tailguard.jobs.liveness import host_of
 
 
 @pytest.mark.parametrize("worker,host", [

@@ -1,19 +1,19 @@
-"""The Redis Lua scripts live in tailguard/lua/*.lua, ship with the package, and nowhere else."""
+"""The Redis Lua scripts live in tailguard/redis/lua/*.lua, ship with the package, and nowhere else."""
 
 import re
 import tomllib
 from fnmatch import fnmatch
 
 from conftest import ROOT
-from tailguard import lua
 
-LUA_DIR = ROOT / "tailguard" / "lua"
+from tailguard.redis import lua
+
+LUA_DIR = ROOT / "tailguard" / "redis" / "lua"
 
 
 def test_every_script_file_is_package_data():
     setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert "tailguard.lua" in setup["packages"]
-    patterns = setup["package-data"]["tailguard.lua"]
+    patterns = setup["package-data"]["tailguard.redis.lua"]
     files = sorted(LUA_DIR.glob("*.lua"))
     assert files
     for path in files:

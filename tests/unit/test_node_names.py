@@ -12,8 +12,8 @@ from click.testing import CliRunner
 from conftest import ROOT
 
 from tailguard import cli
-from tailguard.lanes import load_lanes
-from tailguard.liveness import host_of, node_name
+from tailguard.jobs.liveness import host_of, node_name
+from tailguard.lanes.table import load_lanes
 
 
 def test_a_node_name_is_the_worker_then_celerys_host():
@@ -30,7 +30,7 @@ def test_a_worker_name_with_an_at_or_none_is_refused(bad):
 
 
 def test_tailguard_worker_runs_celery_under_the_node_name(monkeypatch):
-    """`tailguard worker` is what the Procfile, `tailguard up` (via tailguard.procs.worker_spec)
+    """`tailguard worker` is what the Procfile, `tailguard up` (via tailguard.host.procs.worker_spec)
     and the systemd units run."""
     seen = []
     monkeypatch.setenv("TAILGUARD_MODEL", "/models/any")

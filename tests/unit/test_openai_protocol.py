@@ -2,13 +2,21 @@
 
 import pytest
 
-from tailguard.chat import render_chat
-from tailguard.demo_model import CHAT_TEMPLATE
 from tailguard.errors import InvalidField, JobNotFound
-from tailguard.openai_protocol import (
-    ModelNotFound, chat_chunk, chat_response, completion_chunk, completion_response, error_body,
-    openai_finish_reason, parse_chat_request, parse_completion_request, usage_chunk,
+from tailguard.gateway.openai_protocol import (
+    ModelNotFound,
+    chat_chunk,
+    chat_response,
+    completion_chunk,
+    completion_response,
+    error_body,
+    openai_finish_reason,
+    parse_chat_request,
+    parse_completion_request,
+    usage_chunk,
 )
+from tailguard.model.chat import render_chat
+from tailguard.model.demo import CHAT_TEMPLATE
 
 SERVED = {"demo", "/models/demo"}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.openapi import build_spec
-from tailguard.openai_protocol import known_fields
+from tailguard.gateway.openai_protocol import known_fields
 from tailguard.sampling import field_names
 
 

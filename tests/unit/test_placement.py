@@ -3,8 +3,8 @@
 import pytest
 
 from tailguard.errors import NoLaneForRequest, PromptTooLong
-from tailguard.lanes import default_lanes_path, load_lanes, parse_lanes
-from tailguard.placement import place, request_cost
+from tailguard.lanes.placement import place, request_cost
+from tailguard.lanes.table import default_lanes_path, load_lanes, parse_lanes
 
 LANES = load_lanes(default_lanes_path()).lanes  # short: max_cost 1024, cap 256, default 64
 

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from tailguard.lanes import Lane, default_lanes_path, load_lanes
+from tailguard.lanes.table import Lane, default_lanes_path, load_lanes
 from tailguard.plan.search import Targets, least_engines, split_fleet
 from tailguard.plan.sim import EngineGroup, simulate
 from tailguard.plan.stepmodel import StepModel, fit, fit_line

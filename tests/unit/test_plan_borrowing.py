@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
-from tailguard.borrowing import BorrowPolicy
-from tailguard.lanes import default_lanes_path, load_lanes
+from tailguard.lanes.borrowing import BorrowPolicy
+from tailguard.lanes.table import default_lanes_path, load_lanes
 from tailguard.plan.search import SIM_ENGINES, Targets, evaluate, least_engines, topology
 from tailguard.plan.sim import NO_BORROWING, EngineGroup, simulate
 from tailguard.plan.stepmodel import StepModel, slowdown

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from tailguard.lanes import default_lanes_path, load_lanes
+from tailguard.lanes.table import default_lanes_path, load_lanes
 from tailguard.plan.search import topology
 from tailguard.plan.sim import MAX_FRONTEND_SHARE, EngineGroup, simulate
 from tailguard.plan.stepmodel import StepModel, fit_frontend, frontend_points

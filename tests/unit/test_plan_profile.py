@@ -1,12 +1,12 @@
 """How an engine is started under the core plan (a worker's, and `tailguard plan --profile`'s):
 reniced only where it shares the front-end cores, and only its own processes
-(`pinning.lowered_on_frontend`, which `EngineHost` starts its engine in)."""
+(`cores.lowered_on_frontend`, which `EngineHost` starts its engine in)."""
 
 import os
 import subprocess
 import sys
 
-from tailguard.pinning import Pinning, frontend_env, lowered_on_frontend
+from tailguard.host.cores import Pinning, frontend_env, lowered_on_frontend
 
 
 def _start(host, cores, frontend) -> int:

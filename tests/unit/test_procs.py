@@ -9,9 +9,16 @@ import sys
 
 import pytest
 
-from tailguard.pinning import Pinning
-from tailguard.procs import (ChildFailed, ChildSpec, Group, RestartPolicy, running, start,
-                             wait_until)
+from tailguard.host.cores import Pinning
+from tailguard.host.procs import (
+    ChildFailed,
+    ChildSpec,
+    Group,
+    RestartPolicy,
+    running,
+    start,
+    wait_until,
+)
 
 PY = sys.executable
 

@@ -1,4 +1,4 @@
-"""tailguard.redis_client: which client each URL spelling builds, with nothing connected.
+"""tailguard.redis.client: which client each URL spelling builds, with nothing connected.
 (tests/integration/test_sentinel_on_redis.py runs the Sentinel case against real servers.)"""
 
 import json
@@ -14,8 +14,12 @@ from redis.sentinel import SentinelConnectionPool
 
 from tailguard import settings
 from tailguard.errors import ConfigError
-from tailguard.redis_client import (celery_transport_options, connect, is_sentinel,
-                                    parse_sentinel_url)
+from tailguard.redis.client import (
+    celery_transport_options,
+    connect,
+    is_sentinel,
+    parse_sentinel_url,
+)
 
 SENTINELS = {settings.REDIS_SENTINEL_MASTER.env: "mymaster",
              settings.REDIS_SENTINEL_PASSWORD.env: "sentinel-pw"}

@@ -1,4 +1,4 @@
-"""The engine core's roaming onto idle front-end cores (tailguard/roaming.py): the pure
+"""The engine core's roaming onto idle front-end cores (tailguard/host/roaming.py): the pure
 policy, the /proc arithmetic, where it applies, and a real process moved and back."""
 
 import os
@@ -10,9 +10,15 @@ import time
 import pytest
 
 from tailguard import settings
-from tailguard.pinning import Pinning
-from tailguard.roaming import (EngineCoreRoamer, RoamPolicy, cpu_ticks, may_raise_priority,
-                               process_ticks, roamer_for)
+from tailguard.host.cores import Pinning
+from tailguard.host.roaming import (
+    EngineCoreRoamer,
+    RoamPolicy,
+    cpu_ticks,
+    may_raise_priority,
+    process_ticks,
+    roamer_for,
+)
 
 STAT = """cpu  300 0 100 1000 50 0 0 0 0 0
 cpu0 100 0 50 500 25 0 0 0 0 0
@@ -47,17 +53,17 @@ def test_process_ticks_reads_this_process():
 
 
 def test_it_applies_to_an_engine_off_the_front_end_cores_only(monkeypatch):
-    import tailguard.roaming
+    import tailguard.host.roaming
 
     none = lambda: None  # noqa: E731
     monkeypatch.setenv(settings.FRONTEND_CORES.env, "1")
-    monkeypatch.setattr(tailguard.roaming, "may_raise_priority", lambda: True)
+    monkeypatch.setattr(tailguard.host.roaming, "may_raise_priority", lambda: True)
     roamer = roamer_for(Pinning(cores=(0,)), none)
     assert roamer is not None and (roamer.home, roamer.frontend) == ((0,), (1,))
     assert roamer.away_nice == settings.ENGINE_NICE.default
-    monkeypatch.setattr(tailguard.roaming, "may_raise_priority", lambda: False)
+    monkeypatch.setattr(tailguard.host.roaming, "may_raise_priority", lambda: False)
     assert roamer_for(Pinning(cores=(0,)), none) is None  # could not come home at nice 0
-    monkeypatch.setattr(tailguard.roaming, "may_raise_priority", lambda: True)
+    monkeypatch.setattr(tailguard.host.roaming, "may_raise_priority", lambda: True)
     assert roamer_for(Pinning(cores=(1,)), none) is None  # it shares them: niced instead
     assert roamer_for(Pinning(gpu=0), none) is None
     monkeypatch.setenv(settings.FRONTEND_CORES.env, "none")

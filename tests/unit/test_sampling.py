@@ -7,8 +7,18 @@ from pathlib import Path
 import pytest
 
 from tailguard.errors import InvalidField
-from tailguard.sampling import (BY_NAME, FIELDS, MAX_SAMPLING_BYTES, MAX_STOP_CHARS, MAX_TOKENS,
-                                as_float, as_int, field_names, parse_sampling, vllm_kwargs)
+from tailguard.sampling import (
+    BY_NAME,
+    FIELDS,
+    MAX_SAMPLING_BYTES,
+    MAX_STOP_CHARS,
+    MAX_TOKENS,
+    as_float,
+    as_int,
+    field_names,
+    parse_sampling,
+    vllm_kwargs,
+)
 
 # name -> (accepted value, what it becomes), refused values
 CASES = {

@@ -2,8 +2,8 @@
 
 import stat
 
-from tailguard.redis_server import DISABLED_COMMANDS, redis_command, redis_config
-from tailguard.secretfile import kept_secret, write_private
+from tailguard.host.redis_server import DISABLED_COMMANDS, redis_command, redis_config
+from tailguard.host.secrets import kept_secret, write_private
 
 
 def test_a_secret_is_made_once_with_mode_600(tmp_path):

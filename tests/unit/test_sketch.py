@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from tailguard.sketch import GROWTH, Histogram, bucket_middle, bucket_of
+from tailguard.observe.sketch import GROWTH, Histogram, bucket_middle, bucket_of
 
 REL_ERROR = (GROWTH ** 0.5) - 1  # half a bucket, geometrically: ~4.4%
 

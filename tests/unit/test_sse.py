@@ -5,7 +5,7 @@ import json
 import pytest
 
 from app.sse import sse_event
-from tailguard.openai_protocol import STREAM_DONE, error_body
+from tailguard.gateway.openai_protocol import STREAM_DONE, error_body
 
 
 def test_json_event_is_one_compact_line():

@@ -1,8 +1,8 @@
-"""How long a job's writer batches its text (tailguard.stream.flush_interval): pure."""
+"""How long a job's writer batches its text (tailguard.jobs.stream.flush_interval): pure."""
 
 import pytest
 
-from tailguard.stream import flush_interval
+from tailguard.jobs.stream import flush_interval
 
 
 @pytest.mark.parametrize("running, expected", [(1, 0.05), (5, 0.05), (8, 0.08), (16, 0.16)])

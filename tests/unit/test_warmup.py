@@ -1,4 +1,4 @@
-"""The worker's start-up warm-up (tailguard/warmup.py), with an in-process fake engine."""
+"""The worker's start-up warm-up (tailguard/engine/warmup.py), with an in-process fake engine."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from tailguard.engine import GenerationResult
+from tailguard.engine.host import GenerationResult
+from tailguard.engine.warmup import cpu_description, exact_length_prompts, failure_message, warm_up
 from tailguard.errors import EngineDeadError
-from tailguard.warmup import cpu_description, exact_length_prompts, failure_message, warm_up
 
 
 class CharCounter:

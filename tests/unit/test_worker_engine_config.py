@@ -2,8 +2,8 @@
 
 import pytest
 
-from tailguard.lanes import load_lanes
-from tasks.worker import engine_config, idle_engine_config
+from tailguard.lanes.table import load_lanes
+from tailguard.worker.engine_config import engine_config, idle_engine_config
 
 
 @pytest.fixture

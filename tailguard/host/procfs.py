@@ -1,0 +1,113 @@
+"""Processes as /proc shows them, and their CPU priority: parse, walk, renice.
+
+The one reader of ``/proc/<pid>/stat`` (`parse_stat`), used by the bench's CPU
+accounting and by the engine-core roamer, and the one place priorities are changed
+(`renice`, `idle_priority`, `normal_priority_threads`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+#: and its model runners ``VLLM::Worker`` (``_TP0``, ...; vllm.utils.system_utils.set_process_title,
+#: which also sets the kernel's command name, cut to 15 characters: ``VLLM::EngineCor``).
+ENGINE_CORE_COMM = "VLLM::EngineCor"
+MODEL_RUNNER_COMM = "VLLM::Worker"
+
+def below(parents: Mapping[int, int], root: int) -> set[int]:
+    """The processes below `root` (children and theirs), given each process's parent. Pure."""
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    out: set[int] = set()
+    todo = list(children.get(root, ()))
+    while todo:
+        pid = todo.pop()
+        if pid not in out:
+            out.add(pid)
+            todo.extend(children.get(pid, ()))
+    return out
+
+
+@dataclass(frozen=True)
+class Proc:
+    """One process as its ``/proc/<pid>/stat`` line gives it (`parse_stat`): who its parent
+    is (`descendants`), and its CPU time (tailguard/bench/host.py, tailguard/host/roaming.py)."""
+
+    pid: int
+    ppid: int
+    comm: str
+    cpu_s: float  # user + system
+    #: user + system of its children that ended and that it reaped (cutime + cstime): a test
+    #: run that starts and ends within a phase is counted here, in the shell that ran it
+    children_cpu_s: float = 0.0
+
+
+def parse_stat(text: str, ticks: int) -> Proc:
+    """One /proc/<pid>/stat line (the command may hold spaces and parentheses)."""
+    head, _, rest = text.rpartition(")")
+    pid, _, comm = head.partition(" (")
+    fields = rest.split()
+    # fields[0] is the state (stat field 3): ppid is field 4, utime 14, stime 15, cutime 16,
+    # cstime 17
+    return Proc(int(pid), int(fields[1]), comm, (int(fields[11]) + int(fields[12])) / ticks,
+                (int(fields[13]) + int(fields[14])) / ticks)
+
+
+def descendants(pid: int | None = None) -> set[int]:
+    """The processes below `pid` (default: this process), children and theirs; read from /proc."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    parents[int(entry)] = parse_stat(fh.read(), ticks=1).ppid
+            except (OSError, ValueError, IndexError):
+                pass
+    return below(parents, os.getpid() if pid is None else pid)
+
+
+def renice(pids: Iterable[int], nice: int) -> int:
+    """Lower the CPU priority of every thread of the processes `pids` to at least `nice`;
+    how many threads were changed.
+
+    Linux keeps a nice value per thread and a new thread inherits its creator's, so the
+    threads those processes start later run at `nice` too. Raising one's own children's
+    nice needs no privilege. A process or thread that ended meanwhile is skipped.
+    """
+    changed = 0
+    for pid in pids:
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                if os.getpriority(os.PRIO_PROCESS, tid) < nice:
+                    os.setpriority(os.PRIO_PROCESS, tid, nice)
+                    changed += 1
+            except OSError:  # ended meanwhile
+                pass
+    return changed
+
+def idle_priority() -> None:
+    """Put the calling thread at the kernel's idle CPU priority (SCHED_IDLE). Threads and
+    processes it starts inherit it: called on the thread that builds and starts an engine,
+    it covers that engine's engine-core process and its compute threads, which then only
+    run when the cores have nothing else to do (a borrowing worker's idle engine)."""
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+
+def normal_priority_threads() -> None:
+    """Once the idle engine is up: this process's threads back at normal priority (its
+    engine-core process stays idle). A thread here at idle priority holding the GIL would
+    be starved by the own engine's compute and stall every thread of the process, own
+    lane's included (a priority inversion measured as short TTFT stalls of ~0.5 s)."""
+    for tid in map(int, os.listdir("/proc/self/task")):
+        try:
+            if os.sched_getscheduler(tid) == os.SCHED_IDLE:
+                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+        except OSError:  # the thread ended meanwhile
+            pass

@@ -1,0 +1,201 @@
+"""A job's output as a Redis Stream: written by its worker, read by the API.
+
+Why a Stream and not Celery's update_state: update_state overwrites and its
+pub/sub is lossy, while a stream keeps every delta in order with an id, so a
+client can resume from the last id it saw (SSE Last-Event-ID) and miss nothing.
+
+Entries: ``type=delta data={"text": ...}`` any number of times, then exactly one
+``type=end`` (written by JobStore.transition with the terminal state). A follower
+may also get one ``type=error`` event that is not in the stream: why following
+stopped before the end (Redis down too long, the job's record gone); the job
+itself is untouched and the client can resume from the last id it saw.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from tailguard.errors import BrokerUnavailable, JobNotFound, TailguardError
+from tailguard.jobs.store import TERMINAL
+from tailguard.redis import keys
+
+log = logging.getLogger("tailguard.stream")
+
+#: How long a follower rides out a Redis outage (retrying, resuming from its last id) before
+#: it ends the stream with an error event; and a worker, before it gives up writing a job's text.
+OUTAGE_S = 30.0
+
+
+def flush_interval(running: int, base_s: float, writes_per_s: float) -> float:
+    """How long a job's writer batches text: `base_s`, stretched so that `running` jobs'
+    streams together write at most `writes_per_s` entries per second (0: never stretched)."""
+    if writes_per_s <= 0:
+        return base_s
+    return max(base_s, running / writes_per_s)
+
+
+class DeltaWriter:
+    """Batches a job's text deltas into stream entries; used on one worker thread.
+
+    The first delta is written at once (time to first token is not held back);
+    later ones at most every `flush_s`, plus whatever is left at `close`.
+
+    Redis may stall or restart while the engine generates. A failed write keeps its
+    text pending for the next flush (the engine does not wait for Redis), and `close`
+    is the write that must land: it retries through an outage of up to `outage_s`.
+    Writes are idempotent: this writer's k-th entry has the explicit id ``0-k``, so a
+    write that Redis applied but whose reply was lost (a stall past the client's
+    socket timeout) is refused when retried, as an id at or below the stream's top,
+    and counted as written instead of doubling the text. The end event (written with
+    the terminal state) gets a time-based id, above every delta.
+    """
+
+    def __init__(self, client: redis.Redis, job_id: str, *, flush_s: float = 0.05,
+                 maxlen: int = 10000, ttl_s: int = 86400, outage_s: float = OUTAGE_S) -> None:
+        self.client = client
+        self.key = keys.job_stream_key(job_id)
+        self.flush_s = flush_s
+        self.maxlen = maxlen
+        self.ttl_s = ttl_s
+        self.outage_s = outage_s
+        self._pending: list[str] = []
+        self._last_flush: float | None = None
+        self._error: redis.RedisError | None = None
+        self.entries = 0
+
+    def add(self, text: str) -> None:
+        self._pending.append(text)
+        if self._last_flush is None or time.monotonic() - self._last_flush >= self.flush_s:
+            self.flush()
+
+    def tick(self) -> None:
+        """Write what is pending if its batch is due (called while no delta arrives)."""
+        if self._pending and time.monotonic() - (self._last_flush or 0.0) >= self.flush_s:
+            self.flush()
+
+    def flush(self) -> bool:
+        """Write what is pending as one entry; False if Redis failed (the text stays pending)."""
+        if not self._pending:
+            return True
+        text = "".join(self._pending)
+        self._last_flush = time.monotonic()
+        try:
+            self._write(text)
+        except redis.ResponseError as exc:
+            if "equal or smaller" not in str(exc):
+                raise
+            # Landed before its reply was lost, or the stream already ended: nothing to add.
+        except redis.RedisError as exc:
+            if self._error is None:
+                log.warning("stream %s: Redis write failed (%s); the text stays pending and "
+                            "is written once Redis answers", self.key, exc)
+            self._error = exc
+            self._pending = [text]
+            return False
+        self._pending, self._error = [], None
+        self.entries += 1
+        return True
+
+    def close(self) -> None:
+        """Write everything pending, retrying for up to `outage_s`; past that, raise."""
+        give_up = time.monotonic() + self.outage_s
+        while not self.flush():
+            if time.monotonic() > give_up:
+                assert self._error is not None
+                raise self._error
+            time.sleep(0.5)
+
+    def _write(self, text: str) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xadd(self.key, {"type": "delta", "data": json.dumps({"text": text}, ensure_ascii=False)},
+                  id=f"0-{self.entries + 1}", maxlen=self.maxlen, approximate=True)
+        pipe.expire(self.key, self.ttl_s)
+        pipe.execute()
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    id: str          # the stream entry id: the SSE id a client resumes from
+    type: str        # "delta" | "end" | "error" (not in the stream; id: the last one read)
+    data: dict[str, Any]
+
+
+def error_event(after: str, err: TailguardError) -> StreamEvent:
+    """Following ended early for `err`; `after` is the id to resume from."""
+    return StreamEvent(after, "error", {"error": err.to_dict()})
+
+
+def read_events(client: redis.Redis, job_id: str, after: str = "0-0",
+                block_ms: int | None = None, count: int = 100) -> list[StreamEvent]:
+    """Events after entry id `after`; with block_ms, wait up to that long for the first."""
+    reply = client.xread({keys.job_stream_key(job_id): after}, count=count, block=block_ms)
+    events = []
+    for _key, entries in reply or []:
+        for entry_id, fields in entries:
+            entry_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+            f = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+                 for k, v in fields.items()}
+            events.append(StreamEvent(entry_id, f.get("type", "delta"), json.loads(f.get("data", "{}"))))
+    return events
+
+
+_STREAM_ID_PARTS = 2
+
+
+def valid_stream_id(value: str) -> bool:
+    """A Last-Event-ID we can pass to XREAD: `<ms>-<seq>`."""
+    parts = value.split("-")
+    return len(parts) == _STREAM_ID_PARTS and all(p.isdigit() for p in parts)
+
+
+def follow(client: redis.Redis, job_id: str, after: str = "0-0", *,
+           heartbeat_s: float = 2.0, status: Callable[[], str | None] | None = None,
+           outage_s: float = OUTAGE_S) -> Iterator[StreamEvent | None]:
+    """Yield a job's events until its end event; None every `heartbeat_s` of silence.
+
+    `status` is asked at each silence for the job's state (the API settles overdue jobs
+    there, which writes their end event); None means the record is gone. Following ends
+    without an end event when the job is terminal and nothing follows `after` (a
+    Last-Event-ID at or past the end), and with an error event when the record is gone
+    or Redis has not answered for `outage_s`. A Redis error before that is retried,
+    resuming after the last id read: a blip neither ends the stream nor touches the job.
+    """
+    down_since: float | None = None
+    while True:
+        try:
+            events = read_events(client, job_id, after, block_ms=max(1, int(heartbeat_s * 1000)))
+            state = status() if status is not None and not events else ""
+            if state in TERMINAL:  # it may have ended just now (settled by `status`)
+                events = read_events(client, job_id, after)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            now = time.monotonic()
+            down_since = now if down_since is None else down_since
+            if now - down_since >= outage_s:
+                yield error_event(after, BrokerUnavailable(
+                    f"Redis did not answer for {outage_s:.0f} s ({exc}); resume from the last "
+                    "event id later"))
+                return
+            yield None
+            time.sleep(min(heartbeat_s, 1.0))
+            continue
+        down_since = None
+        if not events:
+            if state is None:
+                yield error_event(after, JobNotFound(f"job {job_id}'s record expired"))
+                return
+            if state in TERMINAL:
+                return  # its end event is at or before `after`: the client has it
+            yield None
+            continue
+        for event in events:
+            after = event.id
+            yield event
+            if event.type == "end":
+                return

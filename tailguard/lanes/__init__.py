@@ -1,0 +1,7 @@
+"""Lanes: the policy of the queues requests are split into. Pure: no I/O, no Redis, no engine.
+
+Owns the lane table and its file (``table``, ``lanes.toml``), where a request goes and
+what it may ask for (``placement``), whether a lane takes it now (``admission``) and
+when an idle worker may take another lane's work (``borrowing``).
+May import: ``tailguard.errors``, ``tailguard.settings``.
+"""

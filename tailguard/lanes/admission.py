@@ -1,0 +1,131 @@
+"""Admission: accept a request only if its lane can start it within what the lane promises.
+
+Pure policy, no I/O (tailguard/jobs/lane_load.py reads the figures from Redis). A
+lane's backlog is the cost tokens waiting in its queue; its service rate is the
+cost tokens its requests that finished recently took, per second, never below a
+prior (``prior_tokens_per_s`` per engine sequence x the lane's slots), so an idle
+or freshly started lane is not judged by the little it was asked to do.
+
+The predicted wait counts the lane's free batch slots. Its slots are
+``max_num_seqs`` per live worker (lane heartbeats); the slots in use are the lane's
+jobs running on its own workers (Redis keeps them with the job states,
+tailguard/redis/lua/transition_job.lua; a job of the lane that another lane's worker
+borrowed runs in that worker's engine and takes none). A request that finds a slot
+left for it (fewer requests queued ahead of it than slots free) predicts no wait,
+however tight the promise: two requests of the usual load that arrive together are
+not refused because the first is still queued for the few milliseconds its worker
+takes to pick it up. Otherwise it waits for the queued work beyond what the free
+slots absorb (the backlog's share of the requests beyond them), then for one
+running request to end and free a slot: with a batch's requests at staggered
+points, one ends every (one request's cost) / rate seconds, and the new request's
+own cost stands in for that one. That work divided by the rate is the predicted
+wait; with no free slot it is (backlog + cost) / rate.
+
+What it does not see: a worker serving several lanes (``long`` and ``batch`` by
+default) shares its slots between them while each lane counts only its own jobs, so
+there the prediction can err short (those lanes promise minutes); a dead worker's
+jobs hold slots until they are reaped (seconds) while its slots have already left
+the count, so then it errs long.
+
+A request is refused (429 with Retry-After) when it would push the backlog past
+the lane's ``max_backlog_tokens`` or when its predicted wait exceeds the lane's
+promise (``max_wait_s``, else ``queue_ttl_s``): it is told at once to come back
+instead of being queued to expire. A lane no live worker serves is a 503.
+
+A decision is made on figures read a moment before the job is stored, and a burst
+on many API threads would each read the same empty lane; so the store applies the
+same rule again (``limits``; tailguard/redis/lua/create_job.lua) in the Lua step that
+records the job, on the lane's figures as they are then, and a request that lost
+the race is decided again on those.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tailguard.errors import LaneFull, NoLiveWorker, WaitTooLong
+from tailguard.lanes.table import Lane
+
+
+@dataclass(frozen=True)
+class LaneLoad:
+    """What admission knows of a lane now (all from Redis)."""
+
+    backlog_tokens: int   # cost tokens of the requests queued on the lane
+    queued_jobs: int      # how many requests those are
+    running_jobs: int     # the lane's requests running on its own workers' slots
+    served_tokens: int    # cost tokens of its requests that finished within the window
+    window_s: float       # that window
+    live_workers: int     # workers serving the lane now
+    now: float | None = None  # the Redis clock when these were read (Unix seconds)
+
+
+@dataclass(frozen=True)
+class BacklogLimits:
+    """Admission's limits, checked again when a job is stored with `AdmissionPolicy.wait_tokens`'
+    rule: `slots` the lane's batch slots, at most `wait_tokens` of work before the request's
+    slot, at most `after` cost tokens queued with it; None: no limit."""
+
+    slots: int = 0
+    wait_tokens: float | None = None
+    after: int | None = None
+
+
+@dataclass(frozen=True)
+class AdmissionPolicy:
+    prior_tokens_per_s: float = 20.0
+    admit_without_worker: bool = False
+
+    def slots(self, lane: Lane, load: LaneLoad) -> int:
+        """The lane's batch slots: max_num_seqs per live worker (one worker while none is live
+        and requests are admitted anyway, as the prior rate assumes)."""
+        return lane.max_num_seqs * max(1, load.live_workers)
+
+    def service_rate(self, lane: Lane, load: LaneLoad) -> float:
+        """Cost tokens per second the lane gets through: measured, never below the prior."""
+        measured = load.served_tokens / load.window_s if load.window_s > 0 else 0.0
+        return max(measured, self.prior_tokens_per_s * self.slots(lane, load))
+
+    def wait_tokens(self, lane: Lane, load: LaneLoad, cost: int) -> float:
+        """The work (cost tokens) the lane must do before a request of `cost` tokens gets a
+        slot: none if a free slot is left for it, else the queued work beyond the free slots
+        plus one request's (see the module docstring). create_job.lua applies the same rule."""
+        free = max(0, self.slots(lane, load) - max(0, load.running_jobs))
+        ahead = max(0, load.queued_jobs)
+        if ahead < free:
+            return 0.0
+        beyond = max(0, load.backlog_tokens) * (ahead - free) / ahead if ahead else 0.0
+        return beyond + cost
+
+    def limits(self, lane: Lane, load: LaneLoad) -> BacklogLimits:
+        """The bounds `admit` decided within, for the store to check again atomically: a wait
+        within the promise is at most promise x rate of work before the request's slot."""
+        return BacklogLimits(slots=self.slots(lane, load),
+                             wait_tokens=lane.promised_wait_s * self.service_rate(lane, load),
+                             after=lane.max_backlog_tokens)
+
+    def admit(self, lane: Lane, load: LaneLoad, cost: int) -> float:
+        """The predicted wait in seconds of a request of `cost` tokens, if it is accepted.
+
+        Raises NoLiveWorker, LaneFull or WaitTooLong (the last two with Retry-After:
+        how long until, at the current rate and with no new arrivals, it would be accepted).
+        """
+        if load.live_workers == 0 and not self.admit_without_worker:
+            raise NoLiveWorker(f"no live worker serves lane {lane.name!r}; retry later",
+                               field="lane")
+        rate = self.service_rate(lane, load)
+        backlog = max(0, load.backlog_tokens)
+        wait_s = self.wait_tokens(lane, load, cost) / rate
+        bound = lane.max_backlog_tokens
+        if bound is not None and backlog + cost > bound:
+            raise LaneFull(
+                f"lane {lane.name!r} is full: {backlog} cost tokens queued, bound "
+                f"{bound}; this request's cost is {cost}",
+                retry_after_s=math.ceil((backlog + cost - bound) / rate), lane=lane.name)
+        if wait_s > lane.promised_wait_s:
+            raise WaitTooLong(
+                f"lane {lane.name!r} would start this request in about {wait_s:.1f} s, past "
+                f"its {lane.promised_wait_s:g} s promise",
+                retry_after_s=math.ceil(wait_s - lane.promised_wait_s), lane=lane.name)
+        return wait_s

@@ -1,0 +1,355 @@
+"""Lanes: the queues requests are split into, and the policy of each.
+
+The table comes from one TOML file (``tailguard/lanes/lanes.toml`` documents every
+field). It is loaded and validated once at start; a bad file raises
+``ConfigError`` naming the field, so a typo stops the process instead of
+silently routing everything to one queue.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from tailguard import settings
+from tailguard.errors import ConfigError
+from tailguard.lanes.borrowing import ENGINES, BorrowPolicy
+
+PRIORITY_CLASSES = ("interactive", "batch")
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,39}$")
+_RATE_RE = re.compile(r"^$|^\d+(\.\d+)?/[smh]$")
+
+
+def validate_lane_name(name: str) -> str:
+    """Lane names are queue names and Redis key parts: keep them boring."""
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ConfigError(
+            f"lane name {name!r} must match {_NAME_RE.pattern} (it is also the queue name)",
+            field="lanes")
+    return name
+
+
+@dataclass(frozen=True)
+class Lane:
+    name: str
+    max_tokens: int
+    priority: str = "interactive"
+    max_cost: int | None = None
+    default_max_tokens: int | None = None
+    deadline_s: float = 60.0
+    queue_ttl_s: float = 300.0
+    rate_limit: str = ""
+    max_num_seqs: int = 8
+    max_model_len: int = 2048
+    dedicated: bool = False
+    max_backlog_tokens: int | None = None
+    max_wait_s: float | None = None
+
+    @property
+    def queue(self) -> str:
+        """Queue names are lane names, so `celery worker -Q short` serves the short lane."""
+        return self.name
+
+    @property
+    def task_name(self) -> str:
+        """One Celery task name per lane, so Celery's per-task rate_limit is a per-lane limit."""
+        return f"tailguard.generate.{self.name}"
+
+    @property
+    def promised_wait_s(self) -> float:
+        """The longest predicted wait a request is accepted with: max_wait_s, else queue_ttl_s."""
+        return self.max_wait_s if self.max_wait_s is not None else self.queue_ttl_s
+
+    @property
+    def effective_default_max_tokens(self) -> int:
+        if self.default_max_tokens is not None:
+            return self.default_max_tokens
+        return min(256, self.max_tokens)
+
+    def context_len(self, model_max_len: int | None) -> int:
+        """The engine context of this lane: its max_model_len, never more than the model's."""
+        if model_max_len is None:
+            return self.max_model_len
+        return min(self.max_model_len, model_max_len)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["default_max_tokens"] = self.effective_default_max_tokens
+        d["queue"] = self.queue
+        return d
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One worker process `tailguard up` starts: one engine serving `lanes` in strict order,
+    and taking work from the lanes it may borrow from while its own are idle
+    (tailguard/lanes/borrowing.py)."""
+
+    name: str
+    lanes: tuple[str, ...]
+    gpu: int | None = None
+    borrow: BorrowPolicy = BorrowPolicy(lanes=())
+
+
+@dataclass(frozen=True)
+class LaneTable:
+    lanes: tuple[Lane, ...]
+    workers: tuple[WorkerSpec, ...] = field(default=())
+
+    def __getitem__(self, name: str) -> Lane:
+        for lane in self.lanes:
+            if lane.name == name:
+                return lane
+        raise KeyError(name)
+
+    def __iter__(self):
+        return iter(self.lanes)
+
+    def __len__(self) -> int:
+        return len(self.lanes)
+
+    @property
+    def names(self) -> list[str]:
+        return [lane.name for lane in self.lanes]
+
+    def worker(self, name: str) -> WorkerSpec:
+        for w in self.workers:
+            if w.name == name:
+                return w
+        raise ConfigError(f"no worker named {name!r} in the lanes file "
+                          f"(known: {', '.join(w.name for w in self.workers)})", field="workers")
+
+    def worker_for_lane(self, lane: str) -> WorkerSpec:
+        """The configured worker whose first lane is `lane` (else any that serves it)."""
+        self[lane]  # raises KeyError for an unknown lane
+        for w in self.workers:
+            if w.lanes[0] == lane:
+                return w
+        for w in self.workers:
+            if lane in w.lanes:
+                return w
+        return WorkerSpec(name=lane, lanes=(lane,))
+
+    def worker_for_queues(self, queues: Iterable[str]) -> WorkerSpec | None:
+        """The configured worker that serves exactly `queues` (in that order), if any: how a
+        worker started with `-Q` finds its borrowing policy."""
+        wanted = tuple(queues)
+        return next((w for w in self.workers if w.lanes == wanted), None)
+
+    def lanes_for_queues(self, queues: Iterable[str]) -> list[Lane]:
+        """The lanes a worker consuming `queues` serves, in the order given."""
+        out = []
+        for q in queues:
+            try:
+                out.append(self[q])
+            except KeyError:
+                raise ConfigError(f"queue {q!r} is not a lane (lanes: {', '.join(self.names)})",
+                                  field="queues") from None
+        return out
+
+    @property
+    def max_visibility_s(self) -> float:
+        """Longest a late-acked message may legitimately stay unacked: queue wait + deadline."""
+        return max(lane.queue_ttl_s + lane.deadline_s for lane in self.lanes)
+
+
+def engine_settings_for(lanes: list[Lane], borrowed: Iterable[Lane] = ()) -> tuple[int, int]:
+    """(max_num_seqs, max_model_len) of an engine serving `lanes`: the largest of each; its
+    context also fits every request of the lanes it may `borrowed` from, its batch does not
+    grow for them (borrowed requests only take slots its own lanes leave free)."""
+    return (max(l.max_num_seqs for l in lanes),
+            max(l.max_model_len for l in [*lanes, *borrowed]))
+
+
+def check_worker_lanes(lanes: list[Lane]) -> None:
+    """A worker serving a dedicated lane (e.g. short) must serve nothing else."""
+    if len(lanes) > 1:
+        for lane in lanes:
+            if lane.dedicated:
+                raise ConfigError(
+                    f"lane {lane.name!r} is dedicated: its worker cannot also serve "
+                    f"{', '.join(l.name for l in lanes if l is not lane)}", field="workers")
+
+
+# --- loading ---------------------------------------------------------------------------
+
+_LANE_FIELDS: dict[str, tuple[type, ...]] = {
+    "priority": (str,), "max_cost": (int,), "max_tokens": (int,), "default_max_tokens": (int,),
+    "deadline_s": (int, float), "queue_ttl_s": (int, float), "rate_limit": (str,),
+    "max_num_seqs": (int,), "max_model_len": (int,), "dedicated": (bool,),
+    "max_backlog_tokens": (int,), "max_wait_s": (int, float),
+}
+
+
+def _lane_from(name: str, raw: Any) -> Lane:
+    where = f"lanes.{name}"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must be a table", field=where)
+    for key, value in raw.items():
+        if key not in _LANE_FIELDS:
+            raise ConfigError(f"{where}.{key}: unknown field (known: {', '.join(_LANE_FIELDS)})",
+                              field=f"{where}.{key}")
+        types = _LANE_FIELDS[key]
+        # bool is an int in Python; a lane field is never meant to be both
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise ConfigError(f"{where}.{key}: expected {' or '.join(t.__name__ for t in types)}, "
+                              f"got {value!r}", field=f"{where}.{key}")
+    if "max_tokens" not in raw:
+        raise ConfigError(f"{where}.max_tokens is required (the lane's output cap)",
+                          field=f"{where}.max_tokens")
+    lane = Lane(name=name, **raw)
+
+    def positive(key: str, value: float | None) -> None:
+        if value is not None and value <= 0:
+            raise ConfigError(f"{where}.{key} must be > 0, got {value}", field=f"{where}.{key}")
+
+    if lane.priority not in PRIORITY_CLASSES:
+        raise ConfigError(f"{where}.priority must be one of {PRIORITY_CLASSES}, got {lane.priority!r}",
+                          field=f"{where}.priority")
+    for key in ("max_cost", "max_tokens", "default_max_tokens", "deadline_s", "queue_ttl_s",
+                "max_num_seqs", "max_model_len", "max_backlog_tokens", "max_wait_s"):
+        positive(key, getattr(lane, key))
+    if lane.max_backlog_tokens is not None and lane.max_backlog_tokens < lane.max_model_len:
+        # so the costliest request the lane can take always fits when its queue is empty
+        raise ConfigError(f"{where}.max_backlog_tokens ({lane.max_backlog_tokens}) is below "
+                          f"max_model_len ({lane.max_model_len}): one request could never fit",
+                          field=f"{where}.max_backlog_tokens")
+    if lane.max_wait_s is not None and lane.max_wait_s > lane.queue_ttl_s:
+        raise ConfigError(f"{where}.max_wait_s ({lane.max_wait_s}) exceeds queue_ttl_s "
+                          f"({lane.queue_ttl_s}): such a request would expire in the queue",
+                          field=f"{where}.max_wait_s")
+    if lane.default_max_tokens is not None and lane.default_max_tokens > lane.max_tokens:
+        raise ConfigError(f"{where}.default_max_tokens ({lane.default_max_tokens}) exceeds "
+                          f"max_tokens ({lane.max_tokens})", field=f"{where}.default_max_tokens")
+    if not _RATE_RE.match(lane.rate_limit):
+        raise ConfigError(f"{where}.rate_limit must look like Celery's '10/s', '100/m' or '', "
+                          f"got {lane.rate_limit!r}", field=f"{where}.rate_limit")
+    return lane
+
+
+def _workers_from(raw: Any, lanes: tuple[Lane, ...]) -> tuple[WorkerSpec, ...]:
+    if raw is None:
+        return tuple(WorkerSpec(name=l.name, lanes=(l.name,)) for l in lanes)
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError("workers must be a non-empty array of tables ([[workers]])", field="workers")
+    names = {l.name: l for l in lanes}
+    specs: list[WorkerSpec] = []
+    for i, w in enumerate(raw):
+        where = f"workers[{i}]"
+        if not isinstance(w, dict):
+            raise ConfigError(f"{where} must be a table", field=where)
+        unknown = set(w) - {"name", "lanes", "gpu", *BORROW_FIELDS}
+        if unknown:
+            raise ConfigError(f"{where}: unknown field(s) {sorted(unknown)}", field=where)
+        wl = w.get("lanes")
+        if not isinstance(wl, list) or not wl or not all(isinstance(x, str) for x in wl):
+            raise ConfigError(f"{where}.lanes must be a non-empty list of lane names",
+                              field=f"{where}.lanes")
+        for ln in wl:
+            if ln not in names:
+                raise ConfigError(f"{where}.lanes: unknown lane {ln!r} (lanes: {', '.join(names)})",
+                                  field=f"{where}.lanes")
+        gpu = w.get("gpu")
+        if gpu is not None and (not isinstance(gpu, int) or isinstance(gpu, bool) or gpu < 0):
+            raise ConfigError(f"{where}.gpu must be a GPU index >= 0", field=f"{where}.gpu")
+        name = w.get("name", wl[0])
+        validate_lane_name(name)
+        spec = WorkerSpec(name=name, lanes=tuple(wl), gpu=gpu,
+                          borrow=_borrow_from(w, where, tuple(wl), names))
+        check_worker_lanes([names[x] for x in wl])
+        specs.append(spec)
+    if len({s.name for s in specs}) != len(specs):
+        raise ConfigError("worker names must be unique", field="workers")
+    served = {ln for s in specs for ln in s.lanes}
+    missing = [l.name for l in lanes if l.name not in served]
+    if missing:
+        raise ConfigError(f"no worker serves lane(s) {missing}: requests there would wait forever",
+                          field="workers")
+    return tuple(specs)
+
+
+#: [[workers]] fields of the borrowing policy -> BorrowPolicy's (defaults are BorrowPolicy's)
+BORROW_FIELDS = {"borrow": "lanes", "borrow_headroom": "headroom", "borrow_max": "max_borrowed",
+                  "borrow_engine": "engine"}
+
+
+def _borrow_from(w: dict[str, Any], where: str, own: tuple[str, ...],
+                 lanes: dict[str, Lane]) -> BorrowPolicy:
+    borrow = w.get("borrow", [])
+    if not isinstance(borrow, list) or not all(isinstance(x, str) for x in borrow):
+        raise ConfigError(f"{where}.borrow must be a list of lane names", field=f"{where}.borrow")
+    for ln in borrow:
+        if ln not in lanes or ln in own:
+            raise ConfigError(f"{where}.borrow: {ln!r} is not another worker's lane "
+                              f"(lanes: {', '.join(lanes)}; this worker's: {', '.join(own)})",
+                              field=f"{where}.borrow")
+    knobs: dict[str, Any] = {"lanes": tuple(borrow)}
+    for key in ("borrow_headroom", "borrow_max"):
+        if key in w:
+            value = w[key]
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"{where}.{key} must be an integer >= 0, got {value!r}",
+                                  field=f"{where}.{key}")
+            knobs[BORROW_FIELDS[key]] = value
+    if "borrow_engine" in w:
+        if w["borrow_engine"] not in ENGINES:
+            raise ConfigError(f"{where}.borrow_engine must be one of {ENGINES}, got "
+                              f"{w['borrow_engine']!r}", field=f"{where}.borrow_engine")
+        knobs["engine"] = w["borrow_engine"]
+    if borrow and knobs.get("max_borrowed", 1) == 0:
+        raise ConfigError(f"{where}.borrow_max is 0: nothing could be borrowed from "
+                          f"{', '.join(borrow)}", field=f"{where}.borrow_max")
+    return BorrowPolicy(**knobs)
+
+
+def parse_lanes(data: dict[str, Any]) -> LaneTable:
+    """Build a LaneTable from parsed TOML, raising ConfigError naming the bad field."""
+    unknown = set(data) - {"lanes", "workers"}
+    if unknown:
+        raise ConfigError(f"unknown top-level key(s) {sorted(unknown)} (expected lanes, workers)",
+                          field=sorted(unknown)[0])
+    raw_lanes = data.get("lanes")
+    if not isinstance(raw_lanes, dict) or not raw_lanes:
+        raise ConfigError("the lanes file defines no lanes ([lanes.<name>] tables)", field="lanes")
+    lanes = tuple(_lane_from(validate_lane_name(n), raw) for n, raw in raw_lanes.items())
+    return LaneTable(lanes=lanes, workers=_workers_from(data.get("workers"), lanes))
+
+
+def default_lanes_path() -> Path:
+    return Path(str(resources.files("tailguard.lanes").joinpath("lanes.toml")))
+
+
+def load_lanes(path: str | Path | None = None) -> LaneTable:
+    """Load the lanes file: `path`, else $TAILGUARD_LANES, else the packaged default."""
+    path = Path(path or settings.LANES_FILE.get() or default_lanes_path())
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"lanes file not found: {path}", field=settings.LANES_FILE.env) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}", field=settings.LANES_FILE.env) from None
+    try:
+        table = parse_lanes(data)
+        check_job_ttl(table, settings.JOB_TTL_S.get(), settings.WORKER_LOST_GRACE_S.get())
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc.message}", field=exc.field) from None
+    return table
+
+
+def check_job_ttl(table: LaneTable, job_ttl_s: float, grace_s: float) -> None:
+    """A job record must outlive its longest legitimate life in every lane (queue wait +
+    deadline + the worker-lost grace): one that expires first vanishes mid-run, and its
+    late end is announced for a record nobody can read."""
+    for lane in table.lanes:
+        need = lane.queue_ttl_s + lane.deadline_s + grace_s
+        if job_ttl_s <= need:
+            raise ConfigError(
+                f"{settings.JOB_TTL_S.env}={job_ttl_s:g} must exceed lane {lane.name!r}'s "
+                f"queue_ttl_s + deadline_s + {settings.WORKER_LOST_GRACE_S.env} = {need:g} s",
+                field=settings.JOB_TTL_S.env)

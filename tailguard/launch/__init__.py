@@ -1,0 +1,7 @@
+"""`tailguard up`: what it starts and where. The orchestration layer above the parts.
+
+Owns the placement of workers on devices (``placement``, pure) and the supervisor
+that starts, watches and stops every process (``supervisor``).
+May import: ``tailguard.host``, ``tailguard.lanes``, ``tailguard.model``,
+``tailguard.redis``, ``errors``, ``settings``.
+"""

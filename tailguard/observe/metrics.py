@@ -1,0 +1,200 @@
+"""Prometheus metrics: names prefixed `tailguard_`, label `lane`, vLLM's names where one exists.
+
+Who exports what (each process serves only what it owns; Prometheus sums):
+
+* the API (`GET /metrics` on the API port) owns per-lane request histograms and
+  counters, fed by the finished-request stream (tailguard/jobs/finished.py) so every
+  request is counted once, by one consumer, whichever process ended it; plus
+  accepted/capped/rejected counts at submission and queue depth read from Redis
+  at scrape time. The API runs one gunicorn process (with threads), so one
+  in-process registry is the whole truth; if you run several API processes,
+  scrape each (the finished stream's consumer group still counts each request once).
+* each worker (`--metrics-port`, `TAILGUARD_WORKER_METRICS_PORT`) owns its engine:
+  running and peak running requests, aborts, and vLLM's own `vllm:*` metrics
+  (KV-cache use, scheduler queues), which vLLM registers in the worker process;
+  a borrowing worker also what it took from other lanes (tailguard/worker/borrower.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import redis
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from tailguard.engine.stats import HostStats
+from tailguard.errors import RateLimited
+from tailguard.jobs.finished import FinishedRequest
+from tailguard.lanes.borrowing import BorrowStats
+
+PREFIX = "tailguard"
+
+# Buckets as vLLM's own histograms (seconds and tokens), so dashboards compare like with like.
+_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                    7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+_TPOT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+                 1.0, 2.5, 5.0, 10.0)
+_TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000)
+
+# Redis priority sub-queues kombu creates for a queue (priority_steps [0, 3, 6, 9]).
+_PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")
+
+
+def metric_name(name: str) -> str:
+    """`tailguard_<name>`: the one way a metric is named."""
+    if not name.replace("_", "").isalnum() or name != name.lower():
+        raise ValueError(f"bad metric name {name!r}")
+    return f"{PREFIX}_{name}"
+
+
+def queue_depth(client: redis.Redis, lane_queue: str) -> int:
+    """Messages waiting in a lane's queue, all priority sub-queues together."""
+    pipe = client.pipeline(transaction=False)
+    for suffix in _PRIORITY_SUFFIXES:
+        pipe.llen(lane_queue + suffix)
+    return sum(pipe.execute())
+
+
+class QueueDepthCollector(Collector):
+    """`tailguard_queue_depth{lane}`, read from Redis when scraped."""
+
+    def __init__(self, client: redis.Redis, lanes: list[str]) -> None:
+        self.client, self.lanes = client, lanes
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily(metric_name("queue_depth"),
+                                   "Requests waiting in the lane's queue (all priorities)",
+                                   labels=["lane"])
+        try:
+            for lane in self.lanes:
+                family.add_metric([lane], queue_depth(self.client, lane))
+        except redis.RedisError:
+            return  # no sample beats a wrong one; /healthz reports the outage
+        yield family
+
+
+class GatewayMetrics:
+    """The API's metrics, in a registry of their own (one per app)."""
+
+    def __init__(self, lanes: list[str], client: redis.Redis | None = None) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        by_lane = ["lane"]
+        self.queue_time = Histogram(metric_name("request_queue_time_seconds"),
+                                    "Submission to start on a worker", by_lane,
+                                    buckets=_LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram(metric_name("time_to_first_token_seconds"),
+                              "Submission to first token (queue wait + engine TTFT)", by_lane,
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram(metric_name("time_per_output_token_seconds"),
+                              "Engine time per output token after the first", by_lane,
+                              buckets=_TPOT_BUCKETS, registry=r)
+        self.e2e = Histogram(metric_name("e2e_request_latency_seconds"),
+                             "Submission to the end of the request", by_lane,
+                             buckets=_LATENCY_BUCKETS, registry=r)
+        self.prompt_tokens = Histogram(metric_name("request_prompt_tokens"), "Prompt tokens",
+                                       by_lane, buckets=_TOKEN_BUCKETS, registry=r)
+        self.generation_tokens = Histogram(metric_name("request_generation_tokens"),
+                                           "Output tokens", by_lane, buckets=_TOKEN_BUCKETS,
+                                           registry=r)
+        self.finished = Counter(metric_name("requests"), "Finished requests by final status",
+                                ["lane", "status"], registry=r)
+        self.accepted = Counter(metric_name("requests_accepted"), "Requests accepted and queued",
+                                by_lane, registry=r)
+        self.capped = Counter(metric_name("requests_capped"),
+                              "Requests whose max_tokens was clamped to the lane cap", by_lane,
+                              registry=r)
+        self.rejected = Counter(metric_name("requests_rejected"),
+                                "Requests refused before queueing, by error code", ["code"],
+                                registry=r)
+        self.refused = Counter(metric_name("requests_refused"),
+                               "Requests a lane refused at admission (429 lane_full, wait_too_long; "
+                               "503 no_live_worker), by code", ["lane", "code"], registry=r)
+        self.by_key = Counter(metric_name("api_key_requests"),
+                              "Submissions by API key name: accepted, or the refusal's code",
+                              ["key", "result"], registry=r)
+        for lane in lanes:  # so every lane shows up (as 0) before its first request
+            self.accepted.labels(lane)
+            self.capped.labels(lane)
+        if client is not None:
+            r.register(QueueDepthCollector(client, lanes))
+
+    def observe(self, rec: FinishedRequest) -> None:
+        """A FinishedConsumer sink."""
+        lane = rec.lane or "unknown"
+        self.finished.labels(lane, rec.status).inc()
+        for hist, value in ((self.queue_time, rec.queued_s), (self.ttft, rec.ttft_s),
+                            (self.tpot, rec.tpot_s), (self.e2e, rec.e2e_s),
+                            (self.prompt_tokens, rec.prompt_tokens),
+                            (self.generation_tokens, rec.completion_tokens)):
+            if value is not None:
+                hist.labels(lane).observe(value)
+
+    def on_accepted(self, lane: str, capped: bool, key: str | None = None) -> None:
+        self.accepted.labels(lane).inc()
+        if capped:
+            self.capped.labels(lane).inc()
+        if key is not None:
+            self.by_key.labels(key, "accepted").inc()
+
+    def on_refused(self, lane: str, code: str, key: str | None = None) -> None:
+        """A refusal at admission (per lane) or by the key's own limit (per key only)."""
+        if key is not None:
+            self.by_key.labels(key, code).inc()
+        if code != RateLimited.code:
+            self.refused.labels(lane, code).inc()
+
+
+class WorkerCollector(Collector):
+    """A worker's engine, as its host observes it."""
+
+    def __init__(self, worker: str, stats: Callable[[], HostStats]) -> None:
+        self.worker, self.stats = worker, stats
+
+    def collect(self):
+        # HostStats is a snapshot of plain counters: a scrape never waits on the engine loop.
+        s = self.stats()
+        for name, doc, key in (
+                ("worker_running_requests", "Requests inside the engine now", "in_flight"),
+                ("worker_peak_running_requests", "Most requests inside the engine at once",
+                 "peak_in_flight")):
+            g = GaugeMetricFamily(metric_name(name), doc, labels=["worker"])
+            g.add_metric([self.worker], getattr(s, key))
+            yield g
+        for name, doc, key in (
+                ("worker_aborted_requests", "Requests aborted in the engine (deadline, cancel)",
+                 "aborted"),
+                ("worker_completed_requests", "Requests the engine finished", "completed")):
+            c = CounterMetricFamily(metric_name(name), doc, labels=["worker"])
+            c.add_metric([self.worker], getattr(s, key))
+            yield c
+
+
+class BorrowCollector(Collector):
+    """What a borrowing worker took from other lanes (tailguard/worker/borrower.py)."""
+
+    def __init__(self, worker: str, stats: Callable[[], BorrowStats]) -> None:
+        self.worker, self.stats = worker, stats
+
+    def collect(self):
+        s = self.stats()
+        c = CounterMetricFamily(metric_name("borrowed"), "Jobs this worker took from another "
+                                "lane's queue while its own lanes were idle",
+                                labels=["lane", "worker"])
+        for lane, n in sorted(s.borrowed.items()):
+            c.add_metric([lane, self.worker], n)
+        yield c
+        g = GaugeMetricFamily(metric_name("borrowed_running"), "Borrowed jobs on this "
+                              "worker's engine now", labels=["worker"])
+        g.add_metric([self.worker], s.running)
+        yield g
+        for name, doc, value in (
+                ("reclaimed", "Borrowed jobs given back to their lane's queue for this "
+                 "worker's own lanes", s.reclaimed),
+                ("reclaim_wasted_tokens", "Tokens whose KV cache reclaims threw away "
+                 "(prompt + output so far, prefilled again by the next run)", s.wasted_tokens)):
+            c = CounterMetricFamily(metric_name(name), doc, labels=["worker"])
+            c.add_metric([self.worker], value)
+            yield c

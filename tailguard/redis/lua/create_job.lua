@@ -1,0 +1,39 @@
+-- Store a new queued job and add it to its lane's backlog, in one step.
+-- KEYS[1] job hash, KEYS[2] the lane's queued zset, KEYS[3] the lane's backlog (cost tokens),
+-- KEYS[4] the lane's running zset, optional KEYS[5] the lane's Celery queue (a list)
+-- ARGV[1] JSON {ttl_s, queue_ttl_s, cost, fields: {name: string value},
+--               optional slots, max_wait_tokens, max_backlog_after: admission's limits,
+--               optional message: the job's Celery task message (tailguard/jobs/task_message.py),
+--               pushed onto KEYS[5] with the record: one exists exactly when the other does}
+-- -> submitted_at (expires_at = submitted_at + queue_ttl_s); or, when the lane is past a
+--    limit (requests admitted meanwhile by other API threads), {backlog, queued, running}
+--    and nothing stored
+local a = cjson.decode(ARGV[1])
+local backlog, queued, running = lane_counts(KEYS[2], KEYS[3], KEYS[4])
+local refuse = a.max_backlog_after and math.max(0, backlog) + a.cost > a.max_backlog_after
+if a.max_wait_tokens and not refuse then
+  -- AdmissionPolicy.wait_tokens (tailguard/lanes/admission.py): no wait while a free slot is left
+  -- for it, else the queued work beyond the free slots plus one request's
+  local free = math.max(0, a.slots - running)
+  if queued >= free then
+    local work = a.cost
+    if queued > 0 then work = work + math.max(0, backlog) * (queued - free) / queued end
+    refuse = work > a.max_wait_tokens
+  end
+end
+if refuse then return {backlog, queued, running} end
+local expires = now + a.queue_ttl_s
+redis.call('HSET', KEYS[1], 'status', 'queued', 'submitted_at', string.format('%.6f', now),
+           'expires_at', string.format('%.6f', expires))
+for name, value in pairs(a.fields) do redis.call('HSET', KEYS[1], name, value) end
+redis.call('EXPIRE', KEYS[1], a.ttl_s)
+-- A member lapses at the job's expires_at (lane_counts drops it), so a job nobody settles
+-- leaves the backlog anyway; both keys outlive the last member.
+redis.call('ZADD', KEYS[2], expires, a.cost .. ' ' .. KEYS[1])
+redis.call('INCRBY', KEYS[3], a.cost)
+if a.message then redis.call('LPUSH', KEYS[5], a.message) end
+local keep = math.ceil(a.queue_ttl_s) + 60
+for i = 2, 3 do
+  if redis.call('TTL', KEYS[i]) < keep then redis.call('EXPIRE', KEYS[i], keep) end
+end
+return string.format('%.6f', now)

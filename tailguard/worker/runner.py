@@ -1,0 +1,306 @@
+"""The lifecycle of one generation job on a worker, free of Celery.
+
+    queued ──(still wanted? engine up?)──► running ──► succeeded | failed | cancelled
+                                             │  ▲
+                                             └──┘ engine died before its first token:
+                                                  once, on the restarted engine
+
+A job may have ended before its worker reaches it (a prefetched message can
+wait in the thread pool past its queue TTL; the client may cancel; a
+redelivered duplicate finds it already running or done). Every such race ends
+in ``JobSkipped``: the job record already says how the job ended, and the
+caller must record nothing over it (the Celery task raises ``Ignore``).
+Otherwise the job runs on the worker's engine, its text goes to the job's
+stream as it comes, a cancel (or any other end, e.g. the reaper's) is noticed
+while it runs, and the job ends in a terminal state the client can read on every path.
+
+A job is marked running only once the engine is up and warm: a task that arrives
+while the engine starts or restarts waits for it with the job still queued.
+
+When the engine dies under a job (EngineDeadError), the worker restarts it
+(tailguard/engine/keeper.py) and the job's engine deaths are counted in its record
+(``engine_deaths``). Delivery semantics:
+
+* a job that had streamed no token yet is run once more, by the same task, on the
+  restarted engine (it stays ``running`` meanwhile, so the reaper still covers it if
+  the whole worker dies); the client sees nothing of the first try;
+* a job that had streamed text fails with ``engine_dead``: its stream cannot be
+  taken back, so running it again would show the client two beginnings;
+* a job in flight during a second engine death fails with ``poison_request`` and is
+  never run again, whatever it streamed: it is the likeliest cause.
+
+A job run by a borrowing worker may be **reclaimed** (tailguard/lanes/borrowing.py): its
+``reclaimed`` callback says so, the engine request is aborted, and the job goes back
+to ``queued`` with its resume point (text and tokens so far, engine time used) in its
+record (``JobReclaimed``). Whoever runs it next continues from prompt + that text for
+the rest of max_tokens and the rest of the deadline, appending to the same stream.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from tailguard.engine.host import Engine
+from tailguard.errors import (
+    EngineDeadError,
+    EngineError,
+    InternalJobError,
+    JobCancelled,
+    JobExpired,
+    PoisonRequest,
+)
+from tailguard.jobs.store import CANCELLED, EXPIRED, FAILED, QUEUED, RUNNING, SUCCEEDED, JobStore
+from tailguard.jobs.stream import OUTAGE_S, DeltaWriter
+
+log = logging.getLogger("tailguard.task")
+
+QUEUE_TTL_PASSED = "the request waited in its lane's queue past queue_ttl_s"
+#: A job in flight during this many engine deaths is quarantined (poison_request).
+POISON_DEATHS = 2
+INTERNAL_ERROR_MESSAGE = "internal error while running the request; it has been logged"
+#: How often a running job's record is read to see whether it is still wanted (a cancel, the
+#: reaper): a Redis round trip per running job, on the core the front end shares.
+STATUS_POLL_S = 0.2
+
+
+class JobSkipped(Exception):
+    """The job is no longer this run's to finish: its record already says how it ended."""
+
+
+class JobReclaimed(Exception):
+    """The job went back to its lane's queue with its resume point: its message belongs
+    back on that queue. `wasted_tokens`: the KV cache thrown away (prompt + output so far),
+    which the next run prefills again."""
+
+    def __init__(self, job_id: str, wasted_tokens: int) -> None:
+        super().__init__(f"job {job_id} was reclaimed")
+        self.wasted_tokens = wasted_tokens
+
+
+class NoEngine(Exception):
+    """The worker gave up on its engine before the job started: the job is still queued,
+    and its message belongs back in the lane's queue for another worker."""
+
+
+@dataclass(frozen=True)
+class GenerationJob:
+    """What a generation task message carries (ids and primitives only)."""
+
+    job_id: str
+    prompt: str
+    max_tokens: int
+    sampling: dict[str, Any]
+    deadline_s: float
+    add_special_tokens: bool = True
+
+
+class JobRunner:
+    """Runs generation jobs of one worker; shared by its task threads.
+
+    ``engine`` is called for the engine to run a job on: the worker hands its engine
+    out only once it is up and warm, waits while it restarts, and raises
+    EngineDeadError if it has given up. ``engine_died`` is told which engine died
+    under a job (the worker withdraws its lanes and restarts it). ``writer_for``
+    builds the stream writer of a job.
+    """
+
+    def __init__(self, engine: Callable[[], Engine], store: JobStore,
+                 writer_for: Callable[[str], DeltaWriter], worker: str,
+                 engine_died: Callable[[Engine], None] = lambda engine: None) -> None:
+        self.engine = engine
+        self.store = store
+        self.writer_for = writer_for
+        self.worker = worker
+        self.engine_died = engine_died
+
+    def expire(self, job_id: str, *, only_if_overdue: bool = True) -> bool:
+        """End a still-queued job as expired; True if this call did.
+
+        With only_if_overdue, only once the Redis clock is past its expires_at.
+        """
+        moved, _ = self.store.transition(
+            job_id, {QUEUED}, EXPIRED, {"error": JobExpired(QUEUE_TTL_PASSED).to_dict()},
+            overdue_field="expires_at" if only_if_overdue else "")
+        return moved
+
+    def run(self, job: GenerationJob,
+            reclaimed: Callable[[], bool] = lambda: False) -> dict[str, Any]:
+        """Run `job` to its end and return its result body.
+
+        Raises JobSkipped when the job ended elsewhere (see the module docstring),
+        JobReclaimed once `reclaimed()` said so and the job is queued again,
+        NoEngine when the worker gave up on its engine before the job started (the job
+        is still queued), EngineError after recording the job failed, and any other
+        exception after recording it failed as internal_error.
+        """
+        store, job_id = self.store, job.job_id
+        deaths = 0
+        while True:
+            try:
+                engine = self.engine()  # at once while it serves; waits while it (re)starts
+            except EngineDeadError as exc:
+                if deaths == 0:
+                    raise NoEngine(str(exc)) from exc
+                self._fail(job_id, exc)  # waiting to run it again, the worker gave up
+                raise
+            if deaths == 0:
+                # one round trip from the message to the engine: queued -> running unless the
+                # queue TTL has passed (in the queue, the prefetch buffer or a cold engine's
+                # wait), and the record with any resume point
+                start = store.start(job_id, self.worker)
+                if start.overdue:
+                    self.expire(job_id)  # unless someone else just ended it: not ours either way
+                    raise JobSkipped(f"job {job_id} expired in the queue")
+                moved, state, record = start.started, start.state, start.record
+            else:
+                moved, state = store.transition(job_id, {RUNNING}, RUNNING, {"worker": self.worker})
+                record = store.get(job_id) or {}
+            if not moved:
+                log.info("job %s is %s, not %s: skipping", job_id, state,
+                         QUEUED if deaths == 0 else RUNNING)
+                raise JobSkipped(f"job {job_id} is {state}")
+            streamed: list[bool] = []
+            try:
+                return self._generate(engine, job, record,
+                                      on_first_token=lambda: streamed.append(True),  # noqa: B023 - called within this try
+                                      reclaimed=reclaimed)
+            except EngineDeadError as exc:
+                deaths += 1
+                self.engine_died(engine)
+                if deaths >= POISON_DEATHS:
+                    log.error("job %s was in flight during %d engine deaths: quarantined",
+                              job_id, deaths)
+                    self._fail(job_id, PoisonRequest(
+                        f"the engine died {deaths} times while running this request; it is "
+                        "quarantined and will not be run again"), engine_deaths=deaths)
+                    raise
+                if streamed:
+                    self._fail(job_id, exc, engine_deaths=deaths)
+                    raise
+                log.warning("job %s: the engine died before its first token; it runs again "
+                            "on the restarted engine", job_id)
+                moved, state = store.transition(job_id, {RUNNING}, RUNNING,
+                                                {"engine_deaths": deaths})
+                if not moved:
+                    raise JobSkipped(f"job {job_id} is {state}") from exc
+
+    def _fail(self, job_id: str, exc: EngineError, **fields: Any) -> None:
+        self.store.transition(job_id, {RUNNING}, FAILED, {"error": exc.to_dict(), **fields})
+
+    def _generate(self, engine: Engine, job: GenerationJob, record: dict[str, Any],
+                  on_first_token: Callable[[], None],
+                  reclaimed: Callable[[], bool]) -> dict[str, Any]:
+        """One run of a running job (`record`: as it was when it started) on `engine`, to its
+        terminal state (see run)."""
+        store, job_id = self.store, job.job_id
+        writer = self.writer_for(job_id)
+        resume = _Resume.of(record)
+        # a continued job appends to its stream after the entries its earlier runs wrote
+        # (the writer's ids are 0-k, so it must not start at 0-1 again)
+        writer.entries = resume.entries
+
+        next_status = time.monotonic() + STATUS_POLL_S
+
+        def should_cancel() -> bool:
+            # Polled every ~50 ms on this thread while the engine works: a good moment to
+            # write a batch of deltas that is due even if no new token arrived. Any state
+            # but running (cancelled, reaped, expired record) means nobody wants the rest;
+            # a Redis that does not answer says nothing of the kind, so the job goes on.
+            nonlocal next_status
+            writer.tick()
+            if reclaimed():
+                return True
+            if time.monotonic() < next_status:
+                return False
+            next_status = time.monotonic() + STATUS_POLL_S
+            try:
+                return store.status(job_id) != RUNNING
+            except redis.RedisError:
+                return False
+
+        try:
+            result = engine.generate(
+                job_id, job.prompt + resume.text,
+                {**job.sampling, "max_tokens": max(1, job.max_tokens - resume.tokens)},
+                deadline_s=max(0.0, job.deadline_s - resume.engine_s), on_delta=writer.add,
+                should_cancel=should_cancel, on_first_token=on_first_token,
+                add_special_tokens=job.add_special_tokens)
+            writer.close()  # the text must be in the stream before the end event (or a requeue)
+        except EngineDeadError:
+            writer.flush()
+            raise  # run() decides: run again, engine_dead or poison_request
+        except EngineError as exc:
+            self._fail(job_id, exc)
+            raise
+        except Exception:
+            # A bug must not leave the job "running" until it is reaped; its text (which
+            # may quote the prompt) goes to the log with the job id, never to the client.
+            log.exception("job %s failed with an internal error", job_id)
+            self._fail(job_id, InternalJobError(INTERNAL_ERROR_MESSAGE))
+            raise
+        if result.finish_reason == "cancelled" and reclaimed():
+            moved, state = store.requeue(job_id, {
+                "resume_text": resume.text + result.text,
+                "resume_tokens": resume.tokens + result.completion_tokens,
+                "resume_engine_s": f"{resume.engine_s + result.engine_s:.6f}",
+                "resume_entries": writer.entries, "reclaims": resume.reclaims + 1})
+            if not moved:
+                raise JobSkipped(f"job {job_id} is {state}")
+            raise JobReclaimed(job_id, result.prompt_tokens + result.completion_tokens)
+        if result.finish_reason == "cancelled":
+            # Aborted in the engine because the job ended (DELETE, client gone, reaped):
+            # that already ended the job; this only covers an abort from elsewhere.
+            store.transition(job_id, {RUNNING}, CANCELLED, {
+                "error": JobCancelled("the request was aborted in the engine").to_dict()})
+            raise JobSkipped(f"job {job_id} was aborted in the engine")
+        body = {"text": resume.text + result.text,
+                "completion_tokens": resume.tokens + result.completion_tokens,
+                "finish_reason": result.finish_reason}
+        moved, state = _through_outage(lambda: store.transition(job_id, {RUNNING}, SUCCEEDED, {
+            "result": body, "completion_tokens": body["completion_tokens"],
+            "ttft_s": None if result.ttft_s is None else f"{result.ttft_s:.6f}",
+            "engine_prompt_tokens": result.prompt_tokens}))
+        if not moved and state == SUCCEEDED:
+            return body  # an earlier try landed; its reply was lost with the connection
+        if not moved:
+            # Cancelled (or settled) just as it finished: that state stands, and the
+            # caller must not record a success that contradicts it.
+            log.info("job %s finished but is already %s", job_id, state)
+            raise JobSkipped(f"job {job_id} is already {state}")
+        return body
+
+
+def _through_outage(call: Callable[[], Any], outage_s: float = OUTAGE_S) -> Any:
+    """`call`, retried on Redis errors for up to `outage_s` (a Redis stall or restart must
+    not fail a job whose text is complete); past that, the last error."""
+    give_up = time.monotonic() + outage_s
+    while True:
+        try:
+            return call()
+        except redis.RedisError:
+            if time.monotonic() > give_up:
+                raise
+            time.sleep(0.5)
+
+
+@dataclass(frozen=True)
+class _Resume:
+    """Where a reclaimed job continues: what it generated and the engine time it used."""
+
+    text: str = ""
+    tokens: int = 0
+    engine_s: float = 0.0
+    reclaims: int = 0
+    entries: int = 0  # stream entries written so far
+
+    @classmethod
+    def of(cls, record: dict[str, Any]) -> _Resume:
+        return cls(record.get("resume_text", ""), record.get("resume_tokens", 0),
+                   record.get("resume_engine_s", 0.0), record.get("reclaims", 0),
+                   record.get("resume_entries", 0))

@@ -1,0 +1,335 @@
+"""Lifecycle of one tailguard worker process: its lanes, its engine, its heartbeat.
+
+A worker serves the lanes it consumes (`-Q short` or `-Q long,batch`). Once its
+consumer is ready, ``tasks/worker.py`` calls `setup`, which builds a WorkerRuntime and
+attaches it to the Celery app, where the tasks reach it (`WorkerRuntime.of(task.app)`).
+The runtime hosts one EngineHost built from those lanes' engine settings
+(``engine_config``): it starts the engine, runs a warm-up on it
+(tailguard/engine/warmup.py), and only then advertises the lanes in Redis with a
+heartbeat (``heartbeat``), which is what GET /healthz reads. An engine that dies is
+restarted in-process (tailguard/engine/keeper.py): the lanes are withdrawn from
+/healthz at once and advertised again once the new engine has warmed up. An engine
+that fails its first start or warm-up, or does not come back after a death, makes the
+worker exit non-zero instead of serving. A worker whose [[workers]] entry borrows
+from other lanes also runs a borrower thread (tailguard/worker/borrower.py) that
+takes their jobs while its own lanes are idle. `teardown` shuts the engine down:
+without that a warm shutdown hangs on vLLM's engine-core process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import redis
+from celery import Celery
+from celery.platforms import EX_FAILURE
+from celery.worker import state as worker_state
+
+from tailguard import settings
+from tailguard.engine.keeper import IDLE, SERVING, EngineKeeper
+from tailguard.host.cores import Pinning
+from tailguard.host.devices import device_kind
+from tailguard.host.procfs import idle_priority, normal_priority_threads
+from tailguard.host.roaming import EngineCoreRoamer, roamer_for
+from tailguard.jobs.liveness import Liveness
+from tailguard.jobs.store import JobStore
+from tailguard.jobs.stream import DeltaWriter, flush_interval
+from tailguard.lanes.borrowing import BorrowPolicy, engine_for
+from tailguard.lanes.table import Lane, LaneTable, check_worker_lanes, load_lanes
+from tailguard.redis import client as redis_client
+from tailguard.worker.borrower import BORROWED_PRIORITY, Borrower, Prioritized
+from tailguard.worker.engine_config import engine_config, idle_engine_config
+from tailguard.worker.heartbeat import lapse_s, run_heartbeat
+from tailguard.worker.runner import GenerationJob, JobRunner
+
+if TYPE_CHECKING:  # tailguard.engine's users import vLLM only when an engine starts
+    from tailguard.engine.host import EngineHost
+    from tailguard.engine.stats import HostStats
+
+log = logging.getLogger("tailguard.worker")
+
+#: The attribute of the Celery app that holds this process's WorkerRuntime.
+_APP_ATTR = "tailguard_runtime"
+
+
+@dataclass
+class WorkerRuntime:
+    """Everything one worker process owns; built once, when its consumer is ready."""
+
+    app: Celery
+    hostname: str
+    lanes: list[Lane]
+    store: JobStore
+    liveness: Liveness
+    #: builds a fresh (unstarted) EngineHost for these lanes: the first, and each restart's
+    build_engine: Callable[[], EngineHost]
+    #: what it may take from other lanes while its own are idle (nothing by default), and
+    #: those lanes
+    borrow: BorrowPolicy = BorrowPolicy(lanes=())
+    borrowed_lanes: list[Lane] = field(default_factory=list)
+    #: builds the engine borrowed jobs run on when borrow.engine is "idle" (the first and
+    #: each restart's); it runs at idle CPU priority (`idle_priority`)
+    build_idle_engine: Callable[[], EngineHost] | None = None
+    stopping: threading.Event = field(default_factory=threading.Event)
+    keeper: EngineKeeper[EngineHost] = field(init=False)
+    runner: JobRunner = field(init=False)
+    borrower: Borrower | None = field(init=False)
+    idle_keeper: EngineKeeper[EngineHost] | None = field(init=False)
+    #: moves the engine's engine-core process onto idle front-end cores (CPU hosts)
+    roamer: EngineCoreRoamer | None = None
+    #: held while the lanes' heartbeat is written or withdrawn, so a heartbeat in progress
+    #: never re-advertises an engine that has just died
+    _advert_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        self.keeper = EngineKeeper(self.build_engine, self._warm_up, on_up=self.advertise,
+                                   on_down=self.withdraw, on_give_up=self._give_up)
+        self.runner = JobRunner(self.ready_engine, self.store, self._writer_for, self.hostname,
+                                engine_died=self.keeper.died)
+        self.borrower = self.idle_keeper = None
+        if not self.borrow.lanes:
+            return
+        if self.build_idle_engine is not None:
+            build = self.build_idle_engine
+
+            def build_idle() -> EngineHost:  # runs on the thread that then starts it
+                idle_priority()
+                return build()
+
+            idle = self.idle_keeper = EngineKeeper(
+                build_idle, lambda engine: normal_priority_threads(),
+                on_give_up=lambda exc: log.error("the idle engine for borrowed jobs cannot "
+                                                 "serve; borrowing stops: %s", exc))
+            borrowed_runner = JobRunner(idle.get, self.store, self._writer_for, self.hostname,
+                                        engine_died=idle.died)
+        else:
+            idle = None
+            borrowed_runner = JobRunner(
+                lambda: Prioritized(self.ready_engine(), BORROWED_PRIORITY), self.store,
+                self._writer_for, self.hostname,
+                engine_died=lambda engine: self.keeper.died(engine.host))
+
+        def serving() -> bool:
+            return (self.keeper.state == SERVING and not self.stopping.is_set()
+                    and (idle is None or idle.state == SERVING))
+
+        self.borrower = Borrower(
+            self.borrow, self.lane_names, max(l.max_num_seqs for l in self.lanes),
+            borrowed_runner, connect=self.app.connection_for_read, publish=self._publish,
+            in_flight=self.running_jobs, serving=serving)
+
+    @staticmethod
+    def of(app: Celery) -> WorkerRuntime:
+        """The runtime of this worker process, for a task of `app`."""
+        runtime = attached(app)
+        if runtime is None:
+            raise RuntimeError("tailguard worker runtime is not set up: is this a tailguard worker?")
+        return runtime
+
+    @property
+    def lane_names(self) -> list[str]:
+        return [l.name for l in self.lanes]
+
+    @property
+    def engine(self) -> EngineHost | None:
+        """The latest engine host (serving, starting or dead); None before the first start."""
+        return self.keeper.host
+
+    @property
+    def serving(self) -> bool:
+        """Whether /healthz may count this worker: its engine is up and warm, or (a worker
+        set up without eager_engine) will start with the first task."""
+        return self.keeper.state in (SERVING, IDLE) and not self.stopping.is_set()
+
+    def engine_core_pid(self) -> int | None:
+        """The own engine's vLLM engine-core process, while it is up (the roamer moves it)."""
+        engine = self.keeper.host
+        return engine.engine_core_pid if engine is not None else None
+
+    def ready_engine(self) -> EngineHost:
+        """The up and warm engine, for a task about to generate: starts it if nobody has,
+        waits while it (re)starts; EngineDeadError once the worker has given up on it."""
+        return self.keeper.get()
+
+    def advertise(self) -> None:
+        """Tell /healthz this worker serves its lanes (refreshed every heartbeat)."""
+        with self._advert_lock:
+            if self.serving:
+                self.liveness.heartbeat(self.lane_names, self.hostname, ttl_s=lapse_s())
+
+    def withdraw(self) -> None:
+        """The engine is down: /healthz must not count this worker for its lanes, now."""
+        with self._advert_lock:
+            try:
+                self.liveness.forget(self.lane_names, self.hostname)
+            except redis.RedisError as exc:  # the heartbeat lapses on its own
+                log.warning("could not withdraw the lanes' heartbeat: %s", exc)
+
+    def _warm_up(self, engine: EngineHost) -> None:
+        from tailguard.engine.warmup import exact_length_prompts, warm_up
+        from tailguard.model.tokens import PromptCounter
+
+        log.info("%s", warm_up(engine, exact_length_prompts(PromptCounter(engine.config.model)))
+                 .describe())
+
+    def _give_up(self, exc: BaseException) -> None:
+        """The engine cannot serve (its first start failed, or it never came back after a
+        death): stop this worker non-zero, so its supervisor can restart it."""
+        from tailguard.engine.warmup import failure_message
+
+        self.stopping.set()
+        self.withdraw()
+        engine = self.engine
+        config = engine.config if engine is not None else None
+        log.critical("%s", failure_message(config.model, config.dtype, exc) if config
+                     else f"the engine cannot serve, so this worker exits: {exc}")
+        exit_worker()
+
+    def _publish(self, lane_name: str, job: GenerationJob) -> None:
+        """Queue a reclaimed job on its lane again: a fresh message, with a fresh `expires`."""
+        lane = next(l for l in self.borrowed_lanes if l.name == lane_name)
+        self.app.send_task(lane.task_name, task_id=job.job_id, queue=lane.queue,
+                           expires=lane.queue_ttl_s, kwargs=dataclasses.asdict(job),
+                           ignore_result=True)  # as the API publishes it: the job record is the result
+
+    def running_jobs(self) -> int:
+        """The jobs running in this process now: its own engine's, borrowed ones included
+        wherever they run (the idle engine's too)."""
+        idle = self.idle_keeper
+        return engine_stats_of(self).in_flight + (
+            idle.host.stats().in_flight if idle is not None and idle.host else 0)
+
+    def _writer_for(self, job_id: str) -> DeltaWriter:
+        # The write budget is the process's: every job running here counts, the one about
+        # to start included. Counting only the own engine's let borrowed jobs on the idle
+        # engine write every 50 ms beside a quiet own lane.
+        flush_s = flush_interval(self.running_jobs() + 1, settings.STREAM_FLUSH_S.get(),
+                                 settings.STREAM_WRITES_PER_S.get())
+        return DeltaWriter(self.store.redis, job_id, flush_s=flush_s,
+                           maxlen=self.store.stream_maxlen, ttl_s=self.store.ttl_s)
+
+
+_attach_lock = threading.Lock()
+
+
+def attached(app: Celery) -> WorkerRuntime | None:
+    """The runtime attached to `app`, if this process is a set-up tailguard worker."""
+    return getattr(app, _APP_ATTR, None)
+
+
+def setup(app: Celery, hostname: str, queue_names: list[str], *,
+          eager_engine: bool = True) -> WorkerRuntime:
+    """Build this process's runtime for the lanes behind `queue_names` and attach it to `app`.
+
+    With eager_engine the engine starts and warms up now, in the background, and the
+    lanes are advertised to /healthz once it has; otherwise it starts with the first
+    task that needs it (the integration tests use this to run a real worker with no
+    engine). Either way an engine that cannot serve makes the worker exit non-zero.
+    The worker's own heartbeat (and its reaping of dead peers) starts at once.
+    """
+    table = load_lanes()
+    lanes = lanes_for_queue_names(table, queue_names)
+    spec = table.worker_for_queues(queue_names)
+    borrow = spec.borrow if spec is not None else BorrowPolicy(lanes=())
+    with _attach_lock:
+        runtime = attached(app)
+        if runtime is not None:
+            return runtime
+        client = redis_client.connect(settings.redis_url(), socket_connect_timeout=5,
+                                      health_check_interval=30)
+        store = JobStore.from_settings(client)
+        from tailguard.engine.host import EngineHost
+
+        borrowed = [table[name] for name in borrow.lanes]
+        idle = engine_for(borrow, device_kind()) == "idle" and bool(borrowed)
+        config = engine_config(lanes, [] if idle else borrowed)
+        runtime = WorkerRuntime(app=app, hostname=hostname, lanes=lanes, store=store,
+                                liveness=Liveness(client), borrow=borrow, borrowed_lanes=borrowed,
+                                build_idle_engine=functools.partial(
+                                    EngineHost, idle_engine_config(borrowed, borrow.max_borrowed))
+                                if idle else None,
+                                build_engine=functools.partial(EngineHost, config))
+        setattr(app, _APP_ATTR, runtime)
+    _serve_metrics(runtime)
+    if eager_engine:
+        runtime.keeper.start()
+        if runtime.idle_keeper is not None:
+            runtime.idle_keeper.start()
+    threading.Thread(target=run_heartbeat, args=(runtime,), name="tailguard-heartbeat",
+                     daemon=True).start()
+    runtime.roamer = roamer_for(Pinning.from_env(), runtime.engine_core_pid)
+    if runtime.roamer is not None:
+        log.info("the engine core moves to cores %s while they are idle",
+                 ",".join(map(str, runtime.roamer.frontend)))
+        threading.Thread(target=runtime.roamer.run, args=(runtime.stopping,),
+                         name="tailguard-roaming", daemon=True).start()
+    if runtime.borrower is not None:
+        log.info("borrowing from %s while %s is idle (%s)", ", ".join(borrow.lanes),
+                 ", ".join(runtime.lane_names), borrow)
+        threading.Thread(target=runtime.borrower.run, args=(runtime.stopping,),
+                         name="tailguard-borrower", daemon=True).start()
+    return runtime
+
+
+def teardown(app: Celery) -> None:
+    """Withdraw the heartbeat, shut the engine down and detach the runtime (idempotent)."""
+    with _attach_lock:
+        runtime = attached(app)
+        if runtime is None:
+            return
+        setattr(app, _APP_ATTR, None)
+    runtime.stopping.set()
+    runtime.withdraw()
+    if runtime.borrower is not None and not runtime.borrower.give_back(timeout_s=10):
+        log.warning("borrowed jobs still running at shutdown: they end with the engine")
+    try:
+        runtime.liveness.forget_worker(runtime.hostname)
+    except redis.RedisError:
+        pass
+    runtime.keeper.stop()
+    if runtime.idle_keeper is not None:
+        runtime.idle_keeper.stop()
+
+
+def exit_worker() -> None:
+    """A warm shutdown that ends the process with EX_FAILURE: the consumer loop polls this
+    flag (Celery's own SIGTERM handler sets it the same way) and worker_shutdown follows."""
+    worker_state.should_stop = EX_FAILURE
+
+
+def _serve_metrics(runtime: WorkerRuntime) -> None:
+    """This worker's Prometheus endpoint: its engine host's view, and vLLM's own `vllm:*`
+    metrics, which vLLM registers in this process's default registry."""
+    port = settings.WORKER_METRICS_PORT.get()
+    if not port:
+        return
+    from prometheus_client import REGISTRY, start_http_server
+
+    from tailguard.observe.metrics import BorrowCollector, WorkerCollector
+
+    REGISTRY.register(WorkerCollector(runtime.hostname, lambda: engine_stats_of(runtime)))
+    if runtime.borrower is not None:
+        REGISTRY.register(BorrowCollector(runtime.hostname, runtime.borrower.stats))
+    addr = settings.WORKER_METRICS_ADDR.get()
+    start_http_server(port, addr=addr)
+    log.info("metrics on http://%s:%d/metrics", addr, port)
+
+
+def lanes_for_queue_names(table: LaneTable, names: list[str]) -> list[Lane]:
+    lanes = table.lanes_for_queues(names)
+    check_worker_lanes(lanes)
+    return lanes
+
+
+def engine_stats_of(runtime: WorkerRuntime) -> HostStats:
+    """The current engine host's counters (a restarted engine starts from zero)."""
+    from tailguard.engine.stats import HostStats
+
+    engine = runtime.engine
+    return engine.stats() if engine is not None else HostStats()
