@@ -26,7 +26,8 @@ APP_SETTINGS = (settings.REDIS_URL, settings.REDIS_SENTINEL_MASTER, settings.RED
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
-    """Build the API. Nothing connects or loads here: the gateway is built on first use.
+    """Build the API. Nothing connects, loads or starts here: the gateway is built on first
+    use, and the process's background threads start with `start_background`.
 
     app.config holds every setting the API reads, keyed by its env name: the
     environment's value (or the default), overridden by `test_config`. Views read
@@ -174,20 +175,38 @@ def _build_gateway(config: Mapping[str, Any]) -> Gateway:
     gateway = Gateway(lanes, store, counter_for(model), TaskMessages(producer), metrics=metrics,
                       admission=admission, load=load, stats=stats)
     # Every finished request, whoever ended it: one log line, metrics, `tailguard stats`,
-    # and the lane's measured service rate (admission).
+    # and the lane's measured service rate (admission). Started by start_background.
     gateway.finished = FinishedConsumer(client, [log_request, metrics.observe, stats.record,
                                                  load.record])
-    if config["TAILGUARD_CONSUME_FINISHED"]:
+    gateway.producer = producer
+    return gateway
+
+
+def start_background(app: Flask) -> Gateway:
+    """Start the API process's own background work, once, when the process starts (gunicorn's
+    post_worker_init hook, app/gunicorn_hooks.py): the consumer of finished jobs, and the
+    reaper that ends dead workers' running jobs within seconds, read or not (workers reap
+    too). Each is on unless the app's config turns it off (TAILGUARD_CONSUME_FINISHED,
+    TAILGUARD_REAP_RUNNING: tests that run several apps in one process do)."""
+    with app.app_context():
+        gateway = get_gateway()
+    config = app.config
+    with _gateway_lock:
+        if gateway.background_started:
+            return gateway
+        gateway.background_started = True
+    if config["TAILGUARD_CONSUME_FINISHED"] and gateway.finished is not None:
         gateway.finished.start()
     if config["TAILGUARD_REAP_RUNNING"]:
-        # Running jobs of dead workers end within seconds, read or not (workers reap too).
         from tailguard.jobs.liveness import Liveness
         from tailguard.jobs.reaper import Reaper
         from tailguard.jobs.redeliver import Redeliverer
 
-        Reaper(store, Liveness(client), settings.WORKER_HEARTBEAT_S.get(config),
-               Redeliverer(store, producer.connection_for_write,
+        store, lanes = gateway.store, gateway.lanes
+        heartbeat_s = settings.WORKER_HEARTBEAT_S.get(config)
+        Reaper(store, Liveness(store.redis), heartbeat_s,
+               Redeliverer(store, gateway.producer.connection_for_write,
                            settings.REDELIVER_AFTER_S.get(config), lanes.lanes,
-                           confirm_s=settings.WORKER_HEARTBEAT_S.get(config))
+                           confirm_s=heartbeat_s)
                ).start(gateway.stopping)
     return gateway

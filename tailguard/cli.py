@@ -105,7 +105,8 @@ def api(port: int | None, host: str) -> None:
             # connections past this wait unaccepted: room for every thread, plus idle keep-alives
             "--worker-connections", str(2 * settings.API_THREADS.get()),
             "--workers", "1", "--timeout", "120", "--access-logfile", "-",
-            "app:create_app()"], env={settings.MODEL.env: model})
+            "--config", "python:app.gunicorn_hooks", "app:create_app()"],
+           env={settings.MODEL.env: model})
 
 
 def _key_store():

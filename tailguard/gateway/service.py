@@ -80,6 +80,9 @@ class Gateway:
         self.poll_interval_s = poll_interval_s
         #: Set by close(): stops the background threads the app started (the reaper).
         self.stopping = threading.Event()
+        #: the app's Celery producer (revokes, redelivery) and whether start_background ran
+        self.producer: Any = None
+        self.background_started = False
 
     def close(self) -> None:
         """Stop the background threads (finished-stream consumer, reaper): what a process that

@@ -178,11 +178,45 @@ def check_worker_lanes(lanes: list[Lane]) -> None:
 
 # --- loading ---------------------------------------------------------------------------
 
-_LANE_FIELDS: dict[str, tuple[type, ...]] = {
-    "priority": (str,), "max_cost": (int,), "max_tokens": (int,), "default_max_tokens": (int,),
-    "deadline_s": (int, float), "queue_ttl_s": (int, float), "rate_limit": (str,),
-    "max_num_seqs": (int,), "max_model_len": (int,), "dedicated": (bool,),
-    "max_backlog_tokens": (int,), "max_wait_s": (int, float),
+@dataclass(frozen=True)
+class FieldDoc:
+    """One field of the lanes file: the types it takes, its default as people read it, what it
+    means. The parser checks types against it and docs/configuration.md is generated from it."""
+
+    types: tuple[type, ...]
+    default: str
+    doc: str
+
+
+#: [lanes.<name>] fields, in the order the docs list them
+LANE_FIELDS: dict[str, FieldDoc] = {
+    "priority": FieldDoc((str,), '"interactive"',
+                         '`"interactive"` or `"batch"`: a request\'s `priority` must match'),
+    "max_cost": FieldDoc((int,), "none",
+                         "upper bound of cost (prompt tokens + max_tokens); none: takes every "
+                         "request of its class left by the lanes before it"),
+    "max_tokens": FieldDoc((int,), "required", "cap on output tokens"),
+    "default_max_tokens": FieldDoc((int,), "min(256, max_tokens)",
+                                   "used when the request gives none"),
+    "deadline_s": FieldDoc((int, float), "60",
+                           "engine time once started; then the engine request is aborted (KV "
+                           "cache freed) and the job ends with the partial text, finish_reason "
+                           '`"deadline"`'),
+    "queue_ttl_s": FieldDoc((int, float), "300",
+                            "longest wait in the queue (Celery `expires`); then the job ends "
+                            "`expired` without touching an engine"),
+    "rate_limit": FieldDoc((str,), '""',
+                           'Celery `rate_limit` of the lane\'s task, per worker (`"20/s"`); '
+                           "spaces task starts, never rejects"),
+    "max_num_seqs": FieldDoc((int,), "8", "engine batch size, and the worker's thread concurrency"),
+    "max_model_len": FieldDoc((int,), "2048", "engine context (never more than the model's own)"),
+    "dedicated": FieldDoc((bool,), "false", "a worker serving this lane serves nothing else"),
+    "max_backlog_tokens": FieldDoc((int,), "none",
+                                   "bound on the cost tokens queued on the lane (at least "
+                                   "max_model_len); past it a request is refused, 429 `lane_full`"),
+    "max_wait_s": FieldDoc((int, float), "queue_ttl_s",
+                           "the longest predicted wait a request is accepted with (at most "
+                           "queue_ttl_s); past it, 429 `wait_too_long`"),
 }
 
 
@@ -191,10 +225,10 @@ def _lane_from(name: str, raw: Any) -> Lane:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where} must be a table", field=where)
     for key, value in raw.items():
-        if key not in _LANE_FIELDS:
-            raise ConfigError(f"{where}.{key}: unknown field (known: {', '.join(_LANE_FIELDS)})",
+        if key not in LANE_FIELDS:
+            raise ConfigError(f"{where}.{key}: unknown field (known: {', '.join(LANE_FIELDS)})",
                               field=f"{where}.{key}")
-        types = _LANE_FIELDS[key]
+        types = LANE_FIELDS[key].types
         # bool is an int in Python; a lane field is never meant to be both
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
             raise ConfigError(f"{where}.{key}: expected {' or '.join(t.__name__ for t in types)}, "
@@ -243,7 +277,7 @@ def _workers_from(raw: Any, lanes: tuple[Lane, ...]) -> tuple[WorkerSpec, ...]:
         where = f"workers[{i}]"
         if not isinstance(w, dict):
             raise ConfigError(f"{where} must be a table", field=where)
-        unknown = set(w) - {"name", "lanes", "gpu", *BORROW_FIELDS}
+        unknown = set(w) - set(WORKER_FIELDS)
         if unknown:
             raise ConfigError(f"{where}: unknown field(s) {sorted(unknown)}", field=where)
         wl = w.get("lanes")
@@ -276,6 +310,23 @@ def _workers_from(raw: Any, lanes: tuple[Lane, ...]) -> tuple[WorkerSpec, ...]:
 #: [[workers]] fields of the borrowing policy -> BorrowPolicy's (defaults are BorrowPolicy's)
 BORROW_FIELDS = {"borrow": "lanes", "borrow_headroom": "headroom", "borrow_max": "max_borrowed",
                   "borrow_engine": "engine"}
+
+#: [[workers]] fields, in the order the docs list them
+WORKER_FIELDS: dict[str, FieldDoc] = {
+    "name": FieldDoc((str,), "its first lane", "the worker's name (`tailguard worker --worker NAME`)"),
+    "lanes": FieldDoc((list,), "required",
+                      "the lanes it serves, consumed in strict order (`batch` after `long` is "
+                      "served only while `long` is empty)"),
+    "gpu": FieldDoc((int,), "its index", "CUDA host: the GPU it runs on"),
+    "borrow": FieldDoc((list,), "[]",
+                       "other lanes it may take jobs from while its own have nothing queued"),
+    "borrow_headroom": FieldDoc((int,), "2", "R: engine slots kept free for its own lanes"),
+    "borrow_max": FieldDoc((int,), "4", "B: borrowed jobs running at once"),
+    "borrow_engine": FieldDoc((str,), '"auto"',
+                              'where borrowed jobs run: `"own"` (its engine, at a lower vLLM '
+                              'priority), `"idle"` (a second engine at idle CPU priority) or '
+                              '`"auto"` (idle on a CPU host, own on a GPU)'),
+}
 
 
 def _borrow_from(w: dict[str, Any], where: str, own: tuple[str, ...],
