@@ -73,7 +73,8 @@ def _target(text: str) -> tuple[str, float]:
 @click.option("--borrow-on", type=click.Choice(["cpu", "cuda"]),
               help="model the lanes file's borrowing as its workers would do it on this device "
                    "(auto: idle-priority engine on cpu, own engine on cuda); the search sizes "
-                   "groups without it, the split is then simulated with it (<= 8 engines)")
+                   f"groups without it, the split is then simulated with it (<= {SIM_ENGINES} "
+                   "engines)")
 @click.option("--engines", type=int, help="a fleet of N engines: how it splits")
 @click.option("--split", help="simulate this split instead of searching: engines per worker "
                               "group in file order, e.g. 1,1")

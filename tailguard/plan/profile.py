@@ -35,8 +35,7 @@ worker runs beside its engine: the engine loop with its detokenization, the requ
 threads) on the front-end cores (``frontend_cores``: by default the neighbour's, as the
 last worker's cores are the front end's), and an engine whose cores include a front-end
 core at ``TAILGUARD_ENGINE_NICE``. So a profile measures what one worker's engine does,
-without the API or the broker around it. Before the core plan the whole process was
-pinned to the engine's cores, the engines' Python threads competing with their compute.
+without the API or the broker around it.
 """
 
 from __future__ import annotations

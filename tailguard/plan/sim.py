@@ -22,7 +22,7 @@ What it models, and how the real system does it:
   requests when its own work leaves fewer than R slots free. A reclaimed request goes to
   the back of its lane's queue (a fresh message, a fresh queue TTL) keeping its output so
   far; whoever takes it next prefills prompt + that output again and generates the rest.
-  Decisions are taken at every event, not every ``borrower.PERIOD_S`` (50 ms) poll.
+  Decisions are taken at every event, not every ``borrower.PERIOD_S`` poll.
   Where borrowed requests run (``BorrowPolicy.engine``, resolved to "own" or "idle"):
 
   - ``own``: in the engine's own batch, their prompt chunks after its own requests' (vLLM
@@ -45,8 +45,9 @@ What it models, and how the real system does it:
   profile; 0 where the engines share nothing, as GPUs on their own memory).
 * **Front end** (``StepModel.frontend_s_per_request`` and ``frontend_s_per_token``): on a
   CPU host the front end (Redis, the API, the workers' own threads; tailguard/host/cores.py)
-  runs on the cores of the last worker's engine, which runs at a lower CPU priority (nice
-  10): that engine gets what the front end leaves. A group marked ``frontend`` has its last
+  runs on the cores of the last worker's engine, which runs at a lower CPU priority
+  (``TAILGUARD_ENGINE_NICE``; ``MAX_FRONTEND_SHARE`` takes its default, 10): that engine gets
+  what the front end leaves. A group marked ``frontend`` has its last
   engine there. Every request the simulation serves costs the front end
   ``frontend_s_per_request`` CPU seconds when it arrives and every output token (of any
   engine) ``frontend_s_per_token`` when its step ends; the front end's share of that
@@ -55,7 +56,7 @@ What it models, and how the real system does it:
   engine) starting then lasts ``1 / (1 - share)`` times as long (front end first: at nice 0
   against the engine's 10, its short pieces of work run as soon as they are ready). The
   step model's engine had one core; a front end spread over more is not modelled. Zero
-  coefficients (older step models) leave every engine alone.
+  coefficients (a step model without a front-end fit) leave every engine alone.
 * **Times**: per request, queue wait (arrival to engine), TTFT and end-to-end, the last
   two plus ``StepModel.overhead_s``. Throughput per class is its output tokens over the
   span from its first arrival to its last finish (the bench's definition).
@@ -191,121 +192,182 @@ def simulate(classes: Sequence[ClassLoad], lanes: Sequence[Lane], groups: Sequen
     ``neighbour_slowdown`` (then among the engines simulated) and borrowing (a group
     borrowing from a lane no group serves borrows nothing).
     """
-    rng = random.Random(seed)
-    by_name = {l.name: l for l in lanes}
-    owners: list[_Engine] = []
-    front: _Engine | None = None  # the engine on the front end's cores
-    for g in groups:
-        owners += [_new_engine(g) for _ in range(g.count)]
-        if g.frontend and g.count:
-            front = owners[-1]
-    charged: deque[tuple[float, float]] = deque()  # (time, front-end CPU s) in the window
-    engines = owners + [e.idle for e in owners if e.idle]
-    lenders = [e for e in owners if e.policy]
-    serving = {name: [e for e in owners if name in e.lanes] for name in by_name}
-    queues: dict[str, list[_Req]] = {name: [] for name in by_name}  # FIFO, popped from the head
-    heads = {name: 0 for name in by_name}
-    events: list[tuple[float, int, str, Any]] = []
-    seq = itertools.count()
-    rids = itertools.count()
-    done: list[_Req] = []
-    rejected: dict[str, int] = {c.name: 0 for c in classes}
+    sim = Simulation(classes, lanes, groups, model, seed=seed)
+    if arrivals is None:
+        sim.draw_arrivals(duration_s)
+    else:
+        sim.replay(arrivals)
+    return sim.run()
 
-    def push(t: float, kind: str, payload: Any) -> None:
-        heapq.heappush(events, (t, next(seq), kind, payload))
 
-    if arrivals is not None:
-        by_class = {c.name: c for c in classes}
+class Simulation:
+    """One run: the fleet's engines, the lanes' queues, the event heap and what has ended.
+
+    Each method is one rule of the model (the module docstring); ``run`` pops events in time
+    order and applies them. Arrivals are added first (``draw_arrivals`` or ``replay``).
+    """
+
+    def __init__(self, classes: Sequence[ClassLoad], lanes: Sequence[Lane],
+                 groups: Sequence[EngineGroup], model: StepModel, *, seed: int = 0) -> None:
+        self.classes = classes
+        self.lanes = lanes  # in the table's order, as `place` takes them
+        self.model = model
+        self.seed = seed
+        self.rng = random.Random(seed)  # which free engine a new request goes to
+        self.by_name = {l.name: l for l in lanes}
+        self.owners: list[_Engine] = []  # the workers' own engines
+        self.front: _Engine | None = None  # the engine on the front end's cores
+        for g in groups:
+            self.owners += [_new_engine(g) for _ in range(g.count)]
+            if g.frontend and g.count:
+                self.front = self.owners[-1]
+        self.engines = self.owners + [e.idle for e in self.owners if e.idle]
+        self.lenders = [e for e in self.owners if e.policy]
+        self.serving = {name: [e for e in self.owners if name in e.lanes] for name in self.by_name}
+        self.queues: dict[str, list[_Req]] = {name: [] for name in self.by_name}  # FIFO
+        self.heads = {name: 0 for name in self.by_name}  # where each queue's head is
+        self.events: list[tuple[float, int, str, Any]] = []
+        self._seq = itertools.count()  # ties in time: first scheduled, first applied
+        self._rids = itertools.count()
+        self.charged: deque[tuple[float, float]] = deque()  # (time, front-end CPU s) in the window
+        self.in_window = 0.0  # the sum of `charged`
+        self.done: list[_Req] = []
+        self.rejected: dict[str, int] = {c.name: 0 for c in classes}
+        self.max_running = 0
+
+    # -- arrivals and the event loop
+
+    def draw_arrivals(self, duration_s: float) -> None:
+        """Poisson arrivals over `duration_s` and their lengths, each class its own stream."""
+        for c in self.classes:
+            crng = random.Random(f"{self.seed}/{c.name}")
+            t = crng.expovariate(c.rate) if c.rate > 0 else duration_s
+            while t < duration_s:
+                self.push(t, "arrive", (c, c.prompt.sample(crng), c.output.sample(crng)))
+                t += crng.expovariate(c.rate)
+
+    def replay(self, arrivals: Sequence[tuple[float, str, int, int]]) -> None:
+        """These requests: (time, class name, prompt tokens, max_tokens)."""
+        by_class = {c.name: c for c in self.classes}
         for t, name, prompt, max_tokens in arrivals:
-            push(t, "arrive", (by_class[name], prompt, max_tokens))
-    for c in classes if arrivals is None else ():  # each class its own stream
-        crng = random.Random(f"{seed}/{c.name}")
-        t = crng.expovariate(c.rate) if c.rate > 0 else duration_s
-        while t < duration_s:
-            push(t, "arrive", (c, c.prompt.sample(crng), c.output.sample(crng)))
-            t += crng.expovariate(c.rate)
+            self.push(t, "arrive", (by_class[name], prompt, max_tokens))
 
-    in_window = 0.0  # the sum of `charged`
+    def push(self, t: float, kind: str, payload: Any) -> None:
+        heapq.heappush(self.events, (t, next(self._seq), kind, payload))
 
-    def charge(t: float, cpu_s: float) -> None:
-        nonlocal in_window
-        if cpu_s > 0 and front is not None:
-            charged.append((t, cpu_s))
-            in_window += cpu_s
+    def run(self) -> dict[str, ClassResult]:
+        """Every event to the last; per-class results."""
+        while self.events:
+            t, _, kind, payload = heapq.heappop(self.events)
+            if kind == "arrive":
+                self.arrive(t, *payload)
+            else:
+                self.step_ended(t, *payload)
+            for e in self.lenders:
+                self.lend(e, t)
+        return self.results()
 
-    def frontend_share(t: float) -> float:
-        nonlocal in_window
-        while charged and charged[0][0] <= t - FRONTEND_WINDOW_S:
-            in_window -= charged.popleft()[1]
-        return min(max(in_window, 0.0) / FRONTEND_WINDOW_S, MAX_FRONTEND_SHARE)
+    def arrive(self, t: float, c: ClassLoad, prompt: int, max_tokens: int) -> None:
+        """Place a request as the API does and hand it to its lane."""
+        try:
+            p = place(self.lanes, priority=c.priority, prompt_tokens=prompt,
+                      requested_max_tokens=max_tokens)
+        except (NoLaneForRequest, PromptTooLong):
+            self.rejected[c.name] += 1
+            return
+        if not self.serving[p.lane]:
+            return  # a lane this fleet does not simulate (see simulate's docstring)
+        r = _Req(c.name, p.lane, t, prompt, p.max_tokens, rid=str(next(self._rids)),
+                 to_prefill=prompt, queued_at=t)
+        self.charge(t, self.model.frontend_s_per_request)
+        self.enqueue(r, t)
 
-    def finish(r: _Req, t: float, status: str) -> None:
+    def finish(self, r: _Req, t: float, status: str) -> None:
         r.end, r.status = t, status
-        done.append(r)
+        self.done.append(r)
 
-    max_running = 0
+    # -- the front end's share of its core
 
-    def take(e: _Engine, r: _Req, t: float, borrowed: bool = False) -> None:
-        nonlocal max_running
-        if r.start is None:
-            r.start = t
-        r.since, r.status, r.where, r.borrowed = t, "running", e, borrowed
-        e.reqs.append(r)
-        max_running = max(max_running, len(e.reqs))
-        if not e.busy:
-            step(e, t)
+    def charge(self, t: float, cpu_s: float) -> None:
+        """The front end spent `cpu_s` CPU seconds at `t` (counted only where it has a core)."""
+        if cpu_s > 0 and self.front is not None:
+            self.charged.append((t, cpu_s))
+            self.in_window += cpu_s
 
-    def queued(name: str) -> int:
-        return len(queues[name]) - heads[name]
+    def frontend_share(self, t: float) -> float:
+        """The share of its core the front end takes at `t`: its CPU over the last window."""
+        while self.charged and self.charged[0][0] <= t - FRONTEND_WINDOW_S:
+            self.in_window -= self.charged.popleft()[1]
+        return min(max(self.in_window, 0.0) / FRONTEND_WINDOW_S, MAX_FRONTEND_SHARE)
 
-    def pop(name: str, t: float) -> _Req | None:
+    # -- queues
+
+    def queued(self, name: str) -> int:
+        return len(self.queues[name]) - self.heads[name]
+
+    def pop(self, name: str, t: float) -> _Req | None:
         """The head of lane `name`'s queue still within its TTL (the expired ones end)."""
-        q, ttl = queues[name], by_name[name].queue_ttl_s
-        while heads[name] < len(q):
-            r = q[heads[name]]
-            heads[name] += 1
+        q, ttl = self.queues[name], self.by_name[name].queue_ttl_s
+        while self.heads[name] < len(q):
+            r = q[self.heads[name]]
+            self.heads[name] += 1
             if t - r.queued_at > ttl:
-                finish(r, r.queued_at + ttl, "expired")
+                self.finish(r, r.queued_at + ttl, "expired")
             else:
                 return r
         return None
 
-    def enqueue(r: _Req, t: float) -> None:
-        free = [e for e in serving[r.lane] if len(e.reqs) < e.slots]
+    def enqueue(self, r: _Req, t: float) -> None:
+        """To a random engine of its lane with a free slot, else to the back of its queue."""
+        free = [e for e in self.serving[r.lane] if len(e.reqs) < e.slots]
         if free:
-            take(rng.choice(free), r, t)
+            self.take(self.rng.choice(free), r, t)
         else:
-            queues[r.lane].append(r)
+            self.queues[r.lane].append(r)
 
-    def refill(e: _Engine, t: float) -> None:
+    def take(self, e: _Engine, r: _Req, t: float, borrowed: bool = False) -> None:
+        """`e` admits `r` (and steps, if it was idle)."""
+        if r.start is None:
+            r.start = t
+        r.since, r.status, r.where, r.borrowed = t, "running", e, borrowed
+        e.reqs.append(r)
+        self.max_running = max(self.max_running, len(e.reqs))
+        if not e.busy:
+            self.step(e, t)
+
+    def refill(self, e: _Engine, t: float) -> None:
+        """Fill `e`'s free slots from its lanes' queues, in the lanes' order."""
         for name in e.lanes:
             while len(e.reqs) < e.slots:
-                r = pop(name, t)
+                r = self.pop(name, t)
                 if r is None:
                     break
-                take(e, r, t)
+                self.take(e, r, t)
 
-    def lend(e: _Engine, t: float) -> None:
+    # -- borrowing
+
+    def lend(self, e: _Engine, t: float) -> None:
         """Borrow and reclaim as e's policy says, now."""
         p = e.policy
         assert p is not None
         while True:
-            load = e.load(sum(queued(name) for name in e.lanes))
+            load = e.load(sum(self.queued(name) for name in e.lanes))
             n = reclaim_count(p, load, arriving=load.own_queued)
             if n:
                 chosen = set(youngest([(r.rid, r.since) for r in e.borrowed()], n))
                 for r in [r for r in e.borrowed() if r.rid in chosen]:
-                    give_back(r, t)
+                    self.give_back(r, t)
                 return
             if not may_borrow(p, load):
                 return
-            r = next((r for name in p.lanes if name in queues
-                      for r in [pop(name, t)] if r is not None), None)
+            r = next((r for name in p.lanes if name in self.queues
+                      for r in [self.pop(name, t)] if r is not None), None)
             if r is None:
                 return
-            take(e.idle or e, r, t, borrowed=True)
+            self.take(e.idle or e, r, t, borrowed=True)
 
-    def give_back(r: _Req, t: float) -> None:
+    def give_back(self, r: _Req, t: float) -> None:
+        """Reclaim `r`: a fresh message at the back of its lane's queue, its output kept."""
         e = r.where
         assert e is not None
         e.reqs.remove(r)
@@ -313,98 +375,127 @@ def simulate(classes: Sequence[ClassLoad], lanes: Sequence[Lane], groups: Sequen
         r.to_prefill, r.prefilled = r.prompt + r.out, 0
         r.queued_at, r.status, r.where, r.borrowed = t, "queued", None, False
         r.reclaimed += 1
-        enqueue(r, t)
+        self.enqueue(r, t)
 
-    def step(e: _Engine, t: float) -> None:
+    # -- engine steps
+
+    def step(self, e: _Engine, t: float) -> None:
+        """Start `e`'s next step at `t` (or leave it idle): its batch and how long it lasts."""
         if not e.reqs:
             e.busy = False
             if e.idle and e.idle.suspended:
-                resume(e.idle, t)
+                self.resume(e.idle, t)
             return
         if e.idle and e.idle.busy and not e.idle.suspended:
-            suspend(e.idle, t)
+            self.suspend(e.idle, t)
         decode = [r for r in e.reqs if r.prefilled == r.to_prefill]
-        budget = max(model.max_batched_tokens - len(decode), 0)
+        prefill = self.batch(e, decode)
+        e.busy = True
+        s = self.step_s(e, t, decode, prefill)
+        if e.host and e.host.reqs:
+            e.suspended, e.left_s = True, s  # its host has work: it waits for the cores
+            return
+        e.end = t + s
+        self.push(e.end, "step", (e, e.version))
+
+    def batch(self, e: _Engine, decode: list[_Req]) -> int:
+        """Set `e`'s batch: a token for each of `decode`, then prompt chunks within the token
+        budget, own prompts first (vLLM priority); the prefill tokens in it."""
+        budget = max(self.model.max_batched_tokens - len(decode), 0)
         e.batch = [(r, 0) for r in decode]
         prefill = 0
-        for r in sorted(e.reqs, key=lambda r: r.borrowed):  # own prompts first (vLLM priority)
+        for r in sorted(e.reqs, key=lambda r: r.borrowed):
             if r.prefilled < r.to_prefill and budget > 0:
                 chunk = min(r.to_prefill - r.prefilled, budget)
                 e.batch.append((r, chunk))
                 budget -= chunk
                 prefill += chunk
-        e.busy = True
-        context = sum(r.prompt + r.out for r in decode)
-        s = model.step_s(len(decode), prefill, context)
-        if e.idle and e.idle.reqs:
-            s *= 1 + model.borrow_slowdown
-        if model.neighbour_slowdown and any(o.busy and not o.suspended for o in engines
-                                            if o is not e and o is not e.host and o is not e.idle):
-            s *= 1 + model.neighbour_slowdown
-        if front is not None and front in (e, e.host):
-            s /= 1 - frontend_share(t)
-        if e.host and e.host.reqs:
-            e.suspended, e.left_s = True, s  # its host has work: it waits for the cores
-            return
-        e.end = t + s
-        push(e.end, "step", (e, e.version))
+        return prefill
 
-    def suspend(e: _Engine, t: float) -> None:
+    def step_s(self, e: _Engine, t: float, decode: list[_Req], prefill: int) -> float:
+        """How long a step of `e` starting at `t` lasts: the step model's time, longer beside its
+        idle engine's borrowed work, beside a busy neighbour, and by the front end's share."""
+        m = self.model
+        s = m.step_s(len(decode), prefill, sum(r.prompt + r.out for r in decode))
+        if e.idle and e.idle.reqs:
+            s *= 1 + m.borrow_slowdown
+        if m.neighbour_slowdown and any(o.busy and not o.suspended for o in self.engines
+                                        if o is not e and o is not e.host and o is not e.idle):
+            s *= 1 + m.neighbour_slowdown
+        if self.front is not None and self.front in (e, e.host):
+            s /= 1 - self.frontend_share(t)
+        return s
+
+    def suspend(self, e: _Engine, t: float) -> None:
+        """(an idle engine) Its host has work: the step in progress stops where it is."""
         e.suspended, e.left_s, e.version = True, e.end - t, e.version + 1
 
-    def resume(e: _Engine, t: float) -> None:
+    def resume(self, e: _Engine, t: float) -> None:
+        """(an idle engine) Its host is idle: the suspended step runs on."""
         e.suspended, e.end = False, t + e.left_s
-        push(e.end, "step", (e, e.version))
+        self.push(e.end, "step", (e, e.version))
 
-    while events:
-        t, _, kind, payload = heapq.heappop(events)
-        if kind == "arrive":
-            c, prompt, max_tokens = payload
-            try:
-                p = place(lanes, priority=c.priority, prompt_tokens=prompt,
-                          requested_max_tokens=max_tokens)
-            except (NoLaneForRequest, PromptTooLong):
-                rejected[c.name] += 1
-                continue
-            if not serving[p.lane]:
-                continue  # a lane this fleet does not simulate (see simulate's docstring)
-            r = _Req(c.name, p.lane, t, prompt, p.max_tokens, rid=str(next(rids)),
-                     to_prefill=prompt, queued_at=t)
-            charge(t, model.frontend_s_per_request)
-            enqueue(r, t)
-        else:
-            e, version = payload
-            if version != e.version:
-                continue  # suspended since: resume() scheduled its end again
-            tokens = 0
-            for r, chunk in e.batch:
-                if r.where is not e:
-                    continue  # reclaimed while the step ran
-                if chunk:
-                    r.prefilled += chunk
-                    if r.prefilled < r.to_prefill:
-                        continue
-                    if r.first is None:
-                        r.first = t
-                r.out += 1
-                tokens += 1
-            charge(t, model.frontend_s_per_token * tokens)
-            for r in list(e.reqs):
-                if r.out >= r.max_tokens:
-                    status = "succeeded"
-                elif r.used_s + t - r.since >= by_name[r.lane].deadline_s:
-                    status = "deadline"
-                else:
+    def step_ended(self, t: float, e: _Engine, version: int) -> None:
+        """`e`'s step ends: its tokens out, finished requests end, free slots refill, next step."""
+        if version != e.version:
+            return  # suspended since: resume() scheduled its end again
+        tokens = 0
+        for r, chunk in e.batch:
+            if r.where is not e:
+                continue  # reclaimed while the step ran
+            if chunk:
+                r.prefilled += chunk
+                if r.prefilled < r.to_prefill:
                     continue
-                e.reqs.remove(r)
-                finish(r, t, status)
-            if e.host is None:
-                refill(e, t)
-            step(e, t)
-        for e in lenders:
-            lend(e, t)
+                if r.first is None:
+                    r.first = t
+            r.out += 1
+            tokens += 1
+        self.charge(t, self.model.frontend_s_per_token * tokens)
+        for r in list(e.reqs):
+            if r.out >= r.max_tokens:
+                status = "succeeded"
+            elif r.used_s + t - r.since >= self.by_name[r.lane].deadline_s:
+                status = "deadline"
+            else:
+                continue
+            e.reqs.remove(r)
+            self.finish(r, t, status)
+        if e.host is None:
+            self.refill(e, t)
+        self.step(e, t)
 
-    return _results(classes, done, rejected, model.overhead_s, max_running)
+    # -- results
+
+    def results(self) -> dict[str, ClassResult]:
+        """Per class: its statuses, times (``overhead_s`` added) and throughput."""
+        overhead_s = self.model.overhead_s
+        out = {}
+        for c in self.classes:
+            rs = [r for r in self.done if r.cls == c.name]
+            statuses: dict[str, int] = {}
+            lanes: dict[str, int] = {}
+            for r in rs:
+                statuses[r.status] = statuses.get(r.status, 0) + 1
+                lanes[r.lane] = lanes.get(r.lane, 0) + 1
+            rejected = self.rejected[c.name]
+            if rejected:
+                statuses["rejected"] = rejected
+            ok = [r for r in rs if r.status == "succeeded"]
+            e2e = [r.end - r.arrival + overhead_s for r in ok]
+            tokens = sum(r.out for r in rs)
+            span = (max(r.end for r in rs) - min(r.arrival for r in rs)) if rs else 0.0
+            out[c.name] = ClassResult(
+                name=c.name, lanes=lanes, n=len(rs) + rejected, statuses=statuses,
+                e2e={"avg": sum(e2e) / len(e2e) if e2e else None, "p50": percentile(e2e, 50),
+                     "p99": percentile(e2e, 99), "max": max(e2e) if e2e else None},
+                ttft_p99=percentile([r.first - r.arrival + overhead_s for r in ok], 99),
+                queued_p99=percentile([r.start - r.arrival for r in rs if r.start is not None],
+                                      99),
+                output_tokens=tokens, max_running=self.max_running,
+                tokens_per_s=tokens / span if span > 0 else 0.0,
+                borrowed=sum(r.borrowed for r in rs), reclaimed=sum(r.reclaimed for r in rs))
+        return out
 
 
 def _new_engine(g: EngineGroup) -> _Engine:
@@ -414,31 +505,3 @@ def _new_engine(g: EngineGroup) -> _Engine:
     if g.borrow.engine == "idle":
         e.idle = _Engine(g.borrow.lanes, g.borrow.max_borrowed, host=e)
     return e
-
-
-def _results(classes: Sequence[ClassLoad], done: list[_Req], rejected: dict[str, int],
-             overhead_s: float, max_running: int) -> dict[str, ClassResult]:
-    out = {}
-    for c in classes:
-        rs = [r for r in done if r.cls == c.name]
-        statuses: dict[str, int] = {}
-        lanes: dict[str, int] = {}
-        for r in rs:
-            statuses[r.status] = statuses.get(r.status, 0) + 1
-            lanes[r.lane] = lanes.get(r.lane, 0) + 1
-        if rejected[c.name]:
-            statuses["rejected"] = rejected[c.name]
-        ok = [r for r in rs if r.status == "succeeded"]
-        e2e = [r.end - r.arrival + overhead_s for r in ok]
-        tokens = sum(r.out for r in rs)
-        span = (max(r.end for r in rs) - min(r.arrival for r in rs)) if rs else 0.0
-        out[c.name] = ClassResult(
-            name=c.name, lanes=lanes, n=len(rs) + rejected[c.name], statuses=statuses,
-            e2e={"avg": sum(e2e) / len(e2e) if e2e else None, "p50": percentile(e2e, 50),
-                 "p99": percentile(e2e, 99), "max": max(e2e) if e2e else None},
-            ttft_p99=percentile([r.first - r.arrival + overhead_s for r in ok], 99),
-            queued_p99=percentile([r.start - r.arrival for r in rs if r.start is not None], 99),
-            output_tokens=tokens, max_running=max_running,
-            tokens_per_s=tokens / span if span > 0 else 0.0,
-            borrowed=sum(r.borrowed for r in rs), reclaimed=sum(r.reclaimed for r in rs))
-    return out

@@ -1,10 +1,8 @@
 """Predicted against measured: the simulator on the bench runs of docs/benchmarks.md.
 
-``MEASURED`` holds the figures of the `make bench` runs (2-core AMD EPYC, the `small` demo
-model, one engine per core), copied from their report.json (the first two from
-docs/benchmarks.md: their report.json files were not kept), and names the lanes file each
-ran with, kept in ``RUNS_DIR`` (a run's folder keeps the lanes file it used): with it come
-the lanes, the worker groups and whether and how the short worker borrowed. A new run is
+``MEASURED`` holds the figures of `make bench` runs, all on one host and model (those
+docs/benchmarks.md reports), and names the lanes file each ran with, kept in ``RUNS_DIR``:
+with it come the lanes, the worker groups and whether and how the short worker borrowed. A new run is
 compared by adding its line (and its lanes file, if new). A run whose figures are not
 evidence for the model (a disturbed run, code that is not the commit named) stays in the
 table, marked, out of the count within 20% (``not_counted``).
@@ -12,8 +10,7 @@ The simulated fleet is the bench's: `shared` = one lane on both engines, `lanes`
 lanes file's worker groups, one engine each, borrowing as on the run's device. The
 simulated requests are the run's own: the bench's workload generator, given the run's
 rate, share, duration and seed, yields the arrival times it sent (`--seed` draws Poisson
-arrivals of the same rates instead, to show how much a P99 of 200 requests moves with
-the draw).
+arrivals of the same rates instead, to show how much a P99 moves with the draw).
 """
 
 from __future__ import annotations
@@ -40,8 +37,7 @@ RUNS_DIR = Path(__file__).resolve().parents[2] / "docs" / "capacity" / "runs"
 @dataclass(frozen=True)
 class BenchRun:
     """One `make bench` run: its mixed phase's figures and the load and lanes file it ran with
-    (by default the load `tailguard bench` ran with by default in all these runs, and the
-    lanes file shipped since borrowing)."""
+    (by default `tailguard bench`'s default load and the borrowing lanes file)."""
 
     name: str
     #: topology -> (short end-to-end P99 s, long output tokens/s), mixed phase
@@ -58,7 +54,7 @@ class BenchRun:
     lanes_file: str = "borrowing.lanes.toml"  # in RUNS_DIR: the lanes file the run used
     device: str = "cpu"
     #: whether it ran under the core plan (tailguard/host/cores.py): the front end on the last
-    #: engine's core, which it slows (tailguard/plan/sim.py); before it, the front end ran
+    #: engine's core, which it slows (tailguard/plan/sim.py); without it the front end runs
     #: anywhere, which the simulator does not model
     frontend_core: bool = True
 

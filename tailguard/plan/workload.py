@@ -5,9 +5,9 @@ Three sources, one shape (a list of ``ClassLoad``):
 * flags: ``NAME:RATE:PROMPT_TOKENS:OUTPUT_TOKENS[:PRIORITY]``, fixed lengths;
 * a JSONL trace in the bench's format (``{"prompt", "max_tokens", "class"?,
   "arrival_s"?}``, plus ``prompt_tokens`` and ``priority`` if known): the lengths are
-  the trace's own; a prompt without ``prompt_tokens`` counts ``len(prompt) / 4``
-  tokens; the rate is the trace's (with ``arrival_s``) or the given total rate split by
-  the classes' shares;
+  the trace's own; a prompt without ``prompt_tokens`` counts ``len(prompt) /
+  CHARS_PER_TOKEN`` tokens (the bench's estimate); the rate is the trace's (with
+  ``arrival_s``) or the given total rate split by the classes' shares;
 * ``tailguard stats --json``: one class per lane, its rate the lane's count over the
   window, its lengths from the P50/P95/P99/max of the lane's prompt and output tokens.
 """
