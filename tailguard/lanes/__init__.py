@@ -1,7 +1,9 @@
 """Lanes: the policy of the queues requests are split into. Pure: no I/O, no Redis, no engine.
 
-Owns the lane table and its file (``table``, ``lanes.toml``), where a request goes and
-what it may ask for (``placement``), whether a lane takes it now (``admission``) and
-when an idle worker may take another lane's work (``borrowing``).
+Owns the lane table and its file (``table``, ``lanes.toml``), the file's vLLM engine
+tables and their checks (``engine_options``: vLLM's EngineArgs are passed in, never
+imported), where a request goes and what it may ask for (``placement``), whether a lane
+takes it now (``admission``) and when an idle worker may take another lane's work
+(``borrowing``).
 May import: ``tailguard.errors``, ``tailguard.settings``.
 """

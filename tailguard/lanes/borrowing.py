@@ -2,7 +2,7 @@
 
 Pure policy (no Redis, no Celery, no engine), so the decisions are table-tested;
 the worker that acts on them reads its engine's load and its queues, asks here,
-and carries the answer out. The pattern is issue 12's *reserved floor + capped
+and carries the answer out. The pattern is *reserved floor + capped
 borrowing + reclaim*:
 
 * **borrow** only while the engine's own lanes have nothing queued, at least
@@ -15,14 +15,16 @@ borrowing + reclaim*:
   and put them back on their lane's queue. vLLM preempts only on KV-cache
   exhaustion, not at ``max_num_seqs``, which is why the headroom is kept at all.
 
-Where borrowed requests run (``engine``; ``"auto"``, the default, picks by device):
-``"own"``, in the worker's own engine (the right choice where batching more is nearly free:
-a GPU), or ``"idle"``, in a second engine on the same cores whose processes run at the
-kernel's idle CPU priority (``SCHED_IDLE``), so they only get cycles the own engine leaves
-unused. On a CPU host the own engine's steps are compute-bound: a borrowed long request in
-them slowed every short one (docs/benchmarks.md, "Work-conserving lanes"), while an
-idle-priority engine yields the core to them at once. Borrowed requests still count against
-the own engine's slots in the policy, so R and B mean the same in both.
+Where borrowed requests run (``engine``): ``"idle"``, in a second engine on the same cores
+whose processes run at the kernel's idle CPU priority (``SCHED_IDLE``), so they only get
+cycles the own engine leaves unused; or ``"own"``, in the worker's own engine, at a lower
+vLLM priority. On a CPU host the own engine's steps are compute-bound: a borrowed long
+request in them slowed every short one (docs/cpu-hosts.md, "Borrowing on a CPU host"), while
+an idle-priority engine yields the core to them at once. On a GPU the CPU priority means
+nothing to the device and two engines would split its memory, so ``"idle"`` is refused
+there; ``"own"`` is never measured there either. ``"auto"``, the default, is ``"idle"`` on a
+CPU host and no borrowing at all on a GPU: isolation first (`resolve`). Borrowed requests
+still count against the own engine's slots in the policy, so R and B mean the same in both.
 
 What a reclaimed request's client sees (the contract the worker implements): its
 stream pauses, then continues where it stopped. The requeued job carries the text
@@ -35,8 +37,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+from tailguard.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -56,15 +60,35 @@ class BorrowPolicy:
 
 
 #: where borrowed requests run: the worker's own engine, or one at idle CPU priority;
-#: "auto" is "idle" on a CPU host (measured) and "own" on a GPU (the CPU trick does not apply)
+#: "auto" is "idle" on a CPU host and nothing borrowed on a GPU (`resolve`)
 ENGINES = ("auto", "own", "idle")
 
 
 def engine_for(policy: BorrowPolicy, device: str) -> str:
-    """Where `policy`'s borrowed requests run on a `device` ("cpu" or "cuda") host."""
+    """Where `policy`'s borrowed requests would run on a `device` ("cpu" or "cuda") host:
+    "auto" as the CPU host's "idle", else the GPU's "own". Workers borrow as `resolve`
+    says, which on a GPU borrows nothing for "auto"."""
     if policy.engine != "auto":
         return policy.engine
     return "idle" if device == "cpu" else "own"
+
+
+def resolve(policy: BorrowPolicy, device: str, worker: str = "") -> BorrowPolicy:
+    """What a worker on a `device` ("cpu" or "cuda") host borrows: `policy` with its engine
+    resolved; on a GPU "auto" borrows nothing (the short engine keeps its device to itself)
+    and "idle" is refused (ConfigError): it would be a second engine on the same GPU that the
+    idle CPU priority does not hold back."""
+    if not policy.lanes:
+        return policy
+    if device != "cpu" and policy.engine == "idle":
+        raise ConfigError(
+            f"worker {worker or '?'}: borrow_engine = \"idle\" runs borrowed jobs in a second "
+            "engine at idle CPU priority, which holds nothing back on a GPU (and the two "
+            'engines would split its memory): use "own" (measured on a CPU host only) or '
+            '"auto" (no borrowing on a GPU)', field="borrow_engine")
+    if device != "cpu" and policy.engine == "auto":
+        return replace(policy, lanes=(), engine="own")
+    return replace(policy, engine=engine_for(policy, device))
 
 
 @dataclass(frozen=True)

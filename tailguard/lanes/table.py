@@ -8,6 +8,7 @@ silently routing everything to one queue.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import tomllib
 from collections.abc import Iterable
@@ -19,8 +20,11 @@ from typing import Any
 from tailguard import settings
 from tailguard.errors import ConfigError
 from tailguard.lanes.borrowing import ENGINES, BorrowPolicy
+from tailguard.lanes.engine_options import devices_per_engine, parse_engine_table
 
 PRIORITY_CLASSES = ("interactive", "batch")
+#: `replicas = "fill"`: as many workers of the entry as the GPUs no other worker takes allow
+FILL = "fill"
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,39}$")
 _RATE_RE = re.compile(r"^$|^\d+(\.\d+)?/[smh]$")
 
@@ -86,20 +90,42 @@ class Lane:
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """One worker process `tailguard up` starts: one engine serving `lanes` in strict order,
-    and taking work from the lanes it may borrow from while its own are idle
-    (tailguard/lanes/borrowing.py)."""
+    """One [[workers]] entry: the worker process(es) `tailguard up` starts for it, each one
+    engine serving `lanes` in strict order, and taking work from the lanes it may borrow from
+    while its own are idle (tailguard/lanes/borrowing.py)."""
 
     name: str
     lanes: tuple[str, ...]
-    gpu: int | None = None
+    #: the GPUs of its engine, numbered as the process sees them (vLLM's numbering, within
+    #: CUDA_VISIBLE_DEVICES); None: placed by tailguard/launch/placement.py
+    devices: tuple[int, ...] | None = None
+    #: how many such workers: an integer, or FILL
+    replicas: int | str = 1
+    #: vLLM engine arguments, the file's [engine] defaults merged with the entry's own
+    engine: dict[str, Any] = field(default_factory=dict, hash=False)
     borrow: BorrowPolicy = BorrowPolicy(lanes=())
+
+    @property
+    def devices_per_engine(self) -> int:
+        """GPUs one of its engines takes: its parallel sizes multiplied (engine_options)."""
+        return devices_per_engine(self.engine)
+
+    def replica_name(self, k: int) -> str:
+        """The name of its k-th worker (from 1): the entry's own, then ``long-2``, ``long-3``."""
+        return self.name if k == 1 else f"{self.name}-{k}"
 
 
 @dataclass(frozen=True)
 class LaneTable:
     lanes: tuple[Lane, ...]
     workers: tuple[WorkerSpec, ...] = field(default=())
+    #: the file's top-level [engine] table: every worker's engine defaults
+    engine: dict[str, Any] = field(default_factory=dict, hash=False)
+    #: each engine table as the file writes it, with its place (``engine``,
+    #: ``workers[1].engine``): what engine_options.check_against reports on
+    engine_tables: tuple[tuple[str, dict[str, Any]], ...] = field(default=(), hash=False)
+    #: the file it was loaded from ("" when parsed from data)
+    source: str = ""
 
     def __getitem__(self, name: str) -> Lane:
         for lane in self.lanes:
@@ -118,9 +144,15 @@ class LaneTable:
         return [lane.name for lane in self.lanes]
 
     def worker(self, name: str) -> WorkerSpec:
+        """The entry named `name`, or whose replica it names (``long-2`` of ``long``)."""
         for w in self.workers:
             if w.name == name:
                 return w
+        base, dash, k = name.rpartition("-")
+        if dash and k.isdigit() and int(k) >= 2:
+            for w in self.workers:
+                if w.name == base and (w.replicas == FILL or int(k) <= int(w.replicas)):
+                    return w
         raise ConfigError(f"no worker named {name!r} in the lanes file "
                           f"(known: {', '.join(w.name for w in self.workers)})", field="workers")
 
@@ -133,7 +165,7 @@ class LaneTable:
         for w in self.workers:
             if lane in w.lanes:
                 return w
-        return WorkerSpec(name=lane, lanes=(lane,))
+        return WorkerSpec(name=lane, lanes=(lane,), engine=dict(self.engine))
 
     def worker_for_queues(self, queues: Iterable[str]) -> WorkerSpec | None:
         """The configured worker that serves exactly `queues` (in that order), if any: how a
@@ -266,13 +298,17 @@ def _lane_from(name: str, raw: Any) -> Lane:
     return lane
 
 
-def _workers_from(raw: Any, lanes: tuple[Lane, ...]) -> tuple[WorkerSpec, ...]:
+def _workers_from(raw: Any, lanes: tuple[Lane, ...], engine: dict[str, Any],
+                  ) -> tuple[tuple[WorkerSpec, ...], list[tuple[str, dict[str, Any]]]]:
+    """The [[workers]] entries, and each one's own engine table with its place."""
     if raw is None:
-        return tuple(WorkerSpec(name=l.name, lanes=(l.name,)) for l in lanes)
+        return tuple(WorkerSpec(name=l.name, lanes=(l.name,), engine=dict(engine))
+                     for l in lanes), []
     if not isinstance(raw, list) or not raw:
         raise ConfigError("workers must be a non-empty array of tables ([[workers]])", field="workers")
     names = {l.name: l for l in lanes}
     specs: list[WorkerSpec] = []
+    tables: list[tuple[str, dict[str, Any]]] = []
     for i, w in enumerate(raw):
         where = f"workers[{i}]"
         if not isinstance(w, dict):
@@ -288,23 +324,70 @@ def _workers_from(raw: Any, lanes: tuple[Lane, ...]) -> tuple[WorkerSpec, ...]:
             if ln not in names:
                 raise ConfigError(f"{where}.lanes: unknown lane {ln!r} (lanes: {', '.join(names)})",
                                   field=f"{where}.lanes")
-        gpu = w.get("gpu")
-        if gpu is not None and (not isinstance(gpu, int) or isinstance(gpu, bool) or gpu < 0):
-            raise ConfigError(f"{where}.gpu must be a GPU index >= 0", field=f"{where}.gpu")
         name = w.get("name", wl[0])
         validate_lane_name(name)
-        spec = WorkerSpec(name=name, lanes=tuple(wl), gpu=gpu,
+        own = parse_engine_table(w.get("engine", {}), f"{where}.engine")
+        if own:
+            tables.append((f"{where}.engine", own))
+        spec = WorkerSpec(name=name, lanes=tuple(wl), engine={**engine, **own},
                           borrow=_borrow_from(w, where, tuple(wl), names))
+        spec = dataclasses.replace(spec, replicas=_replicas_from(w, where),
+                                   devices=_devices_from(w, where, spec.devices_per_engine))
+        if spec.devices is not None and spec.replicas != 1:
+            raise ConfigError(f"{where}: `devices` names the GPUs of one worker, so replicas "
+                              f"must be 1 (leave devices out to have them placed)",
+                              field=f"{where}.replicas")
         check_worker_lanes([names[x] for x in wl])
         specs.append(spec)
     if len({s.name for s in specs}) != len(specs):
         raise ConfigError("worker names must be unique", field="workers")
+    if sum(1 for s in specs if s.replicas == FILL) > 1:
+        raise ConfigError(f'only one [[workers]] entry may have replicas = "{FILL}" (the GPUs '
+                          "left would have no single owner)", field="workers")
+    for s in specs:
+        clash = [o.name for o in specs if s.replicas != 1 and o.name.startswith(f"{s.name}-")
+                 and o.name[len(s.name) + 1:].isdigit()]
+        if clash:
+            raise ConfigError(f"worker {clash[0]!r} takes the name of a replica of {s.name!r} "
+                              f"({s.name}-2, {s.name}-3, ...)", field="workers")
     served = {ln for s in specs for ln in s.lanes}
     missing = [l.name for l in lanes if l.name not in served]
     if missing:
         raise ConfigError(f"no worker serves lane(s) {missing}: requests there would wait forever",
                           field="workers")
-    return tuple(specs)
+    return tuple(specs), tables
+
+
+def _replicas_from(w: dict[str, Any], where: str) -> int | str:
+    replicas = w.get("replicas", 1)
+    if replicas != FILL and (not isinstance(replicas, int) or isinstance(replicas, bool)
+                             or replicas < 1):
+        raise ConfigError(f'{where}.replicas must be an integer >= 1 or "{FILL}", got '
+                          f"{replicas!r}", field=f"{where}.replicas")
+    return replicas
+
+
+def _devices_from(w: dict[str, Any], where: str, need: int) -> tuple[int, ...] | None:
+    """`devices = [0, 1]`, or `gpu = N` as `devices = [N]`; None when neither is given."""
+    if "gpu" in w and "devices" in w:
+        raise ConfigError(f"{where}: give gpu or devices, not both (gpu = N is devices = [N])",
+                          field=f"{where}.gpu")
+    key = "gpu" if "gpu" in w else "devices"
+    if key not in w:
+        return None
+    raw = [w[key]] if key == "gpu" else w[key]
+    if (not isinstance(raw, list) or not raw
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in raw)):
+        what = "a GPU number" if key == "gpu" else "a non-empty list of GPU numbers"
+        raise ConfigError(f"{where}.{key} must be {what} >= 0 (as the process sees them: "
+                          "within CUDA_VISIBLE_DEVICES)", field=f"{where}.{key}")
+    if len(set(raw)) != len(raw):
+        raise ConfigError(f"{where}.{key} names a GPU twice: {raw}", field=f"{where}.{key}")
+    if len(raw) != need:
+        raise ConfigError(f"{where}.{key} names {len(raw)} GPU(s), but its engine takes {need} "
+                          f"(tensor x pipeline x prefill context x data parallel sizes)",
+                          field=f"{where}.{key}")
+    return tuple(raw)
 
 
 #: [[workers]] fields of the borrowing policy -> BorrowPolicy's (defaults are BorrowPolicy's)
@@ -317,15 +400,31 @@ WORKER_FIELDS: dict[str, FieldDoc] = {
     "lanes": FieldDoc((list,), "required",
                       "the lanes it serves, consumed in strict order (`batch` after `long` is "
                       "served only while `long` is empty)"),
-    "gpu": FieldDoc((int,), "its index", "CUDA host: the GPU it runs on"),
+    "devices": FieldDoc((list,), "placed",
+                        "CUDA host: the GPUs of its engine, numbered as the process sees them "
+                        "(within `CUDA_VISIBLE_DEVICES`), as many as its engine's parallel sizes "
+                        "multiply to; left out, tailguard places it on free ones"),
+    "gpu": FieldDoc((int,), "placed", "CUDA host: `gpu = N` is `devices = [N]`"),
+    "replicas": FieldDoc((int, str), "1",
+                         'how many workers of this entry (`long`, `long-2`, ...); `"fill"` (one '
+                         "entry at most): as many as the GPUs the others leave allow, at least "
+                         "one (one on a CPU host)"),
+    "engine": FieldDoc((dict,), "{}",
+                       "vLLM engine arguments (`AsyncEngineArgs`), merged over the file's "
+                       "top-level `[engine]` table, e.g. `{tensor_parallel_size = 2, "
+                       "gpu_memory_utilization = 0.85}`; checked against vLLM's `EngineArgs` "
+                       "at start; model, max_num_seqs, max_model_len, dtype and the like come "
+                       "from the lanes and settings and are refused here"),
     "borrow": FieldDoc((list,), "[]",
                        "other lanes it may take jobs from while its own have nothing queued"),
     "borrow_headroom": FieldDoc((int,), "2", "R: engine slots kept free for its own lanes"),
     "borrow_max": FieldDoc((int,), "4", "B: borrowed jobs running at once"),
     "borrow_engine": FieldDoc((str,), '"auto"',
-                              'where borrowed jobs run: `"own"` (its engine, at a lower vLLM '
-                              'priority), `"idle"` (a second engine at idle CPU priority) or '
-                              '`"auto"` (idle on a CPU host, own on a GPU)'),
+                              'where borrowed jobs run: `"idle"` (a second engine at idle CPU '
+                              'priority; CPU hosts only), `"own"` (its engine, at a lower vLLM '
+                              "priority; on a 2-core CPU host short P99 went to 3.47x its quiet "
+                              'P99, never measured on a GPU) or `"auto"` (idle on a CPU host, no '
+                              "borrowing on a GPU)"),
 }
 
 
@@ -360,15 +459,18 @@ def _borrow_from(w: dict[str, Any], where: str, own: tuple[str, ...],
 
 def parse_lanes(data: dict[str, Any]) -> LaneTable:
     """Build a LaneTable from parsed TOML, raising ConfigError naming the bad field."""
-    unknown = set(data) - {"lanes", "workers"}
+    unknown = set(data) - {"lanes", "workers", "engine"}
     if unknown:
-        raise ConfigError(f"unknown top-level key(s) {sorted(unknown)} (expected lanes, workers)",
-                          field=sorted(unknown)[0])
+        raise ConfigError(f"unknown top-level key(s) {sorted(unknown)} (expected lanes, workers, "
+                          "engine)", field=sorted(unknown)[0])
     raw_lanes = data.get("lanes")
     if not isinstance(raw_lanes, dict) or not raw_lanes:
         raise ConfigError("the lanes file defines no lanes ([lanes.<name>] tables)", field="lanes")
     lanes = tuple(_lane_from(validate_lane_name(n), raw) for n, raw in raw_lanes.items())
-    return LaneTable(lanes=lanes, workers=_workers_from(data.get("workers"), lanes))
+    engine = parse_engine_table(data.get("engine", {}), "engine")
+    workers, tables = _workers_from(data.get("workers"), lanes, engine)
+    return LaneTable(lanes=lanes, workers=workers, engine=engine,
+                     engine_tables=((("engine", engine),) if engine else ()) + tuple(tables))
 
 
 def default_lanes_path() -> Path:
@@ -390,7 +492,7 @@ def load_lanes(path: str | Path | None = None) -> LaneTable:
         check_job_ttl(table, settings.JOB_TTL_S.get(), settings.WORKER_LOST_GRACE_S.get())
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc.message}", field=exc.field) from None
-    return table
+    return dataclasses.replace(table, source=str(path))
 
 
 def check_job_ttl(table: LaneTable, job_ttl_s: float, grace_s: float) -> None:

@@ -72,7 +72,7 @@ def _target(text: str) -> tuple[str, float]:
               help="classes without a target: bound on their queue wait P99 (keeps up)")
 @click.option("--borrow-on", type=click.Choice(["cpu", "cuda"]),
               help="model the lanes file's borrowing as its workers would do it on this device "
-                   "(auto: idle-priority engine on cpu, own engine on cuda); the search sizes "
+                   "(auto: an idle-priority engine on cpu, no borrowing on cuda); the search sizes "
                    f"groups without it, the split is then simulated with it (<= {SIM_ENGINES} "
                    "engines)")
 @click.option("--engines", type=int, help="a fleet of N engines: how it splits")
@@ -99,7 +99,7 @@ def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | Non
     if profile_out:
         from tailguard.host.cores import Pinning
         from tailguard.host.cores import frontend_cores as front_of
-        from tailguard.model.served import served_model
+        from tailguard.model.served import bench_model
         from tailguard.plan.profile import run_profile
 
         pins = [Pinning(cores=c) for c in (_cores(cores), _cores(neighbour_cores)) if c]
@@ -107,7 +107,7 @@ def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | Non
             front = front_of(pins, frontend_cores)
         except ConfigError as exc:
             raise click.BadParameter(str(exc), param_hint="--frontend-cores") from None
-        model = run_profile(served_model()[0], say=click.echo, cores=_cores(cores),
+        model = run_profile(bench_model(), say=click.echo, cores=_cores(cores),
                             neighbour_cores=_cores(neighbour_cores), frontend_cores=front)
         model.save(profile_out)
         click.echo(f"step model: step_s = {model.a_s * 1e3:.3f} ms + {model.decode_s * 1e3:.4f} ms "

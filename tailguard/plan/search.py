@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from tailguard.bench.topology import shared_lane
-from tailguard.lanes.borrowing import engine_for
+from tailguard.lanes.borrowing import resolve
 from tailguard.lanes.table import Lane, LaneTable, engine_settings_for
 from tailguard.plan.sim import NO_BORROWING, ClassResult, EngineGroup, simulate
 from tailguard.plan.stepmodel import StepModel
@@ -49,8 +49,8 @@ def topology(table: LaneTable, name: str, count: int = 1, borrow_on: str | None 
         return [lane], [EngineGroup((lane.name,), count, lane.max_num_seqs, frontend=frontend)]
     groups = [
         EngineGroup(w.lanes, count, engine_settings_for(table.lanes_for_queues(w.lanes))[0],
-                    **({"borrow": replace(w.borrow, engine=engine_for(w.borrow, borrow_on))}
-                       if borrow_on and w.borrow.lanes else {}))
+                    **({"borrow": resolve(w.borrow, borrow_on, w.name)}
+                       if borrow_on and resolve(w.borrow, borrow_on, w.name).lanes else {}))
         for w in table.workers]
     if frontend and groups:
         groups[-1] = replace(groups[-1], frontend=True)

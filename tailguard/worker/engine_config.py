@@ -1,22 +1,36 @@
-"""The engine a worker hosts, from the lanes it serves and borrows from."""
+"""The engine a worker hosts, from the lanes it serves and borrows from and its engine table."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from tailguard import settings
-from tailguard.lanes.table import Lane, engine_settings_for
+from tailguard.lanes.engine_options import check_against
+from tailguard.lanes.table import Lane, LaneTable, engine_settings_for
 from tailguard.model.info import model_max_len, serving_dtype
 
 if TYPE_CHECKING:  # vLLM is imported only when an engine starts
     from tailguard.engine.host import EngineConfig
 
 
-def engine_config(lanes: list[Lane], borrowed: list[Lane] | None = None) -> EngineConfig:
+def check_engine_options(table: LaneTable) -> None:
+    """The lanes file's engine tables against vLLM's own EngineArgs
+    (tailguard/lanes/engine_options.py), before a worker builds an engine from them: one
+    started by hand has had no `tailguard up` to check them."""
+    if table.engine_tables:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        check_against(table, AsyncEngineArgs)
+
+
+def engine_config(lanes: list[Lane], borrowed: list[Lane] | None = None,
+                  options: Mapping[str, Any] | None = None) -> EngineConfig:
     """The engine of a worker serving `lanes` (largest batch and context among them) and
     borrowing from `borrowed`: then its context fits their requests too, and it schedules
-    by vLLM priority, so its own requests go before borrowed ones."""
+    by vLLM priority, so its own requests go before borrowed ones. `options` are its vLLM
+    engine arguments from the lanes file (its [[workers]] entry's `engine`, over `[engine]`)."""
     from tailguard.engine.host import EngineConfig
 
     model = settings.MODEL.get()
@@ -30,11 +44,13 @@ def engine_config(lanes: list[Lane], borrowed: list[Lane] | None = None) -> Engi
     return EngineConfig(model=model, max_num_seqs=max_num_seqs, max_model_len=max_len,
                         dtype=serving_dtype(model, settings.DTYPE.get()),
                         log_stats=settings.VLLM_METRICS.get(),
-                        extra={"scheduling_policy": "priority"} if borrowed else {})
+                        extra={**(options or {}),
+                               **({"scheduling_policy": "priority"} if borrowed else {})})
 
 
-def idle_engine_config(borrowed: list[Lane], slots: int) -> EngineConfig:
+def idle_engine_config(borrowed: list[Lane], slots: int,
+                       options: Mapping[str, Any] | None = None) -> EngineConfig:
     """The idle-priority engine of a worker borrowing from `borrowed`: `slots` (B) requests,
-    the context of their largest lane."""
-    config = engine_config(borrowed)
+    the context of their largest lane, the worker's engine arguments."""
+    config = engine_config(borrowed, options=options)
     return dataclasses.replace(config, max_num_seqs=slots)

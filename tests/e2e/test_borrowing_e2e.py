@@ -15,7 +15,7 @@ import dataclasses
 import json
 
 import pytest
-from conftest import ROOT, TEST_LANES
+from conftest import ON_GPU, ROOT, TEST_LANES
 from e2e_fixtures import HEALTH_GRACE_S, START_TIMEOUT_S, http_status, or_fail
 
 from tailguard import settings
@@ -25,7 +25,8 @@ from tailguard.host.redis_server import free_port
 from tailguard.jobs.store import JobStore
 from tailguard.redis import keys
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
+    ON_GPU, reason='the idle-priority engine is a CPU host\'s (refused on a GPU)')]
 
 LONG_TOKENS = 1500  # long's cap in tests/lanes.test.toml: ~2 s of the tiny model on one core
 #: short jobs sent, one after another, until one of them has reclaimed the long job

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from conftest import GPU_SHARE
 
 from tailguard.engine.host import EngineConfig, EngineHost
 from tailguard.engine.warmup import MAX_PROMPT_TOKENS, exact_length_prompts, warm_up
@@ -29,7 +30,7 @@ def host(tmp_path_factory):
     model = build_demo_model(tmp_path_factory.mktemp("models") / "tiny", size="tiny")
     engine = EngineHost(EngineConfig(model=str(model), max_num_seqs=8,
                                      max_model_len=MAX_MODEL_LEN, dtype=serving_dtype(str(model)),
-                                     log_stats=False))
+                                     log_stats=False, extra=dict(GPU_SHARE)))
     engine.start()
     yield engine
     engine.shutdown()

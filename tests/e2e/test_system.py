@@ -6,11 +6,10 @@ test starts a worker of its own, so this module runs alone or in any order.
 from __future__ import annotations
 
 import pytest
-from e2e_fixtures import or_fail
+from e2e_fixtures import engine_pin, or_fail
 from e2e_support import engine_stats, wait_job
 
 from tailguard import settings
-from tailguard.host.cores import Pinning
 from tailguard.host.procs import Group, worker_spec
 
 pytestmark = pytest.mark.e2e
@@ -94,7 +93,7 @@ def test_warm_shutdown_completes(tiny_model, redis_server, tmp_path):
                       "TAILGUARD_CONSUME_FINISHED": False,
                       "TAILGUARD_REAP_RUNNING": False}).test_client()
     with Group(tmp_path) as group:
-        worker = group.start(worker_spec("short", Pinning(cores=(0,)), "-l", "INFO", env={
+        worker = group.start(worker_spec("short", engine_pin(0), "-l", "INFO", env={
             settings.MODEL.env: tiny_model, settings.REDIS_URL.env: url,
             settings.WORKER_HEARTBEAT_S.env: "1"}))
 

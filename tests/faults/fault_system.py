@@ -21,11 +21,10 @@ import pytest
 import redis
 import requests
 from conftest import ROOT
-from e2e_fixtures import http_status, or_fail
+from e2e_fixtures import engine_pin, http_status, or_fail
 from fault_workers import finished_jobs
 
 from tailguard import settings
-from tailguard.host.cores import Pinning
 from tailguard.host.procs import Child, ChildSpec, start, tailguard_argv, wait_until, worker_spec
 from tailguard.host.redis_server import free_port, start_redis
 from tailguard.jobs.store import CANCELLED, TERMINAL
@@ -71,7 +70,7 @@ class System:
                                    [self.api], 60, "API up"), cleanup=self.api.stop)
 
     def start_worker(self) -> None:
-        spec = worker_spec("short", Pinning(cores=(0,)), "-l", "INFO", env=self.env)
+        spec = worker_spec("short", engine_pin(0), "-l", "INFO", env=self.env)
         self.worker = start(ChildSpec(spec.name, spec.argv, env=spec.env, cwd=ROOT),
                             log=self.logs / "worker.log")
         or_fail(lambda: wait_until(self.short_served, [self.worker, self.redis], 300,

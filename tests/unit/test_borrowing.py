@@ -2,7 +2,15 @@
 
 import pytest
 
-from tailguard.lanes.borrowing import BorrowPolicy, EngineLoad, may_borrow, reclaim_count, youngest
+from tailguard.errors import ConfigError
+from tailguard.lanes.borrowing import (
+    BorrowPolicy,
+    EngineLoad,
+    may_borrow,
+    reclaim_count,
+    resolve,
+    youngest,
+)
 
 POLICY = BorrowPolicy(lanes=("long",), headroom=2, max_borrowed=3)
 
@@ -47,3 +55,30 @@ def test_policy_rejects_negative_knobs_and_unknown_engines():
         BorrowPolicy(lanes=("long",), headroom=-1)
     with pytest.raises(ValueError):
         BorrowPolicy(lanes=("long",), engine="gpu")
+
+
+@pytest.mark.parametrize("engine,device,lanes,resolved", [
+    ("auto", "cpu", ("long",), "idle"),  # measured: the idle engine on a CPU host
+    ("auto", "cuda", (), "own"),         # a GPU: isolation, nothing borrowed
+    ("own", "cuda", ("long",), "own"),   # asked for: borrowed into the own engine
+    ("own", "cpu", ("long",), "own"),
+    ("idle", "cpu", ("long",), "idle"),
+])
+def test_resolve_borrows_as_the_device_allows(engine, device, lanes, resolved):
+    policy = resolve(BorrowPolicy(lanes=("long",), engine=engine), device)
+    assert (policy.lanes, policy.engine) == (lanes, resolved)
+
+
+def test_an_idle_engine_on_a_gpu_is_refused_and_nothing_to_borrow_is_left_alone():
+    with pytest.raises(ConfigError, match='worker short: borrow_engine = "idle"'):
+        resolve(BorrowPolicy(lanes=("long",), engine="idle"), "cuda", "short")
+    quiet = BorrowPolicy(lanes=(), engine="idle")
+    assert resolve(quiet, "cuda") is quiet
+
+
+def test_the_shipped_short_worker_borrows_only_on_a_cpu_host():
+    from tailguard.lanes.table import default_lanes_path, load_lanes
+
+    short = load_lanes(default_lanes_path()).worker("short")
+    assert resolve(short.borrow, "cpu").lanes == ("long",)
+    assert resolve(short.borrow, "cuda").lanes == ()  # never inside the short engine on a GPU

@@ -1,4 +1,6 @@
-"""Where workers run: disjoint cores on a CPU host, one GPU each on a CUDA host."""
+"""Pins: a worker's GPUs or cores, as options, environment and labels; the front-end cores.
+
+Where `tailguard up` places its workers is tests/unit/test_launch_placement.py."""
 
 import os
 import subprocess
@@ -17,47 +19,25 @@ from tailguard.host.cores import (
     frontend_env,
     shares_frontend,
 )
-from tailguard.lanes.table import WorkerSpec
-from tailguard.launch.placement import place_workers
-
-TWO = (WorkerSpec("short", ("short",)), WorkerSpec("long", ("long", "batch")))
-
-
-@pytest.mark.parametrize("cores,expected", [
-    ([0, 1], [(0,), (1,)]),
-    ([0, 1, 2, 3, 4], [(0, 1, 2), (3, 4)]),
-    ([4, 6], [(4,), (6,)]),
-    ([0], [(0,), (0,)]),  # fewer cores than engines: shared, not refused
-])
-def test_cpu_cores_are_split_disjointly(cores, expected):
-    assert [p.cores for p in place_workers(TWO, "cpu", cores=cores)] == expected
-
-
-def test_cuda_one_gpu_per_worker_in_order():
-    assert [p.gpu for p in place_workers(TWO, "cuda", gpus=2)] == [0, 1]
-
-
-def test_cuda_explicit_gpu_and_too_few_gpus():
-    specs = (WorkerSpec("short", ("short",), gpu=3), WorkerSpec("long", ("long",)))
-    assert [p.gpu for p in place_workers(specs, "cuda", gpus=4)] == [3, 1]
-    with pytest.raises(ConfigError, match="has 1"):
-        place_workers(TWO, "cuda", gpus=1)
 
 
 def test_pinning_env():
-    assert Pinning(gpu=1).env() == {"CUDA_VISIBLE_DEVICES": "1"}
+    assert Pinning(gpus=("1",)).env() == {"CUDA_VISIBLE_DEVICES": "1"}
+    assert Pinning(gpus=("2", "3")).env() == {"CUDA_VISIBLE_DEVICES": "2,3"}
     env = Pinning(cores=(2, 3)).env()
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "2,3" and env["OMP_NUM_THREADS"] == "2"
 
 
 @pytest.mark.parametrize("pin,options,label", [
-    (Pinning(gpu=1), ["--gpu", "1"], "GPU 1"),
+    (Pinning(gpus=("1",)), ["--gpu", "1"], "GPU 1"),
+    (Pinning(gpus=("0", "1")), ["--gpu", "0,1"], "GPUs 0,1"),
+    (Pinning(gpus=("GPU-8f2a",)), ["--gpu", "GPU-8f2a"], "GPU GPU-8f2a"),  # a UUID entry
     (Pinning(cores=(0, 2)), ["--cores", "0,2"], "cores 0,2"),
     (Pinning(), [], "any core"),
 ])
 def test_pinning_as_worker_options_and_back(pin, options, label):
     assert pin.options() == options and pin.label() == label
-    gpu = int(options[1]) if options[:1] == ["--gpu"] else None
+    gpu = options[1] if options[:1] == ["--gpu"] else None
     cores = options[1] if options[:1] == ["--cores"] else None
     assert Pinning.from_options(gpu, cores) == pin
 
@@ -107,7 +87,7 @@ def test_children_on_pins_only_the_processes_the_thread_starts():
     ([Pinning(cores=(0, 1, 2)), Pinning(cores=(3, 4))], "auto", (3, 4)),
     ([Pinning(cores=(0,))], "auto", ()),                                 # one worker: anywhere
     ([Pinning(cores=(0,)), Pinning(cores=(0,))], "auto", ()),            # engines share cores
-    ([Pinning(gpu=0), Pinning(gpu=1)], "auto", ()),                      # a GPU host
+    ([Pinning(gpus=("0",)), Pinning(gpus=("1",))], "auto", ()),          # a GPU host
     ([Pinning(cores=(0,)), Pinning(cores=(1,))], "none", ()),
     ([Pinning(cores=(0,)), Pinning(cores=(1,))], "0,2-3", (0, 2, 3)),   # as the user says
 ])

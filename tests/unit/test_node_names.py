@@ -32,15 +32,30 @@ def test_a_worker_name_with_an_at_or_none_is_refused(bad):
 def test_tailguard_worker_runs_celery_under_the_node_name(monkeypatch):
     """`tailguard worker` is what the Procfile, `tailguard up` (via tailguard.host.procs.worker_spec)
     and the systemd units run."""
+    import tailguard.model.served
+
     seen = []
-    monkeypatch.setenv("TAILGUARD_MODEL", "/models/any")
-    monkeypatch.setattr(cli, "become", lambda argv, **_: seen.append(argv))
+    # the model is resolved elsewhere (tailguard/model/served.py); here only the argv counts
+    monkeypatch.setattr(tailguard.model.served, "served_model", lambda: ("/models/any", False))
+    monkeypatch.setattr(cli, "become", lambda argv, env, **_: seen.append((argv, env)))
     for spec in load_lanes().workers:
         result = CliRunner().invoke(cli.main, ["worker", "--worker", spec.name])
         assert result.exit_code == 0, result.output
-        argv = seen.pop()
+        argv, env = seen.pop()
         assert argv[argv.index("-n") + 1] == node_name(spec.name)
         assert argv[argv.index("-Q") + 1] == ",".join(spec.lanes)
+        assert env["TAILGUARD_WORKER"] == spec.name  # the entry whose engine table it builds
+    # a replica of the shipped `long` (replicas = "fill"): a node of its own, long's entry
+    from tailguard.lanes.table import default_lanes_path
+
+    monkeypatch.setenv("TAILGUARD_LANES", str(default_lanes_path()))
+    result = CliRunner().invoke(cli.main, ["worker", "--worker", "long-3", "--gpu", "3"])
+    assert result.exit_code == 0, result.output
+    argv, env = seen.pop()
+    assert argv[argv.index("-n") + 1] == node_name("long-3")
+    assert (argv[argv.index("-Q") + 1], env["TAILGUARD_WORKER"]) == ("long,batch", "long")
+    result = CliRunner().invoke(cli.main, ["worker", "--worker", "short-2"])
+    assert result.exit_code != 0 and "no worker named 'short-2'" in str(result.exception)
 
 
 def test_containers_name_their_workers_the_same_way():

@@ -65,7 +65,7 @@ def test_it_applies_to_an_engine_off_the_front_end_cores_only(monkeypatch):
     assert roamer_for(Pinning(cores=(0,)), none) is None  # could not come home at nice 0
     monkeypatch.setattr(tailguard.host.roaming, "may_raise_priority", lambda: True)
     assert roamer_for(Pinning(cores=(1,)), none) is None  # it shares them: niced instead
-    assert roamer_for(Pinning(gpu=0), none) is None
+    assert roamer_for(Pinning(gpus=("0",)), none) is None
     monkeypatch.setenv(settings.FRONTEND_CORES.env, "none")
     assert roamer_for(Pinning(cores=(0,)), none) is None
     monkeypatch.setenv(settings.FRONTEND_CORES.env, "1")
