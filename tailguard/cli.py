@@ -1,9 +1,9 @@
 """The `tailguard` command: run the system, or one piece of it.
 
     tailguard up                       everything: Redis, API, one worker per lane group, Flower
-    tailguard worker --lane long [--gpu 1 | --cores 2,3]
+    tailguard worker --lane long [--gpu 0,1 | --cores 2,3]
     tailguard api | flower | redis     one process each (what the Procfile runs)
-    tailguard keys add|list|revoke     API keys (authentication is on once one exists)
+    tailguard keys add|list|revoke     API keys (required unless TAILGUARD_API_AUTH=open)
     tailguard make-demo-model DIR [--size tiny|small]
     tailguard plan --step-model FILE --class short:2:3:64 ...   engines per lane, by simulation
 """
@@ -47,14 +47,15 @@ def make_demo_model(out_dir: Path, size: str, seed: int) -> None:
 
 @main.command()
 @click.option("--lane", "lane", help="serve the configured worker whose first lane is LANE")
-@click.option("--worker", "worker_name", help="serve the [[workers]] entry with this name")
-@click.option("--gpu", type=int, help="pin to this GPU (sets CUDA_VISIBLE_DEVICES)")
+@click.option("--worker", "worker_name", help="serve the [[workers]] entry with this name, or "
+              "one of its replicas (long-2 is the second of long)")
+@click.option("--gpu", help="pin to these GPUs, e.g. 1 or 0,1 (sets CUDA_VISIBLE_DEVICES)")
 @click.option("--cores", help="pin to these CPU cores, e.g. 0,1 (CPU-only hosts)")
 @click.option("--concurrency", "-c", type=int, help="threads; default: the lanes' max_num_seqs")
 @click.option("--metrics-port", type=int, help="serve Prometheus metrics here (default: "
               f"${settings.WORKER_METRICS_PORT.env}, 0 = off)")
 @click.option("--loglevel", "-l", default="INFO", show_default=True)
-def worker(lane: str | None, worker_name: str | None, gpu: int | None, cores: str | None,
+def worker(lane: str | None, worker_name: str | None, gpu: str | None, cores: str | None,
            concurrency: int | None, metrics_port: int | None, loglevel: str) -> None:
     """Run one Celery worker hosting one vLLM engine for one lane group."""
     from tailguard.host.cores import Pinning
@@ -70,43 +71,55 @@ def worker(lane: str | None, worker_name: str | None, gpu: int | None, cores: st
     model, is_demo = served_model()
     if is_demo:
         click.echo(f"[{spec.name}] {DEMO_NOTICE}", err=True)
-    env = {settings.MODEL.env: model}
+    env = {settings.MODEL.env: model, settings.WORKER.env: spec.name}
     if metrics_port is not None:
         env[settings.WORKER_METRICS_PORT.env] = str(metrics_port)
     become([console_script("celery"), "-A", "tasks", "worker", "-Q", ",".join(spec.lanes),
-            "-n", node_name(spec.name), "-c", str(concurrency or engine_settings_for(lanes)[0]),
+            "-n", node_name(worker_name or spec.name),
+            "-c", str(concurrency or engine_settings_for(lanes)[0]),
             "-l", loglevel], env=env, pin=Pinning.from_options(gpu, cores))
 
 
 @main.command()
 @click.option("--port", type=int,
               help=f"default: ${settings.API_PORT.env} or {settings.API_PORT.default}")
-@click.option("--bind", "host", default="127.0.0.1", show_default=True)
-def api(port: int | None, host: str) -> None:
+@click.option("--bind", "host", help=f"address (default: ${settings.HOST.env} or "
+              f"{settings.HOST.default})")
+def api(port: int | None, host: str | None) -> None:
     """Serve the REST API with gunicorn (threads, so long-polls do not block each other).
 
-    With no API key in Redis it serves loopback only: binding elsewhere refuses to start
-    (unless $TAILGUARD_API_OPEN)."""
-    from tailguard.gateway.api_keys import check_bind
-    from tailguard.model.served import served_model
+    $TAILGUARD_API_AUTH says whether it needs API keys; unset, it does on any bind but
+    loopback. Open mode on a non-loopback bind refuses to start (unless $TAILGUARD_API_OPEN)."""
+    from tailguard.gateway.api_keys import resolve_auth
+    from tailguard.model.served import prepare_served_model
 
+    host = host or settings.HOST.get()
     try:
-        have_keys = _key_store().any()
-    except ConfigError:
-        have_keys = False  # Redis not up yet: as if no key existed (the stricter case)
-    try:
-        mode = check_bind(host, have_keys=have_keys, open_api=settings.API_OPEN.get())
-        click.echo(f"tailguard api: {mode}", err=True)
+        mode, says = resolve_auth(host, settings.API_AUTH.get(), open_remote=settings.API_OPEN.get())
     except ConfigError as exc:
         raise click.ClickException(exc.message) from None
-    model, _ = served_model()
+    click.echo(f"tailguard api: {says}", err=True)
+    try:
+        made = len(_key_store().list())
+    except ConfigError:
+        made = None  # Redis not up yet: nothing to say about keys
+    if mode == settings.AUTH_OPEN and made:
+        click.echo(f"tailguard api: {made} API key(s) exist but are not asked for: set "
+                   f"{settings.API_AUTH.env}=keys to require them", err=True)
+    elif mode == settings.AUTH_KEYS and made == 0:
+        click.echo("tailguard api: no API key exists yet, so every /v1/ call is a 401 until "
+                   "`tailguard keys add NAME` makes one", err=True)
+    try:
+        served = prepare_served_model()
+    except ConfigError as exc:
+        raise click.ClickException(exc.message) from None
     become([console_script("gunicorn"), "--bind", f"{host}:{port or settings.API_PORT.get()}",
             "--worker-class", "gthread", "--threads", str(settings.API_THREADS.get()),
             # connections past this wait unaccepted: room for every thread, plus idle keep-alives
             "--worker-connections", str(2 * settings.API_THREADS.get()),
             "--workers", "1", "--timeout", "120", "--access-logfile", "-",
             "--config", "python:app.gunicorn_hooks", "app:create_app()"],
-           env={settings.MODEL.env: model})
+           env={**served.env(), settings.API_AUTH.env: mode})
 
 
 def _key_store():
@@ -116,19 +129,35 @@ def _key_store():
     from tailguard.gateway.api_keys import ApiKeyStore
     from tailguard.redis.client import connect
 
-    client = connect(settings.redis_url(), socket_connect_timeout=3)
+    url = settings.redis_url()
     try:
+        client = connect(url, socket_connect_timeout=3, socket_timeout=3)
         client.ping()
-    except redis_lib.RedisError as exc:
-        raise ConfigError(f"Redis at {settings.redis_url()} does not answer: {exc}",
-                          field=settings.REDIS_URL.env) from None
+    except (redis_lib.RedisError, ValueError) as exc:
+        raise ConfigError(f"Redis at {settings.redact_url(url)} does not answer: "
+                          f"{_redacted_error(exc, url)}", field=settings.REDIS_URL.env) from None
     return ApiKeyStore(client)
+
+
+def _redacted_error(exc: Exception, url: str) -> str:
+    """An error's text without the URL's password, should the library have echoed it."""
+    from urllib.parse import unquote, urlsplit
+
+    text = str(exc)
+    for part in url.split(";"):
+        try:
+            password = urlsplit(part).password
+        except ValueError:
+            continue
+        for secret in {password, unquote(password or "")} - {None, ""}:
+            text = text.replace(secret, "***")
+    return text
 
 
 @main.group()
 def keys() -> None:
-    """API keys, kept hashed in Redis. Once one exists every /v1/ call needs one
-    (Authorization: Bearer <key>); with none, the API serves loopback only."""
+    """API keys, kept hashed in Redis. In keys mode (TAILGUARD_API_AUTH; the default on any
+    bind but loopback) every /v1/ call needs one: Authorization: Bearer <key>."""
 
 
 @keys.command("add")
@@ -137,13 +166,14 @@ def keys() -> None:
 @click.option("--tpm", type=int, help="cost tokens (prompt + max_tokens) per minute (default: no limit)")
 @click.option("--max-priority", type=click.Choice(["interactive", "batch"]), default="interactive",
               show_default=True, help="highest class: a batch key's requests all run as batch")
-def keys_add(name: str, rpm: int | None, tpm: int | None, max_priority: str) -> None:
+@click.option("--admin", is_flag=True, help="sees and cancels every key's jobs (others: their own)")
+def keys_add(name: str, rpm: int | None, tpm: int | None, max_priority: str, admin: bool) -> None:
     """Make a key named NAME and print it (the only time it is shown)."""
     from tailguard.gateway.api_keys import ApiKey
 
     try:
         secret = _key_store().add(ApiKey(name, requests_per_min=rpm, tokens_per_min=tpm,
-                                         max_priority=max_priority))
+                                         max_priority=max_priority, admin=admin))
     except ConfigError as exc:
         raise click.ClickException(exc.message) from None
     click.echo(secret)
@@ -159,10 +189,12 @@ def keys_list() -> None:
     except ConfigError as exc:
         raise click.ClickException(exc.message) from None
     if not found:
-        click.echo("no API keys: authentication is off (the API serves loopback only)")
+        click.echo("no API keys: in keys mode every /v1/ call is refused until "
+                   "`tailguard keys add NAME` makes one")
     for k in found:
         click.echo(f"{k.name:<24} sha256 {k.id[:12]}  rpm {k.requests_per_min or '-'}  "
-                   f"tpm {k.tokens_per_min or '-'}  max priority {k.max_priority}")
+                   f"tpm {k.tokens_per_min or '-'}  max priority {k.max_priority}"
+                   + ("  admin" if k.admin else ""))
 
 
 @keys.command("revoke")
@@ -181,11 +213,13 @@ def keys_revoke(name: str) -> None:
 @main.command()
 @click.option("--port", type=int,
               help=f"default: ${settings.FLOWER_PORT.env} or {settings.FLOWER_PORT.default}")
-def flower(port: int | None) -> None:
+@click.option("--address", help=f"default: ${settings.HOST.env} or {settings.HOST.default}")
+def flower(port: int | None, address: str | None) -> None:
     """Run Flower on the lane queues, always behind basic auth: $TAILGUARD_FLOWER_BASIC_AUTH,
     else a password generated once into $TAILGUARD_HOME/flower.auth."""
     argv = [console_script("celery"), "-A", "tasks", "flower",
-            f"--port={port or settings.FLOWER_PORT.get()}", "--address=127.0.0.1"]
+            f"--port={port or settings.FLOWER_PORT.get()}",
+            f"--address={address or settings.HOST.get()}"]
     from tailguard.launch.supervisor import flower_auth
 
     home = settings.home()
@@ -200,11 +234,18 @@ def flower(port: int | None) -> None:
 def redis(port: int | None) -> None:
     """Run the embedded redis-server in the foreground (data and AOF under $TAILGUARD_HOME), with
     the password kept in $TAILGUARD_HOME/redis.password (made on first use)."""
-    from tailguard.host.redis_server import redis_command
+    import os
+
+    from tailguard.host.redis_server import port_held, port_in_use, redis_command
     from tailguard.host.secrets import embedded_redis_password
 
-    become(redis_command(port or settings.REDIS_PORT.get(), settings.home() / "redis",
-                         password=embedded_redis_password()))
+    port = port or settings.REDIS_PORT.get()
+    if port_in_use(port):  # redis-server would fail to bind; say why, and what to do, first
+        raise click.ClickException(port_held(port, "127.0.0.1", what="redis-server",
+                                             setting=settings.REDIS_PORT.env,
+                                             option="--port").message)
+    os.umask(0o077)  # its AOF holds every prompt and output: 0600, as the folders are 0700
+    become(redis_command(port, settings.home() / "redis", password=embedded_redis_password()))
 
 
 @main.command()
@@ -226,11 +267,14 @@ def stats(window: str, top: int, as_json: bool) -> None:
         seconds = parse_window(window)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--window") from None
-    client = connect(settings.redis_url(), socket_connect_timeout=3)
+    url = settings.redis_url()
     try:
+        client = connect(url, socket_connect_timeout=3, socket_timeout=10)
         now_s, now_us = client.time()
-    except redis_lib.RedisError as exc:
-        raise click.ClickException(f"Redis at {settings.redis_url()} does not answer: {exc}") from None
+    except (redis_lib.RedisError, ValueError, ConfigError) as exc:
+        message = exc.message if isinstance(exc, ConfigError) else _redacted_error(exc, url)
+        raise click.ClickException(f"Redis at {settings.redact_url(url)} does not answer: "
+                                   f"{message}") from None
     now = now_s + now_us / 1e6
     names = load_lanes().names
     result = StatsStore(client).window(names, now - seconds, now, top=top)
@@ -244,11 +288,32 @@ def stats(window: str, top: int, as_json: bool) -> None:
 
 
 @main.command()
-def up() -> None:
-    """Start the whole system and stop all of it on Ctrl-C."""
-    from tailguard.launch.supervisor import run_up
+@click.option("--host", help=f"address of the API and Flower (default: ${settings.HOST.env} or "
+              f"{settings.HOST.default}; the embedded Redis stays on loopback)")
+@click.option("--port", type=int,
+              help=f"API port (default: ${settings.API_PORT.env} or {settings.API_PORT.default})")
+@click.option("--flower-port", type=int, help=f"default: ${settings.FLOWER_PORT.env} or "
+              f"{settings.FLOWER_PORT.default}")
+@click.option("--redis-port", type=int, help=f"the embedded Redis's (default: "
+              f"${settings.REDIS_PORT.env} or {settings.REDIS_PORT.default})")
+def up(host: str | None, port: int | None, flower_port: int | None,
+       redis_port: int | None) -> None:
+    """Start the whole system and stop all of it on Ctrl-C.
 
-    sys.exit(run_up())
+    The model is resolved and every port checked before anything starts: a model that
+    cannot be had, or a port another server holds, is one error."""
+    from tailguard.gateway.api_keys import resolve_auth
+    from tailguard.launch.supervisor import Binds, run_up
+
+    try:
+        binds = Binds.from_settings(host=host, port=port, flower_port=flower_port,
+                                    redis_port=redis_port)
+        # what `tailguard api` would refuse on this bind, refused before anything starts
+        resolve_auth(binds.host, settings.API_AUTH.get(), open_remote=settings.API_OPEN.get())
+        code = run_up(binds)
+    except ConfigError as exc:
+        raise click.ClickException(exc.message) from None
+    sys.exit(code)
 
 
 def _bench_options(command: Callable[..., Any]) -> Callable[..., Any]:

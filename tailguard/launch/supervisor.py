@@ -1,11 +1,15 @@
 """`tailguard up`: the whole system in one foreground command, stopped cleanly by Ctrl-C.
 
-Starts, in order: the embedded Redis (unless TAILGUARD_REDIS_URL is set), the
-demo model build (unless TAILGUARD_MODEL is set), the API, one worker per
-[[workers]] entry of the lanes file (pinned to a GPU or to disjoint cores), and
-Flower. Each child runs in its own session so Ctrl-C reaches only us. On a CPU host
-Redis, the API, Flower and the workers' own threads run on the front-end cores
-(tailguard/host/cores.py), away from the other engines' cores.
+Before it starts anything it resolves the model to local files (TAILGUARD_MODEL: a
+directory, the Hugging Face cache or a download; empty: the default model, converted
+once: tailguard/model/served.py) and checks that every port it will listen on is free,
+so a model it cannot have or a port another server holds is one error and nothing runs.
+Then it starts, in order: the embedded Redis (unless TAILGUARD_REDIS_URL is set), the
+API, one worker per [[workers]] entry of the lanes file (pinned to a GPU or to disjoint
+cores), and Flower, all on the local model path. Each child runs in its own session
+so Ctrl-C reaches only us. On a CPU host Redis, the API, Flower and the workers' own
+threads run on the front-end cores (tailguard/host/cores.py), away from the other
+engines' cores.
 
 Supervision: a child that exits (API, worker, Flower, Redis) is started again
 after an exponential backoff; one restarted TAILGUARD_CRASH_LOOP_RESTARTS times
@@ -22,11 +26,14 @@ is running before it is killed. A second Ctrl-C kills everything at once.
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import sys
 import threading
+from typing import NamedTuple
 
 from tailguard import settings
+from tailguard.errors import ConfigError
 from tailguard.host.cores import frontend_cores, frontend_env, shares_frontend
 from tailguard.host.devices import device_kind
 from tailguard.host.procs import (
@@ -38,10 +45,69 @@ from tailguard.host.procs import (
     worker_spec,
 )
 from tailguard.lanes.table import LaneTable, load_lanes
-from tailguard.launch.placement import place_workers
+from tailguard.launch.placement import plan_workers
 
+#: Worker i's metrics port is this + i unless TAILGUARD_WORKER_METRICS_PORT says another base.
 WORKER_METRICS_BASE = 9101
 COLORS = ["36", "33", "32", "35", "34", "31"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Binds:
+    """Where `tailguard up` listens: the API's and Flower's address and ports, the embedded
+    Redis's port (it stays on loopback), worker i's metrics on metrics_base + i."""
+
+    host: str
+    port: int
+    flower_port: int
+    redis_port: int
+    metrics_base: int = WORKER_METRICS_BASE
+
+    @classmethod
+    def from_settings(cls, **given: object) -> Binds:
+        """The settings' values, replaced by those `given` that are not None (command options)."""
+        binds = cls(settings.HOST.get(), settings.API_PORT.get(), settings.FLOWER_PORT.get(),
+                    settings.REDIS_PORT.get(),
+                    settings.WORKER_METRICS_PORT.get() or WORKER_METRICS_BASE)
+        return dataclasses.replace(binds, **{k: v for k, v in given.items() if v is not None})
+
+    def listeners(self, workers: int, redis: bool) -> list[Listener]:
+        """Every server `up` starts that listens on a port."""
+        out = [Listener("the API", self.host, self.port, settings.API_PORT.env, "--port"),
+               Listener("Flower", self.host, self.flower_port, settings.FLOWER_PORT.env,
+                        "--flower-port")]
+        if redis:
+            out.append(Listener("the embedded redis-server", "127.0.0.1", self.redis_port,
+                                settings.REDIS_PORT.env, "--redis-port",
+                                f", or set {settings.REDIS_URL.env} to use that Redis instead"))
+        out += [Listener(f"worker {i}'s metrics", settings.WORKER_METRICS_ADDR.get(),
+                         self.metrics_base + i, settings.WORKER_METRICS_PORT.env, "a base port")
+                for i in range(workers)]
+        return out
+
+
+class Listener(NamedTuple):
+    what: str
+    host: str
+    port: int
+    setting: str  # the env name that moves it
+    option: str  # the `tailguard up` option that does
+    hint: str = ""  # what else the operator may do
+
+
+def check_ports(listeners: list[Listener]) -> None:
+    """A ConfigError naming the first port given twice or held by another server."""
+    from tailguard.host.redis_server import port_held, port_in_use
+
+    seen: dict[int, str] = {}
+    for it in listeners:
+        if it.port in seen:
+            raise ConfigError(f"{it.what} and {seen[it.port]} are both given port {it.port}: "
+                              f"change {it.setting} ({it.option})", field=it.setting)
+        seen[it.port] = it.what
+        if port_in_use(it.port, it.host):
+            raise port_held(it.port, it.host, what=it.what, setting=it.setting,
+                            option=it.option, hint=it.hint)
 
 
 def _tag(name: str, i: int) -> str:
@@ -79,52 +145,68 @@ def worker_stop_timeout_s(table: LaneTable, lanes: tuple[str, ...] | list[str]) 
     return max(table[lane].deadline_s for lane in lanes) + STOP_TIMEOUT_S
 
 
-def run_up() -> int:
-    from tailguard.host.redis_server import start_redis
-    from tailguard.host.secrets import embedded_redis_password
-    from tailguard.model.served import DEMO_NOTICE, served_model
+def run_up(binds: Binds | None = None) -> int:
+    from tailguard.host.redis_server import describe_redis_server, find_redis_server, start_redis
+    from tailguard.host.secrets import embedded_redis_password, private_dir
+    from tailguard.model.served import DEMO_NOTICE, prepare_served_model
 
     env: dict[str, str] = {}  # what every child gets on top of our environment
     table = load_lanes()  # fail before starting anything if the lanes file is bad
     home = settings.home()
-    home.mkdir(parents=True, exist_ok=True)
-    pins = place_workers(table.workers, device_kind())
-    front = frontend_cores(pins, settings.FRONTEND_CORES.get())
+    # Everything the system writes (Redis's AOF with every prompt and output, logs, secrets,
+    # the demo model) is its owner's only: files 0600, folders 0700, $TAILGUARD_HOME too.
+    os.umask(0o077)
+    private_dir(home)
+    placement = plan_workers(table, device_kind())  # engine tables checked, devices placed
+    front = frontend_cores(placement.pins, settings.FRONTEND_CORES.get())
     env.update(frontend_env(front))
+    binds = binds or Binds.from_settings()
+    embedded_redis = not settings.REDIS_URL.get()
+    check_ports(binds.listeners(len(placement.workers), redis=embedded_redis))
+    _say("preparing the model (the first run converts the default model, once)")
+    served = prepare_served_model(say=_say)
+    env.update(served.env())
+    _say(f"serving {served.name or served.path}" + (f" from {served.path}" if served.name else ""))
+    if served.is_demo:
+        _say(DEMO_NOTICE)
     group = Group()
     stop = threading.Event()
     policy = restart_policy()
     failed = None
     try:
-        if not settings.REDIS_URL.get():
-            port = settings.REDIS_PORT.get()
-            _say(f"starting redis-server on 127.0.0.1:{port} (data in {home / 'redis'})")
+        if embedded_redis:
+            port = binds.redis_port
+            _say(f"starting {describe_redis_server(find_redis_server())} on 127.0.0.1:{port} "
+                 f"(data in {home / 'redis'})")
             # Started first and stopped last: workers need Redis to shut down.
             group.adopt(start_redis(port, home / "redis", log_path=home / "redis.log",
                                     password=embedded_redis_password(),
                                     restart=policy, cpus=front))
-            env[settings.REDIS_URL.env] = settings.redis_url()
-        _say("preparing the model (the first run builds the demo model)")
-        model, is_demo = served_model()
-        env[settings.MODEL.env] = model
-        if is_demo:
-            _say(DEMO_NOTICE)
+            env[settings.REDIS_URL.env] = settings.redis_url(port)
         auth = flower_auth(home)
-        env[settings.FLOWER_BASIC_AUTH.env] = auth
+        # Flower's password goes to Flower alone, not to every child (nor one inherited from us).
+        env[settings.FLOWER_BASIC_AUTH.env] = ""
 
-        specs = [ChildSpec("api", tailguard_argv("api"), env=env, restart=policy, cpus=front)]
-        for i, (spec, pin) in enumerate(zip(table.workers, pins)):
+        specs = [ChildSpec("api", tailguard_argv("api", "--bind", binds.host, "--port",
+                                                 str(binds.port)),
+                           env=env, restart=policy, cpus=front)]
+        for i, placed in enumerate(placement.workers):
             specs.append(dataclasses.replace(
-                worker_spec(spec.name, pin, "--metrics-port", str(WORKER_METRICS_BASE + i),
-                            env=env, cpus=front),
-                stop_timeout_s=worker_stop_timeout_s(table, spec.lanes), restart=policy))
+                worker_spec(placed.name, placed.pin, "--metrics-port",
+                            str(binds.metrics_base + i), env=env, cpus=front),
+                stop_timeout_s=worker_stop_timeout_s(table, placed.spec.lanes), restart=policy))
             shared = (f" (shared with the front end: the engine at nice "
-                      f"{settings.ENGINE_NICE.get()})" if shares_frontend(pin, env) else "")
-            _say(f"worker {spec.name} serves {', '.join(spec.lanes)} on {pin.label()}{shared}")
+                      f"{settings.ENGINE_NICE.get()})" if shares_frontend(placed.pin, env) else "")
+            _say(f"worker {placed.name} serves {', '.join(placed.spec.lanes)} on "
+                 f"{placed.label()}{shared}")
+        for note in placement.notes():
+            _say(note)
         if front:
             _say(f"front end (API, Redis, Flower, the workers' own threads) on cores "
                  f"{','.join(map(str, front))} ({settings.FRONTEND_CORES.env})")
-        specs.append(ChildSpec("flower", tailguard_argv("flower"), env=env, restart=policy,
+        specs.append(ChildSpec("flower", tailguard_argv("flower", "--address", binds.host,
+                                                        "--port", str(binds.flower_port)),
+                               env={**env, settings.FLOWER_BASIC_AUTH.env: auth}, restart=policy,
                                cpus=front))
 
         def on_signal(*_: object) -> None:
@@ -137,14 +219,14 @@ def run_up() -> int:
             signal.signal(sig, on_signal)
         for i, spec in enumerate(specs):
             group.start(spec, echo=_tag(spec.name, i))
-        _say(f"API on http://127.0.0.1:{settings.API_PORT.get()} (metrics at /metrics), Flower on "
-             f"http://127.0.0.1:{settings.FLOWER_PORT.get()} (user {auth.split(':', 1)[0]!r}, "
+        _say(f"API on http://{binds.host}:{binds.port} (metrics at /metrics), Flower on "
+             f"http://{binds.host}:{binds.flower_port} (user {auth.split(':', 1)[0]!r}, "
              f"password in {home / 'flower.auth'}), worker metrics on ports "
-             f"{WORKER_METRICS_BASE}-{WORKER_METRICS_BASE + len(table.workers) - 1}; workers are "
+             f"{binds.metrics_base}-{binds.metrics_base + len(placement.workers) - 1}; workers are "
              f"ready when GET /healthz answers 200. Ctrl-C stops everything.")
-        _say("API keys: `tailguard keys add NAME` prints one (send it as Authorization: Bearer "
-             "<key>); once one exists, every /v1/ call needs one. With none, the API serves "
-             "loopback only.")
+        _say(f"API keys: the API's first line says whether it asks for one ("
+             f"{settings.API_AUTH.env}: open on loopback unless set to keys); `tailguard keys add "
+             "NAME` prints one, sent as Authorization: Bearer <key>.")
         while not stop.is_set():
             for line in group.supervise():
                 _say(line)

@@ -6,18 +6,28 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
+from tailguard.model.bundled import MARKER_FILE as BUNDLED_MARKER
+from tailguard.model.demo import MARKER_FILE as DEMO_MARKER  # demo imports torch only to build
+
 
 def resolve_model_dir(model: str) -> Path | None:
     """A local directory for `model`: the path itself, or the Hugging Face cache (offline)."""
+    from tailguard.model.hub import cached_snapshot
+
     path = Path(model)
     if path.is_dir():
         return path
-    try:
-        from huggingface_hub import snapshot_download
+    return cached_snapshot(model)
 
-        return Path(snapshot_download(model, local_files_only=True))
-    except Exception:  # noqa: BLE001 - not cached, no hub library: the caller decides
-        return None
+
+def _marker(model: str, name: str) -> dict:
+    """The record tailguard wrote beside a model it built (a demo model: DEMO_MARKER, the
+    default model: BUNDLED_MARKER), or {}."""
+    try:
+        meta = json.loads((Path(model) / name).read_text())
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
 
 
 @lru_cache(maxsize=8)
@@ -34,15 +44,11 @@ def model_max_len(model: str) -> int | None:
 
 
 def serving_dtype(model: str, configured: str = "") -> str:
-    """The dtype to give vLLM: the configured one, else what a demo model records, else auto."""
+    """The dtype to give vLLM: the configured one, else what a model tailguard built records
+    (chosen for the machine: tailguard/model/demo.py, bundled.py), else auto."""
     if configured:
         return configured
-    from tailguard.model.demo import MARKER_FILE  # torch is imported only when building
-
-    try:
-        meta = json.loads((Path(model) / MARKER_FILE).read_text())
-    except (OSError, ValueError):
-        return "auto"
+    meta = _marker(model, DEMO_MARKER) or _marker(model, BUNDLED_MARKER)
     return meta.get("dtype") or "auto"
 
 
@@ -53,9 +59,8 @@ def served_model_names(model: str, configured: str = "") -> list[str]:
     """Names a client may put in `model`: the public one first, then the model itself."""
     if configured:
         public = configured
+    elif _marker(model, DEMO_MARKER):
+        public = DEMO_SERVED_NAME
     else:
-        folder = Path(model)
-        from tailguard.model.demo import MARKER_FILE  # torch is imported only when building
-
-        public = DEMO_SERVED_NAME if (folder / MARKER_FILE).is_file() else model
+        public = _marker(model, BUNDLED_MARKER).get("served_name") or model
     return [public] if public == model else [public, model]
