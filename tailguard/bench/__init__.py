@@ -11,8 +11,11 @@ Each topology sees two phases with the same short-request arrivals: ``baseline``
 (the short class alone) and ``mixed`` (short and long together), so the report
 can say how much long traffic hurts short requests in each.
 
-Parts, one per file: ``workload`` (what to send, pure), ``loadgen`` (sending it
-and timing each streamed request), ``topology`` (bringing one system up and
-down), ``report`` (statistics, ratios, PASS/FAIL lines, pure), ``plot`` (the
-PNG), ``run`` (the whole benchmark). The pure parts import without Redis or vLLM.
+Parts, one per file: ``workload`` (what to send, pure), ``azure_trace`` (the
+Azure LLM inference traces 2023 as workloads; the files, CC BY 4.0, with their
+licence and attribution in ``traces/``), ``loadgen`` (sending it and timing each
+streamed request), ``topology`` (bringing one system up and down), ``report``
+(statistics, ratios, PASS/FAIL lines, pure), ``goodput`` (requests within their
+class's SLO, as vLLM's ``bench serve --goodput``, pure), ``plot`` (the PNG),
+``run`` (the whole benchmark). The pure parts import without Redis or vLLM.
 """

@@ -2,7 +2,10 @@
 
 Each request is a streamed ``POST /v1/completions`` (``stream: true``), so the
 client sees its first token: TTFT is measured here, from sending the request to
-the first chunk with text; end-to-end from sending to ``data: [DONE]``. The
+the first chunk with text (an output with no text at all: its first chunk, as
+vLLM's ``bench serve`` takes it); end-to-end from sending to ``data: [DONE]``; the
+inter-token latency, as vLLM's ``bench serve`` takes it, is the gaps between
+one chunk with text and the next (a chunk may carry several tokens). The
 response's ``X-Tailguard-Job-Id`` names the job, whose ``/v1/jobs/<id>`` timing
 gives the queue wait (submission to start on a worker, on Redis's clock).
 Against a plain vLLM server (``jobs=False``: the `direct` topology) there is no
@@ -23,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -36,6 +39,8 @@ CLIENT_FAILURES = frozenset({"http_error", "client_error", "timeout"})
 #: The API answered 429: refused at admission, nothing queued (not a failure of the system).
 REFUSED = "refused"
 #: Socket read timeout: the API sends an SSE heartbeat every ~2 s, so silence this long is a fault.
+#: A plain vLLM server sends nothing while a request waits in its queue: against it a stream
+#: may be silent until the phase's deadline (an overloaded engine is slow, not broken).
 READ_TIMEOUT_S = 60.0
 
 
@@ -67,6 +72,10 @@ class Sample:
     ttft_s: float | None = None  # client: sent -> first chunk with text
     e2e_s: float | None = None  # client: sent -> data: [DONE]
     completion_tokens: int | None = None
+    prompt_tokens: int | None = None  # as the server counted them (the stream's usage)
+    planned_prompt_tokens: int | None = None  # as the workload built the prompt
+    chunks: int = 0  # stream chunks with text
+    itl_s: list[float] = field(default_factory=list)  # gaps between them (len: chunks - 1)
     finish_reason: str | None = None  # the job's: length, stop or deadline
     error: str | None = None
     refusal: str | None = None  # a 429's error code (lane_full, wait_too_long, rate_limited)
@@ -130,12 +139,15 @@ class Client:
         if req.cls in self.priorities:
             fields["priority"] = self.priorities[req.cls]
         body = json.dumps(fields).encode()
-        conn = self._conn()
+        conn = self._conn(READ_TIMEOUT_S if self.jobs else
+                          max(READ_TIMEOUT_S, min(deadline - time.perf_counter(), 86400.0)))
         sent = time.perf_counter()
         sample.sent_s = sent - t0
         sample.sent_at = time.time()
         sample.status = "sent"
         done = False
+        last_text: float | None = None
+        first_choice: float | None = None  # an output of no text at all: its TTFT, as vLLM's
         try:
             conn.request("POST", "/v1/completions", body=body,
                          headers={"content-type": "application/json"})
@@ -164,6 +176,8 @@ class Client:
                 data = line[6:].strip()
                 if data == b"[DONE]":
                     sample.e2e_s = now - sent
+                    if sample.ttft_s is None and first_choice is not None:
+                        sample.ttft_s = first_choice - sent
                     done = True
                     break
                 chunk = json.loads(data)
@@ -172,9 +186,17 @@ class Client:
                     continue
                 if chunk.get("usage"):
                     sample.completion_tokens = chunk["usage"].get("completion_tokens")
+                    sample.prompt_tokens = chunk["usage"].get("prompt_tokens")
                 choices = chunk.get("choices") or ()
-                if sample.ttft_s is None and any(c.get("text") for c in choices):
-                    sample.ttft_s = now - sent
+                if choices and first_choice is None:
+                    first_choice = now
+                if any(c.get("text") for c in choices):
+                    if last_text is None:
+                        sample.ttft_s = now - sent
+                    else:
+                        sample.itl_s.append(round(now - last_text, 6))
+                    last_text = now
+                    sample.chunks += 1
                 if not self.jobs:
                     sample.finish_reason = next((c["finish_reason"] for c in choices
                                                  if c.get("finish_reason")), sample.finish_reason)
@@ -245,7 +267,8 @@ def run_phase(client: Client, requests: tuple[BenchRequest, ...] | list[BenchReq
     `drain_s` after it are abandoned (closing the stream cancels the job) and
     reported as `timeout`. Jobs that did not end are looked up once more at the end.
     """
-    samples = [Sample(r.cls, r.max_tokens, r.arrival_s) for r in requests]
+    samples = [Sample(r.cls, r.max_tokens, r.arrival_s, planned_prompt_tokens=r.prompt_tokens)
+               for r in requests]
     t0 = time.perf_counter() + 0.1
     deadline = t0 + max(duration_s, max((r.arrival_s for r in requests), default=0)) + drain_s
     lock = threading.Lock()

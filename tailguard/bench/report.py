@@ -1,4 +1,4 @@
-"""Statistics, the ratios that matter, and the PASS/FAIL lines of issues 4, 11 and 12. Pure.
+"""Statistics, the ratios that matter, and the PASS/FAIL lines of issues 4, 11, 12 and 25. Pure.
 
 Latency statistics are over the requests that succeeded (errors and refusals at
 admission are counted apart, not timed). Percentiles are nearest-rank: the P99 of
@@ -8,6 +8,14 @@ per class: its output tokens over the span from its first request sent to its la
 one finished. Under an open-loop load the system keeps up with, that is the
 offered load; it drops when the class's engines cannot keep up. ``decode_tok_s``
 is each request's own rate after its first token.
+
+Per phase, across all classes: goodput (``goodput``: requests that met their
+class's SLO, per second), the whole machine's output tokens/s (vLLM's output
+token throughput over the phase's span, every class together), and the streamed
+inter-token latency a client sees: the gaps between chunks with text, pooled over
+the requests (as vLLM's ITL), with the output tokens per chunk. Each class reports
+the output lengths asked for (``max_tokens``) and produced (the model's own when
+the run does not ignore EOS).
 """
 
 from __future__ import annotations
@@ -16,8 +24,17 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from tailguard.bench.goodput import (
+    DEFAULT_LONG_SLO,
+    DEFAULT_SHORT_SLO,
+    Slo,
+    goodput,
+    phase_span_s,
+    slo_text,
+    tpot_s,
+)
 from tailguard.bench.loadgen import REFUSED, Sample
-from tailguard.bench.workload import OVERLOAD, WINDOWS
+from tailguard.bench.workload import BURST, OVERLOAD, WINDOWS
 
 METRICS = {"queued_s": "queue wait", "ttft_s": "TTFT", "e2e_s": "end-to-end"}
 OVERHEAD = "overhead"  # the phase (and workload) that measures the gateway against direct
@@ -29,7 +46,12 @@ LOAD_MIN_INTERFERENCE = 3.0  # shared short P99 >= 3x its no-long baseline: a lo
 LANES_VS_SHARED_MAX = 0.25
 LANES_VS_BASELINE_MAX = 1.3  # issue 12 (issue 4 had 1.5)
 LONG_THROUGHPUT_MIN = 0.85
-LANES_VS_DIRECT_MAX = 0.5  # issue 12: half of plain vLLM's (priority scheduling) short P99
+LANES_VS_DIRECT_MAX = 0.25  # issue 25 (issue 12 had 1/2): of plain vLLM's (priority) short P99
+#: Serving targets (issue 25), on the mixed phase: the whole machine's output tok/s against
+#: direct's, the long class's P50 end-to-end against shared's, the streamed ITL P99 against direct's.
+TOTAL_THROUGHPUT_MIN = 0.95
+LONG_E2E_P50_MAX = 1.5
+STREAM_ITL_P99_MAX = 1.5
 #: Gateway overhead targets (issue 12), tailguard minus direct on the overhead workload.
 TTFT_OVERHEAD_P50_MAX_S = 0.005
 TTFT_OVERHEAD_P99_MAX_S = 0.015
@@ -77,6 +99,9 @@ def class_stats(samples: list[Sample]) -> dict[str, Any]:
             errors[s.status] = errors.get(s.status, 0) + 1
     lags = [s.lag_s for s in sent]
     decode = [s.decode_tok_s for s in ok if s.decode_tok_s is not None]
+    reasons: dict[str, int] = {}
+    for s in ok:
+        reasons[s.finish_reason or "?"] = reasons.get(s.finish_reason or "?", 0) + 1
     return {
         "count": len(samples),
         "ok": len(ok),
@@ -93,7 +118,41 @@ def class_stats(samples: list[Sample]) -> dict[str, Any]:
                          "p50": percentile(decode, 50), "min": min(decode, default=None)},
         "max_lag_s": max(lags, default=None),
         "late_sends": sum(1 for lag in lags if lag > LAG_WARN_S),
+        "requested_tokens": sum(s.max_tokens for s in ok),
+        "requested_len": summarize(s.max_tokens for s in ok),
+        "output_len": summarize(s.completion_tokens for s in ok),
+        "finish_reasons": reasons,
+        "tpot_s": summarize(tpot_s(s) for s in ok if (s.completion_tokens or 0) > 1),
+        **stream_stats(ok),
     }
+
+
+def stream_stats(ok: list[Sample]) -> dict[str, Any]:
+    """The streamed inter-token latency of successful requests, their gaps pooled, and the
+    output tokens per chunk with text."""
+    chunks = sum(s.chunks for s in ok)
+    tokens = sum(s.completion_tokens or 0 for s in ok if s.chunks)
+    return {"itl_s": summarize(g for s in ok for g in s.itl_s), "chunks": chunks,
+            "tokens_per_chunk": tokens / chunks if chunks else None}
+
+
+def phase_totals(samples: list[Sample], short_class: str | None, short_slo: Slo,
+                 long_slo: Slo) -> dict[str, Any]:
+    """One phase of one topology, every class together: goodput, output tok/s, streams."""
+    ok = [s for s in samples if s.ok]
+    span = phase_span_s(samples)
+    tokens = sum(s.completion_tokens or 0 for s in ok)
+    return {"output_tokens": tokens, "output_tok_s": tokens / span if span else None,
+            "goodput": goodput(samples, short_class, short_slo, long_slo), **stream_stats(ok)}
+
+
+def slos(config: dict[str, Any]) -> tuple[Slo, Slo]:
+    """The short and long SLOs a run was judged by (its config's, else the defaults)."""
+    def pairs(value: Any, default: Slo) -> Slo:
+        return tuple((k, float(v)) for k, v in value) if value else default
+
+    return (pairs(config.get("goodput_short"), DEFAULT_SHORT_SLO),
+            pairs(config.get("goodput_long"), DEFAULT_LONG_SLO))
 
 
 def phase_stats(samples: list[Sample], classes: list[str]) -> dict[str, Any]:
@@ -133,6 +192,61 @@ def ratios(report: dict, metric: str) -> dict[str, float | None]:
     }
 
 
+def _totals(report: dict, topo: str, phase: str, *path: str) -> Any:
+    node: Any = report.get("topologies", {}).get(topo, {}).get("totals", {}).get(phase)
+    for key in path:
+        node = node.get(key) if isinstance(node, dict) else None
+    return node
+
+
+def serving(report: dict, phase: str = "mixed") -> dict[str, Any]:
+    """Issue 25's figures on `phase`, per topology: goodput, the whole machine's output tok/s
+    and that against direct's; lanes' long-class P50 end-to-end against shared's and its
+    streamed ITL P99 against direct's (every class, and the short class alone)."""
+    topos = list(report["topologies"])
+    short, long = report["workload"]["short_class"], report["workload"]["long_class"]
+    tok_s = {t: _totals(report, t, phase, "output_tok_s") for t in topos}
+    return {
+        "phase": phase,
+        "goodput_rps": {t: _totals(report, t, phase, "goodput", "goodput_rps") for t in topos},
+        "good": {t: _totals(report, t, phase, "goodput", "good") for t in topos},
+        "requests": {t: _totals(report, t, phase, "goodput", "requests") for t in topos},
+        "output_tok_s": tok_s,
+        "output_tok_s_over_direct": {t: _ratio(tok_s[t], tok_s.get("direct")) for t in topos},
+        "lanes_long_e2e_p50_over_shared": _ratio(
+            _get(report, "lanes", phase, long, "e2e_s", "p50"),
+            _get(report, "shared", phase, long, "e2e_s", "p50")),
+        "lanes_itl_p99_over_direct": _ratio(_totals(report, "lanes", phase, "itl_s", "p99"),
+                                            _totals(report, "direct", phase, "itl_s", "p99")),
+        "lanes_short_itl_p99_over_direct": _ratio(
+            _get(report, "lanes", phase, short, "itl_s", "p99"),
+            _get(report, "direct", phase, short, "itl_s", "p99")),
+    }
+
+
+def burst_figures(by_phase: dict[str, list[Sample]], short: str, long: str | None,
+                  burst_at_s: float) -> dict[str, Any]:
+    """The short requests that arrived while the burst's prefill ran (from the burst until the
+    last long request's first token): their TTFT against the same requests' in the baseline
+    phase, which had no burst."""
+    longs = [s for s in by_phase.get("mixed", []) if s.cls == long]
+    firsts = [s.sent_s + s.ttft_s for s in longs if s.ok and s.sent_s is not None
+              and s.ttft_s is not None]
+    end = max(firsts, default=None)
+    if end is None or len(firsts) < len(longs):  # a long one never started: to the phase's end
+        end = max((s.arrival_s for s in by_phase.get("mixed", [])), default=burst_at_s)
+        end = max(end, burst_at_s) + 1e-9
+    out: dict[str, Any] = {"burst_at_s": burst_at_s, "prefill_end_s": end,
+                           "long_first_tokens": len(firsts), "longs": len(longs)}
+    for phase in ("mixed", "baseline"):
+        during = [s for s in by_phase.get(phase, [])
+                  if s.cls == short and burst_at_s <= s.arrival_s < end]
+        ok = [s.ttft_s for s in during if s.ok and s.ttft_s is not None]
+        out[phase] = {"short": len(during), "ok": len(ok), "ttft_p99_s": percentile(ok, 99),
+                      "ttft_max_s": max(ok, default=None)}
+    return out
+
+
 def overhead(report: dict) -> dict[str, float | None]:
     """What tailguard (`lanes`) adds to direct on the overhead phase: TTFT and end-to-end
     P50/P99 differences in seconds, and end-to-end as a share of direct's."""
@@ -162,6 +276,14 @@ def _fmt_s(v: float | None) -> str:
 
 def _fmt_x(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.2f}x"
+
+
+def _fmt_pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.1%}"
+
+
+def _fmt_tok(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.1f}"
 
 
 def _isolation_lines(report: dict, line: Callable[..., None]) -> None:
@@ -195,7 +317,8 @@ def _isolation_lines(report: dict, line: Callable[..., None]) -> None:
          "the lanes topology with a baseline phase")
     v = r["lanes_short_p99_over_direct"]
     line("lanes_vs_direct", None if v is None else v <= LANES_VS_DIRECT_MAX,
-         f"lanes {short} P99 {_fmt_s(p99('lanes', 'mixed'))} <= 1/2 of direct's (vLLM, priority "
+         f"lanes {short} P99 {_fmt_s(p99('lanes', 'mixed'))} <= {LANES_VS_DIRECT_MAX:g}x direct's "
+         "(vLLM, priority "
          f"scheduling) {_fmt_s(p99('direct', 'mixed'))}: ratio {_fmt_x(v)} "
          f"(<= {LANES_VS_DIRECT_MAX:g}){note}", "the lanes and direct topologies")
     v = r["lanes_long_tok_s_over_shared"]
@@ -209,6 +332,63 @@ def _isolation_lines(report: dict, line: Callable[..., None]) -> None:
          f"lanes {long} output {'n/a' if lt is None else f'{lt:.1f}'} tok/s >= 85% of shared's "
          f"{'n/a' if st is None else f'{st:.1f}'}: ratio {'n/a' if v is None else f'{v:.1%}'} "
          f"(>= {LONG_THROUGHPUT_MIN:.0%}){vs_direct}{note}", "both topologies and a long class")
+
+
+def _serving_lines(report: dict, line: Callable[..., None]) -> None:
+    """Issue 25's lines: goodput, the whole machine's throughput, the long class's wait, streams."""
+    sv = report["serving"]
+    short, long = report["workload"]["short_class"], report["workload"]["long_class"]
+    short_slo, long_slo = slos(report["config"])
+    line("slo", None, f"goodput SLOs (vLLM bench serve --goodput pairs, ms): class {short!r} "
+         f"{slo_text(short_slo)}, every other class {slo_text(long_slo)} "
+         "(--goodput-short, --goodput-long)", info=True)
+
+    def good(topo: str) -> str:
+        g = sv["goodput_rps"].get(topo)
+        return (f"{'n/a' if g is None else f'{g:.2f}'} req/s ({sv['good'].get(topo)} of "
+                f"{sv['requests'].get(topo)} met their SLO)")
+
+    for other in ("direct", "shared"):
+        a, b = sv["good"].get("lanes"), sv["good"].get(other)
+        line(f"goodput_vs_{other}", None if a is None or b is None else a >= b,
+             f"lanes goodput {good('lanes')} >= {other}'s {good(other)} (compared by requests "
+             "that met their SLO: every topology is sent the same arrivals)",
+             f"the lanes and {other} topologies")
+    tok, v = sv["output_tok_s"], sv["output_tok_s_over_direct"]
+    shared_v = v.get("shared")
+    line("total_throughput", None if v.get("lanes") is None else v["lanes"] >= TOTAL_THROUGHPUT_MIN,
+         f"whole machine: lanes output {_fmt_tok(tok.get('lanes'))} tok/s (every class) >= "
+         f"{TOTAL_THROUGHPUT_MIN:.0%} of direct's {_fmt_tok(tok.get('direct'))}: ratio "
+         f"{_fmt_pct(v.get('lanes'))}; shared {_fmt_tok(tok.get('shared'))} = "
+         f"{_fmt_pct(shared_v)} of direct's (reported only)", "the lanes and direct topologies")
+    v = sv["lanes_long_e2e_p50_over_shared"]
+    line("long_e2e_p50", None if v is None else v <= LONG_E2E_P50_MAX,
+         f"lanes {long} P50 end-to-end {_fmt_s(_get(report, 'lanes', sv['phase'], long, 'e2e_s', 'p50'))}"
+         f" <= {LONG_E2E_P50_MAX:g}x shared's "
+         f"{_fmt_s(_get(report, 'shared', sv['phase'], long, 'e2e_s', 'p50'))}: ratio {_fmt_x(v)}",
+         "the lanes and shared topologies and a long class")
+    v = sv["lanes_itl_p99_over_direct"]
+
+    def itl(topo: str) -> str:
+        t = report["topologies"].get(topo, {}).get("totals", {}).get(sv["phase"]) or {}
+        tpc = t.get("tokens_per_chunk")
+        return (f"{_fmt_s((t.get('itl_s') or {}).get('p99'))} "
+                f"({'n/a' if tpc is None else f'{tpc:.1f}'} tokens per chunk)")
+
+    line("stream_itl", None if v is None else v <= STREAM_ITL_P99_MAX,
+         f"streams: lanes inter-chunk P99 (every class) {itl('lanes')} <= {STREAM_ITL_P99_MAX:g}x "
+         f"direct's {itl('direct')}: ratio {_fmt_x(v)}; class {short!r} alone "
+         f"{_fmt_x(sv['lanes_short_itl_p99_over_direct'])}", "the lanes and direct topologies")
+
+
+def _burst_line(topo: str, b: dict[str, Any], line: Callable[..., None]) -> None:
+    m, base = b["mixed"], b["baseline"]
+    line(f"burst_{topo}", None,
+         f"{topo}: {m['short']} short requests arrived during the burst's prefill "
+         f"({b['burst_at_s']:.1f}-{b['prefill_end_s']:.1f} s; {b['long_first_tokens']} of "
+         f"{b['longs']} long requests got a first token): TTFT P99 {_fmt_s(m['ttft_p99_s'])}, max "
+         f"{_fmt_s(m['ttft_max_s'])}; the same arrivals without the burst: P99 "
+         f"{_fmt_s(base['ttft_p99_s'])}", info=True)
 
 
 def _overhead_lines(o: dict[str, float | None], line: Callable[..., None]) -> None:
@@ -348,6 +528,9 @@ def targets(report: dict) -> list[dict[str, Any]]:
         _overhead_lines(report["overhead"], line)
     else:
         _isolation_lines(report, line)
+        _serving_lines(report, line)
+        for topo, b in report.get("burst", {}).items():
+            _burst_line(topo, b, line)
     def total(t: dict, key: str) -> int:
         return sum(c[key] for p in t["phases"].values() for c in p.values())
 
@@ -374,8 +557,19 @@ def build_report(*, config: dict[str, Any], workload: dict[str, Any],
                    "phases": {ph: phase_stats(ss, classes) for ph, ss in phases.items()}}
             for name, phases in samples.items()},
     }
+    short_slo, long_slo = slos(config)
+    for name, phases in samples.items():
+        report["topologies"][name]["totals"] = {
+            ph: phase_totals(ss, workload["short_class"], short_slo, long_slo)
+            for ph, ss in phases.items()}
     report["ratios"] = {m: ratios(report, m) for m in ("ttft_s", "e2e_s")}
     report["overhead"] = overhead(report)
+    report["serving"] = serving(report, OVERHEAD if workload["name"] == OVERHEAD else "mixed")
+    if workload["name"] == BURST:
+        report["burst"] = {name: burst_figures(phases, workload["short_class"],
+                                               workload["long_class"],
+                                               workload["params"]["burst_at_s"])
+                           for name, phases in samples.items()}
     if workload["name"] == OVERLOAD:
         report["overload"] = {name: overload_figures(phases, workload["short_class"],
                                                      workload["params"])
@@ -410,16 +604,41 @@ def render_tables(report: dict) -> str:
                        f"{st['refused']} | "
                        + " | ".join(_cell(s[k]) for k in ("avg", "p50", "p95", "p99", "max")) + " |")
         out.append("")
-    out.append("output\n")
+    out.append("output (lengths: max_tokens asked for, tokens produced; finish reasons)\n")
     out.append("| topology | phase | class | lanes | output tokens | tok/s (class) "
-               "| tok/s per request avg | P50 | min |")
-    out.append("|---|---|---|---|---:|---:|---:|---:|---:|")
+               "| tok/s per request avg | P50 | min | asked avg | produced avg | P50 | finish |")
+    out.append("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for topo, phase, cls, st in _rows(report):
         d = st["decode_tok_s"]
         lanes = ", ".join(f"{k} {v}" for k, v in st["lanes"].items())
+        asked, made = st.get("requested_len") or {}, st.get("output_len") or {}
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted((st.get("finish_reasons") or {}).items()))
         out.append(f"| {topo} | {phase} | {cls} | {lanes} | {st['output_tokens']} | "
                    f"{_cell(st['throughput_tok_s'], 1)} | {_cell(d['avg'], 1)} | "
-                   f"{_cell(d['p50'], 1)} | {_cell(d['min'], 1)} |")
+                   f"{_cell(d['p50'], 1)} | {_cell(d['min'], 1)} | {_cell(asked.get('avg'), 1)} | "
+                   f"{_cell(made.get('avg'), 1)} | {_cell(made.get('p50'), 0)} | {reasons} |")
+    out.append("")
+    out.append("goodput, whole machine and streams (every class; streams: gaps between chunks "
+               "with text, pooled)\n")
+    out.append("| topology | phase | requests | met SLO | goodput req/s | output tok/s | "
+               "vs direct | ITL P50 | ITL P99 | tokens/chunk | short ITL P99 | short tokens/chunk |")
+    out.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    short = report["workload"]["short_class"]
+    for topo, t in report["topologies"].items():
+        direct = (report["topologies"].get("direct", {}).get("totals") or {})
+        for phase in PHASES:
+            tot = (t.get("totals") or {}).get(phase)
+            if tot is None:
+                continue
+            g, itl = tot["goodput"], tot["itl_s"]
+            vs = _ratio(tot["output_tok_s"], (direct.get(phase) or {}).get("output_tok_s"))
+            st = t["phases"].get(phase, {}).get(short) or {}
+            out.append(f"| {topo} | {phase} | {g['requests']} | {g['good']} | "
+                       f"{_cell(g['goodput_rps'], 2)} | {_cell(tot['output_tok_s'], 1)} | "
+                       f"{'' if vs is None else f'{vs:.2f}'} | {_cell(itl['p50'], 4)} | "
+                       f"{_cell(itl['p99'], 4)} | {_cell(tot['tokens_per_chunk'], 2)} | "
+                       f"{_cell((st.get('itl_s') or {}).get('p99'), 4)} | "
+                       f"{_cell(st.get('tokens_per_chunk'), 2)} |")
     return "\n".join(out) + "\n"
 
 
@@ -428,10 +647,12 @@ def render_text(report: dict) -> str:
     metric = cfg["metric"]
     r = report["ratios"][metric]
     short, long = report["workload"]["short_class"], report["workload"]["long_class"]
+    head = [f"workload: {report['workload']['params']['described']}"] \
+        if report["workload"]["params"].get("described") else []
     if report["workload"]["name"] in (OVERHEAD, OVERLOAD):
-        lines = [render_tables(report)]
+        lines = [*head, render_tables(report)]
     else:
-        lines = [render_tables(report), f"ratios ({METRICS[metric]} P99 of class {short!r}):",
+        lines = [*head, render_tables(report), f"ratios ({METRICS[metric]} P99 of class {short!r}):",
                  f"  lanes / shared                    {_fmt_x(r['lanes_short_p99_over_shared'])}",
                  f"  lanes / lanes' no-long baseline   {_fmt_x(r['lanes_short_p99_over_baseline'])}",
                  f"  shared / shared's no-long baseline {_fmt_x(r['shared_short_p99_over_baseline'])}",

@@ -2,6 +2,8 @@
 
     tailguard bench --workload mixed --rate 3 --long-share 0.1 --duration 60
     tailguard bench --workload overload --duration 45 --burst 60 --recovery 45
+    tailguard bench --workload azure-mix --rate 3 --token-scale 0.25 --duration 120
+    tailguard bench --workload burst --rate 2 --burst-size 8 --duration 60
 
 Writes ``report.json``, ``bench.png``, ``samples.jsonl`` (every request) and the
 processes' logs under ``--out`` (default ``$TAILGUARD_HOME/bench/<time>``), and
@@ -25,6 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tailguard import settings
+from tailguard.bench.azure_trace import TRACES, trace_workload
+from tailguard.bench.goodput import DEFAULT_LONG_SLO, DEFAULT_SHORT_SLO, Slo, parse_slo, slo_text
 from tailguard.bench.host import Watch, engines_idle
 from tailguard.bench.loadgen import Client, Sample, closed_loop, run_phase, served_model_name
 from tailguard.bench.redis_watch import RedisWatch
@@ -44,12 +48,14 @@ from tailguard.bench.topology import (
     shared_spec,
 )
 from tailguard.bench.workload import (
+    BURST,
     CHARS_PER_TOKEN,
     OVERLOAD,
     SHORT,
     BenchRequest,
     Workload,
     add_burst,
+    burst_workload,
     jsonl_workload,
     mixed_workload,
     overhead_workload,
@@ -60,6 +66,8 @@ from tailguard.bench.workload import (
 
 if TYPE_CHECKING:
     from tailguard.lanes.table import LaneTable
+
+WORKLOADS = ("seed", "mixed", "overhead", OVERLOAD, BURST, *TRACES)
 
 
 @dataclass(frozen=True)
@@ -102,11 +110,15 @@ class BenchConfig:
                  "prompts; --rate and --duration do not apply), overload (the mixed load, then "
                  "short requests at --overload-factor x the short lane's capacity for --burst s, "
                  "then --recovery s of the mixed load; lanes topology only; --duration is the "
-                 "reference window), or a FILE.jsonl trace ({prompt, max_tokens, class?, "
-                 "arrival_s?})")
+                 "reference window), burst (short requests evenly spaced at --rate, and "
+                 "--burst-size long ones all at --burst-at), azure-conv, azure-code, azure-mix "
+                 "(the Azure LLM inference traces 2023, CC BY 4.0: a window of --rate x --duration "
+                 "requests from --trace-start, lengths x --token-scale, classes by the lanes "
+                 "file), or a FILE.jsonl trace ({prompt, max_tokens, class?, arrival_s?})")
     # Defaults: on 2 cores and the small demo model, a load where long traffic hurts
     # short requests in `shared` (see docs/benchmarks.md).
-    rate: float = option(2.5, "requests/s, all classes together (Poisson arrivals per class)")
+    rate: float = option(2.5, "requests/s, all classes together (Poisson arrivals per class; "
+                              "burst: the short stream's; traces: the window's mean)")
     long_share: float = option(0.2, "mixed: the share of --rate that is long requests")
     # None (not from the command line): a timed trace's own length
     duration_s: float | None = option(90.0, "seconds of arrivals per phase", flag="--duration")
@@ -116,7 +128,8 @@ class BenchConfig:
         parse=_names, text=",".join)
     baseline: bool = option(
         True, "also run the short class alone in each topology (the no-long-traffic P99)")
-    model: str | None = option(None, "default: what `tailguard up` serves (the small demo model)")
+    model: str | None = option(None, "default: $TAILGUARD_MODEL, else the random-weight demo "
+                                     "model of $TAILGUARD_DEMO_SIZE (small)")
     cores: tuple[int, ...] | None = option(
         None, "CPU cores to split between the engines, e.g. 0,1 (default: all)", parse=_ints)
     engines: int | None = option(None, "engines per topology (default: the lanes file's workers)")
@@ -128,6 +141,28 @@ class BenchConfig:
     drain_s: float = option(
         180.0, "seconds in-flight requests may take to finish after the last arrival", flag="--drain")
     warmup: int = option(2, "requests per class and engine sent (and discarded) first")
+    ignore_eos: bool = option(
+        True, "every request produces its max_tokens; --no-ignore-eos: output lengths are the "
+              "model's own (a real model stops at its end of sequence); both are reported")
+    token_scale: float = option(
+        0.25, "traces: prompt and output tokens x this (a prompt >= 8 tokens, an output >= 1), "
+              "for a host smaller than the traced service's")
+    time_scale: float | None = option(
+        None, "traces: bench seconds per trace second (> 1 stretches, < 1 compresses); default: "
+              "the one that replays --rate x --duration requests in --duration s")
+    trace_start_s: float = option(
+        1200.0, "traces: where the window starts, in seconds after the trace's first request "
+                "(azure-mix: the conversation trace's, 77 s before the code one's; default: 20 "
+                "minutes in, where both services are busy)", flag="--trace-start")
+    burst_size: int = option(8, "burst: long requests that arrive at once")
+    burst_at_s: float | None = option(
+        None, "burst: when they arrive (default: a third of --duration)", flag="--burst-at")
+    goodput_short: Slo = option(
+        DEFAULT_SHORT_SLO, "goodput: the short class's SLO, as vLLM bench serve's --goodput "
+                           "KEY:VALUE pairs in ms (ttft, tpot, e2el)", parse=parse_slo,
+        text=slo_text)
+    goodput_long: Slo = option(DEFAULT_LONG_SLO, "goodput: every other class's SLO",
+                               parse=parse_slo, text=slo_text)
     overload_factor: float = option(
         3.0, "overload: the short rate in the burst, as a multiple of the short lane's capacity")
     burst_s: float = option(60.0, "overload: seconds of the burst", flag="--burst")
@@ -156,7 +191,41 @@ class BenchConfig:
                 for k, v in d.items()}
 
 
-def build_workload(cfg: BenchConfig, count_tokens: Callable[[str], int] | None) -> Workload:
+def build_workload(cfg: BenchConfig, count_tokens: Callable[[str], int] | None,
+                   table: LaneTable | None = None, model_max_len: int | None = None) -> Workload:
+    """The workload `cfg` names; `table` (default: the shipped lanes file) classifies a trace's
+    requests, whose prompts need the served model's `count_tokens`."""
+    workload = _workload(cfg, count_tokens, table, model_max_len)
+    if not cfg.ignore_eos:
+        workload = replace(workload, requests=tuple(replace(r, ignore_eos=False)
+                                                    for r in workload.requests),
+                           params={**workload.params, "ignore_eos": False})
+    return workload
+
+
+def _workload(cfg: BenchConfig, count_tokens: Callable[[str], int] | None,
+              table: LaneTable | None, model_max_len: int | None) -> Workload:
+    if cfg.workload in TRACES:
+        if count_tokens is None:
+            raise ValueError(f"--workload {cfg.workload} builds prompts of the traced lengths "
+                             "with the served model's tokenizer, and found none (a model "
+                             "directory with tokenizer.json)")
+        if table is None:
+            from tailguard.lanes.table import default_lanes_path, load_lanes
+
+            table = load_lanes(default_lanes_path())
+        return trace_workload(cfg.workload, lanes=list(table), model_max_len=model_max_len,
+                              count_tokens=count_tokens, duration_s=cfg.duration_s or 60.0,
+                              rate=cfg.rate, time_scale=cfg.time_scale,
+                              trace_start_s=cfg.trace_start_s, token_scale=cfg.token_scale,
+                              seed=cfg.seed, max_requests=cfg.max_requests)
+    if cfg.workload == BURST:
+        return burst_workload(cfg.rate, cfg.duration_s or 60.0, burst_size=cfg.burst_size,
+                              burst_at_s=cfg.burst_at_s, seed=cfg.seed,
+                              short_tokens=cfg.short_tokens,
+                              long_prompt_tokens=cfg.long_prompt_tokens,
+                              long_tokens=cfg.long_tokens, count_tokens=count_tokens,
+                              max_requests=cfg.max_requests)
     if cfg.workload == "seed":
         return seed_workload(cfg.rate, cfg.duration_s or 60.0, cfg.seed, cfg.max_requests)
     if cfg.workload == "mixed":
@@ -177,7 +246,7 @@ def build_workload(cfg: BenchConfig, count_tokens: Callable[[str], int] | None) 
                                  max_requests=cfg.max_requests)
     if cfg.workload.endswith(".jsonl"):
         return jsonl_workload(cfg.workload, cfg.rate, cfg.duration_s, cfg.seed, cfg.max_requests)
-    raise ValueError(f"--workload must be seed, mixed, overhead, overload or a .jsonl file, "
+    raise ValueError(f"--workload must be {', '.join(WORKLOADS)} or a .jsonl file, "
                      f"not {cfg.workload!r}")
 
 
@@ -388,10 +457,10 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
     if cfg.model:
         model = cfg.model
     else:
-        from tailguard.model.served import served_model
+        from tailguard.model.served import bench_model
 
         log("preparing the model (the first run builds the small demo model)")
-        model = served_model()[0]
+        model = bench_model()
     lanes_path = Path(cfg.lanes_file or settings.LANES_FILE.get() or default_lanes_path())
     table = load_lanes(lanes_path)
     try:
@@ -400,10 +469,12 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
         count_tokens: Callable[[str], int] | None = PromptCounter(model).count
     except Exception:  # noqa: BLE001 - no local tokenizer: prompt lengths are estimated
         count_tokens = None
-    workload = build_workload(cfg, count_tokens)
+    limit = model_max_len(model)
+    workload = build_workload(cfg, count_tokens, table, limit)
     if not workload.requests:
         raise ValueError("the workload has no requests (rate or duration is 0?)")
-    limit = model_max_len(model)
+    if workload.params.get("described"):
+        log(workload.params["described"])
     too_long = [r for r in workload.requests
                 if limit and count_tokens and count_tokens(r.prompt) + r.max_tokens > limit]
     if too_long:
@@ -412,8 +483,8 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
 
     kind = device_kind()
     cores = sorted(cfg.cores or os.sched_getaffinity(0))
-    engines = cfg.engines or len(table.workers)
     lanes_topo = lanes_spec(table, lanes_path.read_text(), kind=kind, cores=cores)
+    engines = cfg.engines or len(lanes_topo.workers)  # replicas included
     # direct replaces every engine, on all their cores; for the overhead workload only the
     # engine that serves it, on its cores: the same engine with and without tailguard.
     replaced = lanes_topo.workers

@@ -1,9 +1,9 @@
 """Whether the whole machine stalled during a phase, and when.
 
-Runs of the default load and the overload burst showed the API (and once the worker
-with it) stop for 1.8-3 s at once while no engine loop stalled and Redis logged no
-latency event (docs/benchmarks.md, "Where a slow short request's time goes"). What
-else could stop every front-end process together is the machine: its CPU saturated
+The front end (the API, once the worker with it) has been seen to stop for seconds at
+once while no engine loop stalled and Redis logged no latency event (docs/cpu-hosts.md,
+"Where the front end runs"). What else could stop every front-end process together is
+the machine: its CPU saturated
 (the kernel's pressure stall information, ``/proc/pressure/cpu``), I/O (``io``), or,
 on a VM, the hypervisor not running our vCPUs (steal time, ``/proc/stat``). A phase
 samples the three counters four times a second on a thread of the load generator and

@@ -67,7 +67,7 @@ class WorkerPlan:
     pin: Pinning
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "lanes": list(self.lanes), "gpu": self.pin.gpu,
+        return {"name": self.name, "lanes": list(self.lanes), "gpus": list(self.pin.gpus),
                 "cores": list(self.pin.cores)}
 
 
@@ -114,9 +114,14 @@ def _toml_value(value: Any) -> str:
     raise TypeError(f"cannot write {value!r} as TOML")
 
 
-def lanes_toml(lanes: list[Lane], workers: list[WorkerSpec], comment: str = "") -> str:
-    """A lanes file for `lanes` and `workers` (round-trips through parse_lanes)."""
+def lanes_toml(lanes: list[Lane], workers: list[WorkerSpec], comment: str = "",
+               engine: dict[str, Any] | None = None) -> str:
+    """A lanes file for `lanes`, `workers` and the [engine] defaults `engine` (round-trips
+    through parse_lanes; a worker's engine table is the file's, so none of its own is written)."""
     out = [f"# {line}".rstrip() for line in comment.splitlines()]
+    if engine:
+        out.append("\n[engine]")
+        out += [f"{key} = {_toml_value(value)}" for key, value in engine.items()]
     for lane in lanes:
         out.append(f"\n[lanes.{lane.name}]")
         for key, value in lane.__dict__.items():
@@ -126,8 +131,10 @@ def lanes_toml(lanes: list[Lane], workers: list[WorkerSpec], comment: str = "") 
         out.append("\n[[workers]]")
         out.append(f"name = {_toml_value(w.name)}")
         out.append(f"lanes = {_toml_value(list(w.lanes))}")
-        if w.gpu is not None:
-            out.append(f"gpu = {w.gpu}")
+        if w.devices is not None:
+            out.append(f"devices = {_toml_value(list(w.devices))}")
+        if w.replicas != 1:
+            out.append(f"replicas = {_toml_value(w.replicas)}")
         if w.borrow.lanes:
             for key, attr in BORROW_FIELDS.items():
                 value = getattr(w.borrow, attr)
@@ -150,21 +157,25 @@ def shared_lane(table: LaneTable) -> Lane:
 def shared_spec(table: LaneTable, *, engines: int, kind: str = "cpu",
                 cores: list[int] | None = None, gpus: int | None = None) -> TopologySpec:
     """Every engine on one FCFS queue: the article's 'before'."""
-    workers = [WorkerSpec(name=f"{SHARED_LANE}-{i}", lanes=(SHARED_LANE,)) for i in range(engines)]
-    text = lanes_toml([shared_lane(table)], workers, comment=(
+    workers = [WorkerSpec(name=f"{SHARED_LANE}-{i}", lanes=(SHARED_LANE,), engine=dict(table.engine))
+               for i in range(engines)]
+    text = lanes_toml([shared_lane(table)], workers, engine=table.engine, comment=(
         "tailguard bench, topology `shared`: every worker consumes one queue, first come first "
         "served.\nThe lane's limits are the largest of the interactive lanes in force."))
-    pins = place_workers(tuple(workers), kind, cores, gpus)
-    return TopologySpec("shared", text, tuple(WorkerPlan(w.name, w.lanes, p)
-                                              for w, p in zip(workers, pins)))
+    return TopologySpec("shared", text, _plans(workers, kind, cores, gpus))
+
+
+def _plans(workers: list[WorkerSpec] | tuple[WorkerSpec, ...], kind: str,
+           cores: list[int] | None, gpus: int | None) -> tuple[WorkerPlan, ...]:
+    """Each worker process `tailguard up` would start for `workers` (replicas included), where."""
+    return tuple(WorkerPlan(w.name, w.spec.lanes, w.pin)
+                 for w in place_workers(tuple(workers), kind, cores, gpus).workers)
 
 
 def lanes_spec(table: LaneTable, lanes_text: str, *, kind: str = "cpu",
                cores: list[int] | None = None, gpus: int | None = None) -> TopologySpec:
     """The lanes file in force, each worker on its own cores: the article's 'after'."""
-    pins = place_workers(table.workers, kind, cores, gpus)
-    return TopologySpec("lanes", lanes_text, tuple(WorkerPlan(w.name, w.lanes, p)
-                                                   for w, p in zip(table.workers, pins)))
+    return TopologySpec("lanes", lanes_text, _plans(table.workers, kind, cores, gpus))
 
 
 @dataclass(frozen=True)

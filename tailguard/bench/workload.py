@@ -13,6 +13,12 @@
   again): what admission refuses, and what the accepted requests get. The
   burst's extra short requests come from a stream of their own, so the usual
   short arrivals are the same as without the burst.
+* ``burst``: short requests at a steady rate (evenly spaced), and a burst of long
+  prompts that all land at one instant: the pathology where one prefill burst
+  blocks every short request's first token.
+* ``azure-conv``, ``azure-code``, ``azure-mix``: the Azure LLM inference traces
+  2023 (``azure_trace``), their lengths scaled and arrivals stretched to the host,
+  classes by the lanes file's own rule.
 * a JSONL trace: one request per line, ``{"prompt", "max_tokens", "class"?,
   "arrival_s"?, "ignore_eos"?}``; without ``arrival_s`` the lines are sent in
   order (cycling) at Poisson arrivals of the given rate.
@@ -63,6 +69,7 @@ class BenchRequest:
     max_tokens: int
     arrival_s: float  # offset from the start of the phase
     ignore_eos: bool = True  # fixed output lengths, as benchmarks need
+    prompt_tokens: int | None = None  # the prompt's length in the served tokenizer, when built for one
 
 
 @dataclass(frozen=True)
@@ -156,6 +163,34 @@ def long_prompt(target_tokens: int, rng: random.Random,
     return " ".join(text)
 
 
+#: Words tried, in order, to add exactly one token at the end of a prompt (byte-level BPE and
+#: SentencePiece vocabularies both have these as single tokens after a space).
+_ONE_TOKEN_WORDS = ("a", "I", "x", "0", "1", "2", "the", "of", "and", ".")
+
+
+def exact_prompt(target_tokens: int, rng: random.Random,
+                 count_tokens: Callable[[str], int]) -> tuple[str, int]:
+    """A random text of `target_tokens` tokens as `count_tokens` counts them, and its count.
+
+    `long_prompt` gets within a few tokens; then whole words come off the end until the
+    count is at most the target, and one-token words go on until it is the target. A
+    tokenizer where no word adds exactly one token leaves it short: the count says so."""
+    words = long_prompt(target_tokens, rng, count_tokens).split()
+    n = count_tokens(" ".join(words))
+    while n > target_tokens and len(words) > 1:
+        words.pop()
+        n = count_tokens(" ".join(words))
+    while n < target_tokens:
+        for word in _ONE_TOKEN_WORDS:
+            if count_tokens(" ".join([*words, word])) == n + 1:
+                words.append(word)
+                n += 1
+                break
+        else:
+            break
+    return " ".join(words), n
+
+
 def mixed_workload(rate: float, long_share: float, duration_s: float, seed: int = 0, *,
                    short_tokens: int = 64, long_prompt_tokens: int = 2000, long_tokens: int = 512,
                    count_tokens: Callable[[str], int] | None = None,
@@ -176,6 +211,39 @@ def mixed_workload(rate: float, long_share: float, duration_s: float, seed: int 
                            "seed": seed, "short_rate": rate * (1 - long_share),
                            "long_rate": rate * long_share, "short_tokens": short_tokens,
                            "long_prompt_tokens": long_prompt_tokens, "long_tokens": long_tokens})
+
+
+BURST = "burst"
+
+
+def burst_workload(rate: float, duration_s: float, *, burst_size: int,
+                   burst_at_s: float | None = None, seed: int = 0, short_tokens: int = 64,
+                   long_prompt_tokens: int = 2000, long_tokens: int = 512,
+                   count_tokens: Callable[[str], int] | None = None,
+                   max_requests: int | None = None) -> Workload:
+    """Short requests every 1/`rate` s for `duration_s`, and `burst_size` long requests that
+    all arrive at `burst_at_s` (default: a third of the way in), each with a prompt of its
+    own (no shared prefix: their prefill is all real work)."""
+    if rate <= 0 or duration_s <= 0 or burst_size < 0:
+        raise ValueError("burst: --rate and --duration must be > 0 and --burst-size >= 0")
+    at = duration_s / 3 if burst_at_s is None else burst_at_s
+    if not 0 <= at < duration_s:
+        raise ValueError(f"burst: --burst-at {at:g} s must be within the {duration_s:g} s of arrivals")
+    rng = _stream(seed, SHORT)
+    requests = [BenchRequest(SHORT, rng.choice(SEED_PROMPTS), short_tokens, (i + 0.5) / rate)
+                for i in range(round(rate * duration_s))]
+    rng = _stream(seed, LONG)
+    requests += [BenchRequest(LONG, long_prompt(long_prompt_tokens, rng, count_tokens),
+                              long_tokens, at) for _ in range(burst_size)]
+    return _finish(BURST, requests, max_requests,
+                   params={"rate": rate, "duration_s": duration_s, "seed": seed,
+                           "short_rate": rate, "short_tokens": short_tokens,
+                           "burst_size": burst_size, "burst_at_s": at,
+                           "long_prompt_tokens": long_prompt_tokens, "long_tokens": long_tokens,
+                           "described": f"burst: short requests ({short_tokens} tokens out) every "
+                                        f"{1 / rate:.3g} s for {duration_s:g} s; {burst_size} long "
+                                        f"ones (~{long_prompt_tokens}-token prompts, "
+                                        f"{long_tokens} out) all at {at:g} s"})
 
 
 #: vLLM `bench serve --dataset-name random` as issue 12 ran it: input/output tokens, rate, prompts.

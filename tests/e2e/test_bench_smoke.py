@@ -20,24 +20,33 @@ pytestmark = pytest.mark.e2e
 
 STAT_KEYS = {"count", "ok", "errors", "error_kinds", "accepted", "finished", "lanes", "queued_s",
              "ttft_s", "e2e_s", "output_tokens", "throughput_tok_s", "decode_tok_s", "max_lag_s",
-             "late_sends"}
+             "late_sends", "requested_tokens", "requested_len", "output_len", "finish_reasons",
+             "tpot_s", "itl_s", "chunks", "tokens_per_chunk"}
 SUMMARY_KEYS = {"avg", "p50", "p95", "p99", "max"}
+#: the PASS/FAIL lines of every workload with a short and a long class (and INFO: the SLOs)
+SERVING_TARGETS = {"slo", "goodput_vs_direct", "goodput_vs_shared", "total_throughput",
+                   "long_e2e_p50", "stream_itl"}
+
+
+def run_bench(tiny_model, out, *args, timeout=300):
+    """`tailguard bench ARGS` on the tiny model and the test lanes; its output."""
+    argv = [sys.executable, "-m", "tailguard.cli", "bench", "--model", tiny_model,
+            "--lanes", str(TEST_LANES), *args, "--warmup", "1", "--drain", "60", "--no-progress",
+            "--out", str(out)]
+    t0 = time.monotonic()
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    logs = "\n".join(f"--- {p}\n{p.read_text(errors='replace')[-2000:]}"
+                     for p in sorted(out.glob("*/*.log")))
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\n{logs}"
+    print(f"bench smoke {' '.join(args)}: {time.monotonic() - t0:.0f} s")
+    return proc
 
 
 def test_bench_smoke(tiny_model, tmp_path):
     out = tmp_path / "bench"
-    argv = [sys.executable, "-m", "tailguard.cli", "bench", "--model", tiny_model,
-            "--lanes", str(TEST_LANES), "--workload", "mixed", "--rate", "4", "--long-share", "0.25",
-            "--duration", "3", "--short-tokens", "16", "--long-prompt-tokens", "200",
-            "--long-tokens", "64", "--warmup", "1", "--drain", "60", "--no-progress",
-            "--out", str(out)]
-    t0 = time.monotonic()
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    elapsed = time.monotonic() - t0
-    logs = "\n".join(f"--- {p}\n{p.read_text(errors='replace')[-2000:]}"
-                     for p in sorted(out.glob("*/*.log")))
-    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\n{logs}"
-    print(f"bench smoke: {elapsed:.0f} s")
+    proc = run_bench(tiny_model, out, "--workload", "mixed", "--rate", "4", "--long-share", "0.25",
+                     "--duration", "3", "--short-tokens", "16", "--long-prompt-tokens", "200",
+                     "--long-tokens", "64")
 
     report = json.loads((out / "report.json").read_text())
     assert set(report) >= {"config", "workload", "topologies", "ratios", "targets", "files"}
@@ -73,9 +82,9 @@ def test_bench_smoke(tiny_model, tmp_path):
         "lanes_short_p99_over_direct", "lanes_long_tok_s_over_direct"}
     assert {t["name"] for t in report["targets"]} == {
         "load", "lanes_vs_shared", "lanes_vs_baseline", "lanes_vs_direct", "long_throughput",
-        "no_errors_shared", "no_errors_lanes", "no_errors_direct"}
+        "no_errors_shared", "no_errors_lanes", "no_errors_direct", *SERVING_TARGETS}
     for t in report["targets"]:
-        assert t["status"] in ("PASS", "FAIL", "SKIP") and t["line"].startswith(t["status"])
+        assert t["status"] in ("PASS", "FAIL", "SKIP", "INFO") and t["line"].startswith(t["status"])
         assert t["line"] in proc.stdout
     assert "| topology | phase | class |" in proc.stdout
     for kind in ("json", "samples", "png"):
@@ -86,3 +95,43 @@ def test_bench_smoke(tiny_model, tmp_path):
     assert {(r["topology"], r["phase"]) for r in rows} == {
         (t, p) for t in ("shared", "lanes", "direct") for p in ("baseline", "mixed")}
     assert all(r["job_id"] for r in rows if r["accepted"] and r["topology"] != "direct")
+    for topo in ("shared", "lanes", "direct"):  # every topology's goodput, throughput, streams
+        totals = (report["topologies"][topo] if topo != "direct" else direct)["totals"]["mixed"]
+        assert totals["output_tok_s"] and totals["goodput"]["requests"] and totals["chunks"]
+    assert set(report["serving"]["output_tok_s_over_direct"]) == {"shared", "lanes", "direct"}
+
+
+def test_a_trace_with_the_models_own_lengths(tiny_model, tmp_path):
+    """azure-mix: classes by the lanes file's rule, prompts of exactly the traced (scaled) lengths
+    as both servers count them, outputs of the model's own length (no ignore_eos)."""
+    out = tmp_path / "bench"
+    proc = run_bench(tiny_model, out, "--workload", "azure-mix", "--rate", "3", "--duration", "4",
+                     "--token-scale", "0.1", "--no-ignore-eos", "--topologies", "lanes,direct")
+    assert "azure-mix: trace seconds 1200-" in proc.stderr  # the window, scale and rate, said
+    report = json.loads((out / "report.json").read_text())
+    p = report["workload"]["params"]
+    assert p["trace"] == "azure-mix" and p["ignore_eos"] is False and p["token_scale"] == 0.1
+    assert f"workload: {p['described']}" in proc.stdout
+    rows = [json.loads(l) for l in (out / "samples.jsonl").read_text().splitlines()]
+    mixed = [r for r in rows if r["phase"] == "mixed"]
+    assert len(mixed) == 2 * 12 and all(r["ok"] for r in mixed)
+    for r in mixed:
+        assert r["prompt_tokens"] == r["planned_prompt_tokens"]  # exact, as the server counted
+        assert r["completion_tokens"] <= r["max_tokens"]
+        if r["topology"] == "lanes":
+            assert r["lane"] == r["cls"]  # the API chose the lane the workload named the class by
+    assert {t["name"] for t in report["targets"]} >= SERVING_TARGETS | {"no_errors_lanes",
+                                                                       "no_errors_direct"}
+
+
+def test_a_burst_of_long_prompts(tiny_model, tmp_path):
+    out = tmp_path / "bench"
+    proc = run_bench(tiny_model, out, "--workload", "burst", "--rate", "3", "--duration", "4",
+                     "--burst-size", "3", "--long-prompt-tokens", "300", "--long-tokens", "16",
+                     "--short-tokens", "8", "--topologies", "lanes")
+    report = json.loads((out / "report.json").read_text())
+    lanes = report["topologies"]["lanes"]["phases"]
+    assert lanes["mixed"]["long"]["count"] == 3 and lanes["baseline"]["short"]["count"] == 12
+    burst = report["burst"]["lanes"]
+    assert burst["longs"] == 3 and burst["burst_at_s"] == pytest.approx(4 / 3)
+    assert any(t["name"] == "burst_lanes" and t["line"] in proc.stdout for t in report["targets"])

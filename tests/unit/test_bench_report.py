@@ -22,10 +22,14 @@ def test_summarize():
     assert summarize([None]) == {"avg": None, "p50": None, "p95": None, "p99": None, "max": None}
 
 
-def ok(cls, e2e, sent=0.0, tokens=64, lane="short", ttft=0.05, queue=0.01):
+def ok(cls, e2e, sent=0.0, tokens=64, lane="short", ttft=0.05, queue=0.01, per_chunk=1):
+    """A request that streamed `tokens` in chunks of `per_chunk`, evenly spaced after its TTFT."""
+    chunks = -(-tokens // per_chunk)
+    gap = (e2e - ttft) / (chunks - 1) if chunks > 1 else 0.0
     return Sample(cls, tokens, arrival_s=sent, sent_s=sent, status="succeeded", ok=True,
                   accepted=True, finished=True, job_id="j", lane=lane, queued_s=queue, ttft_s=ttft,
-                  e2e_s=e2e, completion_tokens=tokens, finish_reason="length")
+                  e2e_s=e2e, completion_tokens=tokens, finish_reason="length", chunks=chunks,
+                  itl_s=[gap] * (chunks - 1))
 
 
 def test_class_stats_counts_errors_and_throughput():
@@ -44,7 +48,7 @@ def test_class_stats_counts_errors_and_throughput():
 
 
 def fake_run(shared_short, shared_base, lanes_short, lanes_base, long_shared=10.0,
-             long_lanes=10.0, lost=False, direct_short=3.0, long_direct=10.0):
+             long_lanes=10.0, lost=False, direct_short=6.0, long_direct=10.0):
     """Ten short requests per phase (P99 = the slowest); two long ones of 512 tokens."""
     def short(p99, lane):
         return [ok("short", 0.1 * p99, sent=i, lane=lane) for i in range(9)] + [ok("short", p99, 9, lane=lane)]
@@ -81,12 +85,14 @@ def test_targets_pass():
     assert r["ratios"]["e2e_s"]["shared_short_p99_over_baseline"] == pytest.approx(10.0)
     assert r["ratios"]["e2e_s"]["lanes_long_tok_s_over_shared"] == pytest.approx(
         (1024 / 11) / (1024 / 10))
-    assert r["ratios"]["e2e_s"]["lanes_short_p99_over_direct"] == pytest.approx(0.4)
+    assert r["ratios"]["e2e_s"]["lanes_short_p99_over_direct"] == pytest.approx(0.2)
     assert r["ratios"]["e2e_s"]["lanes_long_tok_s_over_direct"] == pytest.approx(10 / 11)
-    assert set(statuses(r).values()) == {"PASS"}
+    assert set(statuses(r).values()) == {"PASS", "INFO"}
     assert set(statuses(r)) == {"load", "lanes_vs_shared", "lanes_vs_baseline", "lanes_vs_direct",
                                 "long_throughput", "no_errors_shared", "no_errors_lanes",
-                                "no_errors_direct"}
+                                "no_errors_direct", "slo", "goodput_vs_direct", "goodput_vs_shared",
+                                "total_throughput", "long_e2e_p50", "stream_itl"}
+    assert statuses(r)["slo"] == "INFO"
     lines = {t["name"]: t["line"] for t in r["targets"]}
     assert "vs direct's 102.4 tok/s: 90.9% (reported only)" in lines["long_throughput"]
     assert r["topologies"]["shared"]["engines"] == []  # topology facts are kept
@@ -97,7 +103,7 @@ def test_targets_fail_and_say_when_the_load_is_too_light():
     r = report_of(fake_run(shared_short=2.0, shared_base=1.0, lanes_short=1.6, lanes_base=1.0,
                            long_lanes=20.0, lost=True, direct_short=2.0))
     s = statuses(r)
-    assert s["lanes_vs_direct"] == "FAIL"  # 1.6 / 2.0 > 1/2
+    assert s["lanes_vs_direct"] == "FAIL"  # 1.6 / 2.0 > 1/4
     assert s["load"] == "FAIL" and s["lanes_vs_shared"] == "FAIL"
     assert s["lanes_vs_baseline"] == "FAIL" and s["long_throughput"] == "FAIL"
     assert s["no_errors_shared"] == "PASS" and s["no_errors_lanes"] == "FAIL"
@@ -113,6 +119,8 @@ def test_targets_skip_what_was_not_measured():
     assert s["load"] == s["lanes_vs_shared"] == s["long_throughput"] == "SKIP"
     assert s["lanes_vs_direct"] == "SKIP"
     assert s["lanes_vs_baseline"] == "PASS"
+    assert s["goodput_vs_direct"] == s["goodput_vs_shared"] == s["total_throughput"] == "SKIP"
+    assert s["long_e2e_p50"] == s["stream_itl"] == "SKIP"
 
 
 def test_ttft_metric_and_text():
@@ -120,6 +128,7 @@ def test_ttft_metric_and_text():
     assert statuses(r)["load"] == "FAIL"  # every TTFT is 0.05 s: no interference in TTFT
     text = render_text(r)
     assert "| shared | mixed | short | 10 | 0 |" in text and "SKIP" not in text
+    assert "| lanes | mixed | 12 | 12 | " in text  # the goodput table: 12 requests, 12 met the SLO
     assert "TTFT" in text and "lanes / shared" in text
 
 

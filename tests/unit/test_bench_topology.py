@@ -54,10 +54,11 @@ def test_same_engines_same_cores(table):
         ("short", ("short",), (0,)), ("long", ("long", "batch"), (1,))]
     assert shared.workers_per_lane() == {SHARED_LANE: 2}
     assert lanes.workers_per_lane() == {"short": 1, "long": 1, "batch": 1}
-    assert shared.table.names == [SHARED_LANE] and lanes.table == table
+    assert shared.table.names == [SHARED_LANE]
+    assert (lanes.table.lanes, lanes.table.workers) == (table.lanes, table.workers)
     assert {w.name for w in shared.workers} == {"shared-0", "shared-1"}  # distinct Celery nodes
     d = shared.to_dict()
-    assert d["engines"][1] == {"name": "shared-1", "lanes": ["shared"], "gpu": None, "cores": [1]}
+    assert d["engines"][1] == {"name": "shared-1", "lanes": ["shared"], "gpus": [], "cores": [1]}
 
 
 def test_worker_spec_pins_like_tailguard_up(table):
@@ -88,7 +89,7 @@ def test_direct_is_one_vllm_server_doing_the_lanes_engines_work(table):
     # compute threads bound to the cores; the server process itself is not pinned
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0,1" and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert env["HF_HUB_OFFLINE"] == "1"
-    assert [w.to_dict() for w in d.workers] == [{"name": "vllm", "lanes": [], "gpu": None,
+    assert [w.to_dict() for w in d.workers] == [{"name": "vllm", "lanes": [], "gpus": [],
                                                  "cores": [0, 1]}]
     assert d.to_dict()["scheduling_policy"] == "priority" and d.name == DIRECT in TOPOLOGIES
 

@@ -12,6 +12,7 @@ from tailguard.bench.workload import (
     SEED_MAX_TOKENS,
     SEED_PROMPTS,
     SHORT,
+    burst_workload,
     jsonl_workload,
     long_prompt,
     mixed_workload,
@@ -148,7 +149,8 @@ def test_phases_baseline_is_the_short_class_alone():
     assert list(phases_of(wl, baseline=False)) == ["mixed"]
     assert list(phases_of(wl.only([SHORT]), baseline=True)) == ["mixed"]  # nothing to compare
     assert build_workload(BenchConfig(workload="seed", rate=1, duration_s=10), None).name == "seed"
-    with pytest.raises(ValueError, match="seed, mixed, overhead, overload or a .jsonl"):
+    with pytest.raises(ValueError, match="seed, mixed, overhead, overload, burst, azure-conv, "
+                                         "azure-code, azure-mix or a .jsonl"):
         build_workload(BenchConfig(workload="other"), None)
     json.dumps(cfg.to_dict())  # goes into report.json as is
 
@@ -163,3 +165,26 @@ def test_overhead_is_vllm_bench_serves_random_shape():
     assert 15 < wl.params["duration_s"] < 40  # 100 arrivals at 4/s
     assert list(phases_of(wl, baseline=True)) == ["overhead"]
     assert build_workload(BenchConfig(workload="overhead"), None).name == "overhead"
+
+
+def test_burst_is_a_steady_short_stream_and_long_prompts_all_at_once():
+    wl = burst_workload(rate=2, duration_s=30, burst_size=6, seed=1, long_prompt_tokens=300,
+                        long_tokens=128, count_tokens=words_x2)
+    shorts = [r for r in wl.requests if r.cls == SHORT]
+    longs = [r for r in wl.requests if r.cls == LONG]
+    assert [r.arrival_s for r in shorts] == [0.25 + 0.5 * i for i in range(60)]  # evenly spaced
+    assert [r.arrival_s for r in longs] == [10.0] * 6  # a third of the way in, together
+    assert all(abs(words_x2(r.prompt) - 300) <= 2 and r.max_tokens == 128 for r in longs)
+    assert len({r.prompt for r in longs}) == 6  # each its own prompt: no shared prefix
+    assert wl.classes == [SHORT, LONG] and wl.params["burst_at_s"] == 10.0
+    assert "6 long ones" in wl.params["described"] and "every 0.5 s" in wl.params["described"]
+    phases = phases_of(wl, baseline=True)
+    assert phases["baseline"].requests == tuple(shorts)  # the same arrivals, without the burst
+    at = burst_workload(rate=2, duration_s=30, burst_size=2, burst_at_s=0, count_tokens=words_x2)
+    assert {r.arrival_s for r in at.requests if r.cls == LONG} == {0}
+    for bad in ({"burst_at_s": 30}, {"burst_at_s": -1}, {"burst_size": -1}):
+        with pytest.raises(ValueError, match="burst"):
+            burst_workload(rate=2, duration_s=30, **{"burst_size": 1, **bad})
+    cfg = BenchConfig(workload="burst", rate=1, duration_s=9, burst_size=3, burst_at_s=4.5)
+    wl = build_workload(cfg, words_x2)
+    assert wl.counts() == {SHORT: 9, LONG: 3} and wl.params["burst_at_s"] == 4.5
