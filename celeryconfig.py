@@ -99,7 +99,7 @@ task_track_started = False
 
 
 if __name__ == "__main__":
-    print(f"broker_url={broker_url}")
+    print(f"broker_url={_settings.redact_url(broker_url)}")  # never the password
     for lane in _lanes:
         print(f"queue {lane.queue:<10} task {lane.task_name:<28} rate_limit={lane.rate_limit or '-'} "
               f"soft_time_limit={lane.deadline_s}s expires={lane.queue_ttl_s}s")

@@ -6,23 +6,31 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from flask import Flask, current_app, g, request
+from flask import Flask, Response, after_this_request, current_app, g, request
 
 from tailguard import settings
 from tailguard.gateway.service import Gateway
+from tailguard.settings import AUTH_KEYS, AUTH_OPEN
 
 _gateway_lock = threading.Lock()
+
+#: the default byte bound of a prompt (TAILGUARD_MAX_PROMPT_BYTES), per token of the model's
+#: max length: no real text needs more bytes a token, so a longer prompt would not fit its context
+PROMPT_BYTES_PER_TOKEN = 32
 
 
 #: Every setting the API reads: create_app puts each into app.config under its env name.
 APP_SETTINGS = (settings.REDIS_URL, settings.REDIS_SENTINEL_MASTER, settings.REDIS_SENTINEL_PASSWORD,
                 settings.MODEL, settings.SERVED_MODEL_NAME, settings.LANES_FILE,
                 settings.MAX_BODY_BYTES, settings.MAX_WAIT_S, settings.JOB_TTL_S,
+                settings.RECORD_TTL_S, settings.OUTPUT_TTL_S, settings.REDIS_HIGH_WATER,
                 settings.WORKER_LOST_GRACE_S, settings.STREAM_MAXLEN, settings.SSE_HEARTBEAT_S,
                 settings.STATS_RETENTION_S, settings.REQUEST_LOG, settings.RATE_WINDOW_S,
                 settings.PRIOR_TOKENS_PER_S, settings.ADMIT_WITHOUT_WORKER, settings.API_THREADS,
                 settings.WORKER_HEARTBEAT_S, settings.REDELIVER_AFTER_S,
-                settings.REDIS_SOCKET_TIMEOUT_S)
+                settings.REDIS_SOCKET_TIMEOUT_S, settings.API_AUTH, settings.API_OPEN,
+                settings.API_TRUSTED_HOSTS, settings.API_READ_TIMEOUT_S, settings.MAX_WAITS_PER_KEY,
+                settings.MAX_PROMPT_BYTES, settings.METRICS_KEY_NAMES)
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
@@ -48,6 +56,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
                           field=settings.SSE_HEARTBEAT_S.env)
     _setup_request_log(settings.REQUEST_LOG.get(app.config))
     app.json.ensure_ascii = False  # Chinese prompts and text stay readable
+    auth, open_remote = _auth_config(app.config)
 
     from app import errors, health, jobs, openai_api, openapi
 
@@ -55,9 +64,23 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
 
     @app.before_request
     def _authenticate() -> None:
-        """Every /v1/ route needs an API key once one exists; /healthz and /metrics never do."""
+        """Keys mode: every /v1/ route needs an API key (/healthz and /metrics never do), and
+        each call is charged to its key's requests per minute before anything else is done
+        for it. Open mode: no key, and only clients on this machine unless TAILGUARD_API_OPEN."""
+        from tailguard.errors import Unauthenticated
+        from tailguard.gateway.api_keys import is_loopback
+
+        if auth == AUTH_OPEN:
+            # no peer address: a Unix socket (or an in-process client), this machine's alone
+            peer = request.remote_addr
+            if not open_remote and peer and not is_loopback(peer):
+                raise Unauthenticated(f"this API runs without API keys ({settings.API_AUTH.env}=open) "
+                                      "and serves clients on its own machine only")
+            return
         if needs_api_key(request.path):
-            g.api_key = get_gateway().api_keys.authenticate(request.headers.get("Authorization"))
+            gw = get_gateway()
+            g.api_key = gw.api_keys.authenticate(request.headers.get("Authorization"))
+            gw.charge_call(g.api_key)
 
     app.register_blueprint(jobs.bp)
     app.register_blueprint(openai_api.bp)
@@ -66,9 +89,38 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     return app
 
 
+def _auth_config(config: dict[str, Any]) -> tuple[str, bool]:
+    """The app's authentication mode (TAILGUARD_API_AUTH; keys unless set: `tailguard api`
+    resolves the default from its bind and sets it), whether open mode serves remote clients
+    (TAILGUARD_API_OPEN), and the Host headers it answers, put in Flask's TRUSTED_HOSTS
+    (a 400 for any other: DNS rebinding)."""
+    auth = settings.API_AUTH.get(config) or AUTH_KEYS
+    config[settings.API_AUTH.env] = auth
+    open_remote = settings.API_OPEN.get(config)
+    hosts = [h.strip() for h in settings.API_TRUSTED_HOSTS.get(config).split(",") if h.strip()]
+    if not hosts and auth == AUTH_OPEN and not open_remote:
+        from tailguard.gateway.api_keys import LOOPBACK_HOSTS
+
+        hosts = list(LOOPBACK_HOSTS)
+    config["TRUSTED_HOSTS"] = hosts or None
+    return auth, open_remote
+
+
 def needs_api_key(path: str) -> bool:
-    """Whether a request to ``path`` must carry an API key (once one exists)."""
+    """Whether a request to ``path`` must carry an API key (in keys mode)."""
     return path.startswith("/v1/")
+
+
+def hold_wait_slot() -> None:
+    """Hold one of the caller's key's wait slots (TAILGUARD_MAX_WAITS_PER_KEY) until this
+    request's response is closed, a stream's when it ends or its client goes away; a 429
+    when the key holds them all. Called first by every view that may wait."""
+    release = get_gateway().hold_wait(g.get("api_key"))
+
+    @after_this_request
+    def _release_when_closed(response: Response) -> Response:
+        response.call_on_close(release)
+        return response
 
 
 def json_body() -> Any:
@@ -81,10 +133,46 @@ def json_body() -> Any:
         raise UnsupportedMediaType(
             f"send the body as application/json (got {request.mimetype or 'no content type'})",
             field="Content-Type")
-    body = request.get_json(silent=True)
+    from werkzeug.exceptions import ClientDisconnected
+
+    try:
+        body = request.get_json(silent=True)
+    except RecursionError:
+        raise InvalidField("the body nests too deeply to be read", field="body") from None
+    except (ClientDisconnected, OSError):
+        # shorter than its Content-Length: the socket's read timed out
+        # (TAILGUARD_API_READ_TIMEOUT_S, app/gunicorn_hooks.py) or the client left
+        from tailguard.errors import RequestTimeout
+
+        raise RequestTimeout("the client stopped sending its body before its Content-Length",
+                             field="body") from None
     if body is None:
         raise InvalidField("the body must be valid JSON", field="body")
+    _check_text(body)
     return body
+
+
+def _check_text(body: Any) -> None:
+    """InvalidField unless every string in `body` is valid Unicode: JSON may escape a lone
+    surrogate (\\ud800), which no tokenizer, Redis or log can encode as UTF-8. Iterative: a
+    deeply nested body must not exhaust the stack here either."""
+    from tailguard.errors import InvalidField
+
+    stack = [(body, "body")]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, dict):
+            for k, v in value.items():
+                stack.append((k, where))
+                stack.append((v, k if where == "body" else where))
+        elif isinstance(value, list):
+            stack.extend((v, where) for v in value)
+        elif isinstance(value, str) and not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidField("the body holds a string that is not valid Unicode (a lone "
+                                   "surrogate escape such as \\ud800)", field=where) from None
 
 
 def get_gateway() -> Gateway:
@@ -167,13 +255,18 @@ def _build_gateway(config: Mapping[str, Any]) -> Gateway:
         result_backend_transport_options={**producer.conf.result_backend_transport_options,
                                           **sentinel_options})
     lanes = load_lanes(settings.LANES_FILE.get(config) or None)
-    metrics = GatewayMetrics(lanes.names, client)
+    metrics = GatewayMetrics(lanes.names, client, key_names=settings.METRICS_KEY_NAMES.get(config))
     stats = StatsStore(client, retention_s=settings.STATS_RETENTION_S.get(config))
     load = LaneLoadStore(client, window_s=settings.RATE_WINDOW_S.get(config))
     admission = AdmissionPolicy(prior_tokens_per_s=settings.PRIOR_TOKENS_PER_S.get(config),
                                 admit_without_worker=settings.ADMIT_WITHOUT_WORKER.get(config))
-    gateway = Gateway(lanes, store, counter_for(model), TaskMessages(producer), metrics=metrics,
-                      admission=admission, load=load, stats=stats)
+    counter = counter_for(model)
+    max_prompt_bytes = settings.MAX_PROMPT_BYTES.get(config) or (
+        PROMPT_BYTES_PER_TOKEN * counter.model_max_len if counter.model_max_len
+        else settings.MAX_BODY_BYTES.get(config))
+    gateway = Gateway(lanes, store, counter, TaskMessages(producer), metrics=metrics,
+                      admission=admission, load=load, stats=stats, max_prompt_bytes=max_prompt_bytes,
+                      max_waits_per_key=settings.MAX_WAITS_PER_KEY.get(config))
     # Every finished request, whoever ended it: one log line, metrics, `tailguard stats`,
     # and the lane's measured service rate (admission). Started by start_background.
     gateway.finished = FinishedConsumer(client, [log_request, metrics.observe, stats.record,

@@ -29,6 +29,7 @@ from tailguard.errors import (
     Refused,
     RequestError,
     ResultTimeout,
+    StorageFull,
     TailguardError,
     Unauthenticated,
     Unavailable,
@@ -37,6 +38,7 @@ from tailguard.errors import (
 )
 from tailguard.gateway.openai_protocol import error_body
 from tailguard.jobs.store import CANCELLED, EXPIRED, TERMINAL
+from tailguard.redis.client import out_of_memory
 
 #: blueprints whose clients speak the OpenAI API
 OPENAI_BLUEPRINTS = frozenset({"openai"})
@@ -133,8 +135,12 @@ def register(app: Flask) -> None:
     @app.errorhandler(redis.RedisError)
     @app.errorhandler(OperationalError)
     def _broker_down(exc: Exception):
-        log.error("Redis unavailable: %s", exc)
-        err = BrokerUnavailable("Redis (broker and job store) is not answering; retry later")
+        if out_of_memory(exc):  # past maxmemory, which the high-water mark should have spared
+            log.error("Redis is full: %s", exc)
+            err: Unavailable = StorageFull("Redis is full (maxmemory); retry later")
+        else:
+            log.error("Redis unavailable: %s", exc)
+            err = BrokerUnavailable("Redis (broker and job store) is not answering; retry later")
         count_rejected(err.code)
         return exception_response(err)
 

@@ -13,16 +13,21 @@ bp = Blueprint("health", __name__)
 
 @bp.get("/healthz")
 def healthz():
-    """Healthy when Redis answers and every lane has a live worker.
+    """Healthy when Redis answers and has room for new jobs, and every lane has a live worker.
     ---
     get:
       summary: Liveness
       responses:
         200: {description: every lane served, content: {application/json: {schema: Health}}}
-        503: {description: a lane without a live worker, content: {application/json: {schema: Health}}}
+        503: {description: a lane without a live worker, or Redis past its high-water mark
+              (storage.full), content: {application/json: {schema: Health}}}
     """
     gw = get_gateway()
     healthy, body = lane_health(Liveness(gw.store.redis), gw.lanes.names)
+    memory = gw.store.storage.memory()
+    body["storage"] = memory.to_dict()
+    if memory.full:
+        healthy, body["status"] = False, "degraded"
     return jsonify(body), 200 if healthy else 503
 
 

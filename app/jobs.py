@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import Blueprint, current_app, g, jsonify, request
 
-from app import get_gateway, json_body
+from app import get_gateway, hold_wait_slot, json_body
 from app.sse import HEARTBEAT, sse_event, sse_response
 from tailguard import settings
 from tailguard.errors import InvalidField
@@ -58,7 +58,9 @@ def status(job_id: str):
     max_wait_s = settings.MAX_WAIT_S.get(current_app.config)
     if not 0 <= wait_s <= max_wait_s:
         raise InvalidField(f"wait must be between 0 and {max_wait_s} s", field="wait")
-    return jsonify(get_gateway().status(job_id, wait_s=wait_s))
+    if wait_s > 0:
+        hold_wait_slot()
+    return jsonify(get_gateway().status(job_id, wait_s=wait_s, caller=g.get("api_key")))
 
 
 @bp.delete("/<job_id>")
@@ -73,7 +75,7 @@ def cancel(job_id: str):
         404: Native404
         409: Native409
     """
-    return jsonify(get_gateway().cancel(job_id))
+    return jsonify(get_gateway().cancel(job_id, caller=g.get("api_key")))
 
 
 @bp.get("/<job_id>/stream")
@@ -103,13 +105,15 @@ def stream(job_id: str):
         raise InvalidField(f"Last-Event-ID must be a stream id like 1700000000000-0, got {after!r}",
                            field="Last-Event-ID")
     cancel_on_disconnect = request.args.get("cancel_on_disconnect", "false").lower() in ("1", "true")
-    gw = get_gateway()
-    events = gw.events(job_id, after, heartbeat_s=settings.SSE_HEARTBEAT_S.get(current_app.config))
+    hold_wait_slot()
+    gw, caller = get_gateway(), g.get("api_key")
+    events = gw.events(job_id, after, heartbeat_s=settings.SSE_HEARTBEAT_S.get(current_app.config),
+                       caller=caller)
 
     def chunks():
         for ev in events:
             yield HEARTBEAT if ev is None else sse_event(ev.data, event=ev.type, id=ev.id)
 
-    on_disconnect = (lambda: gw.cancel(job_id, reason="the client disconnected", missing_ok=True)) \
-        if cancel_on_disconnect else None
+    on_disconnect = (lambda: gw.cancel(job_id, reason="the client disconnected", missing_ok=True,
+                                       caller=caller)) if cancel_on_disconnect else None
     return sse_response(chunks(), on_disconnect)

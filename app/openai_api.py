@@ -17,7 +17,7 @@ from typing import Any
 
 from flask import Blueprint, Response, current_app, g, jsonify
 
-from app import get_gateway, json_body
+from app import get_gateway, hold_wait_slot, json_body
 from app.errors import exception_response, job_error, openai_error
 from app.sse import HEARTBEAT, client_connected, sse_event, sse_response
 from tailguard import settings
@@ -102,6 +102,7 @@ def completions():
       responses:
         200: OpenAICompletion
     """
+    hold_wait_slot()  # every call waits for its job, streamed or not
     gw = get_gateway()
     return _serve(gw, parse_completion_request(json_body(), set(_served_names(gw))))
 
@@ -116,6 +117,7 @@ def chat_completions():
       responses:
         200: OpenAICompletion
     """
+    hold_wait_slot()
     gw = get_gateway()
     return _serve(gw, parse_chat_request(json_body(), set(_served_names(gw)), _chat_renderer(gw)))
 

@@ -62,7 +62,8 @@ def build_spec(app: Flask) -> dict[str, Any]:
                                         "job API and an OpenAI-compatible one."})
     spec.components.security_scheme("apiKey", {
         "type": "http", "scheme": "bearer",
-        "description": "`tailguard keys add NAME` makes one; needed once any key exists"})
+        "description": "`tailguard keys add NAME` makes one; needed in keys mode "
+                       "(TAILGUARD_API_AUTH), the default on any bind but loopback"})
     for name, schema in _schemas().items():
         spec.components.schema(name, schema)
     for family in ("Native", "OpenAI"):
@@ -84,8 +85,9 @@ def build_spec(app: Flask) -> dict[str, Any]:
 
 
 class _KeyProtected(BasePlugin):
-    """What every operation of a key-protected path has: the scheme, 401 and 503 (Redis down),
-    in the error shape of the view's API; an OpenAI generation, every error status."""
+    """What every operation of a key-protected path has: the scheme, 401, 429 (each call counts
+    toward its key's requests per minute) and 503 (Redis down), in the error shape of the
+    view's API; an OpenAI generation, every error status."""
 
     def operation_helper(self, path: str | None = None, operations: dict | None = None,
                          **kwargs: Any) -> None:
@@ -95,6 +97,7 @@ class _KeyProtected(BasePlugin):
         for op in operations.values():
             op["security"] = [{"apiKey": []}]
             op["responses"].setdefault(401, f"{family}401")
+            op["responses"].setdefault(429, f"{family}429")
             op["responses"].setdefault(503, f"{family}503")
             if family == "OpenAI" and "requestBody" in op:
                 # a generation: any error of the tree can answer it

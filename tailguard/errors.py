@@ -12,19 +12,23 @@ one place (``app/errors.py``); workers map them to a terminal job state.
     │   ├── InvalidField                invalid_field          400  a field has the wrong type or value
     │   ├── PromptTooLong               prompt_too_long        400  prompt does not fit any lane's context
     │   ├── NoLaneForRequest            no_lane                400  no lane accepts this priority/cost
+    │   ├── OverKeyLimit                over_key_limit         400  costs more than the key's whole tokens/min
+    │   ├── RequestTimeout              request_timeout        408  the client stalled sending its request
     │   ├── BodyTooLarge                body_too_large         413
     │   └── UnsupportedMediaType        unsupported_media_type 415  a POST body that is not JSON
     ├── Unauthenticated                 invalid_api_key        401  no API key, or not a known one
     ├── Refused                         refused                429  not now: come back after Retry-After
     │   ├── LaneFull                    lane_full              429  the lane's backlog is at its bound
     │   ├── WaitTooLong                 wait_too_long          429  predicted wait > what the lane promises
-    │   └── RateLimited                 rate_limited           429  the API key's per-minute limit
+    │   ├── RateLimited                 rate_limited           429  the API key's per-minute limit
+    │   └── TooManyWaits                too_many_waits         429  the key holds its most waits/streams open
     ├── JobNotFound                     not_found              404  unknown (or expired-from-storage) id
     │   └── ModelNotFound               model_not_found        404  `model` names a model we do not serve
     ├── JobStateConflict                conflict               409  e.g. cancelling a finished job
     ├── Unavailable                     unavailable            503  recoverable: retry later
     │   ├── BrokerUnavailable           broker_unavailable     503  Redis does not answer
-    │   └── NoLiveWorker                no_live_worker         503  no worker serves the lane now
+    │   ├── NoLiveWorker                no_live_worker         503  no worker serves the lane now
+    │   └── StorageFull                 storage_full           503  Redis past its high-water mark
     ├── ResultTimeout                   timeout                504  a waiting call gave up; the job goes on
     ├── EngineError                     engine_error           500  one request failed; job -> failed
     │   └── EngineDeadError             engine_dead            500  the engine is gone; the worker restarts it
@@ -96,6 +100,20 @@ class NoLaneForRequest(RequestError):
     code = "no_lane"
 
 
+class OverKeyLimit(RequestError):
+    """A submission whose cost exceeds its key's whole tokens per minute: no wait makes room for
+    it, so it is a 400 (clients retry a 429), not a rate limit."""
+
+    code = "over_key_limit"
+
+
+class RequestTimeout(RequestError):
+    """The client sent nothing for TAILGUARD_API_READ_TIMEOUT_S while its request was read."""
+
+    code = "request_timeout"
+    http_status = 408
+
+
 class BodyTooLarge(RequestError):
     code = "body_too_large"
     http_status = 413
@@ -143,6 +161,13 @@ class RateLimited(Refused):
     code = "rate_limited"
 
 
+class TooManyWaits(Refused):
+    """The key already holds TAILGUARD_MAX_WAITS_PER_KEY long-polls, streams and waiting OpenAI
+    calls open in this API process: each holds an API thread."""
+
+    code = "too_many_waits"
+
+
 class JobNotFound(TailguardError):
     code = "not_found"
     http_status = 404
@@ -177,6 +202,15 @@ class NoLiveWorker(Unavailable):
 
     code = "no_live_worker"
     retry_after_s = 5  # a few heartbeats: a restarted worker or engine advertises again
+
+
+class StorageFull(Unavailable):
+    """Redis holds more than TAILGUARD_REDIS_HIGH_WATER of its maxmemory: no new job until
+    finished ones expire, so the jobs already accepted finish and heartbeats keep writing in
+    the room left (tailguard/jobs/storage.py)."""
+
+    code = "storage_full"
+    retry_after_s = 10  # records expire continuously: room comes back within seconds under load
 
 
 class ResultTimeout(TailguardError):

@@ -10,6 +10,7 @@ accepted, validated and passed to vLLM everywhere at once.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -25,6 +26,9 @@ MAX_STOP_CHARS = 256
 #: Largest sampling payload (the validated fields as compact JSON): it travels in every queue
 #: message and job record.
 MAX_SAMPLING_BYTES = 2048
+#: The range of a 64-bit integer: vLLM's bound for seed, and what its engine's messages
+#: (msgspec) can carry at all, so an integer field outside it could never run.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 def as_int(name: str, value: Any, lo: int | None = None) -> int:
@@ -38,10 +42,17 @@ def as_int(name: str, value: Any, lo: int | None = None) -> int:
 
 def as_float(name: str, value: Any, lo: float | None = None, hi: float | None = None, *,
              lo_open: bool = False) -> float:
-    """``value`` as a float if it is a number within [lo, hi] (or (lo, hi]), else InvalidField."""
+    """``value`` as a float if it is a finite number within [lo, hi] (or (lo, hi]), else
+    InvalidField. JSON as Python reads it can say NaN and Infinity (and 1e999 is inf): NaN
+    passes every comparison, so it is refused first, as vLLM refuses it."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise InvalidField(f"{name} must be a number, got {type(value).__name__}", field=name)
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an integer too large for a float
+        value = math.inf
+    if not math.isfinite(value):
+        raise InvalidField(f"{name} must be a finite number, got {value}", field=name)
     below = lo is not None and (value <= lo if lo_open else value < lo)
     if below or (hi is not None and value > hi):
         bounds = ([f"{'>' if lo_open else '>='} {lo}"] if lo is not None else []) + \
@@ -80,7 +91,6 @@ class SamplingField:
     lo_open: bool = False  # the bound lo itself is refused
     off: int | None = None  # a value below lo that means "disabled" (top_k's -1)
     native: bool = True  # the native API takes it too (the OpenAI API takes every field)
-    inert: float | None = None  # a value that does nothing: dropped, not sent to the engine
 
     def accepted_by(self, api: Api) -> bool:
         return api == "openai" or self.native
@@ -97,8 +107,15 @@ class SamplingField:
         value = as_int(name, value)
         if self.lo is not None and value < self.lo and value != self.off:
             allowed = f">= {self.lo}" if self.off is None else f"{self.off} (off) or >= {self.lo}"
-            raise InvalidField(f"{name} must be {allowed}, got {value}", field=name)
+            raise InvalidField(f"{name} must be {allowed}, got {_short(value)}", field=name)
+        if self.hi is not None and value > self.hi:
+            raise InvalidField(f"{name} must be <= {int(self.hi)}, got {_short(value)}", field=name)
         return value
+
+
+def _short(value: int) -> str:
+    """An integer as an error message shows it: a 4,000-digit one is not repeated back."""
+    return str(value) if value.bit_length() <= 64 else f"an integer of {value.bit_length()} bits"
 
 
 #: Every sampling field, in the order they are validated. max_tokens is one of them for the
@@ -107,15 +124,16 @@ FIELDS: tuple[SamplingField, ...] = (
     SamplingField("max_tokens", "int", lo=1),
     SamplingField("temperature", "float", lo=0.0, hi=2.0),
     SamplingField("top_p", "float", lo=0.0, hi=1.0, lo_open=True),
-    SamplingField("top_k", "int", lo=1, off=-1),
+    SamplingField("top_k", "int", lo=1, off=-1, hi=INT64_MAX),
     SamplingField("stop", "stop", hi=4),
-    SamplingField("seed", "int"),
+    SamplingField("seed", "int", lo=INT64_MIN, hi=INT64_MAX),
     SamplingField("ignore_eos", "bool"),
-    SamplingField("min_tokens", "int", lo=0),
+    SamplingField("min_tokens", "int", lo=0, hi=INT64_MAX),
     SamplingField("repetition_penalty", "float", lo=0.0, hi=2.0, lo_open=True),
-    # OpenAI's penalties: clients send 0 by default, which changes nothing
-    SamplingField("frequency_penalty", "float", lo=-2.0, hi=2.0, native=False, inert=0.0),
-    SamplingField("presence_penalty", "float", lo=-2.0, hi=2.0, native=False, inert=0.0),
+    # OpenAI's penalties. A 0 is kept, not dropped as a no-op: it overrides a model's
+    # generation-config default, as in vLLM's server (the engine fills only absent fields)
+    SamplingField("frequency_penalty", "float", lo=-2.0, hi=2.0, native=False),
+    SamplingField("presence_penalty", "float", lo=-2.0, hi=2.0, native=False),
 )
 BY_NAME: dict[str, SamplingField] = {f.name: f for f in FIELDS}
 MAX_TOKENS = BY_NAME["max_tokens"]
@@ -127,13 +145,12 @@ def field_names(api: Api) -> tuple[str, ...]:
 
 
 def parse_sampling(body: Mapping[str, Any], api: Api) -> dict[str, Any]:
-    """The sampling fields of ``body`` for ``api``, validated; null and inert values left out."""
+    """The sampling fields of ``body`` for ``api``, validated; nulls left out, so a field
+    absent here is one the client did not set (the engine fills it from the model's defaults)."""
     out = {}
     for f in FIELDS:
         if f.accepted_by(api) and body.get(f.name) is not None:
-            value = f.parse(body[f.name])
-            if f.inert is None or value != f.inert:
-                out[f.name] = value
+            out[f.name] = f.parse(body[f.name])
     size = len(json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode())
     if size > MAX_SAMPLING_BYTES:
         raise InvalidField(f"the sampling fields take {size} bytes, more than {MAX_SAMPLING_BYTES}",

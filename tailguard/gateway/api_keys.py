@@ -1,15 +1,17 @@
-"""API keys: who may submit, how much, at what priority.
+"""API keys: who may call, how much, at what priority, and whose jobs they see.
 
 Keys live in Redis (one hash, ``keys.API_KEYS``), stored only as their sha256,
 so whoever reads Redis cannot call the API with them; a key is shown once, when
-``tailguard keys add`` makes it. Authentication is on as soon as one key exists:
-with none, the API serves anyone but binds to loopback only (tailguard/cli.py).
+``tailguard keys add`` makes it. Whether the API asks for one is configuration
+(TAILGUARD_API_AUTH, ``resolve_auth``), never a side effect of what Redis holds: in
+keys mode an empty key set means every /v1/ call is a 401 saying how to make a key.
 
 Each key may carry a requests/min and a tokens/min limit (token buckets in one
-Lua script, so every API process draws from the same ones; tokens are the
-request's cost, prompt + max_tokens), a priority ceiling (a ``batch`` key's
-interactive requests are placed as batch) and a name, which the request log and
-the ``tailguard_api_key_requests_total`` metric carry.
+Lua script, so every API process draws from the same ones; every /v1/ call takes
+one request, a submission also its cost in tokens, prompt + max_tokens), a priority
+ceiling (a ``batch`` key's interactive requests are placed as batch), the admin
+flag (an admin key sees and cancels every key's jobs; any other key only its own)
+and a name, which the request log carries.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from dataclasses import asdict, dataclass
 
 import redis
 
-from tailguard.errors import ConfigError, RateLimited, Unauthenticated
+from tailguard import settings
+from tailguard.errors import ConfigError, OverKeyLimit, RateLimited, Unauthenticated
 from tailguard.lanes.table import PRIORITY_CLASSES
 from tailguard.redis import keys, lua
 
@@ -42,10 +45,15 @@ class ApiKey:
     requests_per_min: int | None = None
     tokens_per_min: int | None = None
     max_priority: str = PRIORITY_CLASSES[0]  # the highest class this key may use
+    admin: bool = False  # sees and cancels every key's jobs
     id: str = ""  # the key's sha256: where it is stored (never part of the stored record)
 
     def record(self) -> str:
         return json.dumps({k: v for k, v in asdict(self).items() if k != "id"})
+
+    def may_see(self, owner: str | None) -> bool:
+        """Whether this key may read or cancel a job whose record names `owner` (a key's id)."""
+        return self.admin or owner == self.id
 
     def priority_for(self, wanted: str) -> str:
         """The class a request asking for `wanted` runs at: never above the key's ceiling."""
@@ -89,7 +97,7 @@ class ApiKeyStore:
         return False
 
     def any(self) -> bool:
-        """Whether authentication is on: at least one key exists."""
+        """Whether at least one key exists (what a 401 says how to fix; it turns nothing on)."""
         return self.redis.hlen(keys.API_KEYS) > 0
 
     def lookup(self, secret: str) -> ApiKey | None:
@@ -97,39 +105,52 @@ class ApiKeyStore:
         raw = self.redis.hget(keys.API_KEYS, h)
         return ApiKey(**json.loads(raw), id=h) if raw is not None else None
 
-    def authenticate(self, authorization: str | None) -> ApiKey | None:
-        """The key an ``Authorization: Bearer <key>`` header names; None while no key exists
-        (authentication off: whatever an OpenAI client sends is ignored).
+    def authenticate(self, authorization: str | None) -> ApiKey:
+        """The key an ``Authorization: Bearer <key>`` header names, or Unauthenticated.
 
-        A known key costs one Redis call, the lookup: whether any key exists is asked only
-        when there is none to look up, or it is unknown. Every /v1/ request comes here."""
+        A known key costs one Redis call, the lookup; a refusal asks whether any key exists,
+        to say how to make one when none does (keys mode stays on all the same)."""
         scheme, _, secret = (authorization or "").partition(" ")
         secret = secret.strip() if scheme.lower() == "bearer" else ""
         key = self.lookup(secret) if secret else None
         if key is not None:
             return key
         if not self.any():
-            return None
+            raise Unauthenticated("this API requires an API key and none exists yet: make one with "
+                                  "`tailguard keys add NAME`, then send Authorization: Bearer <key>")
         if not secret:
             raise Unauthenticated("send an API key: Authorization: Bearer <key> "
                                   "(`tailguard keys add NAME` makes one)")
         raise Unauthenticated("unknown API key (revoked, or mistyped)")
 
-    def take(self, key: ApiKey, cost: int) -> None:
-        """Charge one request of `cost` tokens to the key's limits, or raise RateLimited."""
-        buckets = [{"name": name, "capacity": limit, "per_s": limit / 60.0, "take": take}
-                   for name, limit, take in (("requests", key.requests_per_min, 1),
-                                             ("tokens", key.tokens_per_min, cost))
-                   if limit is not None]
-        if not buckets:
-            return
-        if key.tokens_per_min is not None and cost > key.tokens_per_min:
-            raise RateLimited(f"this request's cost ({cost} tokens) exceeds key {key.name!r}'s "
-                              f"{key.tokens_per_min} tokens per minute", retry_after_s=60)
-        taken, wait = self._take([keys.api_key_bucket_key(key.id)], buckets=buckets)
+    def take_request(self, key: ApiKey) -> None:
+        """Charge one call to the key's requests per minute, or raise RateLimited: every /v1/ call,
+        before anything costly is done for it."""
+        if key.requests_per_min is not None:
+            self._draw(key, "requests", key.requests_per_min, 1)
+
+    def take_tokens(self, key: ApiKey, cost: int) -> None:
+        """Charge a submission of `cost` tokens to the key's tokens per minute (`check_cost`
+        first), or raise RateLimited when the bucket is short now."""
+        if key.tokens_per_min is not None:
+            check_cost(key, cost)
+            self._draw(key, "tokens", key.tokens_per_min, cost)
+
+    def _draw(self, key: ApiKey, bucket: str, per_min: int, take: int) -> None:
+        taken, wait = self._take([keys.api_key_bucket_key(key.id)], buckets=[
+            {"name": bucket, "capacity": per_min, "per_s": per_min / 60.0, "take": take}])
         if not taken:
-            raise RateLimited(f"key {key.name!r} is over its per-minute limit",
+            raise RateLimited(f"key {key.name!r} is over its {bucket} per minute",
                               retry_after_s=math.ceil(float(wait)))
+
+
+def check_cost(key: ApiKey, cost: int) -> None:
+    """OverKeyLimit (a 400, not a 429: no wait makes room for it) when a submission of `cost`
+    tokens exceeds the key's whole tokens per minute."""
+    if key.tokens_per_min is not None and cost > key.tokens_per_min:
+        raise OverKeyLimit(f"this request's cost ({cost} tokens: prompt + max_tokens) exceeds key "
+                           f"{key.name!r}'s {key.tokens_per_min} tokens per minute: send a shorter "
+                           "prompt or a lower max_tokens", field="max_tokens")
 
 
 def _text(value: bytes | str) -> str:
@@ -138,9 +159,12 @@ def _text(value: bytes | str) -> str:
 
 _LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
 
+#: the Host header names open mode answers by default (TAILGUARD_API_TRUSTED_HOSTS)
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1")
+
 
 def is_loopback(host: str) -> bool:
-    """Whether a bind address only this machine can reach."""
+    """Whether a bind address (or a peer's) only this machine can reach."""
     import ipaddress
 
     host = host.strip("[]")
@@ -152,16 +176,25 @@ def is_loopback(host: str) -> bool:
         return False  # a host name: it may resolve to anything
 
 
-def check_bind(host: str, *, have_keys: bool, open_api: bool) -> str:
-    """What `tailguard api` says at start; ConfigError for a non-loopback bind without keys."""
-    if have_keys:
-        return f"API keys required (Authorization: Bearer <key>); listening on {host}"
-    if is_loopback(host):
-        return (f"no API key exists: authentication is off and the API listens on {host} only; "
-                "`tailguard keys add NAME` turns it on")
-    if open_api:
-        return (f"no API key exists and TAILGUARD_API_OPEN is set: serving {host} without "
-                "authentication")
-    raise ConfigError(f"refusing to serve {host} without API keys: anyone who can reach it could "
-                      "submit work. Make one (`tailguard keys add NAME`), bind 127.0.0.1, or set "
-                      "TAILGUARD_API_OPEN=1 if something else guards the port", field="bind")
+def resolve_auth(host: str, configured: str, *, open_remote: bool) -> tuple[str, str]:
+    """The authentication mode `tailguard api` serves `host` with, and what it says at start.
+
+    `configured` is TAILGUARD_API_AUTH: keys, open, or empty (open on a loopback bind, keys
+    on any other); `open_remote` is TAILGUARD_API_OPEN. ConfigError for open mode on a
+    non-loopback bind without it."""
+    auth = settings.API_AUTH.env
+    if configured == settings.AUTH_KEYS or (not configured and not is_loopback(host)):
+        why = f"{auth}=keys" if configured else f"the default for a non-loopback bind; {auth}"
+        return settings.AUTH_KEYS, (
+            f"API keys required on {host} ({why}): every /v1/ call sends Authorization: Bearer "
+            f"<key>; `tailguard keys add NAME` makes one")
+    if is_loopback(host) or open_remote:
+        why = f"{auth}=open" if configured else (f"the default for a loopback bind; {auth}=keys "
+                                                 "requires keys")
+        reach = (f"anyone who reaches {host} ({settings.API_OPEN.env} is set)" if open_remote
+                 else f"clients on this machine only ({host}, loopback Host headers)")
+        return settings.AUTH_OPEN, f"no API key needed ({why}): serving {reach}"
+    raise ConfigError(f"refusing to serve {host} without API keys ({auth}=open): anyone who can "
+                      f"reach it could submit work. Use {auth}=keys (and `tailguard keys add "
+                      f"NAME`), bind 127.0.0.1, or set {settings.API_OPEN.env}=1 if something "
+                      "else guards the port", field="bind")

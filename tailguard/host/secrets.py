@@ -36,7 +36,15 @@ def write_private(path: Path, text: str) -> Path:
     return path
 
 
+def private_dir(path: Path) -> Path:
+    """`path` as a directory only its owner can enter (0700), made if missing and tightened if
+    it was made looser before: what it holds (prompts and outputs in Redis's AOF, secrets,
+    logs) is nobody else's to read, whatever the files' own modes."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.chmod(0o700)
+    return path
+
+
 def embedded_redis_password() -> str:
     """The embedded Redis's password, made on first use (mode 600, next to flower.auth)."""
-    settings.home().mkdir(parents=True, exist_ok=True)
-    return kept_secret(settings.home() / settings.REDIS_PASSWORD_FILE)
+    return kept_secret(private_dir(settings.home()) / settings.REDIS_PASSWORD_FILE)

@@ -15,7 +15,8 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -188,3 +189,92 @@ class FinishedConsumer:
 def log_request(record: FinishedRequest) -> None:
     """The request log: one JSON line per finished request."""
     request_log.info(record.log_line())
+
+
+class JobEnds:
+    """Wakes the callers waiting for jobs to end (long polls, non-streamed OpenAI calls).
+
+    One thread per process follows the finished stream with a blocking read (no consumer
+    group: every process sees every entry) and sets the event of each job someone here
+    waits for. However many wait, that is one read per batch of finished jobs, where
+    each waiter used to read its record every 50 ms. The stream is persistent: after a
+    Redis error the thread reads on from the last id it saw, and an end it still missed
+    (the stream trimmed meanwhile) costs only the waiter's next backstop read.
+    """
+
+    def __init__(self, client: redis.Redis, *, block_ms: int = 1000, count: int = 500) -> None:
+        self.client = client
+        self.block_ms = block_ms
+        self.count = count
+        self._lock = threading.Lock()
+        self._waiters: dict[str, set[threading.Event]] = {}
+        self._after = "0-0"  # the last entry read
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    @contextmanager
+    def watch(self, job_id: str) -> Iterator[threading.Event]:
+        """An event set once the job's end is announced: enter before reading the job's state,
+        so an end announced after that read is never missed."""
+        self._start()
+        ended = threading.Event()
+        with self._lock:
+            self._waiters.setdefault(job_id, set()).add(ended)
+        try:
+            yield ended
+        finally:
+            with self._lock:
+                waiting = self._waiters.get(job_id, set())
+                waiting.discard(ended)
+                if not waiting:
+                    self._waiters.pop(job_id, None)
+
+    def waiting(self) -> int:
+        """How many jobs someone here waits for."""
+        with self._lock:
+            return len(self._waiters)
+
+    def _start(self) -> None:
+        """Start following, from the stream's newest entry as it is now (once per process:
+        its first waiter starts it; Redis down raises to that waiter)."""
+        with self._lock:
+            if self._thread is not None:
+                return
+            newest = self.client.xrevrange(keys.FINISHED_STREAM, count=1)
+            self._after = _text(newest[0][0]) if newest else "0-0"
+            self._thread = threading.Thread(target=self._follow, name="tailguard-job-ends",
+                                            daemon=True)
+            self._thread.start()
+
+    def _follow(self) -> None:
+        failing = False
+        while not self._stop.is_set():
+            try:
+                reply = self.client.xread({keys.FINISHED_STREAM: self._after}, count=self.count,
+                                          block=self.block_ms)
+            except Exception as exc:  # noqa: BLE001 - the follower outlives any error; waiters fall back on their backstop reads meanwhile
+                if not failing and not self._stop.is_set():
+                    log.warning("following the finished stream: %s (retrying every second)", exc)
+                failing = True
+                self._stop.wait(1.0)
+                continue
+            failing = False
+            for _stream, entries in reply or []:
+                for entry_id, fields in entries:
+                    self._after = _text(entry_id)
+                    key = _text((fields or {}).get(b"key") or (fields or {}).get("key") or b"")
+                    with self._lock:
+                        waiting = list(self._waiters.get(keys.job_id_of(key), ()))
+                    for ended in waiting:
+                        ended.set()
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Stop following (within one blocking read; `timeout_s`: wait that long for it)."""
+        self._stop.set()
+        if timeout_s is not None and self._thread is not None:
+            self._thread.join(timeout_s)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+

@@ -29,22 +29,39 @@ and may resubmit, instead of waiting out the queue TTL.
 
 Delivery times are the consuming worker's wall clock, compared with this process's:
 hosts of one deployment keep their clocks in sync (NTP) or this waits longer.
+
+The work is bounded. Every API and worker process runs the loop, but a pass runs only in
+the process that holds the redelivery lease (``keys.REDELIVER_LEASE``, renewed by each of
+its passes, taken over by another process within ``lease_s`` once it stops). A pass reads
+kombu's index of deliveries by score, so only those older than ``after_s`` are
+candidates, and reads a candidate's message (which holds the prompt) once: its job id and
+queue are kept for later passes, which then read only the job's state. The lanes' lists
+and the other deliveries are read only when a lane's counts say a message may be missing.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from tailguard.errors import MessageLost
 from tailguard.jobs.store import FAILED, QUEUED, TERMINAL, JobStore
 from tailguard.lanes.table import Lane
-from tailguard.redis import keys
+from tailguard.redis import keys, lua
 
 log = logging.getLogger("tailguard.redeliver")
+
+
+#: The shortest redelivery lease, in seconds (it is 3 passes' gaps, `confirm_s`, when longer).
+LEASE_MIN_S = 3.0
+
+#: A delivery's job id and queue, as its message names them (None: not a tailguard message).
+Delivery = tuple[str | None, str | None]
 
 
 class Redeliverer:
@@ -52,17 +69,30 @@ class Redeliverer:
 
     `connect` returns a kombu Connection to the broker (a Celery app's
     ``connection_for_write``); it is opened on the first pass and again after an error.
+    Passes run while this Redeliverer holds the lease (see the module docstring), which
+    lapses `lease_s` after its last pass: 3 x `confirm_s` (the gap between the loop's
+    passes), at least LEASE_MIN_S.
     """
 
     def __init__(self, store: JobStore, connect: Callable[[], Any], after_s: float,
-                 lanes: Sequence[Lane] = (), confirm_s: float = 1.0) -> None:
+                 lanes: Sequence[Lane] = (), confirm_s: float = 1.0,
+                 lease_s: float | None = None) -> None:
         self.store = store
         self.connect = connect
         self.after_s = after_s
         self.lanes = list(lanes)  # whose lost messages this pass looks for
         self.confirm_s = confirm_s
+        self.lease_s = lease_s if lease_s is not None else max(LEASE_MIN_S, 3 * confirm_s)
+        self.owner = f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
+        self._lease = lua.Script(store.redis, "hold_lease")
         self._connection: Any = None
         self._suspects: dict[str, float] = {}  # job id -> when a pass first found it nowhere
+        self._deliveries: dict[str, Delivery] = {}  # delivery tag -> what its message names
+
+    def holds_lease(self) -> bool:
+        """Take or renew the lease; whether this Redeliverer runs the passes now."""
+        return bool(self._lease([keys.REDELIVER_LEASE], owner=self.owner,
+                                ttl_ms=max(1, int(self.lease_s * 1000))))
 
     def run_once(self) -> list[str]:
         """One pass; returns the ids of the jobs whose message it put back on a queue (the
@@ -75,17 +105,25 @@ class Redeliverer:
             raise
 
     def _pass(self) -> list[str]:
+        if not self.holds_lease():
+            self._suspects.clear()  # another process's passes look for them now
+            return []
         if self._connection is None:
             self._connection = self.connect()
         channel = self._connection.default_channel
         qos, client = channel.qos, channel.client
+        old = [_text(t) for t in client.zrangebyscore(qos.unacked_index_key, "-inf",
+                                                      time.time() - self.after_s)]
+        deliveries = self._read_deliveries(client, qos, old)
+        # the old deliveries are the ones kept: a delivery stays old until it is acked
+        self._deliveries = {tag: deliveries[tag] for tag in old if tag in deliveries}
+        candidates = [(tag, job_id) for tag, (job_id, _) in self._deliveries.items() if job_id]
+        pipe = self.store.redis.pipeline(transaction=False)
+        for _, job_id in candidates:
+            pipe.hget(keys.job_key(job_id), "status")
         restored = []
-        for tag in client.zrangebyscore(qos.unacked_index_key, "-inf", time.time() - self.after_s):
-            raw = client.hget(qos.unacked_key, tag)
-            if raw is None:
-                continue  # acked meanwhile
-            job_id = _task_id(raw)[0]
-            state = self.store.status(job_id) if job_id else None
+        for (tag, job_id), state in zip(candidates, pipe.execute() if candidates else []):
+            state = _text(state) if state is not None else None
             if state == QUEUED:
                 qos.restore_by_tag(tag, client)
                 restored.append(job_id)
@@ -98,27 +136,38 @@ class Redeliverer:
         self._fail_lost(client, qos)
         return restored
 
+    def _read_deliveries(self, client: Any, qos: Any, tags: Iterable[str]) -> dict[str, Delivery]:
+        """What the messages of `tags` name: from earlier passes, else read (once) from kombu's
+        ``unacked`` hash; a tag acked meanwhile is left out."""
+        known = {tag: self._deliveries[tag] for tag in tags if tag in self._deliveries}
+        unread = [tag for tag in tags if tag not in known]
+        if unread:
+            for tag, raw in zip(unread, client.hmget(qos.unacked_key, unread)):
+                if raw is not None:
+                    known[tag] = _task_id(raw)
+        return known
+
     def _fail_lost(self, client: Any, qos: Any) -> list[str]:
         """Fail the jobs whose message two passes found nowhere (see the module docstring)."""
         if not self.lanes:
             return []
-        unacked: dict[str, set[str]] = {}  # queue -> job ids delivered, not acked
-        for raw in client.hvals(qos.unacked_key):
-            job_id, queue = _task_id(raw)
-            if job_id and queue:
-                unacked.setdefault(queue, set()).add(job_id)
         now = self.store.redis.time()
         now_s = now[0] + now[1] / 1e6
         nowhere: set[str] = set()
+        in_flight = client.zcard(qos.unacked_index_key)
+        unacked: dict[str, set[str]] | None = None  # queue -> job ids delivered, not acked
         for lane in self.lanes:
             # members "<cost> <job key>" scored by expires_at = submitted_at + queue_ttl_s
-            old = {m.decode().split(" ", 1)[1] if isinstance(m, bytes) else m.split(" ", 1)[1]
-                   for m in self.store.redis.zrangebyscore(
-                       keys.lane_queued_key(lane.name), now_s,
-                       now_s + lane.queue_ttl_s - self.after_s)}
-            delivered = unacked.get(lane.queue, set())
-            if len(old) <= client.llen(lane.queue) + len(delivered):
+            old = {_text(m).split(" ", 1)[1] for m in self.store.redis.zrangebyscore(
+                keys.lane_queued_key(lane.name), now_s, now_s + lane.queue_ttl_s - self.after_s)}
+            listed_count = client.llen(lane.queue)
+            if len(old) <= listed_count + in_flight:
                 continue  # every old job may still have its message: nothing to look for
+            if unacked is None:
+                unacked = self._delivered_by_queue(client, qos)
+            delivered = unacked.get(lane.queue, set())
+            if len(old) <= listed_count + len(delivered):
+                continue
             listed = {_task_id(raw)[0] for raw in client.lrange(lane.queue, 0, -1)}
             nowhere |= {keys.job_id_of(k) for k in old} - listed - delivered
         mono = time.monotonic()
@@ -136,6 +185,16 @@ class Redeliverer:
                 failed.append(job_id)
                 log.warning("job %s failed: its queue message was lost (a broker outage)", job_id)
         return failed
+
+    def _delivered_by_queue(self, client: Any, qos: Any) -> dict[str, set[str]]:
+        """Every delivery not acked yet, as job ids per queue (the recent ones' messages read
+        now, the old ones' known from this pass)."""
+        tags = [_text(t) for t in client.zrange(qos.unacked_index_key, 0, -1)]
+        by_queue: dict[str, set[str]] = {}
+        for job_id, queue in self._read_deliveries(client, qos, tags).values():
+            if job_id and queue:
+                by_queue.setdefault(queue, set()).add(job_id)
+        return by_queue
 
     def close(self) -> None:
         if self._connection is not None:
@@ -156,3 +215,7 @@ def _task_id(raw: bytes | str) -> tuple[str | None, str | None]:
     except (ValueError, KeyError, IndexError, TypeError):
         return None, None
     return (task_id if isinstance(task_id, str) else None), routing_key
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

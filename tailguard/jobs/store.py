@@ -16,6 +16,13 @@ that loses a race (the job was cancelled or expired meanwhile) does nothing and
 says so, which is what lets a late Celery SUCCESS never overwrite a terminal
 state and makes a redelivered task a no-op.
 
+Storage is bounded by time (docs/reliability.md, "Bounded storage"): a record lives at
+most ``ttl_s`` (TAILGUARD_JOB_TTL_S) from submission while its job is queued or running,
+and once the job ends, ``record_ttl_s`` (state, token counts, timings, error) and its
+stream, the one copy of its text, ``output_ttl_s``: the terminal transition sets both.
+The record keeps the result without its text (``output_text`` in tailguard/jobs/stream.py
+reads it back), and drops a reclaimed job's resume text.
+
 The same step keeps the index of running jobs (``keys.RUNNING_JOBS``: job ->
 worker), which the reaper (tailguard/jobs/reaper.py) reads to fail, within seconds, the
 jobs of a worker that stopped heart-beating, and each lane's running jobs on its own
@@ -36,7 +43,8 @@ from typing import Any
 import redis
 
 from tailguard import settings
-from tailguard.errors import JobExpired, WorkerLost
+from tailguard.errors import ConfigError, JobExpired, WorkerLost
+from tailguard.jobs.storage import StorageWatch
 from tailguard.lanes.admission import BacklogLimits, LaneLoad
 from tailguard.redis import keys, lua
 
@@ -101,11 +109,23 @@ class JobStore:
 
     def __init__(self, client: redis.Redis, *, ttl_s: int = settings.JOB_TTL_S.default,
                  worker_lost_grace_s: float = settings.WORKER_LOST_GRACE_S.default,
-                 stream_maxlen: int = settings.STREAM_MAXLEN.default):
+                 stream_maxlen: int = settings.STREAM_MAXLEN.default,
+                 record_ttl_s: int = settings.RECORD_TTL_S.default,
+                 output_ttl_s: int = settings.OUTPUT_TTL_S.default,
+                 storage: StorageWatch | None = None):
+        if not 0 < output_ttl_s <= record_ttl_s:
+            # text without its record could never be read: GET answers 404 without a record
+            raise ConfigError(f"{settings.OUTPUT_TTL_S.env}={output_ttl_s} must be > 0 and at most "
+                              f"{settings.RECORD_TTL_S.env}={record_ttl_s}",
+                              field=settings.OUTPUT_TTL_S.env)
         self.redis = client
         self.ttl_s = ttl_s
+        self.record_ttl_s = record_ttl_s
+        self.output_ttl_s = output_ttl_s
         self.stream_maxlen = stream_maxlen
         self.worker_lost_grace_s = worker_lost_grace_s
+        #: whether Redis has room for new jobs (the API checks it before a submission)
+        self.storage = storage or StorageWatch(client)
         self._create = lua.Script(client, "clock", "lane_counts", "create_job")
         self._transition = lua.Script(client, "clock", "transition_job")
 
@@ -114,7 +134,10 @@ class JobStore:
         """The store the settings describe (the API passes its app config, keyed by env name)."""
         return cls(client, ttl_s=settings.JOB_TTL_S.get(config),
                    worker_lost_grace_s=settings.WORKER_LOST_GRACE_S.get(config),
-                   stream_maxlen=settings.STREAM_MAXLEN.get(config))
+                   stream_maxlen=settings.STREAM_MAXLEN.get(config),
+                   record_ttl_s=settings.RECORD_TTL_S.get(config),
+                   output_ttl_s=settings.OUTPUT_TTL_S.get(config),
+                   storage=StorageWatch(client, settings.REDIS_HIGH_WATER.get(config)))
 
     def create(self, job_id: str, fields: dict[str, Any], queue_ttl_s: float,
                limits: BacklogLimits | None = None,
@@ -158,7 +181,9 @@ class JobStore:
         if overdue_field:
             extra.update(overdue_field=overdue_field, grace_s=overdue_grace_s)
         if to in TERMINAL:
-            extra["end_event"] = json.dumps(end_event_data(to, fields), ensure_ascii=False)
+            extra.update(end_event=json.dumps(end_event_data(to, fields), ensure_ascii=False),
+                         record_ttl_s=self.record_ttl_s, output_ttl_s=self.output_ttl_s)
+            fields = without_text(fields)
         moved, state, _ = self._run_transition(job_id, from_states, to, fields, **extra)
         return moved, state
 
@@ -262,6 +287,15 @@ class BacklogMoved(Exception):
         """`load` with the lane's figures as the store found them."""
         return dataclasses.replace(load, backlog_tokens=self.backlog_tokens,
                                    queued_jobs=self.queued_jobs, running_jobs=self.running_jobs)
+
+
+def without_text(fields: dict[str, Any]) -> dict[str, Any]:
+    """`fields` as the record stores them: a result without its text, which the job's stream
+    holds (written there first, by the worker: tailguard/worker/runner.py)."""
+    result = fields.get("result")
+    if not isinstance(result, dict) or "text" not in result:
+        return fields
+    return {**fields, "result": {k: v for k, v in result.items() if k != "text"}}
 
 
 def end_event_data(status: str, fields: dict[str, Any]) -> dict[str, Any]:

@@ -9,6 +9,11 @@ Entries: ``type=delta data={"text": ...}`` any number of times, then exactly one
 may also get one ``type=error`` event that is not in the stream: why following
 stopped before the end (Redis down too long, the job's record gone); the job
 itself is untouched and the client can resume from the last id it saw.
+
+The stream is the one copy of a job's text: the record keeps how the job ended, not
+what it said (``output_text`` joins the deltas for a reader of the whole result), and
+the stream outlives the job's end by the output's TTL, the record by the record's
+(tailguard/jobs/store.py).
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ import redis
 
 from tailguard.errors import BrokerUnavailable, JobNotFound, TailguardError
 from tailguard.jobs.store import TERMINAL
-from tailguard.redis import keys
+from tailguard.redis import keys, lua
+from tailguard.redis.client import out_of_memory
 
 log = logging.getLogger("tailguard.stream")
 
@@ -59,7 +65,10 @@ class DeltaWriter:
 
     def __init__(self, client: redis.Redis, job_id: str, *, flush_s: float = 0.05,
                  maxlen: int = 10000, ttl_s: int = 86400, outage_s: float = OUTAGE_S) -> None:
+        """`ttl_s`: the stream's TTL from its first write, at least the job's longest life
+        (its record's while it runs: TAILGUARD_JOB_TTL_S); its end sets the output's."""
         self.client = client
+        self._append = lua.Script(client, "append_delta")
         self.key = keys.job_stream_key(job_id)
         self.flush_s = flush_s
         self.maxlen = maxlen
@@ -89,19 +98,24 @@ class DeltaWriter:
         try:
             self._write(text)
         except redis.ResponseError as exc:
+            if out_of_memory(exc):  # Redis is full: room comes back as finished jobs expire
+                return self._keep_pending(text, exc)
             if "equal or smaller" not in str(exc):
                 raise
             # Landed before its reply was lost, or the stream already ended: nothing to add.
         except redis.RedisError as exc:
-            if self._error is None:
-                log.warning("stream %s: Redis write failed (%s); the text stays pending and "
-                            "is written once Redis answers", self.key, exc)
-            self._error = exc
-            self._pending = [text]
-            return False
+            return self._keep_pending(text, exc)
         self._pending, self._error = [], None
         self.entries += 1
         return True
+
+    def _keep_pending(self, text: str, exc: redis.RedisError) -> bool:
+        if self._error is None:
+            log.warning("stream %s: Redis write failed (%s); the text stays pending and "
+                        "is written once Redis answers", self.key, exc)
+        self._error = exc
+        self._pending = [text]
+        return False
 
     def close(self) -> None:
         """Write everything pending, retrying for up to `outage_s`; past that, raise."""
@@ -113,11 +127,8 @@ class DeltaWriter:
             time.sleep(0.5)
 
     def _write(self, text: str) -> None:
-        pipe = self.client.pipeline(transaction=False)
-        pipe.xadd(self.key, {"type": "delta", "data": json.dumps({"text": text}, ensure_ascii=False)},
-                  id=f"0-{self.entries + 1}", maxlen=self.maxlen, approximate=True)
-        pipe.expire(self.key, self.ttl_s)
-        pipe.execute()
+        self._append([self.key], client=self.client, id=f"0-{self.entries + 1}", maxlen=self.maxlen,
+                     ttl_s=self.ttl_s, data=json.dumps({"text": text}, ensure_ascii=False))
 
 
 @dataclass(frozen=True)
@@ -125,6 +136,52 @@ class StreamEvent:
     id: str          # the stream entry id: the SSE id a client resumes from
     type: str        # "delta" | "end" | "error" (not in the stream; id: the last one read)
     data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Output:
+    """A finished job's text as its stream holds it. `expired`: the stream is gone (its TTL,
+    TAILGUARD_OUTPUT_TTL_S, passed), so `text` is None; `truncated`: the stream's cap
+    (TAILGUARD_STREAM_MAXLEN entries) dropped its first entries, so `text` is the rest."""
+
+    text: str | None
+    expired: bool = False
+    truncated: bool = False
+
+
+#: the id of a writer's first entry (DeltaWriter: the k-th is 0-k)
+_FIRST_DELTA_ID = "0-1"
+
+
+def output_text(client: redis.Redis, job_id: str) -> Output:
+    """The text of a job that has ended (its stream holds its end event), its deltas joined."""
+    entries = client.xrange(keys.job_stream_key(job_id))
+    if not entries:
+        return Output(None, expired=True)
+    deltas = [(_text(entry_id), fields) for entry_id, fields in entries
+              if _text(fields.get(b"type", fields.get("type", b"delta"))) == "delta"]
+    text = "".join(json.loads(fields.get(b"data", fields.get("data")))["text"] for _, fields in deltas)
+    return Output(text, truncated=bool(deltas) and deltas[0][0] != _FIRST_DELTA_ID)
+
+
+def with_output(client: redis.Redis, job_id: str, job: dict[str, Any]) -> dict[str, Any]:
+    """`job` (a record) with its result's text read back from its stream, once it has ended:
+    null with ``text_expired`` once the stream's TTL passed, ``text_truncated`` when its cap
+    cut the first entries (see Output)."""
+    result = job.get("result")
+    if job.get("status") not in TERMINAL or not isinstance(result, dict) or "text" in result:
+        return job
+    output = output_text(client, job_id)
+    result = {**result, "text": output.text}
+    if output.expired:
+        result["text_expired"] = True
+    if output.truncated:
+        result["text_truncated"] = True
+    return {**job, "result": result}
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def error_event(after: str, err: TailguardError) -> StreamEvent:

@@ -4,11 +4,8 @@ Why not ``app.send_task``: the API stores the job record and queues its message 
 call (``tailguard/redis/lua/create_job.lua`` pushes the string this module builds onto the lane's
 list). Celery's publish path put a second step on every request's way to its first token,
 on the front end's core: kombu's producer (a new redis-py client per publish), the push, and
-the task-sent event (a second publish). Measured on a 2-core host (docs/benchmarks.md, "The
-job and its message in one Redis call"), the median time from the client's send to the task
-started went from 5.8 ms to 4.3-4.8 ms. It also made a second step that could fail
-after the first: a record without a message. Now a message exists exactly when its record
-does.
+the task-sent event (a second publish). It also made a second step that could fail after the
+first: a record without a message. Now a message exists exactly when its record does.
 
 The message is still Celery's: its headers, properties and body come from Celery's own
 protocol-2 code (``app.amqp.create_task_message``, what ``send_task`` calls), serialized by
@@ -33,6 +30,21 @@ from kombu import serialization
 from kombu.utils.json import dumps
 
 from tailguard.errors import ConfigError
+
+#: task arguments that hold a client's text: never in the message's preview (`kwargs_repr`)
+PRIVATE_KWARGS = ("prompt",)
+
+
+def kwargs_repr(kwargs: dict[str, Any]) -> str:
+    """The preview of a task's arguments that Celery puts in the message (``kwargsrepr``) and that
+    Flower, worker logs and ``inspect`` show: the prompt's length and the stop strings' count,
+    never their text (Celery's default previews the first 1 KB of the prompt)."""
+    shown = {k: f"<{len(v)} characters>" if k in PRIVATE_KWARGS and isinstance(v, str) else v
+             for k, v in kwargs.items()}
+    sampling = shown.get("sampling")
+    if isinstance(sampling, dict) and sampling.get("stop"):
+        shown["sampling"] = {**sampling, "stop": f"<{len(sampling['stop'])} strings>"}
+    return repr(shown)
 
 
 class TaskMessages:
@@ -66,7 +78,7 @@ class TaskMessages:
         headers, properties, body, _ = app.amqp.create_task_message(
             task_id, name, (), kwargs, expires=expires_s, reply_to=app.thread_oid,
             # The job record is the result (tailguard/jobs/store.py): Celery stores none.
-            ignore_result=True)
+            ignore_result=True, kwargsrepr=kwargs_repr(kwargs))
         content_type, content_encoding, payload = serialization.dumps(
             body, serializer=app.conf.task_serializer)
         if isinstance(payload, str):

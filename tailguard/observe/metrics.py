@@ -27,6 +27,7 @@ from prometheus_client.registry import Collector
 from tailguard.engine.stats import HostStats
 from tailguard.errors import RateLimited
 from tailguard.jobs.finished import FinishedRequest
+from tailguard.jobs.storage import StorageWatch
 from tailguard.lanes.borrowing import BorrowStats
 
 PREFIX = "tailguard"
@@ -75,11 +76,51 @@ class QueueDepthCollector(Collector):
         yield family
 
 
+class StorageCollector(Collector):
+    """Redis's memory and keys, read when scraped, named as redis_exporter names them
+    (``redis_memory_used_bytes``, ``redis_db_keys{db}``...) under the tailguard_ prefix, and
+    the high-water mark past which submissions answer 503 storage_full
+    (tailguard/jobs/storage.py)."""
+
+    def __init__(self, storage: StorageWatch) -> None:
+        self.storage = storage
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        try:
+            memory = self.storage.read()
+            keyspace = self.storage.client.info("keyspace")
+        except redis.RedisError:
+            return  # no sample beats a wrong one; /healthz reports the outage
+        for name, doc, value in (
+                ("redis_memory_used_bytes", "Redis's used_memory (what maxmemory bounds)",
+                 memory.used_bytes),
+                ("redis_memory_max_bytes", "Redis's maxmemory (0: none)", memory.max_bytes),
+                ("redis_memory_high_water_bytes", "Past this used_memory submissions answer 503 "
+                 "storage_full (TAILGUARD_REDIS_HIGH_WATER x maxmemory; 0: never)",
+                 memory.high_water_bytes),
+                ("storage_full", "1 while submissions are refused as storage_full", int(memory.full))):
+            yield GaugeMetricFamily(metric_name(name), doc, value=value)
+        keys_total = GaugeMetricFamily(metric_name("redis_db_keys"), "Keys in the Redis database",
+                                       labels=["db"])
+        expiring = GaugeMetricFamily(metric_name("redis_db_keys_expiring"),
+                                     "Keys with a TTL in the Redis database", labels=["db"])
+        for db, counts in sorted(keyspace.items()):
+            if isinstance(counts, dict):
+                keys_total.add_metric([db], counts.get("keys", 0))
+                expiring.add_metric([db], counts.get("expires", 0))
+        yield keys_total
+        yield expiring
+
+
 class GatewayMetrics:
     """The API's metrics, in a registry of their own (one per app)."""
 
-    def __init__(self, lanes: list[str], client: redis.Redis | None = None) -> None:
+    def __init__(self, lanes: list[str], client: redis.Redis | None = None, *,
+                 key_names: bool = False) -> None:
+        #: label per-key samples with the key's name (TAILGUARD_METRICS_KEY_NAMES), else its id
+        self.key_names = key_names
         self.registry = CollectorRegistry()
+        self._storage_watched = False
         r = self.registry
         by_lane = ["lane"]
         self.queue_time = Histogram(metric_name("request_queue_time_seconds"),
@@ -113,8 +154,9 @@ class GatewayMetrics:
                                "Requests a lane refused at admission (429 lane_full, wait_too_long; "
                                "503 no_live_worker), by code", ["lane", "code"], registry=r)
         self.by_key = Counter(metric_name("api_key_requests"),
-                              "Submissions by API key name: accepted, or the refusal's code",
-                              ["key", "result"], registry=r)
+                              "Submissions by API key (its name, or the first 12 hex digits of its "
+                              "sha256): accepted, or the refusal's code", ["key", "result"],
+                              registry=r)
         for lane in lanes:  # so every lane shows up (as 0) before its first request
             self.accepted.labels(lane)
             self.capped.labels(lane)
@@ -132,6 +174,17 @@ class GatewayMetrics:
             if value is not None:
                 hist.labels(lane).observe(value)
 
+    def watch_storage(self, storage: StorageWatch) -> None:
+        """Export Redis's memory and keys (StorageCollector), once per registry."""
+        if not self._storage_watched:
+            self.registry.register(StorageCollector(storage))
+            self._storage_watched = True
+
+    def key_label(self, name: str, key_id: str) -> str:
+        """What the `key` label says of a key: its name only when asked to (/metrics needs no
+        key, so by default it names no team), else its id as `tailguard keys list` shows it."""
+        return name if self.key_names else key_id[:12]
+
     def on_accepted(self, lane: str, capped: bool, key: str | None = None) -> None:
         self.accepted.labels(lane).inc()
         if capped:
@@ -139,11 +192,12 @@ class GatewayMetrics:
         if key is not None:
             self.by_key.labels(key, "accepted").inc()
 
-    def on_refused(self, lane: str, code: str, key: str | None = None) -> None:
-        """A refusal at admission (per lane) or by the key's own limit (per key only)."""
+    def on_refused(self, lane: str | None, code: str, key: str | None = None) -> None:
+        """A refusal at admission (per lane) or by the key's own limits (per key only; `lane`
+        None when it came before placement). `key`: its `key_label`."""
         if key is not None:
             self.by_key.labels(key, code).inc()
-        if code != RateLimited.code:
+        if lane is not None and code != RateLimited.code:
             self.refused.labels(lane, code).inc()
 
 

@@ -128,6 +128,13 @@ def connect(url: str, *, socket_timeout: float | None = None,
                                **parsed.master_kwargs(), **kwargs)
 
 
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` is Redis refusing a write past its maxmemory (noeviction): as OOM from a
+    plain command, inside a script's error reply from one of tailguard's Lua scripts."""
+    return isinstance(exc, redis.OutOfMemoryError) or (
+        isinstance(exc, redis.ResponseError) and "OOM command not allowed" in str(exc))
+
+
 def celery_transport_options(url: str, timeout_s: float,
                              config: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What Celery's broker and result backend transport options need for `url`: for a

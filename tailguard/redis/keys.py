@@ -49,6 +49,11 @@ request log, metrics and stats. Consumed with a consumer group, so each entry is
 handled once however many API processes run."""
 
 
+REDELIVER_LEASE = f"{PREFIX}:redeliver:lease"
+"""String: which process runs the redelivery passes now (tailguard/jobs/redeliver.py), until
+its lease lapses."""
+
+
 def stats_key(minute: int, lane: str) -> str:
     """Hash of one lane's mergeable latency/length histograms for one minute (epoch // 60)."""
     return f"{PREFIX}:stats:{minute}:{lane}"

@@ -40,11 +40,16 @@ from tailguard.host.roaming import EngineCoreRoamer, roamer_for
 from tailguard.jobs.liveness import Liveness
 from tailguard.jobs.store import JobStore
 from tailguard.jobs.stream import DeltaWriter, flush_interval
-from tailguard.lanes.borrowing import BorrowPolicy, engine_for
+from tailguard.jobs.task_message import kwargs_repr
+from tailguard.lanes.borrowing import BorrowPolicy, resolve
 from tailguard.lanes.table import Lane, LaneTable, check_worker_lanes, load_lanes
 from tailguard.redis import client as redis_client
 from tailguard.worker.borrower import BORROWED_PRIORITY, Borrower, Prioritized
-from tailguard.worker.engine_config import engine_config, idle_engine_config
+from tailguard.worker.engine_config import (
+    check_engine_options,
+    engine_config,
+    idle_engine_config,
+)
 from tailguard.worker.heartbeat import lapse_s, run_heartbeat
 from tailguard.worker.runner import GenerationJob, JobRunner
 
@@ -194,9 +199,11 @@ class WorkerRuntime:
     def _publish(self, lane_name: str, job: GenerationJob) -> None:
         """Queue a reclaimed job on its lane again: a fresh message, with a fresh `expires`."""
         lane = next(l for l in self.borrowed_lanes if l.name == lane_name)
+        kwargs = dataclasses.asdict(job)
+        # as the API publishes it: the job record is the result, and Flower sees no prompt text
         self.app.send_task(lane.task_name, task_id=job.job_id, queue=lane.queue,
-                           expires=lane.queue_ttl_s, kwargs=dataclasses.asdict(job),
-                           ignore_result=True)  # as the API publishes it: the job record is the result
+                           expires=lane.queue_ttl_s, kwargs=kwargs, ignore_result=True,
+                           kwargsrepr=kwargs_repr(kwargs))
 
     def running_jobs(self) -> int:
         """The jobs running in this process now: its own engine's, borrowed ones included
@@ -235,8 +242,15 @@ def setup(app: Celery, hostname: str, queue_names: list[str], *,
     """
     table = load_lanes()
     lanes = lanes_for_queue_names(table, queue_names)
-    spec = table.worker_for_queues(queue_names)
-    borrow = spec.borrow if spec is not None else BorrowPolicy(lanes=())
+    entry = settings.WORKER.get()  # `tailguard worker` names its entry; by hand, the queues do
+    spec = table.worker(entry) if entry else table.worker_for_queues(queue_names)
+    check_engine_options(table)
+    options = spec.engine if spec is not None else table.engine
+    device = device_kind()
+    borrow = resolve(spec.borrow, device, spec.name) if spec is not None else BorrowPolicy(lanes=())
+    if spec is not None and spec.borrow.lanes and not borrow.lanes:
+        log.info('not borrowing from %s: borrow_engine "auto" keeps a GPU\'s engine to its own '
+                 'lanes ("own" would run borrowed jobs in it)', ", ".join(spec.borrow.lanes))
     with _attach_lock:
         runtime = attached(app)
         if runtime is not None:
@@ -247,12 +261,13 @@ def setup(app: Celery, hostname: str, queue_names: list[str], *,
         from tailguard.engine.host import EngineHost
 
         borrowed = [table[name] for name in borrow.lanes]
-        idle = engine_for(borrow, device_kind()) == "idle" and bool(borrowed)
-        config = engine_config(lanes, [] if idle else borrowed)
+        idle = borrow.engine == "idle" and bool(borrowed)
+        config = engine_config(lanes, [] if idle else borrowed, options)
         runtime = WorkerRuntime(app=app, hostname=hostname, lanes=lanes, store=store,
                                 liveness=Liveness(client), borrow=borrow, borrowed_lanes=borrowed,
                                 build_idle_engine=functools.partial(
-                                    EngineHost, idle_engine_config(borrowed, borrow.max_borrowed))
+                                    EngineHost, idle_engine_config(borrowed, borrow.max_borrowed,
+                                                                   options))
                                 if idle else None,
                                 build_engine=functools.partial(EngineHost, config))
         setattr(app, _APP_ATTR, runtime)

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import openai
 import pytest
+from e2e_fixtures import http_status, serve
 
+from tailguard import settings
 from tailguard.gateway.api_keys import ApiKey, ApiKeyStore
+from tailguard.host.procs import ChildSpec, tailguard_argv
+from tailguard.host.redis_server import free_port
 from tailguard.redis import keys
 
 pytestmark = pytest.mark.e2e
@@ -32,11 +36,26 @@ def api_key(redis_client_noflush):
     store = ApiKeyStore(redis_client_noflush)
     try:
         yield store.add(ApiKey("e2e", requests_per_min=1000))
-    finally:  # every other e2e test runs without keys: authentication off
+    finally:
         redis_client_noflush.delete(keys.API_KEYS)
 
 
-def test_the_openai_client_authenticates_with_a_key(api_url, api_key):
+@pytest.fixture(scope="module")
+def keys_api_url(workers, tiny_model, tmp_path_factory):
+    """A second `tailguard api` in keys mode (the session's runs open, on loopback)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    child = serve(ChildSpec("api-keys", tailguard_argv("api", "--port", str(port)),
+                            env={settings.MODEL.env: tiny_model,
+                                 settings.API_AUTH.env: settings.AUTH_KEYS}),
+                  tmp_path_factory.mktemp("api-keys-log"),
+                  lambda: http_status(url + "/healthz") == 200)
+    yield url
+    child.stop()
+
+
+def test_the_openai_client_authenticates_with_a_key(keys_api_url, api_key):
+    api_url = keys_api_url
     client = openai.OpenAI(base_url=api_url + "/v1", api_key=api_key, max_retries=0, timeout=60)
     raw = client.completions.with_raw_response.create(model=MODEL, prompt="解释什么是Transformer",
                                                       max_tokens=4)

@@ -1,4 +1,5 @@
-"""Property-based fuzzing of every route from its OpenAPI description (schemathesis).
+"""Property-based fuzzing of every route from its OpenAPI description (schemathesis), then of the
+bodies no description describes.
 
 At least FUZZ_REQUESTS generated requests, valid and invalid ones, against the
 app from the factory on a real Redis, with no worker: not one 5xx; every
@@ -6,16 +7,23 @@ response with a documented status, content type, headers and body, so every
 4xx with the error body of its API (native or OpenAI: the description gives
 each route's 4xx that body, tests/unit/test_openapi.py). Queue TTLs are short
 and long-polls bounded, so an accepted request ends (expired) without waiting.
+
+Then MALFORMED_BODIES raw bodies that JSON Schema cannot even express, into every POST route:
+NaN and Infinity (Python's JSON reads them), integers past 64 bits and past Python's digit
+limit, nesting hundreds of thousands deep, lone surrogate escapes, prompts past the byte bound
+and bodies past the size bound: each a 4xx with its API's error body, or accepted; never a 5xx.
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import hypothesis
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given
+from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
 from schemathesis.generation import GenerationMode
 from schemathesis.specs.openapi.checks import (
@@ -64,7 +72,8 @@ def fuzz_app(tiny_model, redis_server, tmp_path_factory):
                        "TAILGUARD_REAP_RUNNING": False,
                        settings.MODEL.env: tiny_model, settings.REDIS_URL.env: redis_server,
                        settings.LANES_FILE.env: str(lanes), settings.MAX_WAIT_S.env: 0.2,
-                       settings.ADMIT_WITHOUT_WORKER.env: True})
+                       settings.ADMIT_WITHOUT_WORKER.env: True,
+                       settings.API_AUTH.env: settings.AUTH_OPEN})
 
 
 @pytest.fixture(scope="module")
@@ -110,3 +119,81 @@ def test_every_route(api_schema):
 
             one()
     assert sum(sent.values()) >= FUZZ_REQUESTS, dict(sent)
+
+
+#: raw bodies sent by test_malformed_bodies_never_reach_a_server_error
+MALFORMED_BODIES = 3_000
+
+POST_ROUTES = ("/v1/jobs", "/v1/completions", "/v1/chat/completions")
+
+#: fragments of JSON text the JSON encoder would never write
+NON_FINITE = st.sampled_from(["NaN", "Infinity", "-Infinity", "1e999", "-1e999", "1e-999"])
+HUGE_INTS = st.sampled_from([2**63 - 1, 2**63, -(2**63), -(2**63) - 1, 2**64, 10**30,
+                             -(10**30)]).map(str) | st.sampled_from(
+    [19, 40, 400, 4300, 4301, 6000]).map(lambda n: "9" * n)
+LONE = st.sampled_from(["\\ud800", "\\udfff", "a\\ud83d", "\\udc00b", "\\ud83d\\ude00"]).map(
+    lambda esc: f'"{esc}"')  # the last is a valid pair: accepted
+
+
+def nested(depth: int, kind: str) -> str:
+    return ("[" * depth + "]" * depth) if kind == "list" else ('{"a":' * depth + "1" + "}" * depth)
+
+
+DEEP = st.builds(nested, st.sampled_from([10, 900, 1000, 5_000, 100_000, 400_000]),
+                 st.sampled_from(["list", "dict"]))
+PLAIN = st.recursive(st.none() | st.booleans() | st.integers(-5, 2000) | st.floats(-3, 3)
+                     | st.text(max_size=20), lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                     max_leaves=6).map(json.dumps)
+
+
+def long_text(size: int, char: str) -> str:
+    return json.dumps(char * size, ensure_ascii=False)
+
+
+def fuzz_fields(model: str):
+    """A JSON object of some of the routes' own fields (a model that is served, mostly), each with
+    a nasty value or an ordinary one."""
+    from tailguard.gateway.openai_protocol import known_fields
+    from tailguard.sampling import FIELDS
+
+    names = sorted(known_fields("completion") | known_fields("chat") | {f.name for f in FIELDS})
+    big = st.builds(long_text, st.sampled_from([1_000, 65_537, 300_000, 1_048_000, 1_100_000]),
+                    st.sampled_from(["x", "语"]))
+    value = NON_FINITE | HUGE_INTS | LONE | DEEP | PLAIN | big
+    message = st.builds(lambda content: f'{{"role": "user", "content": {content}}}',
+                        LONE | DEEP | PLAIN | big | st.just('"hi"'))
+    fields = st.dictionaries(st.sampled_from(names), value, max_size=4)
+
+    def body(chosen: dict, prompt: str, messages: list[str]) -> str:
+        parts = {"model": json.dumps(model), "prompt": prompt,
+                 "messages": "[" + ",".join(messages) + "]", **chosen}
+        return "{" + ",".join(f"{json.dumps(k)}:{v}" for k, v in parts.items()) + "}"
+
+    return st.builds(body, fields, value | st.just('"hi"'), st.lists(message, min_size=1, max_size=2))
+
+
+def test_malformed_bodies_never_reach_a_server_error(fuzz_app, tiny_model):
+    from tailguard.errors import error_classes
+
+    client = fuzz_app.test_client()
+    known = {c.code for c in error_classes()} | {"bad_request", "method_not_allowed"}
+    sent: Counter[int] = Counter()
+    whole = NON_FINITE | HUGE_INTS | LONE | DEEP | st.just("") | st.just("{") | st.just('{"prompt": "hi"')
+
+    @given(route=st.sampled_from(POST_ROUTES), text=fuzz_fields(tiny_model) | whole)
+    @hypothesis.settings(max_examples=MALFORMED_BODIES, deadline=None, database=None,
+                         suppress_health_check=list(HealthCheck), phases=[Phase.generate])
+    def one(route: str, text: str) -> None:
+        with client.post(route, data=text.encode("utf-8"), content_type="application/json") as resp:
+            sent[resp.status_code] += 1
+            body = resp.get_json(silent=True) or {}
+            code = body.get("error", {}).get("code")
+            if resp.status_code >= 500:  # only an accepted OpenAI call whose job expired unserved
+                assert (route, code) in NO_WORKER, (route, text[:300], body)
+            elif resp.status_code >= 400:
+                assert code in known, (route, text[:300], body)
+
+    one()
+    print(f"malformed bodies: {sum(sent.values())} sent, by status {dict(sorted(sent.items()))}")
+    assert sum(sent.values()) >= MALFORMED_BODIES and sent[400] > MALFORMED_BODIES // 2, dict(sent)

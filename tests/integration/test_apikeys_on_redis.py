@@ -1,14 +1,18 @@
-"""API keys against a real Redis: off while none exists, then 401 without one, per-key
-limits from the shared Lua token bucket (429 + Retry-After), the priority ceiling, the
-key's name in the request log and metrics, and the `tailguard keys` command."""
+"""API keys against a real Redis: the auth mode is configuration (open mode takes no key; keys
+mode stays on with no key at all), per-key limits from the shared Lua token bucket (every call
+counts toward rpm, GETs too; 429 + Retry-After; a cost above the whole tpm is a 400), waits per
+key, the priority ceiling, the key's name in the request log, and the `tailguard keys` and
+`tailguard api` commands."""
 
 import pytest
 from click.testing import CliRunner
 from test_observability import sample
 
+from tailguard import settings
 from tailguard.cli import main
 from tailguard.errors import Unauthenticated
 from tailguard.gateway.api_keys import ApiKey, ApiKeyStore
+from tailguard.gateway.wait_slots import WaitSlots
 from tailguard.jobs.finished import FinishedConsumer
 from tailguard.jobs.store import QUEUED, RUNNING, SUCCEEDED, JobStore
 from tailguard.redis import keys
@@ -19,38 +23,49 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def store(redis_client):
     yield ApiKeyStore(redis_client)
-    redis_client.delete(keys.API_KEYS)  # a key left behind would turn auth on for later tests
+    redis_client.delete(keys.API_KEYS)
 
 
 def bearer(key):
     return {"Authorization": f"Bearer {key}"}
 
 
-def test_with_no_key_the_api_is_open_and_ignores_what_clients_send(client):
+def test_open_mode_takes_no_key_and_ignores_what_clients_send(client, store):
+    store.add(ApiKey("team-a"))  # a key in Redis turns nothing on: the mode is configuration
     assert client.post("/v1/jobs", json={"prompt": "hi"}).status_code == 202
     assert client.post("/v1/jobs", json={"prompt": "hi"}, headers=bearer("EMPTY")).status_code == 202
 
 
-def test_once_a_key_exists_every_v1_call_needs_it(client, store, tiny_model):
+def test_keys_mode_with_no_key_at_all_refuses_every_call_and_says_how_to_add_one(keys_client, store):
+    assert not store.any()
+    for resp in (keys_client.post("/v1/jobs", json={"prompt": "hi"}),
+                 keys_client.get("/v1/models", headers=bearer("tg-anything")),
+                 keys_client.get("/v1/lanes")):
+        assert resp.status_code == 401, resp.get_json()
+        assert "tailguard keys add NAME" in str(resp.get_json()["error"]["message"])
+    assert keys_client.get("/healthz").status_code in (200, 503)  # probes need no key
+
+
+def test_keys_mode_every_v1_call_needs_a_known_key(keys_client, store, tiny_model):
     key = store.add(ApiKey("team-a"))
     assert key.startswith("tg-")
-    resp = client.post("/v1/jobs", json={"prompt": "hi"})
+    resp = keys_client.post("/v1/jobs", json={"prompt": "hi"})
     assert resp.status_code == 401 and resp.get_json()["error"]["code"] == "invalid_api_key"
     assert resp.headers["WWW-Authenticate"] == "Bearer"
-    resp = client.post("/v1/completions", json={"model": tiny_model, "prompt": "hi"},
-                       headers=bearer("tg-wrong"))
+    resp = keys_client.post("/v1/completions", json={"model": tiny_model, "prompt": "hi"},
+                            headers=bearer("tg-wrong"))
     assert resp.status_code == 401
     assert resp.get_json()["error"]["type"] == "authentication_error"
     assert resp.get_json()["error"]["code"] == "invalid_api_key"
-    assert client.get("/v1/models").status_code == 401
-    assert client.get("/healthz").status_code in (200, 503)  # probes need no key
-    job = client.post("/v1/jobs", json={"prompt": "hi"}, headers=bearer(key))
+    assert keys_client.get("/v1/models").status_code == 401
+    job = keys_client.post("/v1/jobs", json={"prompt": "hi"}, headers=bearer(key))
     assert job.status_code == 202
-    assert client.get(f"/v1/jobs/{job.get_json()['id']}", headers=bearer(key)).status_code == 200
+    assert keys_client.get(f"/v1/jobs/{job.get_json()['id']}", headers=bearer(key)).status_code == 200
     assert store.revoke("team-a") and not store.any()
+    assert keys_client.get("/v1/models", headers=bearer(key)).status_code == 401
 
 
-def test_a_known_key_is_one_lookup_and_the_rest_ask_whether_any_key_exists(store, monkeypatch):
+def test_a_known_key_is_one_lookup_and_a_refusal_asks_whether_any_key_exists(store, monkeypatch):
     key = store.add(ApiKey("team-a"))
     asked = []
     any_key = store.any
@@ -63,41 +78,91 @@ def test_a_known_key_is_one_lookup_and_the_rest_ask_whether_any_key_exists(store
             store.authenticate(header)
     assert len(asked) == 3
     store.revoke("team-a")
-    assert store.authenticate(f"Bearer {key}") is None  # no key left: authentication is off
+    with pytest.raises(Unauthenticated, match="none exists yet"):
+        store.authenticate(f"Bearer {key}")  # no key left: still keys mode
 
 
-def test_requests_per_minute_is_a_429_with_retry_after(client, store):
+def test_requests_per_minute_is_a_429_with_retry_after(keys_client, store):
     key = store.add(ApiKey("slow", requests_per_min=2))
+    slow_id = store.lookup(key).id[:12]
     for _ in range(2):
-        assert client.post("/v1/jobs", json={"prompt": "hi"}, headers=bearer(key)).status_code == 202
-    resp = client.post("/v1/jobs", json={"prompt": "hi"}, headers=bearer(key))
+        assert keys_client.post("/v1/jobs", json={"prompt": "hi"}, headers=bearer(key)).status_code == 202
+    resp = keys_client.post("/v1/jobs", json={"prompt": "hi"}, headers=bearer(key))
     assert resp.status_code == 429 and resp.get_json()["error"]["code"] == "rate_limited"
     assert 1 <= int(resp.headers["Retry-After"]) <= 30  # one request refills in 30 s
     # another key has buckets of its own
     other = store.add(ApiKey("other", requests_per_min=2))
-    assert client.post("/v1/jobs", json={"prompt": "hi"}, headers=bearer(other)).status_code == 202
-    metrics = client.get("/metrics").get_data(as_text=True)
-    assert sample(metrics, "tailguard_api_key_requests_total", key="slow", result="accepted") >= 2
-    assert sample(metrics, "tailguard_api_key_requests_total", key="slow",
+    assert keys_client.post("/v1/jobs", json={"prompt": "hi"}, headers=bearer(other)).status_code == 202
+    metrics = keys_client.get("/metrics").get_data(as_text=True)
+    # labelled by the key's id as `tailguard keys list` shows it, not by its name
+    assert sample(metrics, "tailguard_api_key_requests_total", key=slow_id, result="accepted") >= 2
+    assert sample(metrics, "tailguard_api_key_requests_total", key=slow_id,
                   result="rate_limited") >= 1
+    assert 'key="slow"' not in metrics and "other" not in metrics
 
 
-def test_tokens_per_minute_counts_each_request_cost(client, store):
+def test_gets_count_toward_requests_per_minute_before_anything_else(keys_client, store):
+    key = store.add(ApiKey("reader", requests_per_min=3))
+    job = keys_client.post("/v1/jobs", json={"prompt": "hi"}, headers=bearer(key)).get_json()
+    assert keys_client.get(f"/v1/jobs/{job['id']}", headers=bearer(key)).status_code == 200
+    assert keys_client.get("/v1/lanes", headers=bearer(key)).status_code == 200
+    for path in (f"/v1/jobs/{job['id']}", f"/v1/jobs/{job['id']}/stream", "/v1/models"):
+        resp = keys_client.get(path, headers=bearer(key))
+        assert resp.status_code == 429 and resp.get_json()["error"]["code"] == "rate_limited", path
+    # charged before the body is read: a malformed one is a 429 too, not a 400
+    resp = keys_client.post("/v1/jobs", data="{not json", content_type="application/json",
+                            headers=bearer(key))
+    assert resp.status_code == 429
+
+
+def test_tokens_per_minute_counts_each_request_cost(keys_client, store):
     key = store.add(ApiKey("tokens", tokens_per_min=100))
-    first = client.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 60}, headers=bearer(key))
+    first = keys_client.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 60}, headers=bearer(key))
     assert first.status_code == 202 and first.get_json()["cost"] > 50
-    resp = client.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 60}, headers=bearer(key))
+    resp = keys_client.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 60}, headers=bearer(key))
     assert resp.status_code == 429 and resp.get_json()["error"]["code"] == "rate_limited"
-    resp = client.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 1000}, headers=bearer(key))
-    assert resp.status_code == 429 and "exceeds" in resp.get_json()["error"]["message"]
+    # more than the whole minute's tokens: waiting would not help, so a 400 (never retried)
+    resp = keys_client.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 1000}, headers=bearer(key))
+    assert resp.status_code == 400 and resp.get_json()["error"]["code"] == "over_key_limit"
+    assert "exceeds" in resp.get_json()["error"]["message"] and "Retry-After" not in resp.headers
+
+
+def test_a_key_holds_at_most_its_waits_open(keys_app, keys_client, store):
+    from app import get_gateway
+
+    key = store.add(ApiKey("streamer"))
+    other = store.add(ApiKey("other"))
+    job = keys_client.post("/v1/jobs", json={"prompt": "hi"}, headers=bearer(key)).get_json()
+    with keys_app.app_context():
+        gw = get_gateway()
+    before, gw.wait_slots = gw.wait_slots, WaitSlots(1)
+    try:
+        held = keys_client.get(f"/v1/jobs/{job['id']}/stream", headers=bearer(key), buffered=False)
+        assert held.status_code == 200
+        resp = keys_client.get(f"/v1/jobs/{job['id']}?wait=1", headers=bearer(key))
+        assert resp.status_code == 429 and resp.get_json()["error"]["code"] == "too_many_waits"
+        assert int(resp.headers["Retry-After"]) >= 1
+        # a plain read does not wait, and another key has slots of its own
+        assert keys_client.get(f"/v1/jobs/{job['id']}", headers=bearer(key)).status_code == 200
+        other_job = keys_client.post("/v1/jobs", json={"prompt": "hi"}, headers=bearer(other))
+        with keys_client.get(f"/v1/jobs/{other_job.get_json()['id']}?wait=0.1",
+                             headers=bearer(other)) as resp:
+            assert resp.status_code == 200
+        held.close()  # the stream ends (the server closes its response): its slot is free again
+        with keys_client.get(f"/v1/jobs/{job['id']}?wait=0.1", headers=bearer(key)) as resp:
+            assert resp.status_code == 200
+            assert gw.wait_slots.held(store.lookup(key).id) == 1  # until the response is closed
+        assert gw.wait_slots.held(store.lookup(key).id) == 0
+    finally:
+        gw.wait_slots = before
 
 
 def test_a_batch_key_runs_everything_as_batch_and_is_named_in_the_log(
-        client, store, redis_client, api_app):
+        keys_client, store, redis_client, keys_app):
     from app import get_gateway
 
     key = store.add(ApiKey("nightly", max_priority="batch"))
-    job = client.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 4}, headers=bearer(key))
+    job = keys_client.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 4}, headers=bearer(key))
     assert job.get_json()["lane"] == "batch" and job.get_json()["priority"] == "batch"
     jobs = JobStore(redis_client)
     job_id = job.get_json()["id"]
@@ -106,8 +171,9 @@ def test_a_batch_key_runs_everything_as_batch_and_is_named_in_the_log(
     seen = []
     FinishedConsumer(redis_client, [seen.append]).run_once()
     assert [r.api_key for r in seen] == ["nightly"]
-    with api_app.app_context():
-        assert get_gateway().store.get(job_id)["api_key"] == "nightly"
+    with keys_app.app_context():
+        record = get_gateway().store.get(job_id)
+    assert record["api_key"] == "nightly" and record["owner"] == store.lookup(key).id
 
 
 def test_keys_command_adds_lists_and_revokes(store, redis_client, redis_server, monkeypatch):
@@ -119,15 +185,39 @@ def test_keys_command_adds_lists_and_revokes(store, redis_client, redis_server, 
     assert secret.startswith("tg-") and secret.encode() not in b"".join(
         redis_client.hgetall(keys.API_KEYS).values())
     assert ApiKeyStore(redis_client).lookup(secret).name == "ci"
+    assert not ApiKeyStore(redis_client).lookup(secret).admin
+    admin = runner.invoke(main, ["keys", "add", "ops", "--admin"])
+    assert admin.exit_code == 0 and ApiKeyStore(redis_client).lookup(
+        admin.stdout.splitlines()[0]).admin
     listed = runner.invoke(main, ["keys", "list"])
     assert "ci" in listed.output and "rpm 60" in listed.output and secret not in listed.output
+    assert [line for line in listed.output.splitlines() if line.startswith("ops")][0].endswith("admin")
     assert runner.invoke(main, ["keys", "add", "ci"]).exit_code != 0  # names are unique
     assert runner.invoke(main, ["keys", "revoke", "ci"]).exit_code == 0
     assert runner.invoke(main, ["keys", "revoke", "ci"]).exit_code != 0
+    assert runner.invoke(main, ["keys", "revoke", "ops"]).exit_code == 0
     assert "no API keys" in runner.invoke(main, ["keys", "list"]).output
 
 
-def test_api_refuses_a_public_bind_without_keys(redis_client, redis_server, monkeypatch):
+@pytest.mark.parametrize("bind,configured,mode", [
+    ("127.0.0.1", "", "open"), ("0.0.0.0", "", "keys"), ("127.0.0.1", "keys", "keys"),
+])
+def test_api_serves_the_mode_its_configuration_says_and_says_which(
+        redis_server, monkeypatch, bind, configured, mode):
+    from tailguard import cli
+
+    seen = {}
+    monkeypatch.setattr(cli, "become", lambda argv, env=None, pin=None: seen.update(argv=argv, env=env))
     monkeypatch.setenv("TAILGUARD_REDIS_URL", redis_server)
+    monkeypatch.setenv(settings.API_AUTH.env, configured)
+    result = CliRunner().invoke(main, ["api", "--bind", bind])
+    assert result.exit_code == 0, result.output
+    assert seen["env"][settings.API_AUTH.env] == mode  # what the app serves, set explicitly
+    assert ("API keys required" if mode == "keys" else "no API key needed") in result.output
+
+
+def test_api_refuses_open_mode_on_a_public_bind(redis_server, monkeypatch):
+    monkeypatch.setenv("TAILGUARD_REDIS_URL", redis_server)
+    monkeypatch.setenv(settings.API_AUTH.env, "open")
     result = CliRunner().invoke(main, ["api", "--bind", "0.0.0.0"])
     assert result.exit_code != 0 and "refusing to serve 0.0.0.0" in result.output

@@ -16,7 +16,8 @@ SCRIPTS = {"create_job": ("clock", "lane_counts", "create_job"),
            "heartbeat": ("clock", "heartbeat"), "live_workers": ("clock", "live_count", "live_workers"),
            "live_members": ("clock", "live_members"),
            "record_stats": ("record_stats",), "lane_load": ("clock", "lane_counts", "live_count", "lane_load"),
-           "record_served": ("record_served",), "take_tokens": ("clock", "take_tokens")}
+           "record_served": ("record_served",), "take_tokens": ("clock", "take_tokens"),
+           "append_delta": ("append_delta",), "hold_lease": ("hold_lease",)}
 
 
 def test_every_script_file_is_listed_here():
@@ -95,3 +96,53 @@ def test_a_worker_does_not_start_a_job_past_its_queue_ttl(redis_client):
     start = store.start(job_id, "short@h")
     assert (start.started, start.state, start.overdue) == (False, QUEUED, True)
     assert store.status(job_id) == QUEUED and store.running() == {}
+
+
+def test_an_end_keeps_the_record_and_the_text_for_their_own_ttls_and_the_text_once(redis_client):
+    from tailguard.jobs.store import RUNNING, SUCCEEDED
+    from tailguard.jobs.stream import DeltaWriter
+
+    store = JobStore(redis_client, ttl_s=86400, record_ttl_s=600, output_ttl_s=60)
+    job_id = "12" * 16
+    store.create(job_id, {"lane": "long", "cost": 10, "resume_text": "so far"}, queue_ttl_s=60)
+    assert redis_client.ttl(keys.job_key(job_id)) > 600  # while live: the live backstop
+    store.transition(job_id, {QUEUED}, RUNNING, {"worker": "w@h"})
+    writer = DeltaWriter(redis_client, job_id, flush_s=0, ttl_s=86400)
+    writer.add("so far and more")
+    writer.close()
+    assert redis_client.ttl(keys.job_stream_key(job_id)) > 600
+    assert store.transition(job_id, {RUNNING}, SUCCEEDED, {"result": {
+        "text": "so far and more", "completion_tokens": 4, "finish_reason": "length"}})[0]
+    job = store.get(job_id)
+    assert job["result"] == {"completion_tokens": 4, "finish_reason": "length"}  # no text here
+    assert "resume_text" not in job
+    assert 590 < redis_client.ttl(keys.job_key(job_id)) <= 600
+    assert 50 < redis_client.ttl(keys.job_stream_key(job_id)) <= 60
+
+
+def test_a_write_after_the_end_neither_lands_nor_stretches_the_stream_s_ttl(redis_client):
+    from tailguard.jobs.stream import DeltaWriter
+
+    store = JobStore(redis_client, record_ttl_s=600, output_ttl_s=60)
+    job_id = "34" * 16
+    store.create(job_id, {"lane": "short"}, queue_ttl_s=60)
+    assert store.transition(job_id, {QUEUED}, CANCELLED, {"error": {"code": "cancelled"}})[0]
+    late = DeltaWriter(redis_client, job_id, flush_s=0, ttl_s=86400)  # a batch flushed just after
+    late.add("late")
+    assert late.flush()  # refused as an id below the end event's: counted as done, not retried
+    assert redis_client.xlen(keys.job_stream_key(job_id)) == 1
+    assert redis_client.ttl(keys.job_stream_key(job_id)) <= 60
+
+
+def test_the_lease_has_one_holder_until_it_lapses(redis_client):
+    import time
+
+    from tailguard.redis import lua
+
+    lease = lua.Script(redis_client, "hold_lease")
+    assert lease([keys.REDELIVER_LEASE], owner="a", ttl_ms=200) == 1
+    assert lease([keys.REDELIVER_LEASE], owner="b", ttl_ms=200) == 0
+    assert lease([keys.REDELIVER_LEASE], owner="a", ttl_ms=200) == 1  # renewed
+    time.sleep(0.3)
+    assert lease([keys.REDELIVER_LEASE], owner="b", ttl_ms=200) == 1
+

@@ -84,3 +84,41 @@ def test_jobs_whose_messages_are_queued_or_delivered_are_never_failed(taken, cli
     assert passes.run_once() == []
     assert store.status(taken) == QUEUED and store.status(waiting) == QUEUED
     assert redis_client.llen("short") == 2
+
+
+def calls(redis_client, command: str) -> int:
+    return redis_client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0)
+
+
+def test_a_running_job_s_delivery_is_read_once_however_many_passes(taken, redis_client):
+    """The message holds the prompt: a pass reads an old delivery's message once, then only its
+    job's state, and never every delivery (kombu's whole unacked hash) each period."""
+    from tailguard.jobs.store import RUNNING
+    from tailguard.lanes.table import load_lanes
+
+    store = JobStore(redis_client)
+    assert store.transition(taken, {QUEUED}, RUNNING, {"worker": "short@host"})[0]
+    passes = Redeliverer(store, app.connection_for_write, after_s=0, lanes=load_lanes().lanes,
+                         confirm_s=0)
+    hmget, hvals, hgetall = (calls(redis_client, c) for c in ("hmget", "hvals", "hgetall"))
+    for _ in range(5):
+        assert passes.run_once() == []
+    assert calls(redis_client, "hmget") - hmget == 1
+    assert calls(redis_client, "hvals") == hvals and calls(redis_client, "hgetall") == hgetall
+    assert redis_client.hlen("unacked") == 1 and store.status(taken) == RUNNING
+
+
+def test_one_process_at_a_time_runs_the_passes(taken, redis_client):
+    import time
+
+    store = JobStore(redis_client)
+    first = Redeliverer(store, app.connection_for_write, after_s=3600, lease_s=0.3)
+    second = Redeliverer(store, app.connection_for_write, after_s=0, lease_s=0.3)
+    assert first.run_once() == [] and first.holds_lease()
+    assert second.run_once() == []  # the lost delivery waits: the first holds the lease
+    assert redis_client.hlen("unacked") == 1
+    time.sleep(0.4)  # the first stopped passing (its process died): its lease lapses
+    assert second.run_once() == [taken]
+    assert not first.holds_lease()
+    first.close()
+    second.close()

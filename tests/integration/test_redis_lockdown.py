@@ -1,7 +1,9 @@
 """The embedded Redis as `tailguard up` and `tailguard redis` run it: a password kept in
-$TAILGUARD_HOME (never on a command line), dangerous commands gone, maxmemory noeviction.
-The suite's own Redis (tests/conftest.py) runs with the same disabled commands, so every
-integration test also shows Celery, kombu and tailguard do without them."""
+$TAILGUARD_HOME (never on a command line), dangerous commands gone, maxmemory noeviction,
+its data (the AOF holds every prompt and output) readable by its owner only.
+The suite's own Redis (tests/conftest.py) runs with the same disabled commands but FLUSHDB and
+FLUSHALL (TAILGUARD_REDIS_ENABLE_COMMANDS), so every integration test also shows Celery, kombu
+and tailguard do without them."""
 
 import os
 import subprocess
@@ -38,6 +40,28 @@ def test_start_redis_with_a_password(tmp_path):
         proc.stop()
 
 
+#: what the embedded server must not answer (tailguard/host/redis_server.py DISABLED_COMMANDS)
+DANGEROUS = [("FLUSHALL",), ("FLUSHDB",), ("MONITOR",), ("SHUTDOWN", "NOSAVE"), ("SYNC",),
+             ("PSYNC", "?", "-1"), ("DEBUG", "SLEEP", "0"), ("CONFIG", "GET", "dir"),
+             ("SWAPDB", "0", "1"), ("RESTORE", "k", "0", "x"), ("REPLICAOF", "NO", "ONE"),
+             ("MODULE", "LIST"), ("ACL", "LIST")]
+
+
+def test_the_embedded_redis_knows_no_dangerous_command(tmp_path, monkeypatch):
+    monkeypatch.delenv("TAILGUARD_REDIS_ENABLE_COMMANDS")  # as `tailguard up` runs it
+    port = free_port()
+    proc = start_redis(port, tmp_path, appendonly=False, password="s3cret")
+    try:
+        client = redis.Redis(port=port, password="s3cret")
+        client.set("k", "v")
+        for command in DANGEROUS:
+            with pytest.raises(redis.ResponseError, match="unknown command"):
+                client.execute_command(*command)
+        assert client.get("k") == b"v" and client.ping()  # still there, still up
+    finally:
+        proc.stop()
+
+
 def test_the_suite_redis_has_the_dangerous_commands_disabled(redis_client):
     with pytest.raises(redis.ResponseError, match="unknown command"):
         redis_client.execute_command("CONFIG", "SET", "dir", "/tmp")
@@ -45,7 +69,13 @@ def test_the_suite_redis_has_the_dangerous_commands_disabled(redis_client):
 
 def test_tailguard_redis_uses_the_password_kept_in_home(tmp_path):
     port = free_port()
-    env = {**os.environ, "TAILGUARD_HOME": str(tmp_path), "TAILGUARD_REDIS_URL": ""}
+    home = tmp_path / "home"
+    # made looser by an older version: tightened at start, data written before included
+    (home / "redis").mkdir(parents=True, mode=0o755)
+    home.chmod(0o755)
+    (home / "redis" / "old.aof").write_text("")
+    (home / "redis" / "old.aof").chmod(0o644)
+    env = {**os.environ, "TAILGUARD_HOME": str(home), "TAILGUARD_REDIS_URL": ""}
     proc = subprocess.Popen([sys.executable, "-m", "tailguard.cli", "redis", "--port", str(port)],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -53,7 +83,7 @@ def test_tailguard_redis_uses_the_password_kept_in_home(tmp_path):
         while not answers_ping(port):
             assert proc.poll() is None and time.monotonic() < deadline, "redis did not start"
             time.sleep(0.05)
-        password_file = tmp_path / "redis.password"
+        password_file = home / "redis.password"
         assert oct(password_file.stat().st_mode & 0o777) == "0o600"
         password = password_file.read_text().strip()
         assert redis.Redis(port=port, password=password).ping()
@@ -64,10 +94,21 @@ def test_tailguard_redis_uses_the_password_kept_in_home(tmp_path):
         out = subprocess.run([sys.executable, "-c", "from tailguard import settings; "
                               "print(settings.redis_url())"], cwd=ROOT, capture_output=True,
                              text=True, env={**env, "TAILGUARD_REDIS_PORT": str(port)}, check=True)
-        assert redis.Redis.from_url(out.stdout.strip()).ping()
+        client = redis.Redis.from_url(out.stdout.strip())
+        assert client.ping()
+        client.set("a prompt", "an output")  # into the AOF, made at start under umask 077
+        assert private_modes(home) == []
+        written = [p for p in (home / "redis").rglob("*") if p.is_file() and "aof" in p.name]
+        assert len(written) >= 2, written  # the old one and what this server appended
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def private_modes(home: Path) -> list[str]:
+    """Every file or folder under `home` (itself included) that anyone but its owner may read."""
+    loose = [p for p in [home, *home.rglob("*")] if p.stat().st_mode & 0o077]
+    return [f"{p} {oct(p.stat().st_mode & 0o777)}" for p in loose]
 
 
 def test_flower_gets_its_password_from_the_environment(tmp_path, monkeypatch):

@@ -66,7 +66,9 @@ def test_a_job_runs_streams_and_succeeds(store):
     assert engine.calls == [(JOB_ID, "hi", {"temperature": 0, "max_tokens": 3})]
     job = store.get(JOB_ID)
     assert job["status"] == "succeeded" and job["worker"] == "test@host"
-    assert job["result"] == body and job["engine_prompt_tokens"] == 3
+    # the text's one copy is the stream; the record keeps how the job ended
+    assert job["result"] == {"completion_tokens": 3, "finish_reason": "length"}
+    assert job["engine_prompt_tokens"] == 3
     events = read_events(store.redis, JOB_ID)
     assert "".join(e.data["text"] for e in events if e.type == "delta") == "abc"
     assert events[-1].type == "end" and events[-1].data["status"] == "succeeded"

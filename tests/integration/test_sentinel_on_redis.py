@@ -140,11 +140,13 @@ def test_tailguard_stats_reads_through_the_sentinel(deployment, master):
     assert json.loads(out.stdout)["workers_per_host"]["short"] == {"gpu-a": 1}
 
 
-def test_after_a_failover_the_client_writes_to_the_promoted_replica(tmp_path):
+def test_after_a_failover_the_client_writes_to_the_promoted_replica(tmp_path, monkeypatch):
     """The master dies; the Sentinel promotes its replica; the same client object, untouched,
     writes again once the Sentinel names the new master (Redis calls fail in between: the API
     answers 503 then, as during any Redis outage)."""
     master_port, replica_port, sentinel_port = free_port(), free_port(), free_port()
+    # A master serves its replicas with SYNC/PSYNC, which the embedded server disables.
+    monkeypatch.setenv("TAILGUARD_REDIS_ENABLE_COMMANDS", "FLUSHDB,FLUSHALL,SYNC,PSYNC")
     master = start_redis(master_port, tmp_path / "master", appendonly=False, password=MASTER_PASSWORD)
     # The replica is promoted by the Sentinel (REPLICAOF, CONFIG REWRITE), so it keeps the
     # commands tailguard's own servers disable; its config file is its own.

@@ -35,11 +35,12 @@ def pop_all(redis_client, queue):
 
 
 def test_the_message_is_the_one_send_task_writes(producer, redis_client):
-    from tailguard.jobs.task_message import TaskMessages
+    from tailguard.jobs.task_message import TaskMessages, kwargs_repr
 
     task_id = "a" * 32
+    # send_task given the same preview of the arguments (Flower's; no prompt text in it)
     producer.send_task("tailguard.generate.short", task_id=task_id, queue="short", expires=60,
-                       kwargs=KWARGS, ignore_result=True)
+                       kwargs=KWARGS, ignore_result=True, kwargsrepr=kwargs_repr(KWARGS))
     redis_client.lpush("short", TaskMessages(producer).build(
         "tailguard.generate.short", task_id=task_id, queue="short", kwargs=KWARGS, expires_s=60))
     celerys, ours = pop_all(redis_client, "short")
@@ -50,7 +51,11 @@ def test_the_message_is_the_one_send_task_writes(producer, redis_client):
     expires = [datetime.fromisoformat(m["headers"].pop("expires")) for m in (celerys, ours)]
     assert expires[0].tzinfo is not None and expires[1].tzinfo is not None
     assert abs((expires[1] - expires[0]).total_seconds()) < 5
+    # send_task also copies the option it was given into the properties, where no one reads it
+    assert celerys["properties"].pop("kwargsrepr") == ours["headers"]["kwargsrepr"]
     assert ours == celerys
+    assert KWARGS["prompt"] not in ours["headers"]["kwargsrepr"]
+    assert "<16 characters>" in ours["headers"]["kwargsrepr"]
     # and what a worker reads from it
     args, kwargs, embed = json.loads(base64.b64decode(ours["body"]))
     assert (args, kwargs) == ([], KWARGS)

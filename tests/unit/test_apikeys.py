@@ -1,9 +1,9 @@
-"""API keys' pure parts: the priority ceiling and which binds need a key."""
+"""API keys' pure parts: the priority ceiling, who sees whose jobs, and the auth mode a bind gets."""
 
 import pytest
 
-from tailguard.errors import ConfigError
-from tailguard.gateway.api_keys import ApiKey, check_bind, digest, is_loopback
+from tailguard.errors import ConfigError, OverKeyLimit
+from tailguard.gateway.api_keys import ApiKey, check_cost, digest, is_loopback, resolve_auth
 
 
 @pytest.mark.parametrize("ceiling,wanted,runs_as", [
@@ -31,17 +31,38 @@ def test_loopback_addresses(host, loopback):
     assert is_loopback(host) is loopback
 
 
-@pytest.mark.parametrize("host,have_keys,open_api,says", [
-    ("127.0.0.1", False, False, "authentication is off"),
-    ("0.0.0.0", True, False, "API keys required"),
-    ("0.0.0.0", False, True, "without authentication"),
-    ("127.0.0.1", True, False, "API keys required"),
+@pytest.mark.parametrize("host,configured,open_remote,mode,says", [
+    # unset: decided by the bind alone, never by what Redis holds
+    ("127.0.0.1", "", False, "open", "the default for a loopback bind"),
+    ("0.0.0.0", "", False, "keys", "the default for a non-loopback bind"),
+    ("0.0.0.0", "", True, "keys", "API keys required"),
+    ("127.0.0.1", "keys", False, "keys", "TAILGUARD_API_AUTH=keys"),
+    ("0.0.0.0", "keys", False, "keys", "API keys required"),
+    ("127.0.0.1", "open", False, "open", "clients on this machine only"),
+    ("0.0.0.0", "open", True, "open", "TAILGUARD_API_OPEN is set"),
 ])
-def test_bind_policy_says_what_it_does(host, have_keys, open_api, says):
-    assert says in check_bind(host, have_keys=have_keys, open_api=open_api)
+def test_the_auth_mode_is_configuration(host, configured, open_remote, mode, says):
+    got, said = resolve_auth(host, configured, open_remote=open_remote)
+    assert got == mode and says in said
 
 
-def test_a_public_bind_without_keys_refuses_to_start():
+def test_open_mode_on_a_public_bind_refuses_to_start():
     with pytest.raises(ConfigError, match="tailguard keys add") as exc:
-        check_bind("0.0.0.0", have_keys=False, open_api=False)
+        resolve_auth("0.0.0.0", "open", open_remote=False)
     assert exc.value.field == "bind"
+
+
+def test_a_key_sees_its_own_jobs_and_an_admin_key_every_job():
+    mine, admin = ApiKey("a", id="1" * 64), ApiKey("root", admin=True, id="2" * 64)
+    assert mine.may_see("1" * 64) and not mine.may_see("3" * 64) and not mine.may_see(None)
+    assert admin.may_see("1" * 64) and admin.may_see(None)
+    assert '"admin": true' in admin.record() and ApiKey(**{"name": "old"}).admin is False
+
+
+def test_a_cost_above_the_whole_tokens_per_minute_is_a_400_not_a_429():
+    key = ApiKey("k", tokens_per_min=100)
+    check_cost(key, 100)
+    check_cost(ApiKey("unlimited"), 10**9)
+    with pytest.raises(OverKeyLimit, match="exceeds") as exc:
+        check_cost(key, 101)
+    assert exc.value.http_status == 400 and exc.value.field == "max_tokens"

@@ -239,6 +239,20 @@ def test_redis_has_aof_a_password_and_a_ping_healthcheck(services):
     assert any(str(v).endswith(":/data") for v in redis["volumes"])
 
 
+def test_redis_disables_the_commands_the_embedded_one_does(services):
+    from tailguard.host.redis_server import DISABLED_COMMANDS
+
+    args = argv(services["redis"]["command"])
+    renamed = {args[i + 1] for i, a in enumerate(args) if a == "--rename-command" and args[i + 2] == ""}
+    assert renamed == set(DISABLED_COMMANDS)
+
+
+def test_the_api_is_in_keys_mode_without_the_open_switch(services):
+    env = env_of(services["api"])
+    assert "TAILGUARD_API_OPEN" not in env and env.get("TAILGUARD_API_AUTH", "keys") == "keys"
+    assert "0.0.0.0" in argv(services["api"]["command"])  # not loopback: keys by default
+
+
 # --- Prometheus and Grafana -------------------------------------------------------------
 
 def scrape_targets() -> set[tuple[str, str]]:

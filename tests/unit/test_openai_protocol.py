@@ -67,7 +67,10 @@ def test_what_openai_clients_send_by_default_is_accepted():
     req = completion(n=1, user="u-1", logprobs=None, echo=False, suffix=None, best_of=1,
                      logit_bias={}, frequency_penalty=0, presence_penalty=0.0, temperature=None,
                      stop=None, max_tokens=None, stream=None, stream_options=None)
-    assert (req.job.sampling, req.job.max_tokens, req.stream) == ({}, None, False)
+    # the penalties' 0 is the client's own value: it overrides a model's generation-config
+    # default at the engine, as in vLLM's server, so it is kept
+    assert (req.job.sampling, req.job.max_tokens, req.stream) == (
+        {"frequency_penalty": 0.0, "presence_penalty": 0.0}, None, False)
 
 
 def test_include_usage_only_when_streaming():
@@ -187,7 +190,8 @@ def test_max_completion_tokens_wins_over_max_tokens():
 def test_chat_accepts_inert_defaults():
     req = chat(n=1, user="u", logprobs=False, top_logprobs=0, echo=False, logit_bias=None,
                frequency_penalty=0, presence_penalty=0, stream=False)
-    assert req.job.sampling == {}
+    assert req.job.sampling == {"frequency_penalty": 0.0, "presence_penalty": 0.0}
+    assert chat(n=1, logprobs=False, stream=False).job.sampling == {}
 
 
 @pytest.mark.parametrize("fields,field", [

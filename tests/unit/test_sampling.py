@@ -92,10 +92,13 @@ def test_which_api_takes_which_field(api, names):
     assert set(field_names(api)) == names
 
 
-def test_parse_sampling_drops_nulls_inert_values_and_other_apis_fields():
+def test_parse_sampling_keeps_what_the_client_set_and_drops_nulls_and_other_apis_fields():
+    """A field absent from the result is one the client did not set: the engine fills those
+    from the model's generation config, so a set 0 must stay (it overrides that default)."""
     body = {"temperature": 0, "top_p": None, "frequency_penalty": 0, "presence_penalty": 0.5,
             "prompt": "not sampling"}
-    assert parse_sampling(body, "openai") == {"temperature": 0.0, "presence_penalty": 0.5}
+    assert parse_sampling(body, "openai") == {"temperature": 0.0, "frequency_penalty": 0.0,
+                                              "presence_penalty": 0.5}
     assert parse_sampling(body, "native") == {"temperature": 0.0}
 
 

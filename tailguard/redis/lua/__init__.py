@@ -32,6 +32,8 @@ class Script:
     def __init__(self, client: redis.Redis, *names: str) -> None:
         self._script = client.register_script(source(*names))
 
-    def __call__(self, keys: list[str], **args: Any) -> Any:
+    def __call__(self, keys: list[str], *, client: redis.Redis | None = None, **args: Any) -> Any:
+        """Run it with `args` (no script takes one named ``client``: that is the client to run
+        it on, when not the one it was registered with)."""
         return self._script(keys=keys, args=[json.dumps(args, ensure_ascii=False,
-                                                        separators=(",", ":"))])
+                                                        separators=(",", ":"))], client=client)

@@ -15,6 +15,9 @@
 --                            starting a job: not once its queue TTL has passed)
 --   return_record            optional: when moved, also return the job's fields after the move
 --   end_event                optional: terminal event data (a JSON text) for the job's stream
+--   record_ttl_s, output_ttl_s       with end_event: how long the record and the stream (the
+--                                    job's text) are kept from now; a reclaimed job's resume
+--                                    text, a second copy of the stream's, is dropped
 --   stream_maxlen, finished_maxlen   approximate caps of the two streams
 --   fields: {name: string value}     set with the new state
 --   lane_keys: {queued, backlog, running, workers}   the lane key names with %s for the
@@ -88,8 +91,9 @@ elseif cur == 'running' then
 end
 if a.end_event then
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', a.stream_maxlen, '*', 'type', 'end', 'data', a.end_event)
-  local ttl = redis.call('TTL', KEYS[1])
-  if ttl > 0 then redis.call('EXPIRE', KEYS[2], ttl) end
+  redis.call('HDEL', KEYS[1], 'resume_text')
+  redis.call('EXPIRE', KEYS[1], a.record_ttl_s)
+  redis.call('EXPIRE', KEYS[2], a.output_ttl_s)
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', a.finished_maxlen, '*', 'key', KEYS[1])
 end
 if a.return_record then return {1, cur, redis.call('HGETALL', KEYS[1])} end
