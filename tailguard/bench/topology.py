@@ -199,7 +199,9 @@ class DirectSpec:
         return (python, "-m", VLLM_SERVER_MODULE, "--model", model, "--host", "127.0.0.1",
                 "--port", str(port), "--max-num-seqs", str(self.max_num_seqs),
                 "--max-model-len", str(self.max_model_len), "--dtype", self.dtype,
-                "--enforce-eager", "--seed", "0", "--scheduling-policy", "priority")
+                # eager as tailguard's CPU engines run; on a GPU both keep vLLM's CUDA graphs
+                *(() if self.pin.gpus else ("--enforce-eager",)),
+                "--seed", "0", "--scheduling-policy", "priority")
 
     def env(self) -> dict[str, str]:
         """As tailguard's engines run (engine.ENV_DEFAULTS), compute threads bound to `pin`."""

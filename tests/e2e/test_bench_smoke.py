@@ -103,10 +103,11 @@ def test_bench_smoke(tiny_model, tmp_path):
 
 def test_a_trace_with_the_models_own_lengths(tiny_model, tmp_path):
     """azure-mix: classes by the lanes file's rule, prompts of exactly the traced (scaled) lengths
-    as both servers count them, outputs of the model's own length (no ignore_eos)."""
+    as the server counts them, outputs of the model's own length (no ignore_eos). One topology:
+    the mixed smoke above brings up all three."""
     out = tmp_path / "bench"
     proc = run_bench(tiny_model, out, "--workload", "azure-mix", "--rate", "3", "--duration", "4",
-                     "--token-scale", "0.1", "--no-ignore-eos", "--topologies", "lanes,direct")
+                     "--token-scale", "0.1", "--no-ignore-eos", "--topologies", "lanes")
     assert "azure-mix: trace seconds 1200-" in proc.stderr  # the window, scale and rate, said
     report = json.loads((out / "report.json").read_text())
     p = report["workload"]["params"]
@@ -114,24 +115,10 @@ def test_a_trace_with_the_models_own_lengths(tiny_model, tmp_path):
     assert f"workload: {p['described']}" in proc.stdout
     rows = [json.loads(l) for l in (out / "samples.jsonl").read_text().splitlines()]
     mixed = [r for r in rows if r["phase"] == "mixed"]
-    assert len(mixed) == 2 * 12 and all(r["ok"] for r in mixed)
+    assert len(mixed) == 12 and all(r["ok"] for r in mixed)
     for r in mixed:
         assert r["prompt_tokens"] == r["planned_prompt_tokens"]  # exact, as the server counted
         assert r["completion_tokens"] <= r["max_tokens"]
         if r["topology"] == "lanes":
             assert r["lane"] == r["cls"]  # the API chose the lane the workload named the class by
-    assert {t["name"] for t in report["targets"]} >= SERVING_TARGETS | {"no_errors_lanes",
-                                                                       "no_errors_direct"}
-
-
-def test_a_burst_of_long_prompts(tiny_model, tmp_path):
-    out = tmp_path / "bench"
-    proc = run_bench(tiny_model, out, "--workload", "burst", "--rate", "3", "--duration", "4",
-                     "--burst-size", "3", "--long-prompt-tokens", "300", "--long-tokens", "16",
-                     "--short-tokens", "8", "--topologies", "lanes")
-    report = json.loads((out / "report.json").read_text())
-    lanes = report["topologies"]["lanes"]["phases"]
-    assert lanes["mixed"]["long"]["count"] == 3 and lanes["baseline"]["short"]["count"] == 12
-    burst = report["burst"]["lanes"]
-    assert burst["longs"] == 3 and burst["burst_at_s"] == pytest.approx(4 / 3)
-    assert any(t["name"] == "burst_lanes" and t["line"] in proc.stdout for t in report["targets"])
+    assert "no_errors_lanes" in {t["name"] for t in report["targets"]}

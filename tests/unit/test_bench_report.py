@@ -232,3 +232,31 @@ def test_the_front_ends_cpu_is_reported_per_phase():
         "mixed": {"wall_s": 120.0, "frontend_cpu_s": 30.0, "engine_cpu_s": 200.0}}
     assert ("front end's CPU (all but the engines), lanes: baseline 9 s in 90 s (0.10 cores), "
             "mixed 30 s in 120 s (0.25 cores)") in render_text(r)
+
+
+def test_burst_figures_take_the_short_requests_that_arrived_during_the_long_prefill():
+    from tailguard.bench.report import burst_figures
+
+    def long_one(sent, ttft):
+        return ok("long", 5.0, sent=sent, tokens=16, lane="long", ttft=ttft)
+
+    # long prompts land at 1.0 s; their first tokens come at 1.5 s and 3.0 s: the prefill ends then
+    mixed = [long_one(1.0, 0.5), long_one(1.0, 2.0),
+             ok("short", 0.2, sent=0.5, ttft=0.05),   # before the burst: not counted
+             ok("short", 2.0, sent=1.5, ttft=1.2),    # during it
+             ok("short", 0.9, sent=2.5, ttft=0.4),    # during it
+             ok("short", 0.1, sent=3.5, ttft=0.03)]   # after the last first token
+    baseline = [ok("short", 0.1, sent=t, ttft=0.04) for t in (0.5, 1.5, 2.5, 3.5)]
+    b = burst_figures({"mixed": mixed, "baseline": baseline}, "short", "long", burst_at_s=1.0)
+    assert (b["longs"], b["long_first_tokens"], b["prefill_end_s"]) == (2, 2, 3.0)
+    assert b["mixed"]["short"] == 2 and b["mixed"]["ttft_max_s"] == 1.2
+    assert b["baseline"]["short"] == 2 and b["baseline"]["ttft_max_s"] == 0.04
+
+
+def test_a_long_prompt_that_never_started_stretches_the_burst_to_the_phase_end():
+    from tailguard.bench.report import burst_figures
+
+    never = Sample("long", 16, arrival_s=1.0, sent_s=1.0, status="failed")
+    mixed = [never, ok("short", 0.5, sent=1.2, ttft=0.3), ok("short", 0.5, sent=4.0, ttft=0.3)]
+    b = burst_figures({"mixed": mixed}, "short", "long", burst_at_s=1.0)
+    assert b["long_first_tokens"] == 0 and b["mixed"]["short"] == 2
