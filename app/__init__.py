@@ -30,7 +30,7 @@ APP_SETTINGS = (settings.REDIS_URL, settings.REDIS_SENTINEL_MASTER, settings.RED
                 settings.WORKER_HEARTBEAT_S, settings.REDELIVER_AFTER_S,
                 settings.REDIS_SOCKET_TIMEOUT_S, settings.API_AUTH, settings.API_OPEN,
                 settings.API_TRUSTED_HOSTS, settings.API_READ_TIMEOUT_S, settings.MAX_WAITS_PER_KEY,
-                settings.MAX_PROMPT_BYTES, settings.METRICS_KEY_NAMES)
+                settings.MAX_PROMPT_BYTES, settings.METRICS_KEY_NAMES, settings.OPENAI_ARGS)
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
@@ -84,6 +84,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
 
     app.register_blueprint(jobs.bp)
     app.register_blueprint(openai_api.bp)
+    app.register_blueprint(openai_api.server_bp)
     app.register_blueprint(health.bp)
     app.register_blueprint(openapi.bp)
     return app
@@ -106,9 +107,14 @@ def _auth_config(config: dict[str, Any]) -> tuple[str, bool]:
     return auth, open_remote
 
 
+#: vLLM's routes outside /v1 that spend the API's CPU on a client's text: a key's, as /v1's
+KEYED_SERVER_PATHS = frozenset({"/tokenize", "/detokenize"})
+
+
 def needs_api_key(path: str) -> bool:
-    """Whether a request to ``path`` must carry an API key (in keys mode)."""
-    return path.startswith("/v1/")
+    """Whether a request to ``path`` must carry an API key (in keys mode): every /v1/ route,
+    and vLLM's /tokenize and /detokenize (vLLM's own server asks none there)."""
+    return path.startswith("/v1/") or path in KEYED_SERVER_PATHS
 
 
 def hold_wait_slot() -> None:
@@ -223,12 +229,14 @@ def _build_gateway(config: Mapping[str, Any]) -> Gateway:
     from celery import Celery
 
     from tailguard.errors import ConfigError
+    from tailguard.gateway.openai_frontend import OpenAIFrontend
     from tailguard.jobs.finished import FinishedConsumer, log_request
     from tailguard.jobs.lane_load import LaneLoadStore
     from tailguard.jobs.store import JobStore
     from tailguard.jobs.task_message import TaskMessages
     from tailguard.lanes.admission import AdmissionPolicy
     from tailguard.lanes.table import load_lanes
+    from tailguard.model.info import served_model_names
     from tailguard.model.tokens import counter_for
     from tailguard.observe.metrics import GatewayMetrics
     from tailguard.observe.stats import StatsStore
@@ -264,9 +272,16 @@ def _build_gateway(config: Mapping[str, Any]) -> Gateway:
     max_prompt_bytes = settings.MAX_PROMPT_BYTES.get(config) or (
         PROMPT_BYTES_PER_TOKEN * counter.model_max_len if counter.model_max_len
         else settings.MAX_BODY_BYTES.get(config))
+    # vLLM's render layer for the OpenAI routes: built when the process starts (or on the
+    # first OpenAI request), never for the native ones; vLLM's defaults count with the
+    # longest context a lane serves, which /v1/models reports
+    openai = OpenAIFrontend(
+        model, served_model_names(model, settings.SERVED_MODEL_NAME.get(config)),
+        max(lane.context_len(counter.model_max_len) for lane in lanes),
+        settings.OPENAI_ARGS.get(config), lanes.engine, on_ignored=metrics.on_ignored_fields)
     gateway = Gateway(lanes, store, counter, TaskMessages(producer), metrics=metrics,
                       admission=admission, load=load, stats=stats, max_prompt_bytes=max_prompt_bytes,
-                      max_waits_per_key=settings.MAX_WAITS_PER_KEY.get(config))
+                      max_waits_per_key=settings.MAX_WAITS_PER_KEY.get(config), openai=openai)
     # Every finished request, whoever ended it: one log line, metrics, `tailguard stats`,
     # and the lane's measured service rate (admission). Started by start_background.
     gateway.finished = FinishedConsumer(client, [log_request, metrics.observe, stats.record,
@@ -277,10 +292,11 @@ def _build_gateway(config: Mapping[str, Any]) -> Gateway:
 
 def start_background(app: Flask) -> Gateway:
     """Start the API process's own background work, once, when the process starts (gunicorn's
-    post_worker_init hook, app/gunicorn_hooks.py): the consumer of finished jobs, and the
-    reaper that ends dead workers' running jobs within seconds, read or not (workers reap
-    too). Each is on unless the app's config turns it off (TAILGUARD_CONSUME_FINISHED,
-    TAILGUARD_REAP_RUNNING: tests that run several apps in one process do)."""
+    post_worker_init hook, app/gunicorn_hooks.py): building vLLM's render layer for the OpenAI
+    routes, the consumer of finished jobs, and the reaper that ends dead workers' running
+    jobs within seconds, read or not (workers reap too). The last two are on unless the
+    app's config turns them off (TAILGUARD_CONSUME_FINISHED, TAILGUARD_REAP_RUNNING: tests
+    that run several apps in one process do)."""
     with app.app_context():
         gateway = get_gateway()
     config = app.config
@@ -288,6 +304,8 @@ def start_background(app: Flask) -> Gateway:
         if gateway.background_started:
             return gateway
         gateway.background_started = True
+    if gateway.openai is not None:
+        gateway.openai.start()
     if config["TAILGUARD_CONSUME_FINISHED"] and gateway.finished is not None:
         gateway.finished.start()
     if config["TAILGUARD_REAP_RUNNING"]:

@@ -36,12 +36,20 @@ from tailguard.errors import (
     UnsupportedMediaType,
     error_class,
 )
-from tailguard.gateway.openai_protocol import error_body
 from tailguard.jobs.store import CANCELLED, EXPIRED, TERMINAL
 from tailguard.redis.client import out_of_memory
 
-#: blueprints whose clients speak the OpenAI API
-OPENAI_BLUEPRINTS = frozenset({"openai"})
+#: blueprints whose clients speak the OpenAI API (vLLM's server routes outside /v1 too)
+OPENAI_BLUEPRINTS = frozenset({"openai", "vllm"})
+#: their paths, for errors raised before a route matched (an unknown method, a 404)
+OPENAI_PATH_PREFIXES = ("/v1/completions", "/v1/chat/", "/v1/models")
+VLLM_PATHS = frozenset({"/health", "/version", "/tokenize", "/detokenize"})
+
+
+def speaks_openai(path: str, blueprint: str | None = None) -> bool:
+    """Whether the client of this path (or blueprint) speaks the OpenAI API."""
+    return blueprint in OPENAI_BLUEPRINTS or path.startswith(OPENAI_PATH_PREFIXES) or path in VLLM_PATHS
+
 
 log = logging.getLogger("tailguard.api")
 
@@ -86,6 +94,11 @@ def openai_error_type(status: int) -> str:
     return "invalid_request_error"
 
 
+def error_body(message: str, *, type: str, param: str | None, code: str | int | None) -> dict:
+    """``{"error": {message, type, param, code}}``, the OpenAI error shape."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
 def openai_error(err: TailguardError) -> dict:
     """The OpenAI error body of a tree member: also what a failed OpenAI stream sends last."""
     return error_body(err.message, type=openai_error_type(err.http_status), param=err.field,
@@ -95,8 +108,7 @@ def openai_error(err: TailguardError) -> dict:
 def error_response(status: int, code: str, message: str, field: str | None = None, *,
                    headers: dict[str, str] | None = None) -> Response:
     """The error answer to this request, in the shape its API speaks."""
-    if request and (request.blueprint in OPENAI_BLUEPRINTS or request.path.startswith(
-            ("/v1/completions", "/v1/chat/", "/v1/models"))):
+    if request and speaks_openai(request.path, request.blueprint):
         body = error_body(message, type=openai_error_type(status), param=field, code=code)
     else:
         body = {"error": {"code": code, "message": message, **({} if field is None else {"field": field})}}
@@ -127,7 +139,9 @@ def register(app: Flask) -> None:
     @app.errorhandler(TailguardError)
     def _tailguard(exc: TailguardError):
         if exc.http_status >= 500:
-            log.error("%s: %s", exc.code, exc.message)
+            # a 503 by design (storage full, no live worker) is the system saying "later", not a fault
+            (log.warning if isinstance(exc, Unavailable) else log.error)("%s: %s", exc.code,
+                                                                         exc.message)
         if isinstance(exc, (RequestError, Unavailable)):
             count_rejected(exc.code)
         return exception_response(exc)

@@ -96,7 +96,7 @@ def stream(job_id: str):
       responses:
         200:
           description: "`delta` events ({text}), then one `end` event (the job's end state)"
-          content: {text/event-stream: {schema: {type: string}}}
+          content: {text/event-stream: {schema: SSEEvent}}
         400: Native400
         404: Native404
     """

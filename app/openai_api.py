@@ -1,100 +1,62 @@
-"""OpenAI-compatible front door: /v1/completions, /v1/chat/completions, /v1/models.
+"""OpenAI-compatible front door, as vLLM's server: /v1/completions, /v1/chat/completions,
+/v1/models, and vLLM's /health, /version, /tokenize, /detokenize.
 
-A front door, not a bypass: every request is classified, capped and queued on
-its lane exactly like a native job, then answered in OpenAI's shapes (as
-vLLM's server answers them). Responses name the lane and whether max_tokens
-was capped in X-Tailguard-* headers. A client that goes away, while streaming
-or while waiting for a non-streaming answer, cancels its request; a Redis
-outage during a stream does not (it ends the stream with an error event).
+A front door, not a bypass: every request is validated and rendered by vLLM's own render
+layer in this process (tailguard/gateway/openai_frontend.py), refused with a 400 there if
+vLLM would refuse it, then costed with its exact prompt tokens, placed, capped and queued
+on its lane like a native job. The worker runs it through vLLM's own serving layer, so the
+chunks and the response relayed here are vLLM's, byte for byte, with the documented
+``tailguard`` field on the final ones (docs/api.md). Responses name the job, the lane and
+whether max_tokens was capped in X-Tailguard-* headers. A client that goes away, while
+streaming or while waiting for a non-streamed answer, cancels its request; a Redis outage
+during a stream does not (it ends the stream with an error event).
 """
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-from flask import Blueprint, Response, current_app, g, jsonify
+from flask import Blueprint, Response, current_app, g, jsonify, request
 
 from app import get_gateway, hold_wait_slot, json_body
 from app.errors import exception_response, job_error, openai_error
-from app.sse import HEARTBEAT, client_connected, sse_event, sse_response
+from app.sse import DONE, HEARTBEAT, client_connected, sse_event, sse_response
 from tailguard import settings
-from tailguard.errors import InvalidField, TailguardError, error_class
-from tailguard.gateway.openai_protocol import (
-    STREAM_DONE,
-    OpenAIRequest,
-    chat_chunk,
-    chat_response,
-    completion_chunk,
-    completion_response,
-    openai_finish_reason,
-    parse_chat_request,
-    parse_completion_request,
-    usage_chunk,
-)
+from tailguard.errors import InternalJobError, InvalidField, TailguardError, error_class
+from tailguard.gateway.openai_request import Endpoint
 from tailguard.gateway.service import Gateway
 from tailguard.jobs.store import SUCCEEDED
-from tailguard.model.chat import (
-    chat_template_for,
-    compile_chat_template,
-    render_chat,
-    special_token,
-)
-from tailguard.model.info import resolve_model_dir, served_model_names
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
+#: vLLM's server routes outside /v1 (its error shape too: app/errors.py)
+server_bp = Blueprint("vllm", __name__)
 
-_renderers: dict[str, Callable[[list[dict]], str]] = {}
-_renderers_lock = threading.Lock()
-
-
-def _served_names(gw: Gateway) -> list[str]:
-    return served_model_names(gw.counter.model, settings.SERVED_MODEL_NAME.get(current_app.config))
+#: the request header vLLM's server takes a request id from, and echoes
+REQUEST_ID_HEADER = "X-Request-Id"
 
 
-def _chat_renderer(gw: Gateway) -> Callable[[list[dict]], str]:
-    """The served model's chat template, compiled once (a broken template fails loudly)."""
-    model = gw.counter.model
-    with _renderers_lock:
-        if model not in _renderers:
-            config = gw.counter.tokenizer_config
-            folder = resolve_model_dir(model)
-            template = chat_template_for(folder, config) if folder is not None else None
-            if template is None:
-                def no_template(_: list[dict]) -> str:
-                    raise InvalidField("the served model has no chat template: use /v1/completions",
-                                       field="messages")
-                _renderers[model] = no_template
-            else:
-                compile_chat_template(template)
-                bos, eos = special_token(config, "bos_token"), special_token(config, "eos_token")
-                _renderers[model] = lambda messages: render_chat(
-                    messages, template, bos_token=bos, eos_token=eos)
-        return _renderers[model]
+def _frontend(gw: Gateway) -> Any:
+    if gw.openai is None:
+        raise InvalidField("this API serves no OpenAI routes", field="body")
+    return gw.openai
 
 
 @bp.get("/models")
 def models():
-    """The served model's names, as OpenAI lists models.
+    """The served model's names, as vLLM lists them, with the longest context a lane serves.
     ---
     get:
       summary: List models
       responses:
         200: {description: the served names, content: {application/json: {schema: Models}}}
     """
-    gw = get_gateway()
-    created = int(time.time())
-    return jsonify({"object": "list", "data": [
-        {"id": name, "object": "model", "created": created, "owned_by": "tailguard",
-         "root": gw.counter.model, "parent": None, "max_model_len": gw.counter.model_max_len}
-        for name in _served_names(gw)]})
+    return jsonify(_frontend(get_gateway()).models())
 
 
 @bp.post("/completions")
 def completions():
-    """A text completion, queued on its lane like a native job.
+    """A text completion (vLLM's CompletionRequest), queued on its lane like a native job.
     ---
     post:
       summary: Create a completion (OpenAI)
@@ -102,14 +64,12 @@ def completions():
       responses:
         200: OpenAICompletion
     """
-    hold_wait_slot()  # every call waits for its job, streamed or not
-    gw = get_gateway()
-    return _serve(gw, parse_completion_request(json_body(), set(_served_names(gw))))
+    return _serve("completion")
 
 
 @bp.post("/chat/completions")
 def chat_completions():
-    """A chat completion: the messages rendered by the model's chat template, then as completions.
+    """A chat completion (vLLM's ChatCompletionRequest), rendered by vLLM's chat template.
     ---
     post:
       summary: Create a chat completion (OpenAI)
@@ -117,46 +77,52 @@ def chat_completions():
       responses:
         200: OpenAICompletion
     """
-    hold_wait_slot()
+    return _serve("chat")
+
+
+def _serve(endpoint: Endpoint) -> Response:
+    hold_wait_slot()  # every call waits for its job, streamed or not
     gw = get_gateway()
-    return _serve(gw, parse_chat_request(json_body(), set(_served_names(gw)), _chat_renderer(gw)))
-
-
-def _serve(gw: Gateway, req: OpenAIRequest) -> Response:
-    accepted = gw.submit(req.job, caller=g.get("api_key"))
+    job = gw.prepare_openai(endpoint, json_body())
+    accepted = gw.submit(job, caller=g.get("api_key"))
     job_id = accepted["id"]
     headers = {"X-Tailguard-Job-Id": job_id, "X-Tailguard-Lane": accepted["lane"],
                "X-Tailguard-Max-Tokens-Capped": "true" if accepted["max_tokens_capped"] else "false",
                "X-Tailguard-Estimated-Start-S": str(accepted["estimated_start_s"])}
-    created = int(time.time())
-    if req.stream:
+    if job.stream:
         return sse_response(
-            _chunks(gw, req, accepted, created, settings.SSE_HEARTBEAT_S.get(current_app.config)),
+            _relay(gw, job_id, settings.SSE_HEARTBEAT_S.get(current_app.config)),
             on_disconnect=lambda: gw.cancel(job_id, reason="the client disconnected", missing_ok=True),
             headers=headers)
     lane = gw.lanes[accepted["lane"]]
     # Every job ends by then: expired past the queue TTL, cut at the deadline, or worker_lost.
     budget = lane.queue_ttl_s + lane.deadline_s + settings.WORKER_LOST_GRACE_S.get(current_app.config) + 5
-    job = gw.wait(job_id, budget, still_wanted=client_connected())
-    if job["status"] != SUCCEEDED:
-        return exception_response(job_error(job), headers=headers)
-    result = job["result"]
-    headers["X-Tailguard-Finish-Reason"] = result["finish_reason"]
-    build = chat_response if req.kind == "chat" else completion_response
-    resp = jsonify(build(request_id=job_id, model=req.model, created=created, text=result["text"],
-                         finish_reason=openai_finish_reason(result["finish_reason"]),
-                         prompt_tokens=accepted["prompt_tokens"],
-                         completion_tokens=result["completion_tokens"]))
-    resp.headers.update(headers)
-    return resp
+    done = gw.wait(job_id, budget, still_wanted=client_connected())
+    if done["status"] != SUCCEEDED:
+        return exception_response(job_error(done), headers=headers)
+    body = gw.response_body(job_id)
+    if body is None:  # a worker that ended the job without vLLM's response: a bug of ours
+        return exception_response(InternalJobError(
+            f"job {job_id} succeeded without a response in its stream"), headers=headers)
+    headers["X-Tailguard-Finish-Reason"] = str((done.get("result") or {}).get("finish_reason"))
+    return Response(body, status=200, mimetype="application/json", headers=headers)
 
 
-def _chunks(gw: Gateway, req: OpenAIRequest, accepted: dict[str, Any], created: int,
-            heartbeat_s: float) -> Iterator[bytes]:
-    """The job's stream as OpenAI chunks, ending with `data: [DONE]`."""
-    job_id, chat = accepted["id"], req.kind == "chat"
-    common = {"request_id": job_id, "model": req.model, "created": created}
-    first = True
+@bp.after_request
+@server_bp.after_request
+def _echo_request_id(response: Response) -> Response:
+    """X-Request-Id echoed on every answer, errors included, as vLLM's server echoes it
+    (--enable-request-id-headers); the body's id is the job's (``chatcmpl-<job id>``), the one
+    every tailguard route knows the request by."""
+    given = request.headers.get(REQUEST_ID_HEADER)
+    if given:
+        response.headers[REQUEST_ID_HEADER] = given
+    return response
+
+
+def _relay(gw: Gateway, job_id: str, heartbeat_s: float) -> Iterator[bytes]:
+    """The job's stream as vLLM sent it: each of vLLM's chunk payloads one SSE event, however
+    the worker batched them into entries; then `data: [DONE]`."""
     for event in gw.events(job_id, heartbeat_s=heartbeat_s, just_submitted=True):
         if event is None:
             yield HEARTBEAT
@@ -166,24 +132,68 @@ def _chunks(gw: Gateway, req: OpenAIRequest, accepted: dict[str, Any], created: 
             yield sse_event(openai_error((error_class(error["code"]) or TailguardError)(
                 error["message"])))
             break
-        if event.type == "delta":
-            text = event.data.get("text", "")
-            yield sse_event(chat_chunk(**common, text=text, first=first) if chat
-                            else completion_chunk(**common, text=text))
-            first = False
+        if event.type != "end":
+            for payload in event.payloads:
+                yield sse_event(payload)
             continue
-        end = event.data  # the end event
-        if end["status"] != SUCCEEDED:
-            yield sse_event(openai_error(job_error(end)))
-            break
-        reason = openai_finish_reason(end.get("finish_reason", "stop"))
-        if chat and first:  # nothing was generated: the role still comes first
-            yield sse_event(chat_chunk(**common, first=True))
-        yield sse_event(chat_chunk(**common, finish_reason=reason) if chat
-                        else completion_chunk(**common, text="", finish_reason=reason))
-        if req.include_usage:
-            yield sse_event(usage_chunk(kind=req.kind, **common,
-                                        prompt_tokens=accepted["prompt_tokens"],
-                                        completion_tokens=end.get("completion_tokens", 0)))
+        if event.data["status"] != SUCCEEDED:
+            yield sse_event(openai_error(job_error(event.data)))
         break
-    yield sse_event(STREAM_DONE)
+    yield sse_event(DONE)
+
+
+@server_bp.get("/health")
+def health():
+    """vLLM's health check: 200 once this process can serve OpenAI requests (its render layer
+    is built), 503 before (or when it could not be built). Lanes and workers: /healthz.
+    ---
+    get:
+      summary: Health (vLLM's)
+      responses:
+        200: {description: ready}
+        503: {description: vLLM's render layer is starting, or failed to start}
+    """
+    frontend = get_gateway().openai
+    if frontend is not None and frontend.status in ("idle", "starting"):
+        frontend.start()
+    ready = frontend is not None and frontend.status == "ready"
+    return Response(status=200 if ready else 503)
+
+
+@server_bp.get("/version")
+def version():
+    """vLLM's version, as vLLM's server reports it.
+    ---
+    get:
+      summary: vLLM's version
+      responses:
+        200: {description: "{version}", content: {application/json: {schema: {type: object}}}}
+    """
+    return jsonify({"version": _frontend(get_gateway()).version()})
+
+
+@server_bp.post("/tokenize")
+def tokenize():
+    """A prompt or chat as the served model's token ids (vLLM's TokenizeRequest).
+    ---
+    post:
+      summary: Tokenize (vLLM's)
+      requestBody: {required: true, content: {application/json: {schema: {type: object}}}}
+      responses:
+        200: {description: "count, max_model_len, tokens",
+              content: {application/json: {schema: {type: object}}}}
+    """
+    return jsonify(_frontend(get_gateway()).tokenize(json_body()).body)
+
+
+@server_bp.post("/detokenize")
+def detokenize():
+    """Token ids as the served model's text (vLLM's DetokenizeRequest).
+    ---
+    post:
+      summary: Detokenize (vLLM's)
+      requestBody: {required: true, content: {application/json: {schema: {type: object}}}}
+      responses:
+        200: {description: "prompt", content: {application/json: {schema: {type: object}}}}
+    """
+    return jsonify(_frontend(get_gateway()).detokenize(json_body()).body)

@@ -3,8 +3,9 @@
 Each view documents its own operation in the YAML after ``---`` in its docstring
 (apispec's Flask plugin reads it, with the path from the view's URL rule). What
 would otherwise be written twice is generated here from its owner: request
-bodies from the sampling table (``tailguard.sampling.FIELDS``) and the request
-parsers' field lists, the error responses from the exception tree
+bodies from the sampling table (``tailguard.sampling.FIELDS``), the OpenAI ones from what
+tailguard adds to vLLM's own request models (the bodies are vLLM's: its documentation
+describes every field), the error responses from the exception tree
 (``tailguard.errors``: which codes each status carries), the 401 and the bearer
 scheme from the one rule that says which paths need a key (``needs_api_key``).
 """
@@ -20,9 +21,8 @@ from flask import Blueprint, Flask, current_app, jsonify
 from app import needs_api_key
 from app.errors import HTTP_CODES, OPENAI_BLUEPRINTS
 from tailguard.errors import Refused, Unavailable, error_classes
-from tailguard.gateway.openai_protocol import CHAT_ROLES, inert_fields
 from tailguard.lanes.table import PRIORITY_CLASSES
-from tailguard.sampling import FIELDS, MAX_STOP_CHARS, MAX_TOKENS, SamplingField
+from tailguard.sampling import FIELDS, MAX_STOP_CHARS, SamplingField
 
 bp = Blueprint("openapi", __name__)
 
@@ -75,7 +75,7 @@ def build_spec(app: Flask) -> dict[str, Any]:
         "headers": {"X-Tailguard-Lane": {"schema": {"type": "string"}},
                     "X-Tailguard-Estimated-Start-S": {"schema": {"type": "number"}}},
         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Completion"}},
-                    "text/event-stream": {"schema": {"type": "string"}}}})
+                    "text/event-stream": {"schema": {"$ref": "#/components/schemas/SSEEvent"}}}})
     with app.test_request_context():
         for rule in sorted(app.url_map.iter_rules(), key=lambda r: r.rule):
             if rule.endpoint == "static":
@@ -148,28 +148,26 @@ def _sampling(api: str) -> dict[str, Any]:
 
 
 _PROMPT = {"type": "string", "minLength": 1}
+_VLLM_BODY = ("vLLM's {model} (vllm/entrypoints/openai/): every field it takes, as vLLM's "
+              "server takes it; unknown fields are ignored; docs/api.md lists the few refused")
 _PRIORITY = {"type": "string", "enum": list(PRIORITY_CLASSES)}
 _NULLABLE_STR = {"type": "string", "nullable": True}
 _NULLABLE_INT = {"type": "integer", "nullable": True}
 
 
 def _schemas() -> dict[str, dict[str, Any]]:
+    # vLLM's request models, with what tailguard adds: the rest is vLLM's (any field it
+    # takes means what it means there; unknown fields are ignored, as vLLM ignores them)
     openai_common = {
-        "model": {"type": "string", "description": "one of GET /v1/models' ids"},
-        "priority": {**_PRIORITY, "nullable": True}, **_sampling("openai"),
+        "model": {"type": "string", "nullable": True,
+                  "description": "one of GET /v1/models' ids (omitted: the served model)"},
+        "priority": {"nullable": True, "oneOf": [_PRIORITY, {"type": "integer"}],
+                     "description": "tailguard's class (interactive, batch: the lanes it may "
+                                    "take), or vLLM's integer priority"},
         "stream": {"type": "boolean", "nullable": True},
-        "stream_options": {"type": "object", "nullable": True,
-                           "properties": {"include_usage": {"type": "boolean", "nullable": True}}},
-        "n": {"type": "integer", "enum": [1], "nullable": True},
+        "max_tokens": {"type": "integer", "minimum": 1, "nullable": True,
+                       "description": "omitted: vLLM's default within the lane's cap"},
     }
-    inert = {kind: {name: {"description": "accepted with its default value only, and ignored"}
-                    for name in inert_fields(kind)} for kind in ("completion", "chat")}
-    message = {"type": "object", "required": ["role", "content"], "properties": {
-        "role": {"type": "string", "enum": list(CHAT_ROLES)},
-        "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": {
-            "type": "object", "required": ["type", "text"],
-            "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}}}]},
-        "name": _NULLABLE_STR, "tool_call_id": _NULLABLE_STR}}
     job_fields = {"id": {"type": "string"}, "status": {"type": "string"}, "lane": _NULLABLE_STR,
                   "priority": _NULLABLE_STR, "prompt_tokens": _NULLABLE_INT,
                   "requested_max_tokens": _NULLABLE_INT, "max_tokens": _NULLABLE_INT,
@@ -177,6 +175,11 @@ def _schemas() -> dict[str, dict[str, Any]]:
     usage = {"type": "object", "properties": {k: {"type": "integer"} for k in (
         "prompt_tokens", "completion_tokens", "total_tokens")}}
     return {
+        "SSEEvent": {"type": "object", "required": ["data"],
+                     "description": "one server-sent event: its data line(s), and its type and id "
+                                    "where the route sends them",
+                     "properties": {"data": {"type": "string"}, "event": {"type": "string"},
+                                    "id": {"type": "string"}}},
         "NativeError": {"type": "object", "required": ["error"], "properties": {"error": {
             "type": "object", "required": ["code", "message"], "additionalProperties": False,
             "properties": {"code": {"type": "string"}, "message": {"type": "string"},
@@ -189,19 +192,29 @@ def _schemas() -> dict[str, dict[str, Any]]:
         "JobRequest": {"type": "object", "required": ["prompt"], "additionalProperties": False,
                        "properties": {"prompt": _PROMPT, "priority": _PRIORITY, **_sampling("native")}},
         "CompletionRequest": {
-            "type": "object", "required": ["model", "prompt"], "additionalProperties": False,
-            "properties": {**openai_common, **inert["completion"], "prompt": {"oneOf": [
-                _PROMPT, {"type": "array", "items": _PROMPT, "minItems": 1, "maxItems": 1}]}}},
+            "type": "object", "required": ["prompt"],
+            "description": _VLLM_BODY.format(model="CompletionRequest"),
+            "properties": {**openai_common, "prompt": {"oneOf": [
+                _PROMPT, {"type": "array", "items": {"type": "integer", "minimum": 0},
+                          "minItems": 1},
+                {"type": "array", "items": _PROMPT, "minItems": 1, "maxItems": 1}]}}},
         "ChatRequest": {
-            "type": "object", "required": ["model", "messages"], "additionalProperties": False,
-            "properties": {**openai_common, **inert["chat"],
-                           "messages": {"type": "array", "items": message, "minItems": 1},
-                           "max_completion_tokens": sampling_schema(MAX_TOKENS)}},
+            "type": "object", "required": ["messages"],
+            "description": _VLLM_BODY.format(model="ChatCompletionRequest"),
+            "properties": {**openai_common,
+                           "messages": {"type": "array", "minItems": 1, "items": {
+                               "type": "object", "required": ["role"],
+                               "properties": {"role": {"type": "string"}}}},
+                           "max_completion_tokens": {"type": "integer", "minimum": 1,
+                                                     "nullable": True}}},
         "Accepted": {"type": "object", "required": [*job_fields, "cost", "estimated_start_s"],
                      "properties": {**job_fields, "cost": {"type": "integer"},
                                     "estimated_start_s": {"type": "number"}}},
         "Job": {"type": "object", "required": [*job_fields, "result", "error", "timing"],
-                "properties": {**job_fields, "result": {"type": "object", "nullable": True},
+                "properties": {**job_fields, "result": {
+                    "type": "object", "nullable": True,
+                    "description": "text, completion_tokens, finish_reason; text is null, with "
+                                   "text_expired, once TAILGUARD_OUTPUT_TTL_S has passed"},
                                "error": {"type": "object", "nullable": True},
                                "worker": _NULLABLE_STR, "timing": {"type": "object"}}},
         "Completion": {"type": "object", "required": ["id", "object", "choices", "usage"],
@@ -218,7 +231,9 @@ def _schemas() -> dict[str, dict[str, Any]]:
             "status": {"type": "string", "enum": ["ok", "degraded"]},
             "redis": {"type": "string"},
             "workers_per_lane": {"type": "object", "additionalProperties": {"type": "integer"}},
-            "lanes_without_worker": {"type": "array", "items": {"type": "string"}}}},
+            "lanes_without_worker": {"type": "array", "items": {"type": "string"}},
+            "storage": {"type": "object", "description": "Redis memory against its high-water "
+                        "mark; full: submits answer 503 storage_full"}}},
     }
 
 

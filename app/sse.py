@@ -34,6 +34,8 @@ def sse_event(data: Any, *, event: str | None = None, id: str | None = None) -> 
 
 
 HEARTBEAT = b": keep-alive\n\n"
+#: The payload of the last event of an OpenAI stream.
+DONE = "[DONE]"
 
 
 def sse_response(chunks: Iterable[bytes], on_disconnect: Callable[[], None] | None = None,

@@ -31,10 +31,11 @@ one place (``app/errors.py``); workers map them to a terminal job state.
     │   └── StorageFull                 storage_full           503  Redis past its high-water mark
     ├── ResultTimeout                   timeout                504  a waiting call gave up; the job goes on
     ├── EngineError                     engine_error           500  one request failed; job -> failed
-    │   └── EngineDeadError             engine_dead            500  the engine is gone; the worker restarts it
+    │   ├── EngineDeadError             engine_dead            500  the engine is gone; the worker restarts it
+    │   └── EngineRefused               engine_refused         400  vLLM's serving layer refused it
     └── JobError                        job_error              500  why a job ended without a result:
         ├── JobExpired                  expired                503  waited in its queue past queue_ttl_s
-        ├── JobCancelled                cancelled              409  DELETE, or the client went away
+        ├── JobCancelled                cancelled              400  DELETE, or the client went away
         ├── WorkerLost                  worker_lost            500  its worker stopped heart-beating
         ├── PoisonRequest               poison_request         422  in flight during two engine deaths
         ├── InternalJobError            internal_error         500  a bug in the task (the root's code too)
@@ -46,7 +47,9 @@ by the caller (fix the request, retry after ``Retry-After``, retry later);
 ``EngineDeadError`` is fatal for the
 engine that raised it (the worker restarts its engine). ``PoisonRequest`` is a
 4xx on purpose: clients (the openai library among them) retry 5xx answers on
-their own, and a request that took two engines down must not be sent again.
+their own, and a request that took two engines down must not be sent again. So is
+``JobCancelled`` (400, what vLLM answers an aborted request): a client waiting for a job
+someone cancelled must not send it again either (the SDKs retry 409 too).
 
 A job that ends without a result keeps ``{"code", "message"}`` of one of the
 classes from ``EngineError`` down in its record (``to_dict``); ``error_class``
@@ -232,6 +235,15 @@ class EngineDeadError(EngineError):
     code = "engine_dead"
 
 
+class EngineRefused(EngineError):
+    """vLLM's OpenAI serving layer on the worker refused the request (e.g. a grammar that does
+    not compile), with vLLM's message and param: a 400, since the same request fails again
+    however often it is sent (the API's own render refuses nearly everything before queueing)."""
+
+    code = "engine_refused"
+    http_status = 400
+
+
 class JobError(TailguardError):
     """Why a job ended without a result: the code is recorded in the job record."""
 
@@ -247,7 +259,7 @@ class JobExpired(JobError):
 
 class JobCancelled(JobError):
     code = "cancelled"
-    http_status = 409
+    http_status = 400
 
 
 class WorkerLost(JobError):

@@ -8,6 +8,7 @@ so tests and ``tailguard up`` can set the environment before anything reads it.
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +113,11 @@ VLLM_METRICS = Setting(
     "Workers keep vLLM's own stat loggers: its vllm:* metrics on each worker's /metrics and its "
     "throughput log lines. Off (as vLLM's --disable-log-stats) saves their work on every engine "
     "step; tailguard's own worker metrics stay.")
+OPENAI_ARGS = Setting(
+    "TAILGUARD_OPENAI_ARGS", (), lambda raw: tuple(shlex.split(raw)),
+    "vLLM's OpenAI frontend options, as `vllm serve` takes them (e.g. --enable-auto-tool-choice "
+    "--tool-call-parser hermes, --reasoning-parser, --chat-template), for the API and every "
+    "worker; engine options go in the lanes file's engine tables, the model in TAILGUARD_MODEL.")
 HOST = Setting(
     "TAILGUARD_HOST", "127.0.0.1", str,
     "Address the API and Flower bind (`tailguard up --host`, as vLLM's --host). Beyond loopback "

@@ -1,11 +1,13 @@
 """The generation task: one per lane (`tailguard.generate.<lane>`), all the same body.
 
 A task name per lane makes Celery's per-task `rate_limit` (and Flower's task
-view) per lane. The body adapts Celery to tailguard/worker/runner.py, which owns the
-job's lifecycle: a job that ended elsewhere (cancelled, expired, a redelivered
-duplicate) ends the task with `Ignore`, so Celery never overwrites what the job
-record says; a job whose worker gave up on its engine before the job started goes
-back to its lane's queue (`Reject(requeue=True)`) for another worker.
+view) per lane. An OpenAI request's job also carries `openai` (its endpoint and the
+client's body, run through vLLM's own serving layer). The body adapts Celery to
+tailguard/worker/runner.py, which owns the job's lifecycle: a job that ended elsewhere
+(cancelled, expired, a redelivered duplicate) ends the task with `Ignore`, so Celery
+never overwrites what the job record says; a job whose worker gave up on its engine
+before the job started goes back to its lane's queue (`Reject(requeue=True)`) for
+another worker.
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ def _register(lane_name: str) -> None:
     @app.task(name=f"tailguard.generate.{lane_name}", bind=True, acks_late=True)
     def generate(self: Task, job_id: str, prompt: str, max_tokens: int,
                  sampling: dict[str, Any], deadline_s: float,
-                 add_special_tokens: bool = True) -> dict[str, Any]:
+                 add_special_tokens: bool = True,
+                 openai: dict[str, Any] | None = None) -> dict[str, Any]:
         runtime = WorkerRuntime.of(self.app)
         try:
             body = runtime.runner.run(GenerationJob(job_id, prompt, max_tokens, sampling,
-                                                    deadline_s, add_special_tokens))
+                                                    deadline_s, add_special_tokens, openai))
         except JobSkipped:
             raise Ignore() from None
         except NoEngine:

@@ -6,11 +6,12 @@ loop with ``call_soon``), so neither side ever runs the other's code. User
 callbacks run on the caller's thread, never on the loop: they may do blocking
 I/O (Redis), and the loop serves every request of the process.
 
-Text is handed over in batches: the first delta wakes the caller at once (time to
+Output is handed over in batches: the first piece wakes the caller at once (time to
 first token), later ones collect until the caller's next tick (every
 ``CANCEL_POLL_S``, the pace at which a job's stream is written anyway). Waking a
 thread per token cost the front end a thread switch per token and request, on the
-core the API and Redis share (docs/cpu-hosts.md, "Where the front end runs").
+core the API and Redis share (docs/cpu-hosts.md, "Where the front end runs"). A piece
+is a text delta (``generate``) or one of vLLM's SSE payloads (an OpenAI request).
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from tailguard.engine.loop import LoopThread
 from tailguard.errors import EngineDeadError
+from tailguard.loop_thread import LoopThread
 
 T = TypeVar("T")
 
@@ -49,29 +50,29 @@ class Call:
         # Set only on the loop; it binds to the loop on first use, not here.
         self.cancel = asyncio.Event()
         self.cancel_reason: str | None = None  # "cancelled" | "shutdown"
-        self._text: list[str] = []  # deltas the caller has not taken yet
-        self._text_lock = threading.Lock()
-        self._woken_for_text = False  # the first delta woke the caller; later ones wait
+        self._pending: list[str] = []  # pieces of output the caller has not taken yet
+        self._pending_lock = threading.Lock()
+        self._woken = False  # the first piece woke the caller; later ones wait
 
     # --- loop side ---------------------------------------------------------------------
 
     def first_token(self) -> None:
         self.events.put((Call.FIRST, None))
 
-    def delta(self, text: str) -> None:
+    def delta(self, piece: str) -> None:
+        """One piece of output: a text delta, or an SSE payload."""
         if not self.want_deltas:
             return
-        with self._text_lock:
-            self._text.append(text)
-            wake, self._woken_for_text = not self._woken_for_text, True
+        with self._pending_lock:
+            self._pending.append(piece)
+            wake, self._woken = not self._woken, True
         if wake:
             self.events.put((Call.DELTA, None))
 
-    def _take_text(self) -> str:
-        with self._text_lock:
-            text = "".join(self._text)
-            self._text.clear()
-        return text
+    def _take(self) -> list[str]:
+        with self._pending_lock:
+            pieces, self._pending = self._pending, []
+        return pieces
 
     # --- caller side -------------------------------------------------------------------
 
@@ -86,11 +87,13 @@ class Call:
     def wait(self, future: concurrent.futures.Future[T], deadline_s: float | None,
              on_first_token: Callable[[], None] | None = None,
              should_cancel: Callable[[], bool] | None = None,
-             on_delta: Callable[[str], None] | None = None) -> T:
+             on_delta: Callable[[str], None] | None = None,
+             on_pieces: Callable[[list[str]], None] | None = None) -> T:
         """Block this thread until the request's coroutine (`future`) ends; return its result.
 
         Runs the callbacks as events arrive (``on_delta`` with all the text that came since
-        its last call: the module docstring) and polls ``should_cancel`` every
+        its last call, joined; ``on_pieces`` with the pieces themselves, in order: the module
+        docstring) and polls ``should_cancel`` every
         CANCEL_POLL_S. If a callback raises, this thread is torn down, or the loop has
         not ended the request LOOP_GRACE_S past its deadline (EngineDeadError), the
         request is aborted before the exception reaches the caller.
@@ -100,7 +103,7 @@ class Call:
         next_poll = time.monotonic() + CANCEL_POLL_S
         try:
             while True:
-                ticking = should_cancel is not None or on_delta is not None
+                ticking = should_cancel is not None or on_delta is not None or on_pieces is not None
                 timeout = CANCEL_POLL_S if ticking else None
                 if wait_until is not None:
                     left = max(0.0, wait_until - time.monotonic())
@@ -111,8 +114,11 @@ class Call:
                     kind = ""
                 if kind == Call.FIRST and on_first_token is not None:
                     on_first_token()
-                if on_delta is not None and (text := self._take_text()):
-                    on_delta(text)
+                if (on_delta is not None or on_pieces is not None) and (pieces := self._take()):
+                    if on_pieces is not None:
+                        on_pieces(pieces)
+                    else:
+                        on_delta("".join(pieces))
                 if kind == Call.DONE:
                     break
                 now = time.monotonic()

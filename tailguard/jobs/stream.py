@@ -5,15 +5,20 @@ pub/sub is lossy, while a stream keeps every delta in order with an id, so a
 client can resume from the last id it saw (SSE Last-Event-ID) and miss nothing.
 
 Entries: ``type=delta data={"text": ...}`` any number of times, then exactly one
-``type=end`` (written by JobStore.transition with the terminal state). A follower
-may also get one ``type=error`` event that is not in the stream: why following
-stopped before the end (Redis down too long, the job's record gone); the job
-itself is untouched and the client can resume from the last id it saw.
+``type=end`` (written by JobStore.transition with the terminal state). An OpenAI job
+(tailguard/engine/serving.py) writes vLLM's own output instead of deltas: a streamed one
+``type=chunk data={"data": [<payload>, ...]}`` (vLLM's SSE ``data:`` payloads, JSON strings,
+in order, as many per entry as its writer batched; no ``[DONE]``: the API adds it after the
+end event), a non-streamed one a single ``type=response data={"body": <vLLM's response
+JSON>}``; then the same end event. A follower may also get one ``type=error`` event that is
+not in the stream: why following stopped before the end (Redis down too long, the job's
+record gone); the job itself is untouched and the client can resume from the last id it saw.
 
-The stream is the one copy of a job's text: the record keeps how the job ended, not
-what it said (``output_text`` joins the deltas for a reader of the whole result), and
-the stream outlives the job's end by the output's TTL, the record by the record's
-(tailguard/jobs/store.py).
+The stream is the one copy of a job's output: the record keeps how the job ended, not
+what it said (``output_text`` reads the text back for a reader of the whole result: the
+deltas joined, or choice 0's text of an OpenAI job's chunks or response; ``response_body``
+an OpenAI job's response), and the stream outlives the job's end by the output's TTL, the
+record by the record's (tailguard/jobs/store.py).
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from tailguard.redis.client import out_of_memory
 
 log = logging.getLogger("tailguard.stream")
 
+#: the entry types a worker writes (the end event is JobStore.transition's)
+DELTA, CHUNK, RESPONSE = "delta", "chunk", "response"
 #: How long a follower rides out a Redis outage (retrying, resuming from its last id) before
 #: it ends the stream with an error event; and a worker, before it gives up writing a job's text.
 OUTAGE_S = 30.0
@@ -48,10 +55,15 @@ def flush_interval(running: int, base_s: float, writes_per_s: float) -> float:
 
 
 class DeltaWriter:
-    """Batches a job's text deltas into stream entries; used on one worker thread.
+    """Batches a job's text deltas (`add`), or an OpenAI job's chunk payloads (`add_chunks`),
+    into stream entries; used on one worker thread. A job writes one kind or the other.
 
-    The first delta is written at once (time to first token is not held back);
-    later ones at most every `flush_s`, plus whatever is left at `close`.
+    The first delta is written at once (time to first token is not held back), and so
+    is the batch after `write_next_at_once` (an OpenAI job's first chunk with text, after
+    its role chunk); later ones at most every `flush_s`, plus whatever is left at `close`.
+    The batching counts entries, never payloads: a job's entries per second, and with them
+    the process's write budget (`flush_interval`), are the same for both kinds.
+    A non-streamed OpenAI job's response is one entry of its own (`write_response`).
 
     Redis may stall or restart while the engine generates. A failed write keeps its
     text pending for the next flush (the engine does not wait for Redis), and `close`
@@ -75,12 +87,34 @@ class DeltaWriter:
         self.ttl_s = ttl_s
         self.outage_s = outage_s
         self._pending: list[str] = []
+        self._kind = DELTA  # what _pending holds: text pieces, or chunk payloads
         self._last_flush: float | None = None
         self._error: redis.RedisError | None = None
         self.entries = 0
 
     def add(self, text: str) -> None:
-        self._pending.append(text)
+        self._take(DELTA, [text])
+
+    def add_chunks(self, payloads: list[str]) -> None:
+        """vLLM's SSE payloads, in order: batched into ``chunk`` entries as text is."""
+        self._take(CHUNK, payloads)
+
+    def write_next_at_once(self) -> None:
+        """Write the next batch at once, whenever the last one was written."""
+        self._last_flush = None
+
+    def write_response(self, body: str) -> None:
+        """A non-streamed OpenAI job's response, as one ``response`` entry after anything
+        pending; retried through an outage of up to `outage_s` like `close`."""
+        self.close()
+        self._pending, self._kind = [body], RESPONSE
+        self.close()
+
+    def _take(self, kind: str, items: list[str]) -> None:
+        if self._pending and kind != self._kind:
+            raise ValueError(f"a job's stream takes {self._kind} or {kind} entries, not both")
+        self._kind = kind
+        self._pending.extend(items)
         if self._last_flush is None or time.monotonic() - self._last_flush >= self.flush_s:
             self.flush()
 
@@ -93,28 +127,26 @@ class DeltaWriter:
         """Write what is pending as one entry; False if Redis failed (the text stays pending)."""
         if not self._pending:
             return True
-        text = "".join(self._pending)
         self._last_flush = time.monotonic()
         try:
-            self._write(text)
+            self._write(self._kind, self._pending)
         except redis.ResponseError as exc:
             if out_of_memory(exc):  # Redis is full: room comes back as finished jobs expire
-                return self._keep_pending(text, exc)
+                return self._keep_pending(exc)
             if "equal or smaller" not in str(exc):
                 raise
             # Landed before its reply was lost, or the stream already ended: nothing to add.
         except redis.RedisError as exc:
-            return self._keep_pending(text, exc)
+            return self._keep_pending(exc)
         self._pending, self._error = [], None
         self.entries += 1
         return True
 
-    def _keep_pending(self, text: str, exc: redis.RedisError) -> bool:
+    def _keep_pending(self, exc: redis.RedisError) -> bool:
         if self._error is None:
-            log.warning("stream %s: Redis write failed (%s); the text stays pending and "
+            log.warning("stream %s: Redis write failed (%s); the output stays pending and "
                         "is written once Redis answers", self.key, exc)
         self._error = exc
-        self._pending = [text]
         return False
 
     def close(self) -> None:
@@ -126,16 +158,23 @@ class DeltaWriter:
                 raise self._error
             time.sleep(0.5)
 
-    def _write(self, text: str) -> None:
+    def _write(self, kind: str, items: list[str]) -> None:
+        data = ({"text": "".join(items)} if kind == DELTA else {"data": items} if kind == CHUNK
+                else {"body": items[0]})
         self._append([self.key], client=self.client, id=f"0-{self.entries + 1}", maxlen=self.maxlen,
-                     ttl_s=self.ttl_s, data=json.dumps({"text": text}, ensure_ascii=False))
+                     ttl_s=self.ttl_s, type=kind, data=json.dumps(data, ensure_ascii=False))
 
 
 @dataclass(frozen=True)
 class StreamEvent:
     id: str          # the stream entry id: the SSE id a client resumes from
-    type: str        # "delta" | "end" | "error" (not in the stream; id: the last one read)
-    data: dict[str, Any]
+    type: str        # "delta" | "chunk" | "response" | "end" | "error" (not in the stream;
+    data: dict[str, Any]  # id: the last one read)
+
+    @property
+    def payloads(self) -> list[str]:
+        """A ``chunk`` event's SSE payloads, in order (none for any other event)."""
+        return list(self.data.get("data") or ()) if self.type == CHUNK else []
 
 
 @dataclass(frozen=True)
@@ -154,14 +193,44 @@ _FIRST_DELTA_ID = "0-1"
 
 
 def output_text(client: redis.Redis, job_id: str) -> Output:
-    """The text of a job that has ended (its stream holds its end event), its deltas joined."""
+    """The text of a job that has ended (its stream holds its end event): its deltas joined,
+    or an OpenAI job's choice 0's text, from its chunks or its response (`choice0_text`)."""
     entries = client.xrange(keys.job_stream_key(job_id))
     if not entries:
         return Output(None, expired=True)
-    deltas = [(_text(entry_id), fields) for entry_id, fields in entries
-              if _text(fields.get(b"type", fields.get("type", b"delta"))) == "delta"]
-    text = "".join(json.loads(fields.get(b"data", fields.get("data")))["text"] for _, fields in deltas)
-    return Output(text, truncated=bool(deltas) and deltas[0][0] != _FIRST_DELTA_ID)
+    written = [(_text(entry_id), _text(fields.get(b"type", fields.get("type", b"delta"))),
+                json.loads(fields.get(b"data", fields.get("data")))) for entry_id, fields in entries]
+    written = [entry for entry in written if entry[1] in (DELTA, CHUNK, RESPONSE)]
+    truncated = bool(written) and written[0][0] != _FIRST_DELTA_ID
+    if any(kind != DELTA for _, kind, _ in written):
+        return Output(choice0_text(
+            [p for _, kind, data in written if kind == CHUNK for p in data["data"]],
+            next((data["body"] for _, kind, data in written if kind == RESPONSE), None)),
+            truncated=truncated)
+    return Output("".join(data["text"] for _, _, data in written), truncated=truncated)
+
+
+def choice0_text(payloads: list[str], response: str | None = None) -> str:
+    """Choice 0's text of an OpenAI job: of its `response` body when it has one, else of its
+    chunk `payloads` joined (a chat's ``delta.content``, a completion's ``text``)."""
+    if response is not None:
+        choices = json.loads(response).get("choices") or []
+        first = next((c for c in choices if c.get("index", 0) == 0), {})
+        return (first.get("message") or {}).get("content") or first.get("text") or ""
+    parts = []
+    for payload in payloads:
+        for choice in json.loads(payload).get("choices") or ():
+            if choice.get("index", 0) == 0:
+                parts.append((choice.get("delta") or {}).get("content") or choice.get("text") or "")
+    return "".join(parts)
+
+
+def response_body(client: redis.Redis, job_id: str) -> str | None:
+    """A non-streamed OpenAI job's response body (vLLM's JSON), once written; else None."""
+    for _, fields in client.xrange(keys.job_stream_key(job_id)):
+        if _text(fields.get(b"type", fields.get("type", b""))) == RESPONSE:
+            return json.loads(fields.get(b"data", fields.get("data")))["body"]
+    return None
 
 
 def with_output(client: redis.Redis, job_id: str, job: dict[str, Any]) -> dict[str, Any]:

@@ -37,13 +37,17 @@ PRIVATE_KWARGS = ("prompt",)
 
 def kwargs_repr(kwargs: dict[str, Any]) -> str:
     """The preview of a task's arguments that Celery puts in the message (``kwargsrepr``) and that
-    Flower, worker logs and ``inspect`` show: the prompt's length and the stop strings' count,
-    never their text (Celery's default previews the first 1 KB of the prompt)."""
+    Flower, worker logs and ``inspect`` show: the prompt's length, the stop strings' count and
+    an OpenAI request's size, never their text (Celery's default previews the first 1 KB of
+    the prompt)."""
     shown = {k: f"<{len(v)} characters>" if k in PRIVATE_KWARGS and isinstance(v, str) else v
              for k, v in kwargs.items()}
     sampling = shown.get("sampling")
     if isinstance(sampling, dict) and sampling.get("stop"):
         shown["sampling"] = {**sampling, "stop": f"<{len(sampling['stop'])} strings>"}
+    openai = shown.get("openai")
+    if isinstance(openai, dict) and "request" in openai:  # the client's body: its size only
+        shown["openai"] = {**openai, "request": f"<{len(dumps(openai['request']))} characters>"}
     return repr(shown)
 
 

@@ -3,6 +3,6 @@
 Owns what the model's files say (``info``), which model a deployment serves
 (``served``) and how a Hugging Face id becomes local files (``hub``), the default model
 (``bundled``, converted from GGUF by ``convert``), the demo models (``demo``), prompt
-token counting (``tokens``) and chat templates (``chat``).
+token counting for the native API (``tokens``).
 May import: ``errors``, ``settings``.
 """

@@ -39,6 +39,14 @@ _TPOT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.
                  1.0, 2.5, 5.0, 10.0)
 _TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000)
 
+#: distinct `field` labels of tailguard_openai_ignored_fields_total per process: the names come
+#: from clients, so past these they count under UNLISTED_FIELD (a scrape stays bounded)
+MAX_IGNORED_FIELD_LABELS = 64
+UNLISTED_FIELD = "_unlisted"
+#: the form of a field name that gets a label of its own (others count as "other")
+_FIELD_LABEL_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_")
+_MAX_FIELD_LABEL_LEN = 40
+
 # Redis priority sub-queues kombu creates for a queue (priority_steps [0, 3, 6, 9]).
 _PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")
 
@@ -157,6 +165,12 @@ class GatewayMetrics:
                               "Submissions by API key (its name, or the first 12 hex digits of its "
                               "sha256): accepted, or the refusal's code", ["key", "result"],
                               registry=r)
+        self.openai_ignored = Counter(
+            metric_name("openai_ignored_fields"), "Unknown fields in OpenAI request bodies, "
+            "ignored as vLLM ignores them, by endpoint and field name (names past the first "
+            f"{MAX_IGNORED_FIELD_LABELS}, and odd ones, as {UNLISTED_FIELD})", ["endpoint", "field"],
+            registry=r)
+        self._ignored_labels: set[str] = set()
         for lane in lanes:  # so every lane shows up (as 0) before its first request
             self.accepted.labels(lane)
             self.capped.labels(lane)
@@ -191,6 +205,20 @@ class GatewayMetrics:
             self.capped.labels(lane).inc()
         if key is not None:
             self.by_key.labels(key, "accepted").inc()
+
+    def on_ignored_fields(self, endpoint: str, fields: Iterable[str]) -> None:
+        """Unknown fields a client sent to an OpenAI endpoint (`endpoint`: chat, completion)."""
+        for name in fields:
+            self.openai_ignored.labels(endpoint, self._ignored_label(name)).inc()
+
+    def _ignored_label(self, name: str) -> str:
+        if name in self._ignored_labels:
+            return name
+        if (len(self._ignored_labels) >= MAX_IGNORED_FIELD_LABELS or not name
+                or len(name) > _MAX_FIELD_LABEL_LEN or not set(name) <= _FIELD_LABEL_CHARS):
+            return UNLISTED_FIELD
+        self._ignored_labels.add(name)
+        return name
 
     def on_refused(self, lane: str | None, code: str, key: str | None = None) -> None:
         """A refusal at admission (per lane) or by the key's own limits (per key only; `lane`

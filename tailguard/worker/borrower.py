@@ -11,11 +11,13 @@ own thread, at vLLM priority ``BORROWED_PRIORITY``: in the engine's waiting queu
 worker's own requests (priority 0) come first.
 
 When its own lanes need the slots back (free slots below ``borrow_headroom`` with own
-work arriving), it **reclaims**: the youngest borrowed jobs are aborted in the engine
-and go back to ``queued`` with the text so far (tailguard/worker/runner.py), and a fresh
-message for each is published to its lane's queue (a fresh one, not the old one put
+work arriving), it **reclaims**: the youngest reclaimable borrowed jobs are aborted in the
+engine and go back to ``queued`` with the text so far (tailguard/worker/runner.py), and a
+fresh message for each is published to its lane's queue (a fresh one, not the old one put
 back: the old one's Celery ``expires`` may have passed by now). The client's stream
-pauses, then continues where it stopped, from whichever worker takes the job next.
+pauses, then continues where it stopped, from whichever worker takes the job next. A
+streamed OpenAI job is not reclaimable (vLLM's stream cannot continue elsewhere): it
+keeps its slot to its end; a non-streamed one goes back to run again from scratch.
 
 Why not Celery's ``add_consumer``: a Celery consumer prefetches up to the worker's
 concurrency and a prefetched message cannot be taken back (celery#2564), which is
@@ -73,6 +75,9 @@ class Prioritized:
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         return self.host.generate(*args, priority=self.priority, **kwargs)
 
+    def openai(self, *args: Any, **kwargs: Any) -> Any:
+        return self.host.openai(*args, priority=self.priority, **kwargs)
+
 
 class Borrower:
     """Takes jobs from the lanes `policy` names while `own_queues` are idle (see the module
@@ -90,8 +95,8 @@ class Borrower:
         self.period_s = period_s
         self._lock = threading.Lock()  # the kombu channel, the stats and the jobs below
         self._stats = BorrowStats()
-        #: borrowed jobs on the engine: id -> (when taken, set to reclaim it)
-        self._jobs: dict[str, tuple[float, threading.Event]] = {}
+        #: borrowed jobs on the engine: id -> (when taken, set to reclaim it, reclaimable)
+        self._jobs: dict[str, tuple[float, threading.Event, bool]] = {}
         self._conn: Any = None
 
     def stats(self) -> BorrowStats:
@@ -143,7 +148,7 @@ class Borrower:
                 message.ack()
                 return None
             reclaim = threading.Event()
-            self._jobs[job.job_id] = (time.monotonic(), reclaim)
+            self._jobs[job.job_id] = (time.monotonic(), reclaim, job.reclaimable)
             self._stats.borrowed[lane] += 1
             self._stats.running += 1
         threading.Thread(target=self._run, args=(lane, job, message, reclaim), daemon=True,
@@ -151,14 +156,15 @@ class Borrower:
         return job.job_id
 
     def reclaim(self, load: EngineLoad) -> list[str]:
-        """Tell the youngest borrowed jobs to give their slots back, as many as the policy
-        says with `load`'s own queued work arriving; the ids told."""
+        """Tell the youngest reclaimable borrowed jobs to give their slots back, as many as
+        the policy says with `load`'s own queued work arriving; the ids told."""
         n = reclaim_count(self.policy, load, arriving=load.own_queued)
         if n == 0:
             return []
         with self._lock:
-            live = [(job, at) for job, (at, ev) in self._jobs.items() if not ev.is_set()]
-            told = len(self._jobs) - len(live)  # still giving back: count them as gone
+            live = [(job, at) for job, (at, ev, ok) in self._jobs.items()
+                    if ok and not ev.is_set()]
+            told = sum(ev.is_set() for _, ev, _ in self._jobs.values())  # still giving back
             chosen = youngest(live, n - told)
             for job in chosen:
                 self._jobs[job][1].set()
@@ -167,12 +173,13 @@ class Borrower:
         return chosen
 
     def give_back(self, timeout_s: float) -> bool:
-        """Reclaim every borrowed job (the worker is stopping: they continue elsewhere rather
-        than fail with its engine) and wait up to `timeout_s` for them to be queued again;
-        True if none is left."""
+        """Reclaim every reclaimable borrowed job (the worker is stopping: they continue
+        elsewhere rather than fail with its engine) and wait up to `timeout_s` for them to be
+        queued again, and for the others to end; True if none is left."""
         with self._lock:
-            for _, reclaim in self._jobs.values():
-                reclaim.set()
+            for _, reclaim, reclaimable in self._jobs.values():
+                if reclaimable:
+                    reclaim.set()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with self._lock:

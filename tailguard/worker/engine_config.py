@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from tailguard import settings
 from tailguard.lanes.engine_options import check_against
 from tailguard.lanes.table import Lane, LaneTable, engine_settings_for
-from tailguard.model.info import model_max_len, serving_dtype
+from tailguard.model.info import model_max_len, served_model_names, serving_dtype
 
 if TYPE_CHECKING:  # vLLM is imported only when an engine starts
     from tailguard.engine.host import EngineConfig
@@ -30,7 +30,9 @@ def engine_config(lanes: list[Lane], borrowed: list[Lane] | None = None,
     """The engine of a worker serving `lanes` (largest batch and context among them) and
     borrowing from `borrowed`: then its context fits their requests too, and it schedules
     by vLLM priority, so its own requests go before borrowed ones. `options` are its vLLM
-    engine arguments from the lanes file (its [[workers]] entry's `engine`, over `[engine]`)."""
+    engine arguments from the lanes file (its [[workers]] entry's `engine`, over `[engine]`).
+    Its OpenAI serving layer answers to the deployment's served model names, with vLLM's
+    frontend options of TAILGUARD_OPENAI_ARGS."""
     from tailguard.engine.host import EngineConfig
 
     model = settings.MODEL.get()
@@ -44,6 +46,9 @@ def engine_config(lanes: list[Lane], borrowed: list[Lane] | None = None,
     return EngineConfig(model=model, max_num_seqs=max_num_seqs, max_model_len=max_len,
                         dtype=serving_dtype(model, settings.DTYPE.get()),
                         log_stats=settings.VLLM_METRICS.get(),
+                        served_model_names=tuple(served_model_names(
+                            model, settings.SERVED_MODEL_NAME.get())),
+                        openai_args=settings.OPENAI_ARGS.get(),
                         extra={**(options or {}),
                                **({"scheduling_policy": "priority"} if borrowed else {})})
 

@@ -34,6 +34,15 @@ A job run by a borrowing worker may be **reclaimed** (tailguard/lanes/borrowing.
 to ``queued`` with its resume point (text and tokens so far, engine time used) in its
 record (``JobReclaimed``). Whoever runs it next continues from prompt + that text for
 the rest of max_tokens and the rest of the deadline, appending to the same stream.
+
+An **OpenAI job** (its message's ``openai``: the endpoint, the client's body as the API
+validated it, whether max_tokens was capped) runs through vLLM's own serving layer on
+the engine (``Engine.openai``: tailguard/engine/serving.py), with the same lifecycle. Its
+stream gets vLLM's chunks (a streamed request) or its response (a non-streamed one) instead
+of deltas; the end event says the same as a native job's, with the engine's prompt tokens.
+"Streamed" above means: its first chunk (the role) reached the stream. It is reclaimable
+only when not streamed (`GenerationJob.reclaimable`), and then runs again from scratch:
+nothing was sent, and the same request (its seed) gives the same response.
 """
 
 from __future__ import annotations
@@ -98,6 +107,15 @@ class GenerationJob:
     sampling: dict[str, Any]
     deadline_s: float
     add_special_tokens: bool = True
+    #: an OpenAI job's {"endpoint", "request", "prompt_tokens", "capped"} (prompt and sampling
+    #: are empty then): the API's task message contract
+    openai: dict[str, Any] | None = None
+
+    @property
+    def reclaimable(self) -> bool:
+        """Whether a borrower may give it back: not a streamed OpenAI job, whose chunks a
+        client may have received already (vLLM's stream cannot be resumed mid-way)."""
+        return self.openai is None or not self.openai.get("request", {}).get("stream")
 
 
 class JobRunner:
@@ -193,23 +211,14 @@ class JobRunner:
     def _fail(self, job_id: str, exc: EngineError, **fields: Any) -> None:
         self.store.transition(job_id, {RUNNING}, FAILED, {"error": exc.to_dict(), **fields})
 
-    def _generate(self, engine: Engine, job: GenerationJob, record: dict[str, Any],
-                  on_first_token: Callable[[], None],
-                  reclaimed: Callable[[], bool]) -> dict[str, Any]:
-        """One run of a running job (`record`: as it was when it started) on `engine`, to its
-        terminal state (see run)."""
-        store, job_id = self.store, job.job_id
-        writer = self.writer_for(job_id)
-        resume = _Resume.of(record)
-        # a continued job appends to its stream after the entries its earlier runs wrote
-        # (the writer's ids are 0-k, so it must not start at 0-1 again)
-        writer.entries = resume.entries
-
+    def _cancel_poll(self, job_id: str, writer: DeltaWriter,
+                     reclaimed: Callable[[], bool]) -> Callable[[], bool]:
+        """The engine's should_cancel for a running job."""
         next_status = time.monotonic() + STATUS_POLL_S
 
         def should_cancel() -> bool:
             # Polled every ~50 ms on this thread while the engine works: a good moment to
-            # write a batch of deltas that is due even if no new token arrived. Any state
+            # write a batch of output that is due even if nothing new arrived. Any state
             # but running (cancelled, reaped, expired record) means nobody wants the rest;
             # a Redis that does not answer says nothing of the kind, so the job goes on.
             nonlocal next_status
@@ -220,9 +229,26 @@ class JobRunner:
                 return False
             next_status = time.monotonic() + STATUS_POLL_S
             try:
-                return store.status(job_id) != RUNNING
+                return self.store.status(job_id) != RUNNING
             except redis.RedisError:
                 return False
+
+        return should_cancel
+
+    def _generate(self, engine: Engine, job: GenerationJob, record: dict[str, Any],
+                  on_first_token: Callable[[], None],
+                  reclaimed: Callable[[], bool]) -> dict[str, Any]:
+        """One run of a running job (`record`: as it was when it started) on `engine`, to its
+        terminal state (see run)."""
+        if job.openai is not None:
+            return self._generate_openai(engine, job, record, on_first_token, reclaimed)
+        store, job_id = self.store, job.job_id
+        writer = self.writer_for(job_id)
+        resume = _Resume.of(record)
+        # a continued job appends to its stream after the entries its earlier runs wrote
+        # (the writer's ids are 0-k, so it must not start at 0-1 again)
+        writer.entries = resume.entries
+        should_cancel = self._cancel_poll(job_id, writer, reclaimed)
 
         try:
             result = engine.generate(
@@ -262,10 +288,70 @@ class JobRunner:
         body = {"text": resume.text + result.text,
                 "completion_tokens": resume.tokens + result.completion_tokens,
                 "finish_reason": result.finish_reason}
+        return self._succeed(job_id, body, result.ttft_s, result.prompt_tokens)
+
+    def _generate_openai(self, engine: Engine, job: GenerationJob, record: dict[str, Any],
+                         on_output: Callable[[], None],
+                         reclaimed: Callable[[], bool]) -> dict[str, Any]:
+        """One run of a running OpenAI job on `engine`, to its terminal state (see run).
+        `on_output` is told when its first chunk reaches the stream."""
+        store, job_id, spec = self.store, job.job_id, job.openai or {}
+        writer = self.writer_for(job_id)
+        if not job.reclaimable:
+            reclaimed = _never
+        written: list[bool] = []
+
+        def on_chunks(payloads: list[str]) -> None:
+            if not written:
+                written.append(True)
+                on_output()
+            writer.add_chunks(payloads)
+
+        try:
+            result = engine.openai(
+                job_id, spec.get("endpoint", ""), spec.get("request") or {},
+                deadline_s=job.deadline_s,
+                extra={"lane": record.get("lane"), "max_tokens": job.max_tokens,
+                       "max_tokens_capped": bool(spec.get("capped"))},
+                on_first_token=writer.write_next_at_once,
+                should_cancel=self._cancel_poll(job_id, writer, reclaimed), on_chunks=on_chunks)
+            writer.close()  # the chunks must be in the stream before the end event
+            if result.response is not None and not (
+                    result.finish_reason == "cancelled" and reclaimed()):
+                writer.write_response(result.response)
+        except EngineDeadError:
+            writer.flush()
+            raise  # run() decides: run again, engine_dead or poison_request
+        except EngineError as exc:
+            self._fail(job_id, exc)
+            raise
+        except Exception:
+            log.exception("job %s failed with an internal error", job_id)
+            self._fail(job_id, InternalJobError(INTERNAL_ERROR_MESSAGE))
+            raise
+        if result.finish_reason == "cancelled" and reclaimed():
+            # nothing of it was sent: it runs again from scratch, wherever it goes
+            moved, state = store.requeue(job_id, {"reclaims": int(record.get("reclaims", 0)) + 1})
+            if not moved:
+                raise JobSkipped(f"job {job_id} is {state}")
+            raise JobReclaimed(job_id, result.prompt_tokens + result.completion_tokens)
+        if result.finish_reason == "cancelled":
+            store.transition(job_id, {RUNNING}, CANCELLED, {
+                "error": JobCancelled("the request was aborted in the engine").to_dict()})
+            raise JobSkipped(f"job {job_id} was aborted in the engine")
+        body = {"completion_tokens": result.completion_tokens,
+                "prompt_tokens": result.prompt_tokens, "finish_reason": result.finish_reason}
+        return self._succeed(job_id, body, result.ttft_s, result.prompt_tokens)
+
+    def _succeed(self, job_id: str, body: dict[str, Any], ttft_s: float | None,
+                 engine_prompt_tokens: int) -> dict[str, Any]:
+        """running -> succeeded with `body` as its result (its text, if any, is the stream's),
+        through a Redis outage; `body` back, or JobSkipped if the job ended meanwhile."""
+        store = self.store
         moved, state = _through_outage(lambda: store.transition(job_id, {RUNNING}, SUCCEEDED, {
             "result": body, "completion_tokens": body["completion_tokens"],
-            "ttft_s": None if result.ttft_s is None else f"{result.ttft_s:.6f}",
-            "engine_prompt_tokens": result.prompt_tokens}))
+            "ttft_s": None if ttft_s is None else f"{ttft_s:.6f}",
+            "engine_prompt_tokens": engine_prompt_tokens}))
         if not moved and state == SUCCEEDED:
             return body  # an earlier try landed; its reply was lost with the connection
         if not moved:
@@ -274,6 +360,10 @@ class JobRunner:
             log.info("job %s finished but is already %s", job_id, state)
             raise JobSkipped(f"job {job_id} is already {state}")
         return body
+
+
+def _never() -> bool:
+    return False
 
 
 def _through_outage(call: Callable[[], Any], outage_s: float = OUTAGE_S) -> Any:

@@ -154,10 +154,13 @@ def long_text(size: int, char: str) -> str:
 def fuzz_fields(model: str):
     """A JSON object of some of the routes' own fields (a model that is served, mostly), each with
     a nasty value or an ordinary one."""
-    from tailguard.gateway.openai_protocol import known_fields
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
     from tailguard.sampling import FIELDS
 
-    names = sorted(known_fields("completion") | known_fields("chat") | {f.name for f in FIELDS})
+    names = sorted({*ChatCompletionRequest.model_fields, *CompletionRequest.model_fields,
+                    *(f.name for f in FIELDS), "priority", "store", "metadata"})
     big = st.builds(long_text, st.sampled_from([1_000, 65_537, 300_000, 1_048_000, 1_100_000]),
                     st.sampled_from(["x", "语"]))
     value = NON_FINITE | HUGE_INTS | LONE | DEEP | PLAIN | big

@@ -179,24 +179,38 @@ def test_redis_down_is_a_503_not_a_500(tiny_model):
         assert resp.get_json()["error"]["code"] == "broker_unavailable"
 
 
-def test_api_never_imports_torch_or_vllm(tiny_model, redis_server):
+def test_the_native_api_needs_no_vllm_and_the_openai_routes_start_no_engine(tiny_model,
+                                                                           redis_server):
+    """The API imports vLLM's frontend for the OpenAI routes only, and never starts an engine:
+    no engine-core or model-runner process, none of vLLM's engine clients even imported."""
+    import json
     import subprocess
     import sys
 
     from conftest import ROOT
 
     code = (
-        "import sys\n"
+        "import json, sys, psutil\n"
         "from app import create_app\n"
         f"c = create_app({{'TAILGUARD_MODEL': {tiny_model!r}, 'TAILGUARD_REDIS_URL': {redis_server!r}, "
-        "'TAILGUARD_ADMIT_WITHOUT_WORKER': True})"
-        ".test_client()\n"
+        "'TAILGUARD_ADMIT_WITHOUT_WORKER': True, 'TAILGUARD_CONSUME_FINISHED': False, "
+        "'TAILGUARD_REAP_RUNNING': False}).test_client()\n"
         "assert c.post('/v1/jobs', json={'prompt': 'hi', 'max_tokens': 1}).status_code == 202\n"
-        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'vllm', 'transformers'}))\n"
+        "native = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'vllm', 'transformers'})\n"
+        "r = c.post('/v1/completions', json={'prompt': 'hi', 'max_tokens': 1, 'stream': True}, "
+        "buffered=False)\n"
+        "assert r.status_code == 200, r.get_data()\n"
+        "r.close()\n"
+        "engines = sorted(m for m in sys.modules if m in ('vllm.v1.engine.async_llm', "
+        "'vllm.v1.engine.core', 'vllm.v1.engine.core_client', 'vllm.v1.engine.llm_engine', "
+        "'vllm.entrypoints.llm', 'vllm.v1.worker.gpu_model_runner', 'vllm.v1.worker.cpu_model_runner'))\n"
+        "print(json.dumps({'native': native, 'vllm': 'vllm' in sys.modules, 'engines': engines, "
+        "'children': [p.name() for p in psutil.Process().children(recursive=True)]}))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout
-    assert out.strip() == "[]"
+    seen = json.loads(out.strip().splitlines()[-1])
+    assert seen == {"native": [], "vllm": True, "engines": [], "children": []}
 
 
 def test_openai_call_whose_job_expires_is_a_503_expired(client, tiny_model):

@@ -1,6 +1,6 @@
 """The API as `tailguard api` serves it (gunicorn gthread, keys mode), with no worker: a client
 that stalls while sending its request is dropped (TAILGUARD_API_READ_TIMEOUT_S) and frees its
-thread; the official openai client sending an impossible field gets a 400 and does not retry
+thread; the official openai client sending a value vLLM refuses gets a 400 and does not retry
 (gunicorn's access log counts the requests the server saw)."""
 
 from __future__ import annotations
@@ -78,10 +78,16 @@ def wait_for(predicate, timeout_s: float = 30) -> bool:
 def test_the_openai_client_gets_a_400_for_an_impossible_field_and_does_not_retry(server, key,
                                                                                   tiny_model):
     url, _, log = server
+    # vLLM's render layer is built in the background from the process's start: /health says
+    # when (a request before waits for it)
+    assert wait_for(lambda: http_status(url + "/health") == 200, 300)
     client = openai.OpenAI(base_url=url + "/v1", api_key=key, timeout=30)  # retries: the default 2
     before = seen(log, "POST /v1/completions")
     cases = [({"seed": 2**64}, "invalid_field"), ({"extra_body": {"top_k": 10**30}}, "invalid_field"),
              ({"extra_body": {"min_tokens": 5000}, "max_tokens": 100_000}, "invalid_field"),
+             ({"temperature": -1}, "invalid_field"), ({"extra_body": {"top_k": -5}}, "invalid_field"),
+             ({"n": 3, "temperature": 0}, "invalid_field"),
+             ({"extra_body": {"guided_json": {"type": "object"}}}, "invalid_field"),
              ({"max_tokens": 600}, "over_key_limit")]  # more than the key's whole 500 tokens/min
     for extra, code in cases:
         with pytest.raises(openai.BadRequestError) as exc:

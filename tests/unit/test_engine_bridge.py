@@ -9,8 +9,8 @@ import threading
 import pytest
 
 from tailguard.engine.bridge import Call
-from tailguard.engine.loop import LoopThread
 from tailguard.engine.stats import HostCounters, HostStats
+from tailguard.loop_thread import LoopThread
 
 
 @pytest.fixture
@@ -76,6 +76,18 @@ def test_a_raising_callback_cancels_the_request_and_propagates(loop):
     with pytest.raises(RuntimeError, match="client gone"):
         call.wait(future, deadline_s=10, on_delta=boom)
     assert future.done() and call.cancel_reason == "cancelled"
+
+
+def test_pieces_come_as_they_were_put_in_order_and_never_joined(loop):
+    # an OpenAI request's SSE payloads: each stays one piece, batched per tick like text
+    call = Call("r9", loop, want_deltas=True)
+    payloads = [f'{{"n":{i}}}' for i in range(100)]
+    batches: list[list[str]] = []
+    result = call.wait(loop.submit(stream(call, payloads, pause_s=0.001)), deadline_s=10,
+                       on_pieces=batches.append)
+    assert result.startswith("done:")
+    assert [p for batch in batches for p in batch] == payloads
+    assert all(batches) and len(batches) < len(payloads)
 
 
 def test_counters_snapshot_is_a_copy_and_tracks_outcomes():

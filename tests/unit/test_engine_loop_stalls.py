@@ -1,21 +1,21 @@
-"""The engine loop's stall watch: a loop kept from running is logged, a punctual one is not."""
+"""The loop thread's stall watch: a loop kept from running is logged, a punctual one is not."""
 
 import logging
 import time
 
-from tailguard.engine import loop as engine_loop
-from tailguard.engine.loop import LoopThread
+from tailguard import loop_thread
+from tailguard.loop_thread import LoopThread
 
 
 def test_a_blocked_loop_is_logged_with_the_cpu_it_used(caplog, monkeypatch):
-    monkeypatch.setattr(engine_loop, "STALL_WARN_S", 0.2)
+    monkeypatch.setattr(loop_thread, "STALL_WARN_S", 0.2)
     loop = LoopThread("test-loop")
     loop.start()
     try:
         loop.watch_stalls()
         time.sleep(0.3)  # punctual so far
         assert loop.stalls == 0
-        with caplog.at_level(logging.WARNING, logger="tailguard.engine"):
+        with caplog.at_level(logging.WARNING, logger="tailguard.loop"):
             # something on the loop that does not yield (what a blocking call would do)
             loop.submit(_block(0.5)).result(5)
             time.sleep(0.3)

@@ -80,7 +80,7 @@ def test_every_job_error_code_round_trips_through_the_record(cls):
 @pytest.mark.parametrize("job,status,code", [
     # what the OpenAI endpoints answered before the tree owned these codes
     ({"status": EXPIRED, "error": {"code": "expired", "message": "m"}}, 503, "expired"),
-    ({"status": CANCELLED, "error": {"code": "cancelled", "message": "m"}}, 409, "cancelled"),
+    ({"status": CANCELLED, "error": {"code": "cancelled", "message": "m"}}, 400, "cancelled"),
     ({"status": FAILED, "error": {"code": "worker_lost", "message": "m"}}, 500, "worker_lost"),
     ({"status": FAILED, "error": {"code": "engine_dead", "message": "m"}}, 500, "engine_dead"),
     # quarantined: a 4xx, so clients that retry 5xx on their own do not send it again
@@ -88,7 +88,8 @@ def test_every_job_error_code_round_trips_through_the_record(cls):
     ({"status": FAILED, "error": {"code": "internal_error", "message": "m"}}, 500, "internal_error"),
     # a record without a known code: its state decides
     ({"status": EXPIRED}, 503, "expired"),
-    ({"status": CANCELLED, "error": None}, 409, "cancelled"),
+    # cancelled: a 400 as vLLM answers an aborted request; the SDKs retry a 409 into a new job
+    ({"status": CANCELLED, "error": None}, 400, "cancelled"),
     ({"status": FAILED, "error": {"message": "m"}}, 500, "engine_error"),
     ({"status": FAILED, "error": {"code": "from_a_newer_worker"}}, 500, "engine_error"),
     # still going when the caller stopped waiting

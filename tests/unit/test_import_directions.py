@@ -2,9 +2,10 @@
 
 Every import in the tree counts, function-level ones included: a lazy import is still a
 dependency. A package may import itself and what ALLOWED lists; the cross-cutting
-modules (errors, settings, sampling) are open to all and import nothing of tailguard's
-but each other. Third-party rules say what a layer must never pull in (the engine
-no Redis or Celery; the API no vLLM or torch; pure policy no I/O client at all).
+modules (errors, settings, sampling, loop_thread, openai_args) are open to all and import
+nothing of tailguard's but each other. Third-party rules say what a layer must never pull in
+(the engine no Redis or Celery; the API no torch, and of vLLM only its frontend, from one
+module; pure policy no I/O client at all).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-CROSS_CUTTING = {"errors", "settings", "sampling"}
+CROSS_CUTTING = {"errors", "settings", "sampling", "loop_thread", "openai_args"}
 
 #: package -> the tailguard packages it may import (besides itself and CROSS_CUTTING)
 ALLOWED: dict[str, set[str]] = {
@@ -39,11 +40,19 @@ FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
     "lanes": {"redis", "celery", "kombu", "flask", "vllm", "torch", "transformers"},
     "engine": {"redis", "celery", "kombu", "flask"},
     "model": {"redis", "celery", "kombu", "flask", "vllm"},  # the demo builder needs torch
-    "gateway": {"celery", "vllm", "torch"},
+    "gateway": {"celery", "torch"},
     "jobs": {"vllm", "torch", "flask"},
     "host": {"celery", "kombu", "flask", "vllm", "torch", "transformers"},
 }
 TOOLS = {"bench", "plan"}
+#: The API's one module that imports vLLM, and the parts of vLLM it may import: its OpenAI
+#: frontend (request models, render layer, argument parser, configs), never an engine
+API_VLLM_MODULE = "tailguard/gateway/openai_frontend.py"
+API_VLLM_PARTS = ("vllm.entrypoints.", "vllm.config", "vllm.engine.arg_utils", "vllm.exceptions",
+                  "vllm.envs", "vllm.utils.argparse_utils", "vllm.version")
+#: vLLM's engine side: what an API process must never import (it would start or drive one)
+VLLM_ENGINE_PARTS = ("vllm.v1.engine", "vllm.v1.worker", "vllm.v1.executor", "vllm.model_executor",
+                     "vllm.engine.async_llm_engine", "vllm.engine.llm_engine", "vllm.entrypoints.llm")
 
 
 def _imports(path: Path) -> set[str]:
@@ -110,6 +119,24 @@ def test_layers_never_import_what_they_must_not():
         for name in _imports(path):
             if name.split(".")[0] in forbidden:
                 wrong.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_api_imports_only_vllms_frontend_and_from_one_module():
+    """The API validates and renders OpenAI requests with vLLM's own frontend, on the CPU: one
+    module of the gateway imports it (the native API never does), and never an engine part."""
+    wrong = []
+    for path in [*FILES, *(ROOT / "app").rglob("*.py")]:
+        rel = str(path.relative_to(ROOT))
+        if not (rel.startswith(("app/", "tailguard/gateway/"))):
+            continue
+        for name in _imports(path):
+            if name.split(".")[0] != "vllm":
+                continue
+            if rel != API_VLLM_MODULE:
+                wrong.append(f"{rel} imports {name} (only {API_VLLM_MODULE} may)")
+            elif not (name + ".").startswith(API_VLLM_PARTS) or name.startswith(VLLM_ENGINE_PARTS):
+                wrong.append(f"{rel} imports {name}: not vLLM's frontend")
     assert not wrong, "\n".join(wrong)
 
 

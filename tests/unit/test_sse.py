@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from app.sse import sse_event
-from tailguard.gateway.openai_protocol import STREAM_DONE, error_body
+from app.errors import error_body
+from app.sse import DONE, sse_event
 
 
 def test_json_event_is_one_compact_line():
@@ -13,7 +13,7 @@ def test_json_event_is_one_compact_line():
 
 
 def test_openai_terminator():
-    assert sse_event(STREAM_DONE) == b"data: [DONE]\n\n"
+    assert sse_event(DONE) == b"data: [DONE]\n\n"
 
 
 def test_native_event_with_id_and_type():

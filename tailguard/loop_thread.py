@@ -1,11 +1,13 @@
 """An asyncio event loop on its own daemon thread, for code that lives on one loop.
 
-vLLM's ``AsyncLLM`` belongs to the loop it was built on (its output handler is a
-task there), while Celery's task threads are plain threads: they reach the loop
-only through ``submit`` and ``call_soon``, which are safe from any thread.
+What lives there belongs to the loop it was built on: vLLM's ``AsyncLLM`` in a
+worker (its output handler is a task there), vLLM's render layer in the API.
+The callers are plain threads (Celery's task threads, Flask's request threads):
+they reach the loop only through ``submit`` and ``call_soon``, which are safe
+from any thread.
 
 Every request of the process goes through this one loop, so a loop that does not
-run for a while delays every first token at once. The loop watches its own
+run for a while delays every request at once. The loop watches its own
 punctuality and logs each stall longer than ``STALL_WARN_S``, with the CPU time
 this process used meanwhile: about the stall's length means something in this
 process held the GIL (or the loop itself ran something long); near zero means the
@@ -22,7 +24,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-log = logging.getLogger("tailguard.engine")
+log = logging.getLogger("tailguard.loop")
 
 T = TypeVar("T")
 
@@ -65,7 +67,7 @@ class LoopThread:
 
     def watch_stalls(self) -> None:
         """From now on, log each stall of the loop (the module docstring). Called once the
-        code that may block the loop on purpose (building an engine) is done."""
+        code that may block the loop on purpose (building an engine, a render layer) is done."""
 
         def start() -> None:
             if self._watch is None:

@@ -1,0 +1,183 @@
+"""An OpenAI request on its way to a lane: tailguard's part of it, around vLLM's.
+
+vLLM's own request models and render layer (``openai_frontend``) say what a body means,
+what it costs in prompt tokens and what vLLM would grant or refuse. This module holds what
+tailguard adds, as pure functions: its one field of its own (``priority`` as a class name),
+the fields it refuses on purpose, the unknown fields it ignores (as vLLM does) and counts,
+the max_tokens a lane grants, and the ``openai`` argument of the lane's task (the contract
+between the API and the worker: docs/api.md). It also refuses an integer no engine message can
+carry (outside 64 bits): vLLM's request models take any, and its engine would fail on it only
+after the job was queued.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from tailguard.errors import InvalidField
+from tailguard.lanes.placement import Placement, request_cost
+from tailguard.lanes.table import PRIORITY_CLASSES, Lane
+from tailguard.sampling import INT64_MAX, INT64_MIN
+
+Endpoint = Literal["chat", "completion"]
+ENDPOINTS: tuple[Endpoint, ...] = ("chat", "completion")
+
+#: vLLM fields tailguard refuses on purpose, with the reason the 400 gives. Each is refused
+#: only with a value that asks for something (vLLM's default of each is accepted).
+REFUSED_FIELDS: dict[str, str] = {
+    **{name: ("the guided_* fields were removed from vLLM, which now ignores them without a "
+              "word (the output would not be constrained): use structured_outputs or "
+              "response_format") for name in (
+        "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+        "guided_decoding_backend", "guided_whitespace_pattern")},
+    "kv_transfer_params": "disaggregated prefill/decode is not tailguard's: a lane's engine runs "
+                          "the whole request",
+    "ec_transfer_params": "disaggregated encoding is not tailguard's: a lane's engine runs the "
+                          "whole request",
+    "use_beam_search": "beam search is not served: vLLM's render layer, which costs and places "
+                       "a request before it is queued, does not support it",
+}
+
+#: why a completions request with several prompts is refused (vLLM would run each)
+BATCH_REFUSED = ("a batch of prompts is not served as one request: a job is one prompt on one "
+                 "lane (its cost, cap and deadline are that prompt's); send one request per "
+                 "prompt")
+
+
+def _asks_for_something(value: Any) -> bool:
+    """A refused field is refused unless it says "nothing": absent, null, false, empty."""
+    return value not in (None, False, {}, [], "")
+
+
+@dataclass(frozen=True)
+class SplitBody:
+    """A client's body taken apart: what vLLM validates, tailguard's class, what is ignored."""
+
+    body: dict[str, Any]  # for vLLM: tailguard's class and the ignored fields removed
+    priority: str         # tailguard's priority class
+    ignored: tuple[str, ...]  # unknown top-level fields, ignored as vLLM ignores them
+
+
+def split_body(body: Any, known: Iterable[str]) -> SplitBody:
+    """Take tailguard's own field out of an OpenAI body (``priority`` as a class name; an
+    integer ``priority`` is vLLM's and stays), refuse the fields of REFUSED_FIELDS, and drop
+    the fields vLLM's request model does not know (`known`), which vLLM ignores."""
+    if not isinstance(body, dict):
+        raise InvalidField("the body must be a JSON object", field="body")
+    out = dict(body)
+    priority = "interactive"
+    if isinstance(body.get("priority"), str):
+        priority = out.pop("priority")
+        if priority not in PRIORITY_CLASSES:
+            raise InvalidField(f"priority must be one of {', '.join(PRIORITY_CLASSES)} (tailguard's "
+                               f"class) or an integer (vLLM's), got {priority!r}", field="priority")
+    for name, reason in REFUSED_FIELDS.items():
+        if _asks_for_something(body.get(name)):
+            raise InvalidField(f"{name} is refused here: {reason}", field=name)
+    names = frozenset(known)
+    ignored = tuple(sorted(k for k in out if k not in names))
+    for name in ignored:
+        del out[name]
+    if (where := beyond_int64(out)) is not None:
+        raise InvalidField(f"{where} must be an integer within 64 bits: vLLM's engine could not "
+                           "take it", field=where)
+    return SplitBody(out, priority, ignored)
+
+
+def beyond_int64(body: Any) -> str | None:
+    """The path (vLLM's style: ``tokens.0``) of the first integer in `body` outside the 64-bit
+    range, or None; iterative, so a deeply nested body costs no stack."""
+    stack: list[tuple[Any, str]] = [(body, "")]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((v, f"{where}.{k}" if where else str(k)) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, f"{where}.{i}") for i, v in enumerate(value))
+        elif isinstance(value, int) and not isinstance(value, bool) and not (
+                INT64_MIN <= value <= INT64_MAX):
+            return where
+    return None
+
+
+def requested_max_tokens(endpoint: Endpoint, body: Mapping[str, Any]) -> int | None:
+    """The output length the client asked for, as vLLM reads it (chat: max_completion_tokens
+    before max_tokens); None when it left it to the server."""
+    if endpoint == "chat" and body.get("max_completion_tokens") is not None:
+        return body["max_completion_tokens"]
+    return body.get("max_tokens")
+
+
+@dataclass(frozen=True)
+class OpenAIJob:
+    """An OpenAI request validated and rendered by vLLM, ready to be placed on a lane."""
+
+    endpoint: Endpoint
+    #: the body the worker's vLLM serving layer gets (split_body's, before the grant)
+    request: dict[str, Any]
+    #: its exact prompt tokens, from vLLM's render
+    prompt_tokens: int
+    #: what vLLM itself would grant it (its default, or the client's value within its context)
+    vllm_max_tokens: int
+    #: what the client asked for (None: left to the server)
+    max_tokens: int | None = None
+    priority: str = "interactive"
+    stream: bool = False
+    #: sequences it generates (vLLM's n): its cost counts each
+    n: int = 1
+    #: what its prompt's text weighs in UTF-8 bytes (the API's byte bound)
+    prompt_bytes: int = 0
+    #: raises InvalidField when vLLM refuses the request at this max_tokens (the grant may
+    #: lower it below, say, min_tokens)
+    verify: Callable[[int], None] = field(default=lambda _: None, compare=False, repr=False)
+
+
+def grant(placement: Placement, lane: Lane, job: OpenAIJob) -> Placement:
+    """`placement` (made with the client's max_tokens, or the lane's default_max_tokens when
+    it gave none) with the max_tokens the lane grants: vLLM's own value, within the lane's
+    cap, the context its engine has left after the prompt, and its max_cost; capped whenever
+    that is less than vLLM would grant. Its cost counts each of the n sequences' output."""
+    granted = min(job.vllm_max_tokens, lane.max_tokens, placement.context_len - placement.prompt_tokens)
+    if job.max_tokens is not None:
+        granted = min(granted, placement.max_tokens)
+    elif lane.max_cost is not None:
+        granted = min(granted, lane.max_cost - placement.prompt_tokens)
+    return replace(placement, requested_max_tokens=job.max_tokens, max_tokens=granted,
+                   max_tokens_capped=granted < job.vllm_max_tokens,
+                   cost=request_cost(placement.prompt_tokens, job.n * granted))
+
+
+def task_argument(job: OpenAIJob, job_id: str, placement: Placement) -> dict[str, Any]:
+    """The lane task's ``openai`` keyword argument (the contract, docs/api.md): the body for
+    vLLM's serving layer with the granted max_tokens and the job id as its request id."""
+    request = {**job.request, "max_tokens": placement.max_tokens, "request_id": job_id}
+    if job.endpoint == "chat" and job.request.get("max_completion_tokens") is not None:
+        request["max_completion_tokens"] = placement.max_tokens
+    return {"endpoint": job.endpoint, "request": request, "prompt_tokens": job.prompt_tokens,
+            "capped": placement.max_tokens_capped}
+
+
+def text_bytes(value: Any) -> int:
+    """UTF-8 bytes of every string in `value` (a prompt, messages, tools), keys included;
+    iterative, so a deeply nested body costs no stack."""
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item) if item.isascii() else len(item.encode("utf-8", "surrogatepass"))
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return total
+
+
+#: the body fields a prompt is rendered from (what the API's prompt byte bound weighs)
+PROMPT_FIELDS = ("prompt", "messages", "tools", "documents")
+
+
+def prompt_text_bytes(body: Mapping[str, Any]) -> int:
+    return sum(text_bytes(body.get(name)) for name in PROMPT_FIELDS)

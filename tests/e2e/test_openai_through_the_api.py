@@ -1,0 +1,92 @@
+"""The official `openai` client through the API (gunicorn, vLLM's render layer in its process) to
+the workers' vLLM serving layer on real engines: what the client gets is vLLM's, with the lanes
+visible in the body (tests/e2e_fixtures.py's session workers and API)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import openai
+import pytest
+import requests
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "tailguard-demo"
+
+
+@pytest.fixture(scope="module")
+def api(api_url):
+    """The session's API once its render layer is built (/health: vLLM's, 200 then)."""
+    deadline = time.monotonic() + 300
+    while requests.get(api_url + "/health", timeout=5).status_code != 200:
+        assert time.monotonic() < deadline, "the API's render layer was not built in 300 s"
+        time.sleep(0.5)
+    return api_url
+
+
+@pytest.fixture(scope="module")
+def client(api):
+    return openai.OpenAI(base_url=api + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_a_chat_is_vllms_response_with_the_lane_in_it(client, api):
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=6,
+        extra_body={"ignore_eos": True})
+    chat = raw.parse()
+    assert chat.object == "chat.completion" and chat.model == MODEL
+    assert chat.choices[0].finish_reason == "length" and chat.usage.completion_tokens == 6
+    assert chat.model_extra["tailguard"] == {"lane": "short", "max_tokens": 6,
+                                             "max_tokens_capped": False, "finish_reason": "length"}
+    job_id = raw.headers["x-tailguard-job-id"]
+    assert chat.id == f"chatcmpl-{job_id}"
+    job = requests.get(f"{api}/v1/jobs/{job_id}", timeout=10).json()
+    assert job["status"] == "succeeded" and job["result"]["text"] == chat.choices[0].message.content
+
+
+def test_an_omitted_max_tokens_is_vllms_default_capped_by_the_lane_and_said(client):
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                          extra_body={"ignore_eos": True})
+    # vLLM alone would generate to the end of the context; the short lane's cap is 64
+    assert chat.usage.completion_tokens == 64 and chat.choices[0].finish_reason == "length"
+    assert chat.model_extra["tailguard"]["max_tokens_capped"] is True
+
+
+def test_a_stream_is_vllms_chunks_then_usage(client):
+    chunks = list(client.completions.create(
+        model=MODEL, prompt="hello", max_tokens=5, stream=True, stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 5
+    final = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert final and final[-1].model_extra["tailguard"]["lane"] == "short"
+    assert text
+
+
+def test_n_logprobs_and_echo_are_served(client):
+    done = client.completions.create(model=MODEL, prompt="hello", max_tokens=3, n=2, logprobs=2,
+                                     echo=True, temperature=1.0, extra_body={"ignore_eos": True})
+    assert sorted(c.index for c in done.choices) == [0, 1]
+    assert all(c.text.startswith("hello") and c.logprobs.top_logprobs for c in done.choices)
+
+
+def test_the_async_client(api):
+    async def one() -> str:
+        async with openai.AsyncOpenAI(base_url=api + "/v1", api_key="unused", max_retries=0,
+                                      timeout=120) as aclient:
+            done = await aclient.completions.create(model=MODEL, prompt="hi", max_tokens=2)
+            return done.choices[0].finish_reason
+
+    assert asyncio.run(one()) in ("length", "stop")
+
+
+def test_a_refused_value_is_a_400_before_any_job(client, api):
+    # the SDK cannot send a NaN (httpx refuses it): the bytes a JavaScript client would send
+    resp = requests.post(f"{api}/v1/completions", timeout=30, headers={"Content-Type": "application/json"},
+                         data=b'{"model": "%s", "prompt": "hi", "temperature": NaN}' % MODEL.encode())
+    assert resp.status_code == 400 and "x-tailguard-job-id" not in resp.headers
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.completions.create(model=MODEL, prompt="hi", seed=2**70)
+    assert exc.value.status_code == 400 and exc.value.response.headers.get("x-tailguard-job-id") is None
