@@ -108,15 +108,22 @@ class OpenAIFrontend:
             raise Unavailable("vLLM's render layer is still starting in this API process "
                               "(importing vLLM takes a while); retry shortly")
         if self._error is not None:
-            raise self._error
+            # the process's setup, not the request: a 503 (nothing was queued), logged at start
+            raise Unavailable(f"this API's OpenAI routes are unavailable: {self._error.message}")
         return self._state
 
     def _built_or_failed(self, future: Any) -> None:
         exc = future.exception()
-        if exc is not None:
+        if isinstance(exc, ModuleNotFoundError) and (exc.name or "").startswith("vllm"):
+            self._error = ConfigError(
+                "vLLM is not installed beside the API: its OpenAI routes validate and render "
+                "requests with vLLM's frontend (install tailguard[cpu] on any host, or "
+                "tailguard[cuda]; the native /v1/jobs routes need neither)")
+        elif exc is not None:
             self._error = exc if isinstance(exc, TailguardError) else ConfigError(
                 f"vLLM's render layer could not be built for {self.model!r}: "
                 f"{type(exc).__name__}: {exc}")
+        if self._error is not None:
             log.error("OpenAI routes unavailable: %s", self._error.message)
         else:
             assert self._loop is not None
