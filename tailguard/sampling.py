@@ -2,9 +2,10 @@
 
 Names are OpenAI's and vLLM's (each is the keyword of vLLM's ``SamplingParams``
 with the same meaning), so a caller reuses what it already sends to vLLM. The
-native API (``jobrequest.py``), the OpenAI API (``openai_protocol.py``) and the
-engine (``engine.sampling_params``) all read this table; a field added here is
-accepted, validated and passed to vLLM everywhere at once.
+native API (``gateway/job_request.py``), its OpenAPI document and the engine
+(``engine.host``) read this table; a field added here is accepted, validated and
+passed to vLLM at once. The OpenAI routes do not: vLLM's own request models and
+render layer validate those (``gateway/openai_frontend.py``).
 """
 
 from __future__ import annotations

@@ -189,6 +189,10 @@ class DirectSpec:
     dtype: str = "auto"
     name: str = DIRECT
     cpus: tuple[int, ...] = ()  # where the server process runs: all the run's cores
+    #: "priority" for the load workloads (each class a vLLM priority); the compat workload
+    #: runs plain `vllm serve`'s "fcfs", as tailguard's own engines do
+    scheduling_policy: str = "priority"
+    extra_args: tuple[str, ...] = ()  # more of `vllm serve`'s options (served names, frontend)
 
     @property
     def workers(self) -> tuple[WorkerPlan, ...]:
@@ -201,7 +205,7 @@ class DirectSpec:
                 "--max-model-len", str(self.max_model_len), "--dtype", self.dtype,
                 # eager as tailguard's CPU engines run; on a GPU both keep vLLM's CUDA graphs
                 *(() if self.pin.gpus else ("--enforce-eager",)),
-                "--seed", "0", "--scheduling-policy", "priority")
+                "--seed", "0", "--scheduling-policy", self.scheduling_policy, *self.extra_args)
 
     def env(self) -> dict[str, str]:
         """As tailguard's engines run (engine.ENV_DEFAULTS), compute threads bound to `pin`."""
@@ -213,7 +217,7 @@ class DirectSpec:
         return {"name": self.name, "engines": [w.to_dict() for w in self.workers],
                 "server": "vllm " + VLLM_SERVER_MODULE, "max_num_seqs": self.max_num_seqs,
                 "max_model_len": self.max_model_len, "kv_cache_gib": self.kv_cache_gib,
-                "scheduling_policy": "priority"}
+                "scheduling_policy": self.scheduling_policy, "extra_args": list(self.extra_args)}
 
 
 def direct_spec(pin: Pinning, engines: tuple[WorkerPlan, ...], table: LaneTable, *,
