@@ -194,10 +194,15 @@ class OpenAIFrontend:
         if len(rendered) != 1:
             raise InvalidField(f"{BATCH_REFUSED} (got {len(rendered)} prompts)", field="prompt")
         [generate] = rendered
+        renderer = state.online_renderer.renderer
+        try:  # what vLLM's engine input processor checks of a prompt: token ids in the vocabulary
+            renderer.validate_token_ids(generate.token_ids, parameter="prompt")
+        except Exception as exc:  # noqa: BLE001 - classified as vLLM's server classifies it
+            raise _refusal(_answer(exc)) from None
         params = generate.sampling_params
         defaults = state.serving_render.default_sampling_params
         config = state.vllm_config
-        tokenizer = state.online_renderer.renderer.get_tokenizer()
+        tokenizer = renderer.get_tokenizer()
 
         def verify(max_tokens: int) -> None:
             """vLLM's checks of the request at the granted max_tokens: its sampling parameters'

@@ -196,6 +196,7 @@ def test_chat_values_vllm_refuses_are_400s_and_queue_nothing(client, redis_clien
     ({"prompt": "hi", "logprobs": 50}, "logprobs"),
     ({"prompt": "hi", "allowed_token_ids": [5, 10**6]}, None),
     ({"prompt": [-1, 5]}, None),
+    ({"prompt": [5, 10**8]}, "prompt"),  # past the vocabulary: vLLM's engine would refuse it
     ({"prompt": ""}, None),
 ])
 def test_completion_values_vllm_refuses_are_400s(client, redis_client, body, param):
