@@ -20,6 +20,7 @@ from typing import Any
 import click
 
 from tailguard import settings
+from tailguard.bench.compat import COMPAT
 from tailguard.bench.report import render_text
 from tailguard.bench.run import BenchConfig, run_bench
 from tailguard.bench.topology import TopologyError
@@ -362,7 +363,12 @@ def bench(check: bool, **config: Any) -> None:
         report = run_bench(cfg)
     except (ValueError, TopologyError, ConfigError) as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(render_text(report))
+    if report["workload"]["name"] == COMPAT:
+        from tailguard.bench.compat import render_text as render_compat
+
+        click.echo(render_compat(report))
+    else:
+        click.echo(render_text(report))
     for kind, path in report["files"].items():
         click.echo(f"{kind:8} {path}")
     if check and any(t["status"] == "FAIL" for t in report["targets"]):
