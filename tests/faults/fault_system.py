@@ -207,6 +207,15 @@ class NativeStream(threading.Thread):
                 time.sleep(0.5)
 
 
+def wait_openai_ready(url: str, timeout_s: float = 300) -> None:
+    """Until the API's OpenAI routes can serve: vLLM's /health is 200 once the process's render
+    layer is built (importing vLLM takes a while after the API starts)."""
+    deadline = time.monotonic() + timeout_s
+    while requests.get(url + "/health", timeout=HTTP_TIMEOUT_S).status_code != 200:
+        assert time.monotonic() < deadline, f"the API's render layer was not built in {timeout_s} s"
+        time.sleep(0.5)
+
+
 class OpenAIStream(threading.Thread):
     """One streaming /v1/completions call: its chunks, and how it ended."""
 

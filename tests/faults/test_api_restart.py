@@ -18,6 +18,7 @@ from fault_system import (
     figure,
     submit,
     system_fixture,
+    wait_openai_ready,
     wait_terminal,
 )
 
@@ -62,6 +63,7 @@ def work_like_a_worker(client, job_ids: list[str]) -> None:
 
 def test_restart_the_api_under_20_open_streams(system, tiny_model):
     client = system.client()
+    wait_openai_ready(system.url)  # the OpenAI streams get their job ids within the second
     ids = [submit(system.url) for _ in range(STREAMS)]
     streams = [NativeStream(system.url, job_id) for job_id in ids]
     openai = [OpenAIStream(system.url, tiny_model) for _ in range(4)]
