@@ -76,13 +76,15 @@ def _setting_type(s: settings.Setting) -> str:
         return "number"
     if isinstance(s.default, str):
         return "string"
+    if isinstance(s.default, tuple):
+        return "arguments (shell words)"
     return type(s.default).__name__
 
 
 def _setting_default(s: settings.Setting) -> str:
     if isinstance(s.default, bool):
         return "`1`" if s.default else "`0`"
-    if s.default == "":
+    if s.default in ("", ()):
         return "(empty)"
     return f"`{s.default}`"
 
