@@ -21,7 +21,7 @@ chunks, usage chunk) or builds the response (with usage) from the aborted output
 reports such a choice with finish_reason "abort"; a deadline's becomes "length", and the
 final chunk of each choice and the response carry the ``tailguard`` extra field
 (`mark_final`), which OpenAI SDK objects keep (``model_extra["tailguard"]``).
-What vLLM 0.32 emits after an abort (seen on a real engine, tests/e2e/test_openai_serving.py):
+What vLLM 0.32 emits after an abort (seen on a real engine, tests/e2e/test_openai_serving_on_an_engine.py):
 a choice with output so far gets its finish chunk (empty delta, "abort") and the usage
 chunk follows with the tokens streamed; a choice aborted before its first token gets no
 finish chunk at all (vLLM skips empty outputs), so the host adds one in vLLM's own shape

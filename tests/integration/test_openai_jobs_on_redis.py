@@ -3,7 +3,7 @@
 failures, engine deaths, and the reclaim rule of borrowed OpenAI jobs
 (tailguard/worker/borrower.py, with real Celery messages through kombu). The engine is a
 stand-in replaying vLLM's payloads; the same runner on a real engine inside a real worker:
-tests/e2e/test_openai_serving.py."""
+tests/e2e/test_openai_serving_on_an_engine.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The parts of tailguard/engine/serving.py that need no engine: marking final chunks and
 responses, following a stream's payloads, counting what the engine sent. The same code on a
-real engine: tests/e2e/test_openai_serving.py."""
+real engine: tests/e2e/test_openai_serving_on_an_engine.py."""
 
 from __future__ import annotations
 
@@ -148,7 +148,7 @@ def test_an_error_payload_is_not_a_chunk():
 
 
 def test_the_made_up_finish_chunk_is_the_one_vllm_sends_for_an_aborted_choice():
-    # as vLLM 0.32 streamed it for a choice aborted mid-stream (tests/e2e/test_openai_serving.py)
+    # as vLLM 0.32 streamed it for a choice aborted mid-stream (tests/e2e/test_openai_serving_on_an_engine.py)
     vllm_sent = ('{"id":"chatcmpl-x","object":"chat.completion.chunk","created":1,"model":"m",'
                  '"choices":[{"index":3,"delta":{"content":""},"logprobs":null,'
                  '"finish_reason":"abort","stop_reason":null,"token_ids":null}]}')
