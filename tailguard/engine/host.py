@@ -222,6 +222,14 @@ class EngineHost:
 
     # --- lifecycle -------------------------------------------------------------------
 
+    def _started_loop(self) -> LoopThread:
+        """The engine's loop, the engine started first (a request's first step)."""
+        if self._closed:
+            raise EngineDeadError("the engine host was shut down")
+        self.start()
+        assert self._loop is not None
+        return self._loop
+
     def start(self, timeout: float | None = 900) -> None:
         """Build the engine and block until it is ready; later calls return at once.
 
@@ -378,11 +386,7 @@ class EngineHost:
         EngineDeadError if the engine is gone.
         """
         t0 = time.perf_counter()
-        if self._closed:
-            raise EngineDeadError("the engine host was shut down")
-        self.start()
-        loop = self._loop
-        assert loop is not None
+        loop = self._started_loop()
         try:
             params = sampling_params(sampling, self.sampling_defaults)
         except EngineError:
@@ -519,11 +523,7 @@ class EngineHost:
         request, EngineError if it failed, EngineDeadError if the engine is gone.
         """
         t0 = time.perf_counter()
-        if self._closed:
-            raise EngineDeadError("the engine host was shut down")
-        self.start()
-        loop = self._loop
-        assert loop is not None
+        loop = self._started_loop()
         body = {**request, "request_id": request_id}
         if priority:
             body["priority"] = int(body.get("priority") or 0) + priority

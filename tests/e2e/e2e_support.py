@@ -8,6 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import requests
+
 from tailguard.jobs.store import TERMINAL
 
 #: Each poll of a job long-polls this long, so a dead worker is noticed within it.
@@ -45,6 +47,15 @@ def wait_job(api, job_id: str, check: Callable[[], None], timeout: float = 120) 
             raise AssertionError(f"job {job_id} still {job['status']} after {timeout} s: {job}")
         check()
 
+
+
+def wait_openai_ready(api_url: str, timeout_s: float = 300) -> str:
+    """`api_url` once the API's render layer is built (/health, vLLM's: 200 then)."""
+    deadline = time.monotonic() + timeout_s
+    while requests.get(api_url + "/health", timeout=5).status_code != 200:
+        assert time.monotonic() < deadline, f"the API's render layer was not built in {timeout_s:.0f} s"
+        time.sleep(0.5)
+    return api_url
 
 class EngineHold:
     """Worker `name`'s vLLM processes stopped (SIGSTOP) while held; a context manager that

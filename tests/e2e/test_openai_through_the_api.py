@@ -5,11 +5,11 @@ visible in the body (tests/e2e_fixtures.py's session workers and API)."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import openai
 import pytest
 import requests
+from e2e_support import wait_openai_ready
 
 pytestmark = pytest.mark.e2e
 
@@ -18,12 +18,8 @@ MODEL = "tailguard-demo"
 
 @pytest.fixture(scope="module")
 def api(api_url):
-    """The session's API once its render layer is built (/health: vLLM's, 200 then)."""
-    deadline = time.monotonic() + 300
-    while requests.get(api_url + "/health", timeout=5).status_code != 200:
-        assert time.monotonic() < deadline, "the API's render layer was not built in 300 s"
-        time.sleep(0.5)
-    return api_url
+    """The session's API once its render layer is built."""
+    return wait_openai_ready(api_url)
 
 
 @pytest.fixture(scope="module")
