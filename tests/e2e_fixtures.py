@@ -159,6 +159,57 @@ def serve(spec: ChildSpec, log_dir, ready: Callable[[], object], timeout_s: floa
     return child
 
 
+#: The engine-level e2e modules' one EngineHost (tests/e2e/test_engine_host.py,
+#: test_openai_serving_on_an_engine.py, test_engine_options_e2e.py): its model's name, context,
+#: and the lanes file its engine table comes from.
+ENGINE_HOST_MODEL = "tiny-test"
+ENGINE_HOST_MAX_MODEL_LEN = 2048
+ENGINE_HOST_LANES = """
+[engine]
+max_num_batched_tokens = 2048
+
+[lanes.short]
+max_tokens = 64
+max_model_len = 2048
+
+[[workers]]
+name = "short"
+lanes = ["short"]
+engine = {enable_prefix_caching = false}
+"""
+
+
+@pytest.fixture(scope="session")
+def engine_host(tiny_model, tmp_path_factory):
+    """One EngineHost in this process for the session (an engine start is most of what those
+    modules would each cost): on a copy of the tiny model whose generation_config.json asks
+    for greedy sampling (temperature 0), with the engine table of ENGINE_HOST_LANES' worker."""
+    import json
+    import shutil
+    import tomllib
+
+    from conftest import GPU_SHARE
+
+    from tailguard.engine.host import EngineConfig, EngineHost
+    from tailguard.lanes.table import parse_lanes
+    from tailguard.model.info import serving_dtype
+
+    model = tmp_path_factory.mktemp("models") / "tiny-greedy"
+    shutil.copytree(tiny_model, model)
+    config_path = model / "generation_config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "temperature": 0.0}))
+    options = parse_lanes(tomllib.loads(ENGINE_HOST_LANES)).worker("short").engine
+    engine = EngineHost(EngineConfig(model=str(model), max_num_seqs=8,
+                                     max_model_len=ENGINE_HOST_MAX_MODEL_LEN,
+                                     dtype=serving_dtype(str(model)), log_stats=True,
+                                     extra={**options, **GPU_SHARE},
+                                     served_model_names=(ENGINE_HOST_MODEL,)))
+    engine.start()
+    yield engine
+    engine.shutdown()
+    assert not engine.started
+
+
 @pytest.fixture(scope="session")
 def api_url(workers, tiny_model, redis_server, tmp_path_factory):
     """The API under gunicorn (gthread), as `tailguard api` serves it."""

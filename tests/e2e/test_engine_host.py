@@ -1,7 +1,7 @@
 """EngineHost against a real vLLM engine on the tiny demo model (no mocks).
 
-One engine for the module (start-up is the slow part, ~20 s on 2 cores). Every
-assertion is on what the host or vLLM observed, never on wall time.
+The session's one EngineHost (tests/e2e_fixtures.py's `engine_host`: start-up is the slow
+part). Every assertion is on what the host or vLLM observed, never on wall time.
 """
 
 from __future__ import annotations
@@ -9,32 +9,22 @@ from __future__ import annotations
 import threading
 
 import pytest
-from conftest import GPU_SHARE
+from e2e_fixtures import ENGINE_HOST_MAX_MODEL_LEN
 
-from tailguard.engine.host import EngineConfig, EngineHost
+from tailguard.engine.host import EngineHost
 from tailguard.engine.warmup import MAX_PROMPT_TOKENS, exact_length_prompts, warm_up
 from tailguard.errors import EngineError
-from tailguard.model.info import serving_dtype
 from tailguard.model.tokens import PromptCounter
 
 pytestmark = pytest.mark.e2e
 
-MAX_MODEL_LEN = 2048
+MAX_MODEL_LEN = ENGINE_HOST_MAX_MODEL_LEN
 PROMPT = "解释什么是Transformer"  # ~10 tokens: leaves room for 2000 new ones
 
 
-@pytest.fixture(scope="module")
-def host(tmp_path_factory):
-    from tailguard.model.demo import build_demo_model
-
-    model = build_demo_model(tmp_path_factory.mktemp("models") / "tiny", size="tiny")
-    engine = EngineHost(EngineConfig(model=str(model), max_num_seqs=8,
-                                     max_model_len=MAX_MODEL_LEN, dtype=serving_dtype(str(model)),
-                                     log_stats=False, extra=dict(GPU_SHARE)))
-    engine.start()
-    yield engine
-    engine.shutdown()
-    assert not engine.started
+@pytest.fixture
+def host(engine_host):
+    return engine_host
 
 
 def assert_idle(host: EngineHost) -> None:

@@ -1,7 +1,7 @@
 """EngineHost.openai against a real vLLM engine on the tiny demo model: vLLM's own serving
 layer on tailguard's engine (tailguard/engine/serving.py), no mocks.
 
-One engine for the module. A test that needs a request to end before its first token holds
+The session's one EngineHost (tests/e2e_fixtures.py's `engine_host`). A test that needs a request to end before its first token holds
 vLLM's engine-core process (SIGSTOP) meanwhile: nothing can be generated, however fast this
 machine is, and the abort (done in this process's output processor) still ends the request.
 Every assertion is on what vLLM or the host produced, never on wall time.
@@ -17,30 +17,21 @@ from collections.abc import Callable
 from contextlib import contextmanager
 
 import pytest
-from conftest import GPU_SHARE
+from e2e_fixtures import ENGINE_HOST_MODEL
 
-from tailguard.engine.host import EngineConfig, EngineHost, OpenAIResult
+from tailguard.engine.host import EngineHost, OpenAIResult
 from tailguard.errors import EngineRefused
-from tailguard.model.info import serving_dtype
 
 pytestmark = pytest.mark.e2e
 
-MODEL = "tiny-test"
+MODEL = ENGINE_HOST_MODEL
 EXTRA = {"lane": "short", "max_tokens": 8, "max_tokens_capped": True}
 _ids = itertools.count()
 
 
-@pytest.fixture(scope="module")
-def host(tmp_path_factory):
-    from tailguard.model.demo import build_demo_model
-
-    model = build_demo_model(tmp_path_factory.mktemp("models") / "tiny", size="tiny")
-    engine = EngineHost(EngineConfig(model=str(model), max_num_seqs=8, max_model_len=2048,
-                                     dtype=serving_dtype(str(model)), log_stats=True,
-                                     extra=dict(GPU_SHARE), served_model_names=(MODEL,)))
-    engine.start()
-    yield engine
-    engine.shutdown()
+@pytest.fixture
+def host(engine_host):
+    return engine_host
 
 
 def assert_idle(host: EngineHost) -> None:
