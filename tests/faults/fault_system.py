@@ -84,7 +84,11 @@ class System:
         return body.get("workers_per_lane", {}).get("short", 0) > 0
 
     def stop(self) -> None:
-        for child in (self.api, self.worker, self.redis):
+        """The end of a test: the worker killed (its warm stop is no fault test's business and
+        takes seconds of vLLM's teardown), the API and Redis stopped."""
+        if self.worker is not None:
+            self.worker.kill()
+        for child in (self.api, self.redis):
             if child is not None:
                 child.stop()
 
