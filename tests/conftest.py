@@ -78,21 +78,10 @@ def redis_client_noflush(redis_server):
     client.close()
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Work units for `make test`'s two pytest-xdist processes (`--dist loadgroup`): the e2e
-    tier is one unit (its session workers and engine host start once, in one process), every
-    other file is a unit of its own (its module fixtures start once). Serial runs ignore it."""
-    for item in items:
-        path = Path(item.path).relative_to(ROOT)
-        group = "e2e" if path.parts[:2] == ("tests", "e2e") else str(path)
-        item.add_marker(pytest.mark.xdist_group(group))
-
-
 @pytest.fixture(scope="session")
 def tiny_model() -> str:
-    """The tiny random-weight demo model, built offline on first use (under a lock: the
-    suite's xdist processes start at once)."""
+    """The tiny random-weight demo model, built offline on first use (under a lock: two test
+    runs may start at once)."""
     import fcntl
 
     from tailguard.model.demo import build_demo_model
