@@ -25,12 +25,13 @@ REDIS_URL = f"redis://127.0.0.1:{REDIS_PORT}/0"
 TEST_LANES = ROOT / "tests" / "lanes.test.toml"
 #: A GPU run (TAILGUARD_DEVICE=cuda, as scripts/gpu-check.sh runs the suite): every engine of
 #: the suite shares GPU 0 (tests/e2e_fixtures.py's `engine_pin`), each with this share of it
-#: (vLLM's default, 0.9, is for one engine alone); the test lanes get it as their [engine].
+#: (vLLM's default, 0.9, is for one engine alone); the test lanes' [engine] table (their last)
+#: gets it.
 ON_GPU = os.environ.get(settings.DEVICE.env) == "cuda"
 GPU_SHARE: dict[str, float] = {"gpu_memory_utilization": 0.2} if ON_GPU else {}
 if ON_GPU:
     _gpu_lanes = Path(tempfile.mkdtemp(prefix="tailguard-lanes-")) / "lanes.test.toml"
-    _gpu_lanes.write_text(TEST_LANES.read_text() + "\n[engine]\n"
+    _gpu_lanes.write_text(TEST_LANES.read_text()
                           + "".join(f"{k} = {v}\n" for k, v in GPU_SHARE.items()))
     TEST_LANES = _gpu_lanes
 # Built once per machine: the tiny model is deterministic, so reuse across runs is safe.
@@ -76,6 +77,22 @@ def redis_client_noflush(redis_server):
     client = redis.Redis.from_url(redis_server)
     yield client
     client.close()
+
+
+#: The tiers that start vLLM engines: they run one after another in one process (their
+#: engines together would not fit a 24 GiB, 2-core machine), beside the others.
+ENGINE_TIERS = {"e2e", "faults", "multihost"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Two work units for `make test`'s two pytest-xdist processes (`--dist loadgroup`): the
+    engine tiers in one, in their order (the e2e tier's session workers stay up for the
+    fault and multi-host tiers, as in a serial run), the tiers without an engine (pure,
+    integration, fuzz) in the other, so they run while engines start. Serial runs ignore it."""
+    for item in items:
+        tier = Path(item.path).relative_to(ROOT).parts[1]
+        item.add_marker(pytest.mark.xdist_group("engines" if tier in ENGINE_TIERS else "no-engine"))
 
 
 @pytest.fixture(scope="session")

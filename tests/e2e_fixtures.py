@@ -169,6 +169,7 @@ ENGINE_HOST_MAX_MODEL_LEN = 2048
 ENGINE_HOST_LANES = """
 [engine]
 max_num_batched_tokens = 2048
+kv_cache_memory_bytes = 268435456
 
 [lanes.short]
 max_tokens = 64

@@ -1,16 +1,13 @@
-"""End to end through the native job API: results by id, lanes, batching, deadlines,
-warm shutdown. The session's workers come from tests/e2e_fixtures.py; the warm-shutdown
-test starts a worker of its own, so this module runs alone or in any order.
+"""End to end through the native job API: results by id, lanes, batching, deadlines.
+The session's workers come from tests/e2e_fixtures.py. A worker's warm shutdown is tested
+where a worker of its own already runs: tests/faults/test_redis_faults.py (last) and
+tests/multihost/test_netns.py.
 """
 
 from __future__ import annotations
 
 import pytest
-from e2e_fixtures import engine_pin, or_fail
 from e2e_support import engine_stats, wait_job
-
-from tailguard import settings
-from tailguard.host.procs import Group, worker_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -81,34 +78,3 @@ def test_deadline_aborts_the_engine_request(api, workers):
     stats = engine_stats("long")
     assert stats["engine_unfinished"] == 0 and stats["in_flight"] == 0, stats
     assert stats["aborted"] >= 1
-
-
-def test_warm_shutdown_completes(tiny_model, redis_server, tmp_path):
-    """A worker of its own, on a Redis database of its own (the session's workers never see
-    it), serves a job and then, on SIGTERM, shuts down warm: exit status 0, lanes withdrawn."""
-    from app import create_app
-
-    url = redis_server.rsplit("/", 1)[0] + "/1"
-    api = create_app({"TESTING": True, "TAILGUARD_MODEL": tiny_model, "TAILGUARD_REDIS_URL": url,
-                      "TAILGUARD_CONSUME_FINISHED": False,
-                      "TAILGUARD_REAP_RUNNING": False}).test_client()
-    with Group(tmp_path) as group:
-        worker = group.start(worker_spec("short", engine_pin(0), "-l", "INFO", env={
-            settings.MODEL.env: tiny_model, settings.REDIS_URL.env: url,
-            settings.WORKER_HEARTBEAT_S.env: "1"}))
-
-        def short_served() -> bool:
-            return api.get("/healthz").get_json()["workers_per_lane"]["short"] >= 1
-
-        def alive() -> None:
-            if not worker.alive():
-                pytest.fail(worker.log_tail(), pytrace=False)
-
-        or_fail(lambda: group.wait_until(short_served, 300, "own worker serving the short lane"))
-        job = api.post("/v1/jobs", json={"prompt": "解释什么是Transformer", "max_tokens": 16,
-                                         "ignore_eos": True})
-        assert wait_job(api, job.get_json()["id"], alive)["status"] == "succeeded"
-        assert worker.stop() == 0, worker.log_tail()
-    # and the lanes are no longer advertised as served
-    body = api.get("/healthz").get_json()
-    assert body["lanes_without_worker"] == ["short", "long", "batch"]

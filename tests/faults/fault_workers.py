@@ -49,10 +49,12 @@ def api_with_reaper(redis_url: str, model: str) -> Iterator[Any]:
 
 class Worker:
     """One `celery -A tasks worker` process in its own session (so a test can kill it and
-    everything it started), pinned to one core as `tailguard up` pins the long worker."""
+    everything it started), pinned to one core (the long worker's, as `tailguard up` pins
+    it, unless told another)."""
 
     def __init__(self, name: str, redis_url: str, model: str, log_dir: Path,
-                 queues: str = "long,batch", concurrency: int | None = None) -> None:
+                 queues: str = "long,batch", concurrency: int | None = None,
+                 core: int = 1) -> None:
         self.name = name
         self.log = log_dir / f"{name}.log"
         argv = [str(Path(sys.executable).parent / "celery"), "-A", "tasks", "worker", "-Q", queues,
@@ -64,7 +66,7 @@ class Worker:
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True,
-                                         preexec_fn=lambda: os.sched_setaffinity(0, {1}))
+                                         preexec_fn=lambda: os.sched_setaffinity(0, {core}))
 
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-4000:]

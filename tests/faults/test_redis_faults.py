@@ -2,7 +2,8 @@
 gunicorn and the short lane's real worker with its vLLM engine on the tiny model.
 
 SIGSTOP for 6 s: Redis hangs without closing a connection, the worst case for clients
-without timeouts. kill -9 and a restart from the AOF: every connection drops at once.
+without timeouts. kill -9 and a restart from the AOF: every connection drops at once. Last,
+the worker that rode out both shuts down warm on SIGTERM.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 from collections import Counter
 
 import pytest
+import requests
 from fault_system import (
     Load,
     NativeStream,
@@ -118,3 +120,12 @@ def test_kill_9_redis_and_restart_from_its_aof(system):
            refused=[str(code) for code, *_ in load.refused][:5], refused_total=len(load.refused),
            down_s=round(back_at - killed_at, 1),
            all_terminal_after_restart_s=round(all_terminal_after_s, 1))
+
+
+def test_then_sigterm_shuts_the_worker_down_warm(system):
+    """After both faults (or alone, on a fresh system): the worker serves a job, then on
+    SIGTERM finishes warm, exit status 0, and its lanes are no longer advertised as served."""
+    serves_again(system.url)
+    assert system.worker.stop() == 0, system.worker.log_tail()
+    body = requests.get(system.url + "/healthz", timeout=10).json()
+    assert body["lanes_without_worker"] == ["short", "long", "batch"], body

@@ -216,7 +216,8 @@ def test_each_lane_is_served_by_its_namespace(fleet):
 
 def test_a_stopped_namespace_worker_takes_its_lane_down_and_its_jobs_wait(fleet):
     [short_worker] = [c for c in fleet.children if c.name == "short@ns1" and c.alive()]
-    short_worker.stop()  # SIGTERM: a warm shutdown withdraws its heartbeat at once
+    # SIGTERM: a warm shutdown (exit status 0) withdraws its heartbeat at once
+    assert short_worker.stop() == 0, short_worker.log_tail()
     status, health = wait_for(lambda: (h := fleet.health())[0] == 503 and h)
     assert health["lanes_without_worker"] == ["short"]
     assert health["workers_per_host"]["short"] == {} and health["workers_per_host"]["long"] == {"ns2": 1}

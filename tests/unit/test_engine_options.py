@@ -11,7 +11,7 @@ import pytest
 from tailguard.engine.host import EngineConfig, engine_args, with_model_defaults
 from tailguard.errors import ConfigError
 from tailguard.lanes.engine_options import check_against, describe, value_fits
-from tailguard.lanes.table import load_lanes, parse_lanes
+from tailguard.lanes.table import default_lanes_path, load_lanes, parse_lanes
 
 LANES = """
 [lanes.short]
@@ -52,7 +52,7 @@ def test_a_worker_engine_table_merges_over_the_files_and_is_kept_as_written():
 
 
 def test_the_shipped_file_has_no_engine_table_to_check():
-    assert load_lanes().engine_tables == ()
+    assert load_lanes(default_lanes_path()).engine_tables == ()
 
 
 @pytest.mark.parametrize("short,top,field,message", [
