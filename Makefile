@@ -11,7 +11,7 @@ up: $(STAMP)                 ## install, convert the default model (once), start
 test: $(TEST_STAMP)          ## install, lint, check the wheel, run the whole suite (pure, integration, end-to-end)
 	$(VENV)/bin/ruff check .
 	PYTHON=$(VENV)/bin/python scripts/check-wheel.sh
-	$(VENV)/bin/python -m pytest -n 2 --dist loadgroup
+	PYTHON=$(VENV)/bin/python scripts/run-tests.sh
 
 lint: $(TEST_STAMP)          ## ruff, as configured in pyproject.toml
 	$(VENV)/bin/ruff check .

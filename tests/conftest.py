@@ -79,22 +79,6 @@ def redis_client_noflush(redis_server):
     client.close()
 
 
-#: The tiers that start vLLM engines: they run one after another in one process (their
-#: engines together would not fit a 24 GiB, 2-core machine), beside the others.
-ENGINE_TIERS = {"e2e", "faults", "multihost"}
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Two work units for `make test`'s two pytest-xdist processes (`--dist loadgroup`): the
-    engine tiers in one, in their order (the e2e tier's session workers stay up for the
-    fault and multi-host tiers, as in a serial run), the tiers without an engine (pure,
-    integration, fuzz) in the other, so they run while engines start. Serial runs ignore it."""
-    for item in items:
-        tier = Path(item.path).relative_to(ROOT).parts[1]
-        item.add_marker(pytest.mark.xdist_group("engines" if tier in ENGINE_TIERS else "no-engine"))
-
-
 @pytest.fixture(scope="session")
 def tiny_model() -> str:
     """The tiny random-weight demo model, built offline on first use (under a lock: two test

@@ -6,6 +6,7 @@ a port another server holds instead of answering with that server."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -25,11 +26,26 @@ pytestmark = pytest.mark.integration
 REFUSAL_TIMEOUT_S = 120
 
 
+def free_base_port(count: int = 2) -> int:
+    """A free port whose next `count` - 1 are free too: `up`'s workers take the metrics base
+    port, base + 1, ... (a port next to a free one can be a connection's, as the suite's
+    other processes run beside this one)."""
+    while True:
+        base = free_port()
+        try:
+            with contextlib.ExitStack() as taken:
+                for port in range(base, base + count):
+                    taken.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+
+
 def run_up(home, *args: str, **env: str) -> subprocess.CompletedProcess:
     """`tailguard up ARGS` with its own TAILGUARD_HOME and an embedded Redis (the suite's
     TAILGUARD_REDIS_URL removed), until it exits."""
     full_env = {**os.environ, "TAILGUARD_HOME": str(home), "TAILGUARD_REDIS_URL": "",
-                "TAILGUARD_WORKER_METRICS_PORT": str(free_port()), **env}
+                "TAILGUARD_WORKER_METRICS_PORT": str(free_base_port()), **env}
     return subprocess.run([sys.executable, "-m", "tailguard.cli", "up", "--port", str(free_port()),
                            "--flower-port", str(free_port()), "--redis-port", str(free_port()),
                            *args], cwd=ROOT, env=full_env, capture_output=True, text=True,
