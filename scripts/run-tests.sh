@@ -1,24 +1,31 @@
 #!/usr/bin/env bash
-# The whole suite, as `make test` runs it, in two pytest processes at once: the tiers that
-# start vLLM engines (e2e, faults, multihost), one after another in one process, as a serial
-# run orders them (their engines together would not fit a 24 GiB machine), and beside it the
-# tiers without an engine (unit, integration, fuzz), which fill the core an engine start
-# leaves idle. Each process starts its own redis-server. The second one's output follows the
-# first's; the exit status is non-zero if either failed.
+# The whole suite, as `make test` runs it, in two pytest processes at once, so that one's
+# work fills the core the other leaves idle (an engine start runs on one core at a time):
+#   1. the engine tiers (e2e, faults, multihost), one after another as a serial run orders
+#      them: the e2e tier's session workers, then the fault and multi-host tiers' own;
+#   2. the tiers without an engine (unit, integration, fuzz), then the two end-to-end tests
+#      that bring up a whole system of their own (`tailguard bench`, `tailguard up`), so the
+#      two processes take about as long.
+# Each process starts its own redis-server; between them at most about five engines run,
+# which fits 24 GiB (the suite's engines have a 256 MiB KV cache: tests/lanes.test.toml).
+# The second process's output follows the first's; the exit status is non-zero if either
+# failed. A plain `pytest` runs everything serially instead, in tier order.
 #   scripts/run-tests.sh [PYTEST ARGS]     (PYTHON: the interpreter, .venv/bin/python by default)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
+WHOLE_SYSTEMS=(tests/e2e/test_bench_smoke.py tests/e2e/test_up_default_model.py)
 ENGINE_TIERS=(tests/e2e tests/faults tests/multihost)
-OTHER_TIERS=(tests/unit tests/integration tests/fuzz)
+OTHER_TIERS=(tests/unit tests/integration tests/fuzz "${WHOLE_SYSTEMS[@]}")
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 
 "$PY" -m pytest "${OTHER_TIERS[@]}" "$@" >"$log" 2>&1 &
 other=$!
 trap 'kill "$other" 2>/dev/null; rm -f "$log"' EXIT
-echo "run-tests: ${OTHER_TIERS[*]} in the background (pid $other); ${ENGINE_TIERS[*]} here"
-"$PY" -m pytest "${ENGINE_TIERS[@]}" "$@"
+echo "run-tests: ${OTHER_TIERS[*]} in the background (pid $other);" \
+     "${ENGINE_TIERS[*]} (but those two) here"
+"$PY" -m pytest "${ENGINE_TIERS[@]}" "${WHOLE_SYSTEMS[@]/#/--ignore=}" "$@"
 engines=$?
 wait "$other"
 rest=$?
