@@ -97,7 +97,8 @@ def test_a_streamed_chat_is_vllms_chunks_role_tokens_finish_usage(host):
     assert [c["finish_reason"] for c in tokens] == [None] * (len(tokens) - 1) + ["length"]
     final = chunks[-2]
     assert final["tailguard"] == {**EXTRA, "finish_reason": "length"}
-    assert "tailguard" not in chunks[1]  # only the final chunk carries it
+    # only the final chunk carries it (chunks[1] is the final one too when all 8 came merged)
+    assert ["tailguard" in c for c in chunks[:-1]] == [False] * (len(chunks) - 2) + [True]
     usage = chunks[-1]
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 8
     assert usage["usage"]["prompt_tokens"] == result.prompt_tokens > 5
@@ -196,7 +197,9 @@ def test_a_streamed_completion(host):
         "stream": True}, endpoint="completion")
     assert {c["id"] for c in chunks} == {f"cmpl-{request_id}"}
     assert {c["object"] for c in chunks} == {"text_completion"}
-    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * 4 + ["length"]
+    # one chunk per token, unless vLLM merged outputs this process had not taken yet (above)
+    assert 1 <= len(chunks) <= 5
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * (len(chunks) - 1) + ["length"]
     assert chunks[-1]["tailguard"]["finish_reason"] == "length"
     assert result.completion_tokens == 5
     assert_idle(host)
