@@ -68,6 +68,8 @@ def _cell(text: str) -> str:
 
 
 def _setting_type(s: settings.Setting) -> str:
+    if s.default is None:  # empty by default: the type its value parses to
+        return {float: "number", int: "integer"}.get(s.parse, "string")
     if isinstance(s.default, bool):
         return "boolean"
     if isinstance(s.default, int):
@@ -84,7 +86,7 @@ def _setting_type(s: settings.Setting) -> str:
 def _setting_default(s: settings.Setting) -> str:
     if isinstance(s.default, bool):
         return "`1`" if s.default else "`0`"
-    if s.default in ("", ()):
+    if s.default is None or s.default in ("", ()):
         return "(empty)"
     return f"`{s.default}`"
 

@@ -264,11 +264,13 @@ STREAM_FLUSH_S = Setting(
     "TAILGUARD_STREAM_FLUSH_S", 0.05, float,
     "A worker batches text deltas into one Redis Stream entry per this many seconds "
     "(the first delta is written at once, so time to first token is not held back).")
-STREAM_WRITES_PER_S = Setting(
-    "TAILGUARD_STREAM_WRITES_PER_S", 40.0, float,
+STREAM_WRITES_PER_S: Setting[float | None] = Setting(
+    "TAILGUARD_STREAM_WRITES_PER_S", None, float,
     "At most this many stream entries per second from all of a worker's running jobs together: "
     "with more jobs running, each batches its text over (running jobs / this) seconds, since each "
-    "entry is front-end work for the worker, Redis and the API. 0: never stretched.")
+    "entry is front-end work for the worker, Redis and the API. 0: never stretched. Empty: 40 on "
+    "a CPU host (the engines share its cores with the front end), 320 on a GPU host (its front end "
+    "has cores of its own; the shipped lanes' batches stay at TAILGUARD_STREAM_FLUSH_S).")
 STREAM_MAXLEN = Setting(
     "TAILGUARD_STREAM_MAXLEN", 10000, int, "Approximate cap on entries in one job's stream.")
 SSE_HEARTBEAT_S = Setting(

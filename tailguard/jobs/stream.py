@@ -46,6 +46,20 @@ DELTA, CHUNK, RESPONSE = "delta", "chunk", "response"
 OUTAGE_S = 30.0
 
 
+#: A worker's stream entries per second (all its running jobs together) when
+#: TAILGUARD_STREAM_WRITES_PER_S is empty, by the kind of host it runs on. On a CPU host each
+#: entry is work for cores the engines need (docs/cpu-hosts.md). On a GPU host the bound is
+#: Redis's, shared by the fleet (docs/capacity.md). 320 keeps every stream of the shipped lanes'
+#: batches (16 and 8 slots) at the 50 ms base, where vLLM sends a chunk per step.
+DEFAULT_WRITES_PER_S = {"cpu": 40.0, "cuda": 320.0}
+
+
+def writes_per_s_for(device: str, configured: float | None) -> float:
+    """The write budget of a worker on a `device` ("cpu" or "cuda") host: `configured`
+    (TAILGUARD_STREAM_WRITES_PER_S) when set, else that host kind's default."""
+    return DEFAULT_WRITES_PER_S[device] if configured is None else configured
+
+
 def flush_interval(running: int, base_s: float, writes_per_s: float) -> float:
     """How long a job's writer batches text: `base_s`, stretched so that `running` jobs'
     streams together write at most `writes_per_s` entries per second (0: never stretched)."""

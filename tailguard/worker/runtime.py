@@ -39,7 +39,7 @@ from tailguard.host.procfs import idle_priority, normal_priority_threads
 from tailguard.host.roaming import EngineCoreRoamer, roamer_for
 from tailguard.jobs.liveness import Liveness
 from tailguard.jobs.store import JobStore
-from tailguard.jobs.stream import DeltaWriter, flush_interval
+from tailguard.jobs.stream import DeltaWriter, flush_interval, writes_per_s_for
 from tailguard.jobs.task_message import kwargs_repr
 from tailguard.lanes.borrowing import BorrowPolicy, resolve
 from tailguard.lanes.table import Lane, LaneTable, check_worker_lanes, load_lanes
@@ -81,6 +81,8 @@ class WorkerRuntime:
     #: builds the engine borrowed jobs run on when borrow.engine is "idle" (the first and
     #: each restart's); it runs at idle CPU priority (`idle_priority`)
     build_idle_engine: Callable[[], EngineHost] | None = None
+    #: stream entries per second its running jobs write together (`flush_interval`)
+    stream_writes_per_s: float = writes_per_s_for("cpu", None)
     stopping: threading.Event = field(default_factory=threading.Event)
     keeper: EngineKeeper[EngineHost] = field(init=False)
     runner: JobRunner = field(init=False)
@@ -217,7 +219,7 @@ class WorkerRuntime:
         # to start included. Counting only the own engine's let borrowed jobs on the idle
         # engine write every 50 ms beside a quiet own lane.
         flush_s = flush_interval(self.running_jobs() + 1, settings.STREAM_FLUSH_S.get(),
-                                 settings.STREAM_WRITES_PER_S.get())
+                                 self.stream_writes_per_s)
         return DeltaWriter(self.store.redis, job_id, flush_s=flush_s,
                            maxlen=self.store.stream_maxlen, ttl_s=self.store.ttl_s)
 
@@ -269,7 +271,9 @@ def setup(app: Celery, hostname: str, queue_names: list[str], *,
                                     EngineHost, idle_engine_config(borrowed, borrow.max_borrowed,
                                                                    options))
                                 if idle else None,
-                                build_engine=functools.partial(EngineHost, config))
+                                build_engine=functools.partial(EngineHost, config),
+                                stream_writes_per_s=writes_per_s_for(
+                                    device, settings.STREAM_WRITES_PER_S.get()))
         setattr(app, _APP_ATTR, runtime)
     _serve_metrics(runtime)
     if eager_engine:
