@@ -39,7 +39,21 @@ def run_bench(tiny_model, out, *args, timeout=BENCH_TIMEOUT_S):
             "--lanes", str(TEST_LANES), *args, "--warmup", "1", "--drain", "60", "--no-progress",
             "--out", str(out)]
     t0 = time.monotonic()
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    with subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as popen:
+        try:
+            stdout, stderr = popen.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # SIGTERM, not subprocess.run's SIGKILL: the bench then stops the servers it started
+            # (each in a session of its own), which a SIGKILL would leave running
+            popen.terminate()
+            try:
+                stdout, stderr = popen.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                popen.kill()
+                stdout, stderr = popen.communicate()
+            pytest.fail(f"tailguard bench took over {timeout} s\n{stdout}\n{stderr}")
+    proc = subprocess.CompletedProcess(argv, popen.returncode, stdout, stderr)
     logs = "\n".join(f"--- {p}\n{p.read_text(errors='replace')[-2000:]}"
                      for p in sorted(out.glob("*/*.log")))
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\n{logs}"
