@@ -392,8 +392,8 @@ def _timed_phase(client: Client, topo: str, phase: str, wl: Workload, cfg: Bench
 
 def _overload(client: Client, topo: str, workload: Workload, table: LaneTable, limit: int | None,
               count_tokens: Callable[[str], int] | None, cfg: BenchConfig, info: dict[str, Any],
-              samples: dict[str, list[Sample]], redis_url: str | None = None,
-              workers_per_lane: dict[str, int] | None = None) -> Workload:
+              samples: dict[str, list[Sample]], workers_per_lane: dict[str, int],
+              redis_url: str | None = None) -> Workload:
     """Measure the short lane's capacity with a saturation probe (a closed loop, so the lane is
     kept full without a growing queue), then run the overload timeline with its burst at
     `overload_factor` x that capacity. Fills `samples` (the probe, then the windows) and `info`;
@@ -406,10 +406,7 @@ def _overload(client: Client, topo: str, workload: Workload, table: LaneTable, l
     lane_name = place(list(table), priority="interactive", prompt_tokens=prompt_tokens,
                       requested_max_tokens=first.max_tokens, model_max_len=limit).lane
     lane = next(l for l in table if l.name == lane_name)
-    # the topology's workers, replicas included (the lanes file's entries when not given)
-    workers = ((workers_per_lane or {}).get(lane_name)
-               or sum(1 for w in table.workers if lane_name in w.lanes))
-    senders = 2 * lane.max_num_seqs * workers
+    senders = 2 * lane.max_num_seqs * workers_per_lane.get(lane_name, 1)  # replicas included
     time.sleep(cfg.pause_s)
     log(f"[{topo}/{PROBE}] {senders} closed-loop senders of short requests for {cfg.probe_s:g} s "
         f"(lane {lane_name!r}: {lane.max_num_seqs} batch slots per engine)")
@@ -592,8 +589,8 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
                 redis_url = None if direct else topo.redis_url
                 if workload.name == OVERLOAD:
                     workload = _overload(client, name, workload, table, limit, count_tokens,
-                                         cfg, topo_info[name], samples[name], redis_url,
-                                         spec.workers_per_lane())
+                                         cfg, topo_info[name], samples[name],
+                                         spec.workers_per_lane(), redis_url)
                     phases = phases_of(workload, cfg.baseline)
                 for phase, wl in ({} if workload.name == OVERLOAD else phases).items():
                     samples[name][phase] = _timed_phase(client, name, phase, wl, cfg,
