@@ -69,6 +69,7 @@ def worker(lane: str | None, worker_name: str | None, gpu: str | None, cores: st
         raise click.UsageError("give exactly one of --lane or --worker")
     spec = table.worker(worker_name) if worker_name else table.worker_for_lane(lane)
     lanes = table.lanes_for_queues(spec.lanes)
+    moves_to = table.lanes_for_queues(spec.moves_to)
     model, is_demo = served_model()
     if is_demo:
         click.echo(f"[{spec.name}] {DEMO_NOTICE}", err=True)
@@ -77,7 +78,7 @@ def worker(lane: str | None, worker_name: str | None, gpu: str | None, cores: st
         env[settings.WORKER_METRICS_PORT.env] = str(metrics_port)
     become([console_script("celery"), "-A", "tasks", "worker", "-Q", ",".join(spec.lanes),
             "-n", node_name(worker_name or spec.name),
-            "-c", str(concurrency or engine_settings_for(lanes)[0]),
+            "-c", str(concurrency or engine_settings_for(lanes, moves_to=moves_to)[0]),
             "-l", loglevel], env=env, pin=Pinning.from_options(gpu, cores))
 
 
@@ -247,6 +248,35 @@ def redis(port: int | None) -> None:
                                              option="--port").message)
     os.umask(0o077)  # its AOF holds every prompt and output: 0600, as the folders are 0700
     become(redis_command(port, settings.home() / "redis", password=embedded_redis_password()))
+
+
+@main.command()
+@click.option("--loglevel", "-l", default="INFO", show_default=True)
+def controller(loglevel: str) -> None:
+    """Run a lane controller: it moves warm workers between lanes as the load moves.
+
+    Any number may run; one holds the Redis lease and decides, the others take over when it
+    stops. `tailguard up` starts one (docs/lanes.md, "Lanes that follow the load")."""
+    import logging
+
+    from tailguard.control.controller import build_controller
+    from tailguard.lanes.table import load_lanes
+    from tailguard.redis import client as redis_client
+
+    logging.basicConfig(level=loglevel.upper(), format="[%(asctime)s] %(name)s: %(message)s")
+    if settings.LANE_CONTROLLER_S.get() <= 0:
+        raise click.ClickException(f"{settings.LANE_CONTROLLER_S.env} is 0: the lane controller "
+                                   "is off")
+    ctl = build_controller(redis_client.connect(settings.redis_url(), socket_connect_timeout=5,
+                                                health_check_interval=30), load_lanes())
+    click.echo(f"lane controller {ctl.owner}: every {ctl.period_s:g} s while it holds the lease",
+               err=True)
+    try:
+        ctl.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        ctl.close()
 
 
 @main.command()

@@ -301,6 +301,22 @@ ADMIT_WITHOUT_WORKER = Setting(
     "TAILGUARD_ADMIT_WITHOUT_WORKER", False, _bool,
     "Queue requests for a lane no live worker serves (they wait up to queue_ttl_s for one to "
     "come) instead of answering 503 no_live_worker.")
+LANE_CONTROLLER_S = Setting(
+    "TAILGUARD_LANE_CONTROLLER_S", 1.0, float,
+    "How often the lane controller (`tailguard controller`, started by `tailguard up`) reads the "
+    "lanes' load and may move one worker; its Redis lease lapses after 3x this. 0: `tailguard "
+    "up` starts none, and workers stay on their own lanes.")
+LANE_DWELL_S = Setting(
+    "TAILGUARD_LANE_DWELL_S", 10.0, float,
+    "The least time between two lane moves (longer when moves take longer: 3x the last one's "
+    "duration), so each move's effect is seen before the next decision.")
+MOVE_DRAIN_S = Setting(
+    "TAILGUARD_MOVE_DRAIN_S", 2.0, float,
+    "How long a worker that changes lanes lets its old lane's running jobs finish before it "
+    "hands the rest back to their queue (they continue elsewhere with their text so far).")
+LANE_FOLLOW_S = Setting(
+    "TAILGUARD_LANE_FOLLOW_S", 0.25, float,
+    "How often a worker reads its lane order and reports what it serves.")
 REQUEST_LOG = Setting(
     "TAILGUARD_REQUEST_LOG", "", str,
     "File for the request log (one JSON line per finished request). Empty: the API's stdout.")

@@ -11,9 +11,9 @@ import os
 from typing import Any
 
 from celery import signals
-from celery.worker.control import inspect_command
+from celery.worker.control import control_command, inspect_command
 
-from tailguard.lanes.table import engine_settings_for, load_lanes
+from tailguard.lanes.table import engine_settings_for, load_lanes, slots_for
 from tailguard.worker.runtime import (
     attached,
     engine_stats_of,
@@ -34,8 +34,12 @@ def _set_concurrency(sender=None, conf=None, options=None, **_: Any) -> None:
     if not queues or options.get("concurrency"):
         return
     names = queues.split(",") if isinstance(queues, str) else list(queues)
-    lanes = lanes_for_queue_names(load_lanes(), [n.strip() for n in names if n.strip()])
-    conf.worker_concurrency = engine_settings_for(lanes)[0]
+    table = load_lanes()
+    names = [n.strip() for n in names if n.strip()]
+    lanes = lanes_for_queue_names(table, names)
+    spec = table.worker_for_queues(names)  # its entry's moves_to size the pool too
+    conf.worker_concurrency = engine_settings_for(
+        lanes, moves_to=table.lanes_for_queues(spec.moves_to) if spec else ())[0]
 
 
 @signals.worker_ready.connect
@@ -46,7 +50,10 @@ def _on_worker_ready(sender=None, **_: Any) -> None:
     consuming with nothing to run its tasks: a worker that cannot set up exits instead.
     """
     try:
-        setup(sender.app, sender.hostname, [q.name for q in sender.task_consumer.queues])
+        queues = [q.name for q in sender.task_consumer.queues]
+        setup(sender.app, sender.hostname, queues)
+        # the pool may be sized for a larger lane it can be moved to: reserve this one's batch
+        _set_prefetch(sender, slots_for(load_lanes().lanes_for_queues(queues)))
     except Exception:
         log.critical("this worker cannot set up, so it exits", exc_info=True)
         exit_worker()
@@ -65,7 +72,36 @@ def _on_worker_shutdown(sender=None, **_: Any) -> None:
     teardown(sender.app)
 
 
-# --- remote control: `celery -A tasks inspect engine_stats` ------------------------------
+def _set_prefetch(consumer: Any, slots: int) -> None:
+    """Reserve `slots` messages at most (late acks: one per job in flight), in the consumer's
+    thread; Celery's own prefetch is the pool's size."""
+    consumer.qos.value = slots
+    consumer.qos.update()
+
+
+# --- remote control ----------------------------------------------------------------------
+
+@control_command(
+    args=[("add", list), ("cancel", list), ("prefetch", int)],
+    signature="<add: queues> <cancel: queues> <prefetch>",
+)
+def tailguard_consume(state, add: list[str] | None = None, cancel: list[str] | None = None,
+                      prefetch: int = 0, **_: Any) -> dict:
+    """Change the queues this worker consumes, in its consumer's thread, in one step: stop
+    `cancel`, start `add` (in order: the queue order is the lanes' priority) and reserve
+    `prefetch` messages at most. What a lane move runs (tailguard/worker/lane_follower.py);
+    `celery inspect active_queues` and Flower show the result."""
+    consumer = state.consumer
+    for queue in cancel or ():
+        consumer.cancel_task_queue(queue)
+    for queue in add or ():
+        consumer.add_task_queue(queue)
+    if prefetch:  # never more than the pool's threads: a message without one would wait
+        _set_prefetch(consumer, min(prefetch, consumer.pool.num_processes or prefetch))
+    return {"ok": "consuming " + ",".join(q.name for q in consumer.task_consumer.queues)}
+
+
+# --- `celery -A tasks inspect engine_stats` ------------------------------------------------
 
 @inspect_command()
 def engine_stats(state, **_: Any) -> dict:

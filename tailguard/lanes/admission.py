@@ -10,7 +10,9 @@ The predicted wait counts the lane's free batch slots. Its slots are
 ``max_num_seqs`` per live worker (lane heartbeats); the slots in use are the lane's
 jobs running on its own workers (Redis keeps them with the job states,
 tailguard/redis/lua/transition_job.lua; a job of the lane that another lane's worker
-borrowed runs in that worker's engine and takes none). A request that finds a slot
+borrowed runs in that worker's engine and takes none). A lane whose workers the lane
+controller moved elsewhere (tailguard/lanes/rebalance.py) predicts with one worker's slots
+and queues: a worker comes back once it has work. A request that finds a slot
 left for it (fewer requests queued ahead of it than slots free) predicts no wait,
 however tight the promise: two requests of the usual load that arrive together are
 not refused because the first is still queued for the few milliseconds its worker
@@ -59,6 +61,7 @@ class LaneLoad:
     window_s: float       # that window
     live_workers: int     # workers serving the lane now
     now: float | None = None  # the Redis clock when these were read (Unix seconds)
+    standby_workers: int = 0  # live workers serving another lane that may be moved to this one
 
 
 @dataclass(frozen=True)
@@ -111,7 +114,9 @@ class AdmissionPolicy:
         Raises NoLiveWorker, LaneFull or WaitTooLong (the last two with Retry-After:
         how long until, at the current rate and with no new arrivals, it would be accepted).
         """
-        if load.live_workers == 0 and not self.admit_without_worker:
+        # a lane whose workers were all moved away is served again once the lane controller
+        # moves one back (it does when the lane has work and no worker): queue, do not refuse
+        if load.live_workers == 0 and load.standby_workers == 0 and not self.admit_without_worker:
             raise NoLiveWorker(f"no live worker serves lane {lane.name!r}; retry later",
                                field="lane")
         rate = self.service_rate(lane, load)

@@ -53,6 +53,11 @@ class Lane:
     dedicated: bool = False
     max_backlog_tokens: int | None = None
     max_wait_s: float | None = None
+    #: the lane controller's target: the predicted wait it keeps the lane under by moving
+    #: workers to it (None: half the promise; batch lanes: no target unless one is given)
+    target_wait_s: float | None = None
+    #: workers the lane controller always leaves on the lane (0: it may take every one)
+    min_workers: int = 1
 
     @property
     def queue(self) -> str:
@@ -68,6 +73,14 @@ class Lane:
     def promised_wait_s(self) -> float:
         """The longest predicted wait a request is accepted with: max_wait_s, else queue_ttl_s."""
         return self.max_wait_s if self.max_wait_s is not None else self.queue_ttl_s
+
+    @property
+    def wait_target_s(self) -> float | None:
+        """The lane controller's target wait: target_wait_s, else half the promise for an
+        interactive lane (room to act before admission refuses), none for a batch lane."""
+        if self.target_wait_s is not None:
+            return self.target_wait_s
+        return self.promised_wait_s / 2 if self.priority == "interactive" else None
 
     @property
     def effective_default_max_tokens(self) -> int:
@@ -104,6 +117,14 @@ class WorkerSpec:
     #: vLLM engine arguments, the file's [engine] defaults merged with the entry's own
     engine: dict[str, Any] = field(default_factory=dict, hash=False)
     borrow: BorrowPolicy = BorrowPolicy(lanes=())
+    #: lanes the lane controller may move it to, each served alone (its engine is built to fit
+    #: them: tailguard/lanes/rebalance.py)
+    moves_to: tuple[str, ...] = ()
+
+    @property
+    def assignments(self) -> list[tuple[str, ...]]:
+        """What it may serve, its own lanes first: the controller picks one of these."""
+        return [self.lanes, *((lane,) for lane in self.moves_to)]
 
     @property
     def devices_per_engine(self) -> int:
@@ -190,12 +211,21 @@ class LaneTable:
         return max(lane.queue_ttl_s + lane.deadline_s for lane in self.lanes)
 
 
-def engine_settings_for(lanes: list[Lane], borrowed: Iterable[Lane] = ()) -> tuple[int, int]:
+def engine_settings_for(lanes: list[Lane], borrowed: Iterable[Lane] = (),
+                        moves_to: Iterable[Lane] = ()) -> tuple[int, int]:
     """(max_num_seqs, max_model_len) of an engine serving `lanes`: the largest of each; its
     context also fits every request of the lanes it may `borrowed` from, its batch does not
-    grow for them (borrowed requests only take slots its own lanes leave free)."""
-    return (max(l.max_num_seqs for l in lanes),
-            max(l.max_model_len for l in [*lanes, *borrowed]))
+    grow for them (borrowed requests only take slots its own lanes leave free). Batch and
+    context both fit the lanes it may be moved to (the worker's prefetch holds each lane to
+    its own batch: tailguard/worker/lane_follower.py)."""
+    moves_to = list(moves_to)
+    return (max(l.max_num_seqs for l in [*lanes, *moves_to]),
+            max(l.max_model_len for l in [*lanes, *borrowed, *moves_to]))
+
+
+def slots_for(lanes: list[Lane]) -> int:
+    """The jobs a worker serving `lanes` runs at once: their largest batch."""
+    return max(l.max_num_seqs for l in lanes)
 
 
 def check_worker_lanes(lanes: list[Lane]) -> None:
@@ -249,6 +279,11 @@ LANE_FIELDS: dict[str, FieldDoc] = {
     "max_wait_s": FieldDoc((int, float), "queue_ttl_s",
                            "the longest predicted wait a request is accepted with (at most "
                            "queue_ttl_s); past it, 429 `wait_too_long`"),
+    "target_wait_s": FieldDoc((int, float), "max_wait_s / 2 (batch: none)",
+                              "the lane controller moves a worker to the lane when its "
+                              "predicted wait passes this (at most max_wait_s)"),
+    "min_workers": FieldDoc((int,), "1",
+                            "workers the lane controller always leaves on the lane (0 allowed)"),
 }
 
 
@@ -278,8 +313,16 @@ def _lane_from(name: str, raw: Any) -> Lane:
         raise ConfigError(f"{where}.priority must be one of {PRIORITY_CLASSES}, got {lane.priority!r}",
                           field=f"{where}.priority")
     for key in ("max_cost", "max_tokens", "default_max_tokens", "deadline_s", "queue_ttl_s",
-                "max_num_seqs", "max_model_len", "max_backlog_tokens", "max_wait_s"):
+                "max_num_seqs", "max_model_len", "max_backlog_tokens", "max_wait_s",
+                "target_wait_s"):
         positive(key, getattr(lane, key))
+    if lane.min_workers < 0:
+        raise ConfigError(f"{where}.min_workers must be >= 0, got {lane.min_workers}",
+                          field=f"{where}.min_workers")
+    if lane.target_wait_s is not None and lane.target_wait_s > lane.promised_wait_s:
+        raise ConfigError(f"{where}.target_wait_s ({lane.target_wait_s}) exceeds the lane's "
+                          f"promise ({lane.promised_wait_s:g} s): admission would refuse first",
+                          field=f"{where}.target_wait_s")
     if lane.max_backlog_tokens is not None and lane.max_backlog_tokens < lane.max_model_len:
         # so the costliest request the lane can take always fits when its queue is empty
         raise ConfigError(f"{where}.max_backlog_tokens ({lane.max_backlog_tokens}) is below "
@@ -330,7 +373,12 @@ def _workers_from(raw: Any, lanes: tuple[Lane, ...], engine: dict[str, Any],
         if own:
             tables.append((f"{where}.engine", own))
         spec = WorkerSpec(name=name, lanes=tuple(wl), engine={**engine, **own},
-                          borrow=_borrow_from(w, where, tuple(wl), names))
+                          borrow=_borrow_from(w, where, tuple(wl), names),
+                          moves_to=_moves_to_from(w, where, tuple(wl), names))
+        if spec.moves_to and spec.borrow.lanes:
+            # two mechanisms moving the same capacity would fight over it: one at a time
+            raise ConfigError(f"{where}: a worker either borrows jobs (borrow) or is moved "
+                              "whole between lanes (moves_to), not both", field=f"{where}.moves_to")
         spec = dataclasses.replace(spec, replicas=_replicas_from(w, where),
                                    devices=_devices_from(w, where, spec.devices_per_engine))
         if spec.devices is not None and spec.replicas != 1:
@@ -355,6 +403,12 @@ def _workers_from(raw: Any, lanes: tuple[Lane, ...], engine: dict[str, Any],
     if missing:
         raise ConfigError(f"no worker serves lane(s) {missing}: requests there would wait forever",
                           field="workers")
+    for lane in lanes:  # replicas = "fill" counts as one: a CPU host runs one
+        home = sum(1 if s.replicas == FILL else int(s.replicas) for s in specs
+                   if lane.name in s.lanes)
+        if home < lane.min_workers:
+            raise ConfigError(f"lane {lane.name!r} keeps min_workers = {lane.min_workers}, but "
+                              f"only {home} worker(s) serve it", field=f"lanes.{lane.name}.min_workers")
     return tuple(specs), tables
 
 
@@ -417,6 +471,9 @@ WORKER_FIELDS: dict[str, FieldDoc] = {
                        "from the lanes and settings and are refused here"),
     "borrow": FieldDoc((list,), "[]",
                        "other lanes it may take jobs from while its own have nothing queued"),
+    "moves_to": FieldDoc((list,), "[]",
+                         "other lanes the lane controller may move the whole worker to, each "
+                         "served alone; its engine's context and batch grow to fit them"),
     "borrow_headroom": FieldDoc((int,), "2", "R: engine slots kept free for its own lanes"),
     "borrow_max": FieldDoc((int,), "4", "B: borrowed jobs running at once"),
     "borrow_engine": FieldDoc((str,), '"auto"',
@@ -426,6 +483,21 @@ WORKER_FIELDS: dict[str, FieldDoc] = {
                               'P99, never measured on a GPU) or `"auto"` (idle on a CPU host, no '
                               "borrowing on a GPU)"),
 }
+
+
+def _moves_to_from(w: dict[str, Any], where: str, own: tuple[str, ...],
+                   lanes: dict[str, Lane]) -> tuple[str, ...]:
+    moves = w.get("moves_to", [])
+    if not isinstance(moves, list) or not all(isinstance(x, str) for x in moves):
+        raise ConfigError(f"{where}.moves_to must be a list of lane names", field=f"{where}.moves_to")
+    for ln in moves:
+        if ln not in lanes or ln in own:
+            raise ConfigError(f"{where}.moves_to: {ln!r} is not another lane (lanes: "
+                              f"{', '.join(lanes)}; this worker's: {', '.join(own)})",
+                              field=f"{where}.moves_to")
+    if len(set(moves)) != len(moves):
+        raise ConfigError(f"{where}.moves_to names a lane twice: {moves}", field=f"{where}.moves_to")
+    return tuple(moves)
 
 
 def _borrow_from(w: dict[str, Any], where: str, own: tuple[str, ...],

@@ -199,6 +199,12 @@ def run_up(binds: Binds | None = None) -> int:
                       f"{settings.ENGINE_NICE.get()})" if shares_frontend(placed.pin, env) else "")
             _say(f"worker {placed.name} serves {', '.join(placed.spec.lanes)} on "
                  f"{placed.label()}{shared}")
+        if settings.LANE_CONTROLLER_S.get() > 0 and any(w.moves_to for w in table.workers):
+            specs.append(ChildSpec("controller", tailguard_argv("controller"), env=env,
+                                   restart=policy, cpus=front))
+            _say("lane controller: moves " + ", ".join(
+                f"{w.name} to {'/'.join(w.moves_to)}" for w in table.workers if w.moves_to)
+                + " while their own lanes can spare them (docs/lanes.md)")
         for note in placement.notes():
             _say(note)
         if front:

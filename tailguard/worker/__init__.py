@@ -2,8 +2,9 @@
 
 Owns the worker runtime (``runtime``: engine, heartbeat, borrowing, built when the
 Celery consumer is ready), its engine configuration (``engine_config``), the heartbeat
-(``heartbeat``), the lifecycle of a job on the worker (``runner``) and borrowing other
-lanes' jobs (``borrower``). ``tasks/`` adapts Celery's signals and tasks to it.
+(``heartbeat``), the lifecycle of a job on the worker (``runner``), borrowing other
+lanes' jobs (``borrower``) and carrying out the lane controller's orders with the engine
+left warm (``lane_follower``). ``tasks/`` adapts Celery's signals and tasks to it.
 May import: ``tailguard.engine``, ``tailguard.jobs``, ``tailguard.lanes``,
 ``tailguard.model``, ``tailguard.observe``, ``tailguard.host``, ``tailguard.redis``,
 ``errors``, ``settings``, ``sampling``.
