@@ -1,7 +1,8 @@
 """One worker process: its runtime, the jobs it runs, the work it borrows.
 
 Owns the worker runtime (``runtime``: engine, heartbeat, borrowing, built when the
-Celery consumer is ready), its engine configuration (``engine_config``), the heartbeat
+Celery consumer is ready, its parts started and stopped in a declared order; no other
+module here imports it), its engine configuration (``engine_config``), the heartbeat
 (``heartbeat``), the lifecycle of a job on the worker (``runner``) and borrowing other
 lanes' jobs (``borrower``). ``tasks/`` adapts Celery's signals and tasks to it.
 May import: ``tailguard.engine``, ``tailguard.jobs``, ``tailguard.lanes``,

@@ -12,8 +12,12 @@ restarted in-process (tailguard/engine/keeper.py): the lanes are withdrawn from
 that fails its first start or warm-up, or does not come back after a death, makes the
 worker exit non-zero instead of serving. A worker whose [[workers]] entry borrows
 from other lanes also runs a borrower thread (tailguard/worker/borrower.py) that
-takes their jobs while its own lanes are idle. `teardown` shuts the engine down:
-without that a warm shutdown hangs on vLLM's engine-core process.
+takes their jobs while its own lanes are idle.
+
+Each of those is a part (`Part`: `start()`, `stop()`, its own thread), built with only
+what it uses and listed in `_parts` in the order they start; `teardown` withdraws the
+lanes, then stops the parts in reverse (the engines among them: without that a warm
+shutdown hangs on vLLM's engine-core process). Nothing in the parts imports this module.
 """
 
 from __future__ import annotations
