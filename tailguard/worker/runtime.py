@@ -194,10 +194,7 @@ class WorkerRuntime:
     def withdraw(self) -> None:
         """The engine is down: /healthz must not count this worker for its lanes, now."""
         with self._advert_lock:
-            try:
-                self.liveness.forget(self.lane_names, self.hostname)
-            except redis.RedisError as exc:  # the heartbeat lapses on its own
-                log.warning("could not withdraw the lanes' heartbeat: %s", exc)
+            self._forget(self.lane_names)
 
     def replace_lanes(self, lanes: list[Lane]) -> None:
         """Serve `lanes` from now on: /healthz stops counting this worker for the old ones at
@@ -206,11 +203,14 @@ class WorkerRuntime:
         check_worker_lanes(lanes)
         with self._advert_lock:
             old, self.lanes = self.lane_names, list(lanes)
-            try:
-                self.liveness.forget(old, self.hostname)
-            except redis.RedisError as exc:  # the heartbeat lapses on its own
-                log.warning("could not withdraw the lanes' heartbeat: %s", exc)
+            self._forget(old)
         self.advertise()
+
+    def _forget(self, lane_names: list[str]) -> None:
+        try:
+            self.liveness.forget(lane_names, self.hostname)
+        except redis.RedisError as exc:  # the heartbeat lapses on its own
+            log.warning("could not withdraw the lanes' heartbeat: %s", exc)
 
     def start(self, parts: list[Part]) -> None:
         """Start `parts` in their order; `stop` stops the started ones in reverse."""
