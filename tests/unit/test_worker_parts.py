@@ -117,3 +117,24 @@ def test_replaced_lanes_are_withdrawn_then_the_new_ones_advertised():
     rt.replace_lanes([load_lanes()["long"], load_lanes()["batch"]])
     assert calls == [("withdraw", ("short",)), ("advertise", ("long", "batch"))]
     assert rt.lane_names == ["long", "batch"]
+
+
+def test_the_metrics_server_serves_its_collectors_until_stopped():
+    import urllib.request
+
+    from prometheus_client import REGISTRY
+
+    from tailguard.engine.stats import HostStats
+    from tailguard.host.redis_server import free_port
+    from tailguard.observe.metrics import MetricsServer, WorkerCollector
+
+    port = free_port()
+    collector = WorkerCollector("w@h", HostStats)
+    server = MetricsServer(port, "127.0.0.1", [collector])
+    server.start()
+    try:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+        assert b'tailguard_worker_running_requests{worker="w@h"}' in body
+    finally:
+        server.stop()
+    assert collector not in REGISTRY._collector_to_names
