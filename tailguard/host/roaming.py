@@ -111,6 +111,17 @@ class EngineCoreRoamer:
         #: moves to the front-end cores so far (`celery inspect engine_stats`)
         self.moves_away = 0
         self.away = False
+        self._stopping = threading.Event()
+
+    def start(self) -> None:
+        """Roam on a thread of its own until `stop`."""
+        log.info("the engine core moves to cores %s while they are idle",
+                 ",".join(map(str, self.frontend)))
+        threading.Thread(target=self.run, args=(self._stopping,), name="tailguard-roaming",
+                         daemon=True).start()
+
+    def stop(self) -> None:
+        self._stopping.set()
 
     def run(self, stopping: threading.Event) -> None:
         pid: int | None = None

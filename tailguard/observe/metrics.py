@@ -17,10 +17,11 @@ Who exports what (each process serves only what it owns; Prometheus sums):
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 
 import redis
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -29,6 +30,8 @@ from tailguard.errors import RateLimited
 from tailguard.jobs.finished import FinishedRequest
 from tailguard.jobs.storage import StorageWatch
 from tailguard.lanes.borrowing import BorrowStats
+
+log = logging.getLogger("tailguard.metrics")
 
 PREFIX = "tailguard"
 
@@ -280,3 +283,26 @@ class BorrowCollector(Collector):
             c = CounterMetricFamily(metric_name(name), doc, labels=["worker"])
             c.add_metric([self.worker], value)
             yield c
+
+
+class MetricsServer:
+    """A worker's Prometheus endpoint on its own HTTP thread: `collectors`, and vLLM's own
+    `vllm:*` metrics, which vLLM registers in the process's default registry."""
+
+    def __init__(self, port: int, addr: str, collectors: list[Collector]) -> None:
+        self.port, self.addr, self.collectors = port, addr, collectors
+        self._server = None
+
+    def start(self) -> None:
+        for collector in self.collectors:
+            REGISTRY.register(collector)
+        self._server, _ = start_http_server(self.port, addr=self.addr)
+        log.info("metrics on http://%s:%d/metrics", self.addr, self.port)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        for collector in self.collectors:
+            REGISTRY.unregister(collector)

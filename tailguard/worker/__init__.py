@@ -1,7 +1,8 @@
 """One worker process: its runtime, the jobs it runs, the work it borrows.
 
 Owns the worker runtime (``runtime``: engine, heartbeat, borrowing, built when the
-Celery consumer is ready), its engine configuration (``engine_config``), the heartbeat
+Celery consumer is ready, its parts started and stopped in a declared order; no other
+module here imports it), its engine configuration (``engine_config``), the heartbeat
 (``heartbeat``), the lifecycle of a job on the worker (``runner``), borrowing other
 lanes' jobs (``borrower``) and carrying out the lane controller's orders with the engine
 left warm (``lane_follower``). ``tasks/`` adapts Celery's signals and tasks to it.

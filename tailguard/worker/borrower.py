@@ -98,6 +98,20 @@ class Borrower:
         #: borrowed jobs on the engine: id -> (when taken, set to reclaim it, reclaimable)
         self._jobs: dict[str, tuple[float, threading.Event, bool]] = {}
         self._conn: Any = None
+        self._stopping = threading.Event()
+
+    def start(self) -> None:
+        """Borrow on a thread of its own until `stop`."""
+        log.info("borrowing from %s while %s is idle (%s)", ", ".join(self.policy.lanes),
+                 ", ".join(self.own_queues), self.policy)
+        threading.Thread(target=self.run, args=(self._stopping,), name="tailguard-borrower",
+                         daemon=True).start()
+
+    def stop(self, give_back_s: float = 10.0) -> None:
+        """Borrow no more, and give back what is borrowed (`give_back`)."""
+        self._stopping.set()
+        if not self.give_back(timeout_s=give_back_s):
+            log.warning("borrowed jobs still running at shutdown: they end with the engine")
 
     def stats(self) -> BorrowStats:
         with self._lock:

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+import threading
+from collections.abc import Callable
 
 import redis
 
 from tailguard import settings
+from tailguard.jobs.liveness import Liveness
 from tailguard.jobs.reaper import LAPSE_PERIODS, Reaper
-from tailguard.jobs.redeliver import Redeliverer
-
-if TYPE_CHECKING:
-    from tailguard.worker.runtime import WorkerRuntime
 
 log = logging.getLogger("tailguard.worker")
+
+#: How long `Heartbeat.stop` waits for a beat in progress (a Redis call past its timeout).
+_JOIN_S = 5.0
 
 
 def lapse_s() -> float:
@@ -22,22 +23,45 @@ def lapse_s() -> float:
     return settings.WORKER_HEARTBEAT_S.get() * LAPSE_PERIODS
 
 
-def run_heartbeat(runtime: WorkerRuntime) -> None:
-    """Every period: this process is alive (read by reapers), its lanes are served while
-    its engine is (read by GET /healthz), its engine is checked for a death nobody saw,
-    and the running jobs of dead peers are reaped."""
-    period = settings.WORKER_HEARTBEAT_S.get()
-    reaper = Reaper(runtime.store, runtime.liveness, period,
-                    Redeliverer(runtime.store, runtime.app.connection_for_write,
-                                settings.REDELIVER_AFTER_S.get(), runtime.lanes, confirm_s=period))
-    while not runtime.stopping.is_set():
+class Heartbeat:
+    """Every `period_s`, on its own thread: this process (`hostname`) is alive (read by
+    reapers), each of `checks` runs (an engine's death nobody saw), `advertise` says its
+    lanes are served while its engine is (read by GET /healthz), and `reaper` reaps the
+    running jobs of dead peers. `stop` ends the beats and says this process is gone."""
+
+    def __init__(self, liveness: Liveness, hostname: str, period_s: float,
+                 checks: list[Callable[[], None]], advertise: Callable[[], None],
+                 reaper: Reaper) -> None:
+        self.liveness, self.hostname, self.period_s = liveness, hostname, period_s
+        self.checks, self.advertise, self.reaper = checks, advertise, reaper
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name="tailguard-heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(_JOIN_S)  # a beat in progress must not mark it alive again
         try:
-            runtime.liveness.worker_alive(runtime.hostname, ttl_s=lapse_s())
-            runtime.keeper.check()
-            if runtime.idle_keeper is not None:
-                runtime.idle_keeper.check()
-            runtime.advertise()
-            reaper.run_once()
+            self.liveness.forget_worker(self.hostname)
+        except redis.RedisError:
+            pass  # its heartbeat lapses on its own
+
+    def run(self) -> None:
+        while not self._stopping.is_set():
+            self.beat()
+            self._stopping.wait(self.period_s)
+
+    def beat(self) -> None:
+        """One heartbeat; a Redis error is logged and the next beat tries again."""
+        try:
+            self.liveness.worker_alive(self.hostname, ttl_s=lapse_s())
+            for check in self.checks:
+                check()
+            self.advertise()
+            self.reaper.run_once()
         except redis.RedisError as exc:
             log.warning("heartbeat failed: %s", exc)
-        runtime.stopping.wait(period)

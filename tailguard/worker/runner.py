@@ -55,7 +55,7 @@ from typing import Any
 
 import redis
 
-from tailguard.engine.host import Engine
+from tailguard.engine.host import Engine, GenerationResult, OpenAIResult
 from tailguard.errors import (
     EngineDeadError,
     EngineError,
@@ -239,25 +239,18 @@ class JobRunner:
                   on_first_token: Callable[[], None],
                   reclaimed: Callable[[], bool]) -> dict[str, Any]:
         """One run of a running job (`record`: as it was when it started) on `engine`, to its
-        terminal state (see run)."""
-        if job.openai is not None:
-            return self._generate_openai(engine, job, record, on_first_token, reclaimed)
+        terminal state (see run). Its kind (`_Run`) makes the engine call and writes the
+        output; the rest, the failure ladder first, is the same for every kind."""
         store, job_id = self.store, job.job_id
         writer = self.writer_for(job_id)
-        resume = _Resume.of(record)
-        # a continued job appends to its stream after the entries its earlier runs wrote
-        # (the writer's ids are 0-k, so it must not start at 0-1 again)
-        writer.entries = resume.entries
+        kind = (_OpenAIRun if job.openai is not None else _NativeRun)(job, record, writer)
+        if not job.reclaimable:
+            reclaimed = _never
         should_cancel = self._cancel_poll(job_id, writer, reclaimed)
-
         try:
-            result = engine.generate(
-                job_id, job.prompt + resume.text,
-                {**job.sampling, "max_tokens": max(1, job.max_tokens - resume.tokens)},
-                deadline_s=max(0.0, job.deadline_s - resume.engine_s), on_delta=writer.add,
-                should_cancel=should_cancel, on_first_token=on_first_token,
-                add_special_tokens=job.add_special_tokens)
-            writer.close()  # the text must be in the stream before the end event (or a requeue)
+            result = kind.call(engine, should_cancel, on_first_token)
+            writer.close()  # the output must be in the stream before the end event (or a requeue)
+            kind.closed(result, reclaimed)
         except EngineDeadError:
             writer.flush()
             raise  # run() decides: run again, engine_dead or poison_request
@@ -271,11 +264,7 @@ class JobRunner:
             self._fail(job_id, InternalJobError(INTERNAL_ERROR_MESSAGE))
             raise
         if result.finish_reason == "cancelled" and reclaimed():
-            moved, state = store.requeue(job_id, {
-                "resume_text": resume.text + result.text,
-                "resume_tokens": resume.tokens + result.completion_tokens,
-                "resume_engine_s": f"{resume.engine_s + result.engine_s:.6f}",
-                "resume_entries": writer.entries, "reclaims": resume.reclaims + 1})
+            moved, state = store.requeue(job_id, kind.resume_point(result))
             if not moved:
                 raise JobSkipped(f"job {job_id} is {state}")
             raise JobReclaimed(job_id, result.prompt_tokens + result.completion_tokens)
@@ -285,63 +274,7 @@ class JobRunner:
             store.transition(job_id, {RUNNING}, CANCELLED, {
                 "error": JobCancelled("the request was aborted in the engine").to_dict()})
             raise JobSkipped(f"job {job_id} was aborted in the engine")
-        body = {"text": resume.text + result.text,
-                "completion_tokens": resume.tokens + result.completion_tokens,
-                "finish_reason": result.finish_reason}
-        return self._succeed(job_id, body, result.ttft_s, result.prompt_tokens)
-
-    def _generate_openai(self, engine: Engine, job: GenerationJob, record: dict[str, Any],
-                         on_output: Callable[[], None],
-                         reclaimed: Callable[[], bool]) -> dict[str, Any]:
-        """One run of a running OpenAI job on `engine`, to its terminal state (see run).
-        `on_output` is told when its first chunk reaches the stream."""
-        store, job_id, spec = self.store, job.job_id, job.openai or {}
-        writer = self.writer_for(job_id)
-        if not job.reclaimable:
-            reclaimed = _never
-        written: list[bool] = []
-
-        def on_chunks(payloads: list[str]) -> None:
-            if not written:
-                written.append(True)
-                on_output()
-            writer.add_chunks(payloads)
-
-        try:
-            result = engine.openai(
-                job_id, spec.get("endpoint", ""), spec.get("request") or {},
-                deadline_s=job.deadline_s,
-                extra={"lane": record.get("lane"), "max_tokens": job.max_tokens,
-                       "max_tokens_capped": bool(spec.get("capped"))},
-                on_first_token=writer.write_next_at_once,
-                should_cancel=self._cancel_poll(job_id, writer, reclaimed), on_chunks=on_chunks)
-            writer.close()  # the chunks must be in the stream before the end event
-            if result.response is not None and not (
-                    result.finish_reason == "cancelled" and reclaimed()):
-                writer.write_response(result.response)
-        except EngineDeadError:
-            writer.flush()
-            raise  # run() decides: run again, engine_dead or poison_request
-        except EngineError as exc:
-            self._fail(job_id, exc)
-            raise
-        except Exception:
-            log.exception("job %s failed with an internal error", job_id)
-            self._fail(job_id, InternalJobError(INTERNAL_ERROR_MESSAGE))
-            raise
-        if result.finish_reason == "cancelled" and reclaimed():
-            # nothing of it was sent: it runs again from scratch, wherever it goes
-            moved, state = store.requeue(job_id, {"reclaims": int(record.get("reclaims", 0)) + 1})
-            if not moved:
-                raise JobSkipped(f"job {job_id} is {state}")
-            raise JobReclaimed(job_id, result.prompt_tokens + result.completion_tokens)
-        if result.finish_reason == "cancelled":
-            store.transition(job_id, {RUNNING}, CANCELLED, {
-                "error": JobCancelled("the request was aborted in the engine").to_dict()})
-            raise JobSkipped(f"job {job_id} was aborted in the engine")
-        body = {"completion_tokens": result.completion_tokens,
-                "prompt_tokens": result.prompt_tokens, "finish_reason": result.finish_reason}
-        return self._succeed(job_id, body, result.ttft_s, result.prompt_tokens)
+        return self._succeed(job_id, kind.body(result), result.ttft_s, result.prompt_tokens)
 
     def _succeed(self, job_id: str, body: dict[str, Any], ttft_s: float | None,
                  engine_prompt_tokens: int) -> dict[str, Any]:
@@ -360,6 +293,102 @@ class JobRunner:
             log.info("job %s finished but is already %s", job_id, state)
             raise JobSkipped(f"job {job_id} is already {state}")
         return body
+
+
+class _Run:
+    """What differs between a native and an OpenAI job's run: the engine call, what it
+    writes to the stream, where a reclaimed run resumes and the result body. The runner's
+    `_generate` owns the rest of the lifecycle (vLLM's serving classes share theirs the
+    same way)."""
+
+    def __init__(self, job: GenerationJob, record: dict[str, Any], writer: DeltaWriter) -> None:
+        self.job, self.record, self.writer = job, record, writer
+
+    def call(self, engine: Engine, should_cancel: Callable[[], bool],
+             on_first_token: Callable[[], None]) -> GenerationResult | OpenAIResult:
+        """Run it on `engine`, streaming to the writer; `on_first_token` once output reached it."""
+        raise NotImplementedError
+
+    def closed(self, result: Any, reclaimed: Callable[[], bool]) -> None:
+        """The streamed output is in the stream: write what follows it, if anything."""
+
+    def resume_point(self, result: Any) -> dict[str, Any]:
+        """The record's fields for a reclaimed run (`result` was cancelled to give it back)."""
+        raise NotImplementedError
+
+    def body(self, result: Any) -> dict[str, Any]:
+        """The succeeded job's result."""
+        raise NotImplementedError
+
+
+class _NativeRun(_Run):
+    """A native job: text deltas, continued from its resume point after a reclaim."""
+
+    def __init__(self, job: GenerationJob, record: dict[str, Any], writer: DeltaWriter) -> None:
+        super().__init__(job, record, writer)
+        self.resume = _Resume.of(record)
+        # a continued job appends to its stream after the entries its earlier runs wrote
+        # (the writer's ids are 0-k, so it must not start at 0-1 again)
+        writer.entries = self.resume.entries
+
+    def call(self, engine: Engine, should_cancel: Callable[[], bool],
+             on_first_token: Callable[[], None]) -> GenerationResult:
+        job, resume = self.job, self.resume
+        return engine.generate(
+            job.job_id, job.prompt + resume.text,
+            {**job.sampling, "max_tokens": max(1, job.max_tokens - resume.tokens)},
+            deadline_s=max(0.0, job.deadline_s - resume.engine_s), on_delta=self.writer.add,
+            should_cancel=should_cancel, on_first_token=on_first_token,
+            add_special_tokens=job.add_special_tokens)
+
+    def resume_point(self, result: GenerationResult) -> dict[str, Any]:
+        resume = self.resume
+        return {"resume_text": resume.text + result.text,
+                "resume_tokens": resume.tokens + result.completion_tokens,
+                "resume_engine_s": f"{resume.engine_s + result.engine_s:.6f}",
+                "resume_entries": self.writer.entries, "reclaims": resume.reclaims + 1}
+
+    def body(self, result: GenerationResult) -> dict[str, Any]:
+        return {"text": self.resume.text + result.text,
+                "completion_tokens": self.resume.tokens + result.completion_tokens,
+                "finish_reason": result.finish_reason}
+
+
+class _OpenAIRun(_Run):
+    """An OpenAI job through vLLM's serving layer: its chunks, or its response once done.
+    "First token" here means its first chunk (the role) reached the stream."""
+
+    def call(self, engine: Engine, should_cancel: Callable[[], bool],
+             on_first_token: Callable[[], None]) -> OpenAIResult:
+        job, spec, writer = self.job, self.job.openai or {}, self.writer
+        written: list[bool] = []
+
+        def on_chunks(payloads: list[str]) -> None:
+            if not written:
+                written.append(True)
+                on_first_token()
+            writer.add_chunks(payloads)
+
+        return engine.openai(
+            job.job_id, spec.get("endpoint", ""), spec.get("request") or {},
+            deadline_s=job.deadline_s,
+            extra={"lane": self.record.get("lane"), "max_tokens": job.max_tokens,
+                   "max_tokens_capped": bool(spec.get("capped"))},
+            on_first_token=writer.write_next_at_once,
+            should_cancel=should_cancel, on_chunks=on_chunks)
+
+    def closed(self, result: OpenAIResult, reclaimed: Callable[[], bool]) -> None:
+        if result.response is not None and not (
+                result.finish_reason == "cancelled" and reclaimed()):
+            self.writer.write_response(result.response)
+
+    def resume_point(self, result: OpenAIResult) -> dict[str, Any]:
+        # nothing of it was sent: it runs again from scratch, wherever it goes
+        return {"reclaims": int(self.record.get("reclaims", 0)) + 1}
+
+    def body(self, result: OpenAIResult) -> dict[str, Any]:
+        return {"completion_tokens": result.completion_tokens,
+                "prompt_tokens": result.prompt_tokens, "finish_reason": result.finish_reason}
 
 
 def _never() -> bool:

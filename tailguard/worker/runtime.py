@@ -12,8 +12,12 @@ restarted in-process (tailguard/engine/keeper.py): the lanes are withdrawn from
 that fails its first start or warm-up, or does not come back after a death, makes the
 worker exit non-zero instead of serving. A worker whose [[workers]] entry borrows
 from other lanes also runs a borrower thread (tailguard/worker/borrower.py) that
-takes their jobs while its own lanes are idle. `teardown` shuts the engine down:
-without that a warm shutdown hangs on vLLM's engine-core process.
+takes their jobs while its own lanes are idle.
+
+Each of those is a part (`Part`: `start()`, `stop()`, its own thread), built with only
+what it uses and listed in `_parts` in the order they start; `teardown` withdraws the
+lanes, then stops the parts in reverse (the engines among them: without that a warm
+shutdown hangs on vLLM's engine-core process). Nothing in the parts imports this module.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import redis
 from celery import Celery
@@ -38,6 +42,8 @@ from tailguard.host.devices import device_kind
 from tailguard.host.procfs import idle_priority, normal_priority_threads
 from tailguard.host.roaming import EngineCoreRoamer, roamer_for
 from tailguard.jobs.liveness import Liveness
+from tailguard.jobs.reaper import Reaper
+from tailguard.jobs.redeliver import Redeliverer
 from tailguard.jobs.store import JobStore
 from tailguard.jobs.stream import DeltaWriter, flush_interval, writes_per_s_for
 from tailguard.jobs.task_message import kwargs_repr
@@ -50,14 +56,27 @@ from tailguard.worker.engine_config import (
     engine_config,
     idle_engine_config,
 )
-from tailguard.worker.heartbeat import lapse_s, run_heartbeat
+from tailguard.worker.heartbeat import Heartbeat, lapse_s
 from tailguard.worker.runner import GenerationJob, JobRunner
 
 if TYPE_CHECKING:  # tailguard.engine's users import vLLM only when an engine starts
+    from prometheus_client.registry import Collector
+
     from tailguard.engine.host import EngineHost
     from tailguard.engine.stats import HostStats
+    from tailguard.observe.metrics import MetricsServer
 
 log = logging.getLogger("tailguard.worker")
+
+
+class Part(Protocol):
+    """A part of the worker that owns its thread(s): started once set up, stopped at
+    shutdown (Celery's bootsteps, in small)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
 
 #: The attribute of the Celery app that holds this process's WorkerRuntime.
 _APP_ATTR = "tailguard_runtime"
@@ -93,6 +112,8 @@ class WorkerRuntime:
     #: held while the lanes' heartbeat is written or withdrawn, so a heartbeat in progress
     #: never re-advertises an engine that has just died
     _advert_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: the parts started so far, in their order (`start`)
+    _started: list[Part] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         self.keeper = EngineKeeper(self.build_engine, self._warm_up, on_up=self.advertise,
@@ -173,10 +194,36 @@ class WorkerRuntime:
     def withdraw(self) -> None:
         """The engine is down: /healthz must not count this worker for its lanes, now."""
         with self._advert_lock:
-            try:
-                self.liveness.forget(self.lane_names, self.hostname)
-            except redis.RedisError as exc:  # the heartbeat lapses on its own
-                log.warning("could not withdraw the lanes' heartbeat: %s", exc)
+            self._forget(self.lane_names)
+
+    def replace_lanes(self, lanes: list[Lane]) -> None:
+        """Serve `lanes` from now on: /healthz stops counting this worker for the old ones at
+        once, and counts it for the new ones while its engine serves (every advertisement,
+        the heartbeat's included, reads `lane_names` when it is written)."""
+        check_worker_lanes(lanes)
+        with self._advert_lock:
+            old, self.lanes = self.lane_names, list(lanes)
+            self._forget(old)
+        self.advertise()
+
+    def _forget(self, lane_names: list[str]) -> None:
+        try:
+            self.liveness.forget(lane_names, self.hostname)
+        except redis.RedisError as exc:  # the heartbeat lapses on its own
+            log.warning("could not withdraw the lanes' heartbeat: %s", exc)
+
+    def start(self, parts: list[Part]) -> None:
+        """Start `parts` in their order; `stop` stops the started ones in reverse."""
+        for part in parts:
+            part.start()
+            self._started.append(part)
+
+    def stop(self) -> None:
+        """The worker is stopping: its lanes are withdrawn at once, then its parts stop."""
+        self.stopping.set()
+        self.withdraw()
+        while self._started:
+            self._started.pop().stop()
 
     def _warm_up(self, engine: EngineHost) -> None:
         from tailguard.engine.warmup import exact_length_prompts, warm_up
@@ -275,45 +322,41 @@ def setup(app: Celery, hostname: str, queue_names: list[str], *,
                                 stream_writes_per_s=writes_per_s_for(
                                     device, settings.STREAM_WRITES_PER_S.get()))
         setattr(app, _APP_ATTR, runtime)
-    _serve_metrics(runtime)
-    if eager_engine:
-        runtime.keeper.start()
-        if runtime.idle_keeper is not None:
-            runtime.idle_keeper.start()
-    threading.Thread(target=run_heartbeat, args=(runtime,), name="tailguard-heartbeat",
-                     daemon=True).start()
     runtime.roamer = roamer_for(Pinning.from_env(), runtime.engine_core_pid)
-    if runtime.roamer is not None:
-        log.info("the engine core moves to cores %s while they are idle",
-                 ",".join(map(str, runtime.roamer.frontend)))
-        threading.Thread(target=runtime.roamer.run, args=(runtime.stopping,),
-                         name="tailguard-roaming", daemon=True).start()
-    if runtime.borrower is not None:
-        log.info("borrowing from %s while %s is idle (%s)", ", ".join(borrow.lanes),
-                 ", ".join(runtime.lane_names), borrow)
-        threading.Thread(target=runtime.borrower.run, args=(runtime.stopping,),
-                         name="tailguard-borrower", daemon=True).start()
+    runtime.start(_parts(runtime, eager_engine))
     return runtime
 
 
+def _parts(runtime: WorkerRuntime, eager_engine: bool) -> list[Part]:
+    """The worker's parts, in the order they start (they stop in reverse): its metrics
+    first and last, so they see every other part; the engines before the heartbeat that
+    checks them and advertises their lanes; the heartbeat before the borrower, so this
+    process stays alive for the reapers while the borrower gives its jobs back. A new part
+    is one line here, where it can read what it needs from the runtime."""
+    period = settings.WORKER_HEARTBEAT_S.get()
+    keepers = [k for k in (runtime.keeper, runtime.idle_keeper) if k is not None]
+    parts: list[Part | None] = [
+        _metrics_server(runtime),
+        _Engines(keepers, eager=eager_engine),
+        Heartbeat(runtime.liveness, runtime.hostname, period,
+                  checks=[k.check for k in keepers], advertise=runtime.advertise,
+                  reaper=Reaper(runtime.store, runtime.liveness, period, Redeliverer(
+                      runtime.store, runtime.app.connection_for_write,
+                      settings.REDELIVER_AFTER_S.get(), runtime.lanes, confirm_s=period))),
+        runtime.roamer,
+        runtime.borrower,
+    ]
+    return [p for p in parts if p is not None]
+
+
 def teardown(app: Celery) -> None:
-    """Withdraw the heartbeat, shut the engine down and detach the runtime (idempotent)."""
+    """Withdraw the heartbeat, stop the worker's parts and detach the runtime (idempotent)."""
     with _attach_lock:
         runtime = attached(app)
         if runtime is None:
             return
         setattr(app, _APP_ATTR, None)
-    runtime.stopping.set()
-    runtime.withdraw()
-    if runtime.borrower is not None and not runtime.borrower.give_back(timeout_s=10):
-        log.warning("borrowed jobs still running at shutdown: they end with the engine")
-    try:
-        runtime.liveness.forget_worker(runtime.hostname)
-    except redis.RedisError:
-        pass
-    runtime.keeper.stop()
-    if runtime.idle_keeper is not None:
-        runtime.idle_keeper.stop()
+    runtime.stop()
 
 
 def exit_worker() -> None:
@@ -322,22 +365,37 @@ def exit_worker() -> None:
     worker_state.should_stop = EX_FAILURE
 
 
-def _serve_metrics(runtime: WorkerRuntime) -> None:
-    """This worker's Prometheus endpoint: its engine host's view, and vLLM's own `vllm:*`
-    metrics, which vLLM registers in this process's default registry."""
+class _Engines:
+    """The worker's engine keepers as one part: started now (eager), or by the first task
+    that needs one; stopped either way (without that a warm shutdown hangs on vLLM's
+    engine-core process)."""
+
+    def __init__(self, keepers: list[EngineKeeper[EngineHost]], *, eager: bool) -> None:
+        self.keepers, self.eager = keepers, eager
+
+    def start(self) -> None:
+        if self.eager:
+            for keeper in self.keepers:
+                keeper.start()
+
+    def stop(self) -> None:
+        for keeper in self.keepers:
+            keeper.stop()
+
+
+def _metrics_server(runtime: WorkerRuntime) -> MetricsServer | None:
+    """This worker's Prometheus endpoint (None when its port is 0: off): its engine host's
+    view and its borrowing."""
     port = settings.WORKER_METRICS_PORT.get()
     if not port:
-        return
-    from prometheus_client import REGISTRY, start_http_server
+        return None
+    from tailguard.observe.metrics import BorrowCollector, MetricsServer, WorkerCollector
 
-    from tailguard.observe.metrics import BorrowCollector, WorkerCollector
-
-    REGISTRY.register(WorkerCollector(runtime.hostname, lambda: engine_stats_of(runtime)))
+    collectors: list[Collector] = [
+        WorkerCollector(runtime.hostname, lambda: engine_stats_of(runtime))]
     if runtime.borrower is not None:
-        REGISTRY.register(BorrowCollector(runtime.hostname, runtime.borrower.stats))
-    addr = settings.WORKER_METRICS_ADDR.get()
-    start_http_server(port, addr=addr)
-    log.info("metrics on http://%s:%d/metrics", addr, port)
+        collectors.append(BorrowCollector(runtime.hostname, runtime.borrower.stats))
+    return MetricsServer(port, settings.WORKER_METRICS_ADDR.get(), collectors)
 
 
 def lanes_for_queue_names(table: LaneTable, names: list[str]) -> list[Lane]:
