@@ -26,20 +26,22 @@ def check_engine_options(table: LaneTable) -> None:
 
 
 def engine_config(lanes: list[Lane], borrowed: list[Lane] | None = None,
-                  options: Mapping[str, Any] | None = None) -> EngineConfig:
+                  options: Mapping[str, Any] | None = None,
+                  moves_to: list[Lane] | None = None) -> EngineConfig:
     """The engine of a worker serving `lanes` (largest batch and context among them) and
     borrowing from `borrowed`: then its context fits their requests too, and it schedules
     by vLLM priority, so its own requests go before borrowed ones. `options` are its vLLM
     engine arguments from the lanes file (its [[workers]] entry's `engine`, over `[engine]`).
     Its OpenAI serving layer answers to the deployment's served model names, with vLLM's
-    frontend options of TAILGUARD_OPENAI_ARGS."""
+    frontend options of TAILGUARD_OPENAI_ARGS. A worker the lane controller may move to
+    `moves_to` gets the batch and context of the largest lane it may serve."""
     from tailguard.engine.host import EngineConfig
 
     model = settings.MODEL.get()
     if not model:
         raise RuntimeError("TAILGUARD_MODEL is not set: point it at a model directory or a "
                            "Hugging Face id (`tailguard make-demo-model DIR` builds a demo one)")
-    max_num_seqs, max_len = engine_settings_for(lanes, borrowed or ())
+    max_num_seqs, max_len = engine_settings_for(lanes, borrowed or (), moves_to or ())
     limit = model_max_len(model)
     if limit is not None:
         max_len = min(max_len, limit)

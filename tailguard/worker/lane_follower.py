@@ -117,7 +117,7 @@ class LaneFollower:
                                         daemon=True)
         self._thread.start()
 
-    def close(self) -> None:
+    def stop(self) -> None:
         self._stopping.set()
         if self._thread is not None:
             self._thread.join(timeout=5)

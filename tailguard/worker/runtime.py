@@ -41,6 +41,7 @@ from tailguard.host.cores import Pinning
 from tailguard.host.devices import device_kind
 from tailguard.host.procfs import idle_priority, normal_priority_threads
 from tailguard.host.roaming import EngineCoreRoamer, roamer_for
+from tailguard.jobs.lane_orders import LaneOrders
 from tailguard.jobs.liveness import Liveness
 from tailguard.jobs.reaper import Reaper
 from tailguard.jobs.redeliver import Redeliverer
@@ -48,7 +49,7 @@ from tailguard.jobs.store import JobStore
 from tailguard.jobs.stream import DeltaWriter, flush_interval, writes_per_s_for
 from tailguard.jobs.task_message import kwargs_repr
 from tailguard.lanes.borrowing import BorrowPolicy, resolve
-from tailguard.lanes.table import Lane, LaneTable, check_worker_lanes, load_lanes
+from tailguard.lanes.table import Lane, LaneTable, check_worker_lanes, load_lanes, slots_for
 from tailguard.redis import client as redis_client
 from tailguard.worker.borrower import BORROWED_PRIORITY, Borrower, Prioritized
 from tailguard.worker.engine_config import (
@@ -57,6 +58,7 @@ from tailguard.worker.engine_config import (
     idle_engine_config,
 )
 from tailguard.worker.heartbeat import Heartbeat, lapse_s
+from tailguard.worker.lane_follower import LaneFollower, RunningJobs
 from tailguard.worker.runner import GenerationJob, JobRunner
 
 if TYPE_CHECKING:  # tailguard.engine's users import vLLM only when an engine starts
@@ -102,6 +104,13 @@ class WorkerRuntime:
     build_idle_engine: Callable[[], EngineHost] | None = None
     #: stream entries per second its running jobs write together (`flush_interval`)
     stream_writes_per_s: float = writes_per_s_for("cpu", None)
+    #: every lane of the deployment, by name: what a handed-back job is queued on again
+    all_lanes: dict[str, Lane] = field(default_factory=dict)
+    #: every lane the lane controller may have it serve (its own and its entry's moves_to;
+    #: none for a worker it never moves)
+    may_serve: list[str] = field(default_factory=list)
+    #: its own jobs in flight, by lane: what a lane move drains or hands back
+    own_jobs: RunningJobs = field(default_factory=RunningJobs)
     stopping: threading.Event = field(default_factory=threading.Event)
     keeper: EngineKeeper[EngineHost] = field(init=False)
     runner: JobRunner = field(init=False)
@@ -149,7 +158,7 @@ class WorkerRuntime:
 
         self.borrower = Borrower(
             self.borrow, self.lane_names, max(l.max_num_seqs for l in self.lanes),
-            borrowed_runner, connect=self.app.connection_for_read, publish=self._publish,
+            borrowed_runner, connect=self.app.connection_for_read, publish=self.publish,
             in_flight=self.running_jobs, serving=serving)
 
     @staticmethod
@@ -185,16 +194,24 @@ class WorkerRuntime:
         waits while it (re)starts; EngineDeadError once the worker has given up on it."""
         return self.keeper.get()
 
+    @property
+    def standby_lanes(self) -> list[str]:
+        """Lanes it may be moved to but does not serve now (admission queues for them)."""
+        return [l for l in self.may_serve if l not in self.lane_names]
+
     def advertise(self) -> None:
-        """Tell /healthz this worker serves its lanes (refreshed every heartbeat)."""
+        """Tell /healthz this worker serves its lanes (refreshed every heartbeat), and the
+        lanes it may be moved to that it stands by for them."""
         with self._advert_lock:
             if self.serving:
                 self.liveness.heartbeat(self.lane_names, self.hostname, ttl_s=lapse_s())
+                self.liveness.standby(self.standby_lanes, self.hostname, ttl_s=lapse_s())
 
     def withdraw(self) -> None:
         """The engine is down: /healthz must not count this worker for its lanes, now."""
         with self._advert_lock:
             self._forget(self.lane_names)
+            self._forget(self.may_serve, standby=True)
 
     def replace_lanes(self, lanes: list[Lane]) -> None:
         """Serve `lanes` from now on: /healthz stops counting this worker for the old ones at
@@ -204,11 +221,15 @@ class WorkerRuntime:
         with self._advert_lock:
             old, self.lanes = self.lane_names, list(lanes)
             self._forget(old)
+            self._forget(self.lane_names, standby=True)
         self.advertise()
 
-    def _forget(self, lane_names: list[str]) -> None:
+    def _forget(self, lane_names: list[str], standby: bool = False) -> None:
         try:
-            self.liveness.forget(lane_names, self.hostname)
+            if standby:
+                self.liveness.forget_standby(lane_names, self.hostname)
+            else:
+                self.liveness.forget(lane_names, self.hostname)
         except redis.RedisError as exc:  # the heartbeat lapses on its own
             log.warning("could not withdraw the lanes' heartbeat: %s", exc)
 
@@ -245,9 +266,21 @@ class WorkerRuntime:
                      else f"the engine cannot serve, so this worker exits: {exc}")
         exit_worker()
 
-    def _publish(self, lane_name: str, job: GenerationJob) -> None:
+    def consume(self, *, add: tuple[str, ...] = (), cancel: tuple[str, ...] = ()) -> None:
+        """Change the queues the Celery consumer takes from, in its own thread (the
+        ``tailguard_consume`` control command, tasks/worker.py); raises if it did not answer."""
+        slots = slots_for([self.all_lanes[q] for q in add]) if add else 0
+        replies = self.app.control.broadcast(
+            "tailguard_consume", arguments={"add": list(add), "cancel": list(cancel),
+                                            "prefetch": slots},
+            destination=[self.hostname], reply=True, timeout=10)
+        if not replies:
+            raise RuntimeError(f"the consumer did not confirm: add {add}, cancel {cancel}")
+
+    def publish(self, lane_name: str, job: GenerationJob) -> None:
         """Queue a reclaimed job on its lane again: a fresh message, with a fresh `expires`."""
-        lane = next(l for l in self.borrowed_lanes if l.name == lane_name)
+        lane = self.all_lanes.get(lane_name) or next(
+            l for l in self.borrowed_lanes if l.name == lane_name)
         kwargs = dataclasses.asdict(job)
         # as the API publishes it: the job record is the result, and Flower sees no prompt text
         self.app.send_task(lane.task_name, task_id=job.job_id, queue=lane.queue,
@@ -311,8 +344,12 @@ def setup(app: Celery, hostname: str, queue_names: list[str], *,
 
         borrowed = [table[name] for name in borrow.lanes]
         idle = borrow.engine == "idle" and bool(borrowed)
-        config = engine_config(lanes, [] if idle else borrowed, options)
+        moves_to = [table[name] for name in spec.moves_to] if spec is not None else []
+        config = engine_config(lanes, [] if idle else borrowed, options, moves_to=moves_to)
         runtime = WorkerRuntime(app=app, hostname=hostname, lanes=lanes, store=store,
+                                all_lanes={l.name: l for l in table},
+                                may_serve=[l for a in spec.assignments for l in a]
+                                if moves_to else [],
                                 liveness=Liveness(client), borrow=borrow, borrowed_lanes=borrowed,
                                 build_idle_engine=functools.partial(
                                     EngineHost, idle_engine_config(borrowed, borrow.max_borrowed,
@@ -323,16 +360,20 @@ def setup(app: Celery, hostname: str, queue_names: list[str], *,
                                     device, settings.STREAM_WRITES_PER_S.get()))
         setattr(app, _APP_ATTR, runtime)
     runtime.roamer = roamer_for(Pinning.from_env(), runtime.engine_core_pid)
-    runtime.start(_parts(runtime, eager_engine))
+    runtime.start(_parts(runtime, eager_engine, spec.assignments if spec is not None
+                         and tuple(queue_names) == spec.lanes else [tuple(queue_names)]))
     return runtime
 
 
-def _parts(runtime: WorkerRuntime, eager_engine: bool) -> list[Part]:
+def _parts(runtime: WorkerRuntime, eager_engine: bool,
+           assignments: list[tuple[str, ...]]) -> list[Part]:
     """The worker's parts, in the order they start (they stop in reverse): its metrics
     first and last, so they see every other part; the engines before the heartbeat that
     checks them and advertises their lanes; the heartbeat before the borrower, so this
-    process stays alive for the reapers while the borrower gives its jobs back. A new part
-    is one line here, where it can read what it needs from the runtime."""
+    process stays alive for the reapers while the borrower gives its jobs back; the lane
+    follower last (a worker its entry lets the controller move), so it stops first and no
+    move starts while the rest stops. A new part is one line here, where it can read what
+    it needs from the runtime."""
     period = settings.WORKER_HEARTBEAT_S.get()
     keepers = [k for k in (runtime.keeper, runtime.idle_keeper) if k is not None]
     parts: list[Part | None] = [
@@ -342,11 +383,30 @@ def _parts(runtime: WorkerRuntime, eager_engine: bool) -> list[Part]:
                   checks=[k.check for k in keepers], advertise=runtime.advertise,
                   reaper=Reaper(runtime.store, runtime.liveness, period, Redeliverer(
                       runtime.store, runtime.app.connection_for_write,
-                      settings.REDELIVER_AFTER_S.get(), runtime.lanes, confirm_s=period))),
+                      settings.REDELIVER_AFTER_S.get(),
+                      [runtime.all_lanes[l] for a in assignments for l in a], confirm_s=period))),
         runtime.roamer,
         runtime.borrower,
+        _lane_follower(runtime, assignments) if len(assignments) > 1 else None,
     ]
     return [p for p in parts if p is not None]
+
+
+def _lane_follower(runtime: WorkerRuntime, assignments: list[tuple[str, ...]]) -> LaneFollower:
+    """The part that carries out the lane controller's orders for this worker."""
+
+    def stop(old: tuple[str, ...]) -> None:
+        runtime.consume(cancel=old)
+        runtime.replace_lanes([])  # withdrawn now: admission stops counting its slots there
+
+    def start(new: tuple[str, ...]) -> None:
+        runtime.consume(add=new)
+        runtime.replace_lanes([runtime.all_lanes[l] for l in new])
+
+    return LaneFollower(runtime.hostname, LaneOrders(runtime.store.redis), assignments,
+                        serving=lambda: tuple(runtime.lane_names), stop=stop, start=start,
+                        running=runtime.own_jobs, period_s=settings.LANE_FOLLOW_S.get(),
+                        drain_s=settings.MOVE_DRAIN_S.get())
 
 
 def teardown(app: Celery) -> None:
