@@ -50,7 +50,6 @@ from tailguard.bench.topology import (
 )
 from tailguard.bench.workload import (
     BURST,
-    CHARS_PER_TOKEN,
     OVERLOAD,
     SHORT,
     BenchRequest,
@@ -64,6 +63,7 @@ from tailguard.bench.workload import (
     seed_workload,
     split_windows,
 )
+from tailguard.plan.synthetic import CHARS_PER_TOKEN
 
 if TYPE_CHECKING:
     from tailguard.lanes.table import LaneTable

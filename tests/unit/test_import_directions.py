@@ -33,7 +33,7 @@ ALLOWED: dict[str, set[str]] = {
     # tools: anything of the product, and only the CLI imports them
     "bench": {"redis", "host", "lanes", "model", "engine", "jobs", "observe", "gateway",
               "worker", "launch", "plan", "cli"},
-    "plan": {"host", "lanes", "model", "engine", "bench"},
+    "plan": {"host", "lanes", "model", "engine"},
 }
 #: third-party top-level modules a package must never import
 FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
