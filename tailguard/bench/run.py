@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 from tailguard import settings
 from tailguard.bench.azure_trace import TRACES, trace_workload
-from tailguard.bench.compat import COMPAT
 from tailguard.bench.goodput import DEFAULT_LONG_SLO, DEFAULT_SHORT_SLO, Slo, parse_slo, slo_text
 from tailguard.bench.host import Watch, engines_idle
 from tailguard.bench.loadgen import Client, Sample, closed_loop, run_phase, served_model_name
@@ -112,10 +111,8 @@ class BenchConfig:
                  "short requests at --overload-factor x the short lane's capacity for --burst s, "
                  "then --recovery s of the mixed load; lanes topology only; --duration is the "
                  "reference window), burst (short requests evenly spaced at --rate, and "
-                 "--burst-size long ones all at --burst-at), compat (the same OpenAI requests, "
-                 "sent with the openai SDK, against vllm serve and then tailguard's lanes on the "
-                 "served model: tailguard passes what vLLM passes but the documented refusals; "
-                 "no load options apply), azure-conv, azure-code, azure-mix "
+                 "--burst-size long ones all at --burst-at), compat (deprecated: runs `tailguard "
+                 "conformance`; no load options apply), azure-conv, azure-code, azure-mix "
                  "(the Azure LLM inference traces 2023, CC BY 4.0: a window of --rate x --duration "
                  "requests from --trace-start, lengths x --token-scale, classes by the lanes "
                  "file), or a FILE.jsonl trace ({prompt, max_tokens, class?, arrival_s?})")
@@ -179,7 +176,8 @@ class BenchConfig:
     metric: str = option("e2e_s", "the latency whose P99 the targets compare",
                          choices=("e2e", "ttft"), parse=_metric, text=_metric_choice)
     compat_checks: tuple[str, ...] | None = option(
-        None, "compat: only these checks, comma-separated (default: all)", parse=_names,
+        None, "compat (deprecated): only these checks, comma-separated (default: all); "
+              "`tailguard conformance --checks`", parse=_names,
         text=",".join)
     max_in_flight: int = option(512)
     start_timeout_s: float = 600.0
@@ -457,10 +455,6 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
     from tailguard.lanes.table import default_lanes_path, load_lanes
     from tailguard.model.info import model_max_len, serving_dtype
 
-    if cfg.workload == COMPAT:  # two servers and a list of checks, no load
-        from tailguard.bench.compat_run import run_compat
-
-        return run_compat(cfg)
     if cfg.metric not in ("e2e_s", "ttft_s"):
         raise ValueError("metric must be e2e_s or ttft_s")
     unknown = set(cfg.topologies) - set(TOPOLOGIES)
