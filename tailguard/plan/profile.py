@@ -72,7 +72,12 @@ def run_profile(model: str, *, cores: tuple[int, ...] = (), batches: tuple[int, 
     """Start one engine on `model` (its processes on `cores`, this process's threads on
     `frontend_cores`), measure, fit, shut it down; with `borrow_slots`, also measure it
     beside an idle-priority engine, with `neighbour_cores` beside a busy engine there (the
-    module docstring)."""
+    module docstring).
+
+    Long on purpose (~100 lines): one sweep on one live engine, in the order the module
+    docstring gives, whose steps share the engine, its thread pool and the decode figures
+    measured alone (the baseline of the two "beside" sweeps); split up, each part would take
+    them all as arguments. Runs only against a real engine (`tailguard plan --profile`)."""
     from tailguard.engine.host import EngineConfig, EngineHost
     from tailguard.host.cores import Pinning, frontend_env, pin_threads
     from tailguard.model.tokens import counter_for
