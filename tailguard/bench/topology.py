@@ -177,7 +177,7 @@ class DirectSpec:
     dtype: str = "auto"
     name: str = DIRECT
     cpus: tuple[int, ...] = ()  # where the server process runs: all the run's cores
-    #: "priority" for the load workloads (each class a vLLM priority); the compat workload
+    #: "priority" for the load workloads (each class a vLLM priority); `tailguard conformance`
     #: runs plain `vllm serve`'s "fcfs", as tailguard's own engines do
     scheduling_policy: str = "priority"
     extra_args: tuple[str, ...] = ()  # more of `vllm serve`'s options (served names, frontend)
