@@ -784,7 +784,7 @@ def by_name(names: Sequence[str] | None = None) -> tuple[Check, ...]:
     known = {c.name: c for c in CHECKS}
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise ValueError(f"unknown compat checks: {', '.join(unknown)}")
+        raise ValueError(f"unknown checks: {', '.join(unknown)}")
     return tuple(c for c in CHECKS if c.name in names)
 
 
