@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 from tailguard import settings
-from tailguard.bench.report import percentile
 from tailguard.host.redis_server import free_port, start_redis
+from tailguard.plan.sim import percentile
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_P99_S = 0.100

@@ -51,8 +51,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tailguard import settings  # noqa: E402
-from tailguard.bench.workload import SEED_PROMPTS  # noqa: E402
 from tailguard.host.redis_server import free_port, start_redis  # noqa: E402
+from tailguard.plan.synthetic import SEED_PROMPTS  # noqa: E402
 
 _MIB = 1 << 20
 

@@ -23,7 +23,7 @@ import time
 
 import requests
 
-from tailguard.bench.report import percentile
+from tailguard.plan.sim import percentile
 
 
 def one(session: requests.Session, url: str, model: str, max_tokens: int) -> dict:

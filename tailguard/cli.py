@@ -6,6 +6,8 @@
     tailguard keys add|list|revoke     API keys (required unless TAILGUARD_API_AUTH=open)
     tailguard make-demo-model DIR [--size tiny|small]
     tailguard plan --step-model FILE --class short:2:3:64 ...   engines per lane, by simulation
+    tailguard bench [--workload mixed|overload|...]   tail latency: shared vs lanes vs plain vLLM
+    tailguard conformance --out DIR    the same OpenAI requests against vllm serve and tailguard
 """
 
 from __future__ import annotations
@@ -20,10 +22,10 @@ from typing import Any
 import click
 
 from tailguard import settings
-from tailguard.bench.compat import COMPAT
 from tailguard.bench.report import render_text
 from tailguard.bench.run import BenchConfig, run_bench
 from tailguard.bench.topology import TopologyError
+from tailguard.conformance.run import COMPAT, ConformanceConfig, run_conformance
 from tailguard.errors import ConfigError
 from tailguard.host.procs import become, console_script
 from tailguard.plan.command import plan
@@ -389,20 +391,64 @@ def _parsed_by(parse: Callable[[str], Any]) -> Callable[[click.Context, click.Pa
 def bench(check: bool, **config: Any) -> None:
     """Benchmark short-request tail latency: shared queue vs lanes vs plain vLLM, real engines."""
     cfg = BenchConfig(**config)
+    if cfg.workload == COMPAT:  # the old spelling of `tailguard conformance`, for one release
+        click.echo("tailguard bench: --workload compat is deprecated and will be removed in the "
+                   "next release: run `tailguard conformance` (same checks, same report)", err=True)
+        _conformance(ConformanceConfig(
+            model=cfg.model, checks=cfg.compat_checks, cores=cfg.cores, lanes_file=cfg.lanes_file,
+            out_dir=cfg.out_dir, progress=cfg.progress, start_timeout_s=cfg.start_timeout_s), check)
+        return
     try:
         report = run_bench(cfg)
     except (ValueError, TopologyError, ConfigError) as exc:
         raise click.ClickException(str(exc)) from None
-    if report["workload"]["name"] == COMPAT:
-        from tailguard.bench.compat import render_text as render_compat
+    click.echo(render_text(report))
+    _files_and_verdict(report, check)
 
-        click.echo(render_compat(report))
-    else:
-        click.echo(render_text(report))
+
+def _files_and_verdict(report: dict[str, Any], check: bool) -> None:
+    """A tool's report files, one a line; with --check, exit 1 on a FAIL line."""
     for kind, path in report["files"].items():
         click.echo(f"{kind:8} {path}")
     if check and any(t["status"] == "FAIL" for t in report["targets"]):
         sys.exit(1)
+
+
+def _conformance(cfg: ConformanceConfig, check: bool) -> None:
+    from tailguard.conformance.compare import render_text as render_conformance
+
+    try:
+        report = run_conformance(cfg)
+    except (ValueError, TopologyError, ConfigError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(render_conformance(report))
+    _files_and_verdict(report, check)
+
+
+def _comma_list(parse: Callable[[str], Any]) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    return _parsed_by(lambda text: tuple(parse(t.strip()) for t in text.split(",") if t.strip()))
+
+
+@main.command()
+@click.option("--model", help="default: what `tailguard up` serves ($TAILGUARD_MODEL, else the "
+              "bundled SmolLM2-135M-Instruct)")
+@click.option("--checks", callback=_comma_list(str),
+              help="only these checks, comma-separated (default: all)")
+@click.option("--cores", callback=_comma_list(int),
+              help="CPU cores both servers run on, e.g. 0,1 (default: all)")
+@click.option("--lanes", "lanes_file", type=click.Path(path_type=Path, dir_okay=False),
+              help=f"tailguard's lanes file (default: ${settings.LANES_FILE.env} or the shipped one)")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False),
+              help="where report.json, report.md, answers.jsonl and logs go "
+                   f"(default: ${settings.HOME.env}/conformance/<time>)")
+@click.option("--progress/--no-progress", default=True, show_default=True,
+              help="log each check's result as it comes")
+@click.option("--check", is_flag=True, help="exit 1 when a target line says FAIL")
+def conformance(check: bool, **config: Any) -> None:
+    """The same OpenAI requests, sent with the openai SDK, against `vllm serve` and then
+    tailguard's lanes on the same model and cores: tailguard passes what vLLM passes but its
+    documented refusals, fails no job after queueing, and gives the SDK nothing to retry."""
+    _conformance(ConformanceConfig(**config), check)
 
 
 main.add_command(plan)

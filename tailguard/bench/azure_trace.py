@@ -18,7 +18,7 @@ they ran), then fits it to the host:
   as the API applies it) puts the request in, and the ``max_tokens`` it allows:
   every topology is sent what tailguard would run.
 * **prompts**: random words with exactly the traced (scaled) number of tokens in
-  the served tokenizer (``workload.exact_prompt``), each a fresh draw, so vLLM's
+  the served tokenizer (``plan.synthetic.exact_prompt``), each a fresh draw, so vLLM's
   prefix cache gets no help the real traffic would not have had.
 
 Pure but for reading the packaged CSV files.
@@ -35,10 +35,11 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from tailguard.bench.workload import BenchRequest, Workload, _finish, _stream, exact_prompt
+from tailguard.bench.workload import BenchRequest, Workload, _finish
 from tailguard.errors import RequestError
 from tailguard.lanes.placement import place
 from tailguard.lanes.table import Lane
+from tailguard.plan.synthetic import class_stream, exact_prompt
 
 #: Workload name -> the trace files it merges.
 TRACES = {"azure-conv": ("conv",), "azure-code": ("code",), "azure-mix": ("conv", "code")}
@@ -178,7 +179,7 @@ def trace_workload(name: str, *, lanes: Sequence[Lane], model_max_len: int | Non
     win = select_window(rows, start_s=trace_start_s, duration_s=duration_s, rate=rate,
                         time_scale=time_scale)
     context = longest_context(lanes, model_max_len)
-    rng = _stream(seed, name)
+    rng = class_stream(seed, name)
     requests: list[BenchRequest] = []
     cut = capped = inexact = 0
     for row in win.rows:

@@ -146,8 +146,6 @@ class Client:
         sample.sent_at = time.time()
         sample.status = "sent"
         done = False
-        last_text: float | None = None
-        first_choice: float | None = None  # an output of no text at all: its TTFT, as vLLM's
         try:
             conn.request("POST", "/v1/completions", body=body,
                          headers={"content-type": "application/json"})
@@ -163,43 +161,7 @@ class Client:
             sample.job_id = resp.getheader("X-Tailguard-Job-Id")
             sample.lane = resp.getheader("X-Tailguard-Lane")
             sample.accepted = sample.job_id is not None or not self.jobs
-            while True:
-                line = resp.readline()
-                now = time.perf_counter()
-                if not line:
-                    break
-                if now > deadline:
-                    sample.status, sample.error = "timeout", "still running at the phase's end"
-                    break
-                if not line.startswith(b"data: "):
-                    continue  # blank separators and ": keep-alive" heartbeats
-                data = line[6:].strip()
-                if data == b"[DONE]":
-                    sample.e2e_s = now - sent
-                    if sample.ttft_s is None and first_choice is not None:
-                        sample.ttft_s = first_choice - sent
-                    done = True
-                    break
-                chunk = json.loads(data)
-                if "error" in chunk:
-                    sample.error = json.dumps(chunk["error"], ensure_ascii=False)[:300]
-                    continue
-                if chunk.get("usage"):
-                    sample.completion_tokens = chunk["usage"].get("completion_tokens")
-                    sample.prompt_tokens = chunk["usage"].get("prompt_tokens")
-                choices = chunk.get("choices") or ()
-                if choices and first_choice is None:
-                    first_choice = now
-                if any(c.get("text") for c in choices):
-                    if last_text is None:
-                        sample.ttft_s = now - sent
-                    else:
-                        sample.itl_s.append(round(now - last_text, 6))
-                    last_text = now
-                    sample.chunks += 1
-                if not self.jobs:
-                    sample.finish_reason = next((c["finish_reason"] for c in choices
-                                                 if c.get("finish_reason")), sample.finish_reason)
+            done = self._read_events(resp, sample, sent, deadline)
         except (OSError, http.client.HTTPException, ValueError) as exc:
             sample.status, sample.error = "client_error", f"{type(exc).__name__}: {exc}"
         finally:
@@ -214,6 +176,50 @@ class Client:
                      and sample.finish_reason != "deadline")
         if done and sample.finish_reason == "deadline":
             sample.error = "cut by the lane deadline"
+
+    def _read_events(self, resp: http.client.HTTPResponse, sample: Sample, sent: float,
+                     deadline: float) -> bool:
+        """Read a 200's event stream into `sample` (TTFT, gaps, chunks, usage, an error event)
+        until [DONE] (True) or its end or the phase's deadline (False)."""
+        last_text: float | None = None
+        first_choice: float | None = None  # an output of no text at all: its TTFT, as vLLM's
+        while True:
+            line = resp.readline()
+            now = time.perf_counter()
+            if not line:
+                break
+            if now > deadline:
+                sample.status, sample.error = "timeout", "still running at the phase's end"
+                break
+            if not line.startswith(b"data: "):
+                continue  # blank separators and ": keep-alive" heartbeats
+            data = line[6:].strip()
+            if data == b"[DONE]":
+                sample.e2e_s = now - sent
+                if sample.ttft_s is None and first_choice is not None:
+                    sample.ttft_s = first_choice - sent
+                return True
+            chunk = json.loads(data)
+            if "error" in chunk:
+                sample.error = json.dumps(chunk["error"], ensure_ascii=False)[:300]
+                continue
+            if chunk.get("usage"):
+                sample.completion_tokens = chunk["usage"].get("completion_tokens")
+                sample.prompt_tokens = chunk["usage"].get("prompt_tokens")
+            choices = chunk.get("choices") or ()
+            if choices and first_choice is None:
+                first_choice = now
+            if any(c.get("text") for c in choices):
+                if last_text is None:
+                    sample.ttft_s = now - sent
+                else:
+                    sample.itl_s.append(round(now - last_text, 6))
+                last_text = now
+                sample.chunks += 1
+            if not self.jobs:
+                sample.finish_reason = next((c["finish_reason"] for c in choices
+                                             if c.get("finish_reason")), sample.finish_reason)
+        return False
 
     @staticmethod
     def _refused(resp: http.client.HTTPResponse, sample: Sample) -> None:

@@ -11,8 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from tailguard.bench.loadgen import REFUSED, Sample
-from tailguard.bench.report import METRICS, OVERLOAD_P99_MAX, percentile
+from tailguard.bench.report import METRICS, OVERLOAD_P99_MAX
 from tailguard.bench.workload import OVERLOAD, WINDOWS
+from tailguard.plan.sim import percentile
 
 COLORS = {"shared": "#d62728", "lanes": "#1f77b4", "direct": "#2ca02c"}
 

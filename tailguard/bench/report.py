@@ -20,7 +20,6 @@ the run does not ignore EOS).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -35,6 +34,7 @@ from tailguard.bench.goodput import (
 )
 from tailguard.bench.loadgen import REFUSED, Sample
 from tailguard.bench.workload import BURST, OVERLOAD, WINDOWS
+from tailguard.plan.sim import percentile
 
 METRICS = {"queued_s": "queue wait", "ttft_s": "TTFT", "e2e_s": "end-to-end"}
 OVERHEAD = "overhead"  # the phase (and workload) that measures the gateway against direct
@@ -64,15 +64,6 @@ OVERLOAD_P99_MAX = 1.5
 PROBE_RAMP_SHARE = 1 / 3
 #: A request sent this much later than due means the load generator fell behind.
 LAG_WARN_S = 0.05
-
-
-def percentile(values: Iterable[float], q: float) -> float | None:
-    """Nearest-rank percentile (no interpolation: P99 of 100 samples is the 99th value)."""
-    ordered = sorted(values)
-    if not ordered:
-        return None
-    rank = max(1, min(len(ordered), math.ceil(q / 100 * len(ordered))))
-    return ordered[rank - 1]
 
 
 def summarize(values: Iterable[float | None]) -> dict[str, float | None]:

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 from tailguard import settings
 from tailguard.bench.azure_trace import TRACES, trace_workload
-from tailguard.bench.compat import COMPAT
 from tailguard.bench.goodput import DEFAULT_LONG_SLO, DEFAULT_SHORT_SLO, Slo, parse_slo, slo_text
 from tailguard.bench.host import Watch, engines_idle
 from tailguard.bench.loadgen import Client, Sample, closed_loop, run_phase, served_model_name
@@ -50,7 +49,6 @@ from tailguard.bench.topology import (
 )
 from tailguard.bench.workload import (
     BURST,
-    CHARS_PER_TOKEN,
     OVERLOAD,
     SHORT,
     BenchRequest,
@@ -64,6 +62,7 @@ from tailguard.bench.workload import (
     seed_workload,
     split_windows,
 )
+from tailguard.plan.synthetic import CHARS_PER_TOKEN
 
 if TYPE_CHECKING:
     from tailguard.lanes.table import LaneTable
@@ -112,10 +111,8 @@ class BenchConfig:
                  "short requests at --overload-factor x the short lane's capacity for --burst s, "
                  "then --recovery s of the mixed load; lanes topology only; --duration is the "
                  "reference window), burst (short requests evenly spaced at --rate, and "
-                 "--burst-size long ones all at --burst-at), compat (the same OpenAI requests, "
-                 "sent with the openai SDK, against vllm serve and then tailguard's lanes on the "
-                 "served model: tailguard passes what vLLM passes but the documented refusals; "
-                 "no load options apply), azure-conv, azure-code, azure-mix "
+                 "--burst-size long ones all at --burst-at), compat (deprecated: runs `tailguard "
+                 "conformance`; no load options apply), azure-conv, azure-code, azure-mix "
                  "(the Azure LLM inference traces 2023, CC BY 4.0: a window of --rate x --duration "
                  "requests from --trace-start, lengths x --token-scale, classes by the lanes "
                  "file), or a FILE.jsonl trace ({prompt, max_tokens, class?, arrival_s?})")
@@ -179,7 +176,8 @@ class BenchConfig:
     metric: str = option("e2e_s", "the latency whose P99 the targets compare",
                          choices=("e2e", "ttft"), parse=_metric, text=_metric_choice)
     compat_checks: tuple[str, ...] | None = option(
-        None, "compat: only these checks, comma-separated (default: all)", parse=_names,
+        None, "compat (deprecated): only these checks, comma-separated (default: all); "
+              "`tailguard conformance --checks`", parse=_names,
         text=",".join)
     max_in_flight: int = option(512)
     start_timeout_s: float = 600.0
@@ -451,37 +449,73 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
 
 
 def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
-    from tailguard.host.cores import Pinning, pin_threads
+    """The steps: check the choices, the model and lanes file, the workload, each topology's
+    spec, then every topology measured in turn against one Redis, then the report."""
     from tailguard.host.devices import device_kind
-    from tailguard.host.redis_server import free_port, start_redis
     from tailguard.lanes.table import default_lanes_path, load_lanes
-    from tailguard.model.info import model_max_len, serving_dtype
+    from tailguard.model.info import model_max_len
 
-    if cfg.workload == COMPAT:  # two servers and a list of checks, no load
-        from tailguard.bench.compat_run import run_compat
+    _check_choices(cfg)
+    model = _model(cfg)
+    lanes_path = Path(cfg.lanes_file or settings.LANES_FILE.get() or default_lanes_path())
+    table = load_lanes(lanes_path)
+    count_tokens = _token_counter(model)
+    limit = model_max_len(model)
+    workload = _checked_workload(cfg, count_tokens, table, limit)
+    kind = device_kind()
+    cores = sorted(cfg.cores or os.sched_getaffinity(0))
+    lanes_topo = lanes_spec(table, lanes_path.read_text(), kind=kind, cores=cores)
+    engines = cfg.engines or len(lanes_topo.workers)  # replicas included
+    specs = _specs(cfg, workload, table, lanes_topo, model, limit, kind=kind, cores=cores,
+                   engines=engines)
+    out = Path(cfg.out_dir or settings.home() / "bench" / time.strftime("%Y%m%d-%H%M%S"))
+    out.mkdir(parents=True, exist_ok=True)
+    phases = phases_of(workload, cfg.baseline)
+    config = _run_config(cfg, model, specs, lanes_path, out, kind=kind, cores=cores,
+                         engines=engines)
+    log(f"{workload.name} workload: {workload.counts()} requests per phase over "
+        f"{workload.params.get('duration_s')} s; phases {list(phases)}; model {config['model_label']}; "
+        f"{engines} engines on cores {cores}; output in {out}")
+    # The load generator is the front end's client: on the front-end cores with Redis and
+    # the API (tailguard/host/cores.py), as every topology's shared one: the lanes file's.
+    front = lanes_topo.frontend
+    config["frontend_cores"] = list(front)
+    if front:
+        log(f"front end (API, Redis, the workers' own threads, this load generator) on cores "
+            f"{','.join(map(str, front))}; the engine there at nice {settings.ENGINE_NICE.get()}")
+    return _measure(cfg, specs, _Run(model, table, limit, count_tokens, workload, phases, out),
+                    config, front)
 
-        return run_compat(cfg)
+
+def _check_choices(cfg: BenchConfig) -> None:
     if cfg.metric not in ("e2e_s", "ttft_s"):
         raise ValueError("metric must be e2e_s or ttft_s")
     unknown = set(cfg.topologies) - set(TOPOLOGIES)
     if unknown or not cfg.topologies:
         raise ValueError(f"unknown topologies {sorted(unknown)} (known: {', '.join(TOPOLOGIES)})")
-    if cfg.model:
-        model = cfg.model
-    else:
-        from tailguard.model.served import bench_model
 
-        log("preparing the model (the first run builds the small demo model)")
-        model = bench_model()
-    lanes_path = Path(cfg.lanes_file or settings.LANES_FILE.get() or default_lanes_path())
-    table = load_lanes(lanes_path)
+
+def _model(cfg: BenchConfig) -> str:
+    if cfg.model:
+        return cfg.model
+    from tailguard.model.served import bench_model
+
+    log("preparing the model (the first run builds the small demo model)")
+    return bench_model()
+
+
+def _token_counter(model: str) -> Callable[[str], int] | None:
     try:
         from tailguard.model.tokens import PromptCounter
 
-        count_tokens: Callable[[str], int] | None = PromptCounter(model).count
+        return PromptCounter(model).count
     except Exception:  # noqa: BLE001 - no local tokenizer: prompt lengths are estimated
-        count_tokens = None
-    limit = model_max_len(model)
+        return None
+
+
+def _checked_workload(cfg: BenchConfig, count_tokens: Callable[[str], int] | None,
+                      table: LaneTable, limit: int | None) -> Workload:
+    """The workload `cfg` names, refused when it is empty or a request does not fit the model."""
     workload = build_workload(cfg, count_tokens, table, limit)
     if not workload.requests:
         raise ValueError("the workload has no requests (rate or duration is 0?)")
@@ -492,11 +526,16 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
     if too_long:
         raise ValueError(f"{len(too_long)} requests do not fit the model's context ({limit} tokens): "
                          "lower --long-prompt-tokens / --long-tokens")
+    return workload
 
-    kind = device_kind()
-    cores = sorted(cfg.cores or os.sched_getaffinity(0))
-    lanes_topo = lanes_spec(table, lanes_path.read_text(), kind=kind, cores=cores)
-    engines = cfg.engines or len(lanes_topo.workers)  # replicas included
+
+def _specs(cfg: BenchConfig, workload: Workload, table: LaneTable, lanes_topo: TopologySpec,
+           model: str, limit: int | None, *, kind: str, cores: list[int],
+           engines: int) -> dict[str, TopologySpec | DirectSpec]:
+    """The topologies the run measures, in order, on the same cores and engines."""
+    from tailguard.host.cores import Pinning
+    from tailguard.model.info import serving_dtype
+
     # direct replaces every engine, on all their cores; for the overhead workload only the
     # engine that serves it, on its cores: the same engine with and without tailguard.
     replaced = lanes_topo.workers
@@ -516,36 +555,51 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
                             dtype=serving_dtype(model, settings.DTYPE.get()),
                             cpus=tuple(cores) if kind == "cpu" else ())}
     # overload tests admission, which only the lanes topology has
-    specs = {name: specs[name] for name in
-             (("lanes",) if workload.name == OVERLOAD else cfg.topologies)}
-    per_engine = {len(w.pin.cores) for s in specs.values() for w in s.workers}
-    out = Path(cfg.out_dir or settings.home() / "bench" / time.strftime("%Y%m%d-%H%M%S"))
-    out.mkdir(parents=True, exist_ok=True)
-    phases = phases_of(workload, cfg.baseline)
-    config = {**cfg.to_dict(), "model": model, "model_label": _model_label(model),
-              "device": kind, "cores": cores, "engines": engines,
-              "cores_per_engine": ("1 GPU" if kind == "cuda" else
-                                   " / ".join(f"{n} core{'s' if n > 1 else ''}"
-                                              for n in sorted(per_engine))),
-              "lanes_file": str(lanes_path), "machine": machine(),
-              "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "out_dir": str(out)}
-    log(f"{workload.name} workload: {workload.counts()} requests per phase over "
-        f"{workload.params.get('duration_s')} s; phases {list(phases)}; model {config['model_label']}; "
-        f"{engines} engines on cores {cores}; output in {out}")
+    return {name: specs[name] for name in
+            (("lanes",) if workload.name == OVERLOAD else cfg.topologies)}
 
-    # The load generator is the front end's client: on the front-end cores with Redis and
-    # the API (tailguard/host/cores.py), as every topology's shared one: the lanes file's.
-    front = lanes_topo.frontend
-    config["frontend_cores"] = list(front)
-    if front:
-        log(f"front end (API, Redis, the workers' own threads, this load generator) on cores "
-            f"{','.join(map(str, front))}; the engine there at nice {settings.ENGINE_NICE.get()}")
+
+def _run_config(cfg: BenchConfig, model: str, specs: dict[str, TopologySpec | DirectSpec],
+                lanes_path: Path, out: Path, *, kind: str, cores: list[int],
+                engines: int) -> dict[str, Any]:
+    """The report's config: the options, and what the run resolved them to on this machine."""
+    per_engine = {len(w.pin.cores) for s in specs.values() for w in s.workers}
+    return {**cfg.to_dict(), "model": model, "model_label": _model_label(model),
+            "device": kind, "cores": cores, "engines": engines,
+            "cores_per_engine": ("1 GPU" if kind == "cuda" else
+                                 " / ".join(f"{n} core{'s' if n > 1 else ''}"
+                                            for n in sorted(per_engine))),
+            "lanes_file": str(lanes_path), "machine": machine(),
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "out_dir": str(out)}
+
+
+@dataclass
+class _Run:
+    """What every topology of one run is measured with; the overload probe adds the burst to
+    `workload` (and so to `phases`) once the first topology is up."""
+
+    model: str
+    table: LaneTable
+    limit: int | None
+    count_tokens: Callable[[str], int] | None
+    workload: Workload
+    phases: dict[str, Workload]
+    out: Path
+
+
+def _measure(cfg: BenchConfig, specs: dict[str, TopologySpec | DirectSpec], run: _Run,
+             config: dict[str, Any], front: tuple[int, ...]) -> dict[str, Any]:
+    """Each topology up, measured and stopped in turn, against one Redis on the front-end
+    cores (this thread pinned there too); the report."""
+    from tailguard.host.cores import pin_threads
+    from tailguard.host.redis_server import free_port, start_redis
+
     before = os.sched_getaffinity(0)
     pin_threads(front)
     redis_dir = Path(tempfile.mkdtemp(prefix="tailguard-bench-redis-"))
     redis_port = free_port()
     redis_proc = start_redis(redis_port, redis_dir, appendonly=False,
-                             log_path=out / "redis.log", cpus=front)
+                             log_path=run.out / "redis.log", cpus=front)
     samples: dict[str, dict[str, list[Sample]]] = {}
     topo_info: dict[str, dict[str, Any]] = {}
     stopping: list[threading.Thread] = []
@@ -566,44 +620,55 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
             log(f"[{name}] starting: {engines_desc}")
             t_start = time.monotonic()
             if isinstance(spec, DirectSpec):
-                topo: RunningTopology = RunningDirect(spec, model=model, workdir=out / name,
+                topo: RunningTopology = RunningDirect(spec, model=run.model, workdir=run.out / name,
                                                       api_port=free_port())
             else:  # a Redis database of its own, so nothing of the previous topology is seen
-                topo = RunningTopology(spec, model=model,
+                topo = RunningTopology(spec, model=run.model,
                                        redis_url=f"redis://127.0.0.1:{redis_port}/{i}",
-                                       workdir=out / name, api_port=free_port(),
+                                       workdir=run.out / name, api_port=free_port(),
                                        api_threads=cfg.max_in_flight + 16)
             try:
                 url = topo.start(cfg.start_timeout_s)
                 topo_info[name] = {**spec.to_dict(),
                                    "startup_s": round(time.monotonic() - t_start, 1)}
-                direct = isinstance(spec, DirectSpec)
-                client = Client(url, served_model_name(url), jobs=not direct,
-                                priorities=class_priorities(workload.classes) if direct else None)
-                log(f"[{name}] up in {topo_info[name]['startup_s']:.0f} s; warming up")
-                _warm(client, workload, cfg.warmup, len(spec.workers))
-                _settle(name)
-                for t in stopping:  # the previous topology must be gone before measuring
-                    t.join()
-                samples[name], topo_info[name]["host"] = {}, {}
-                redis_url = None if direct else topo.redis_url
-                if workload.name == OVERLOAD:
-                    workload = _overload(client, name, workload, table, limit, count_tokens,
-                                         cfg, topo_info[name], samples[name],
-                                         spec.workers_per_lane(), redis_url)
-                    phases = phases_of(workload, cfg.baseline)
-                for phase, wl in ({} if workload.name == OVERLOAD else phases).items():
-                    samples[name][phase] = _timed_phase(client, name, phase, wl, cfg,
-                                                        topo_info[name]["host"], redis_url)
+                samples[name] = _measure_topology(cfg, name, spec, topo, url, run,
+                                                  topo_info[name], stopping)
             finally:
                 # Warm shutdown takes a while; the next topology starts meanwhile.
                 log(f"[{name}] stopping")
                 stopping.append(threading.Thread(target=topo.stop, name=f"stop-{name}"))
                 stopping[-1].start()
         # The last topology stops while the report is written.
-        return write_report(out, config, workload, phases, topo_info, samples)
+        return write_report(run.out, config, run.workload, run.phases, topo_info, samples)
     finally:
         cleanup()
+
+
+def _measure_topology(cfg: BenchConfig, name: str, spec: TopologySpec | DirectSpec,
+                      topo: RunningTopology, url: str, run: _Run, info: dict[str, Any],
+                      stopping: list[threading.Thread]) -> dict[str, list[Sample]]:
+    """One topology, up at `url`: warm it, wait for the previous one to be gone (`stopping`),
+    then its phases (the overload workload: the probe, then its timeline); fills `info`."""
+    direct = isinstance(spec, DirectSpec)
+    client = Client(url, served_model_name(url), jobs=not direct,
+                    priorities=class_priorities(run.workload.classes) if direct else None)
+    log(f"[{name}] up in {info['startup_s']:.0f} s; warming up")
+    _warm(client, run.workload, cfg.warmup, len(spec.workers))
+    _settle(name)
+    for t in stopping:  # the previous topology must be gone before measuring
+        t.join()
+    samples: dict[str, list[Sample]] = {}
+    info["host"] = {}
+    redis_url = None if direct else topo.redis_url
+    if run.workload.name == OVERLOAD:
+        run.workload = _overload(client, name, run.workload, run.table, run.limit,
+                                 run.count_tokens, cfg, info, samples, spec.workers_per_lane(),
+                                 redis_url)
+        run.phases = phases_of(run.workload, cfg.baseline)
+        return samples
+    for phase, wl in run.phases.items():
+        samples[phase] = _timed_phase(client, name, phase, wl, cfg, info["host"], redis_url)
+    return samples
 
 
 def write_report(out: Path, config: dict[str, Any], workload: Workload,

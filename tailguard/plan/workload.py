@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tailguard.bench.workload import CHARS_PER_TOKEN
 from tailguard.lanes.table import PRIORITY_CLASSES, LaneTable
+from tailguard.plan.synthetic import CHARS_PER_TOKEN
 
 
 @dataclass(frozen=True)

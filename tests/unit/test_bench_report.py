@@ -6,7 +6,8 @@ import pytest
 from click.testing import CliRunner
 
 from tailguard.bench.loadgen import Client, Sample
-from tailguard.bench.report import build_report, class_stats, percentile, render_text, summarize
+from tailguard.bench.report import build_report, class_stats, render_text, summarize
+from tailguard.plan.sim import percentile
 
 
 def test_percentile_is_nearest_rank():

@@ -6,20 +6,19 @@ import pytest
 
 from tailguard.bench.topology import (
     DIRECT,
-    SHARED_LANE,
     TOPOLOGIES,
     VLLM_SERVER_MODULE,
     class_priorities,
     direct_spec,
     lanes_spec,
     lanes_toml,
-    shared_lane,
     shared_spec,
     worker_spec,
 )
 from tailguard.host.cores import Pinning
 from tailguard.lanes.placement import place
 from tailguard.lanes.table import default_lanes_path, load_lanes, parse_lanes
+from tailguard.plan.search import SHARED_LANE, shared_lane
 
 
 @pytest.fixture

@@ -23,9 +23,9 @@ from tailguard.bench.azure_trace import (
     trace_workload,
 )
 from tailguard.bench.run import BenchConfig, build_workload, phases_of
-from tailguard.bench.workload import exact_prompt
 from tailguard.lanes.placement import place
 from tailguard.lanes.table import default_lanes_path, load_lanes
+from tailguard.plan.synthetic import exact_prompt
 
 
 def words_and_bos(text: str) -> int:

@@ -10,17 +10,15 @@ from tailguard.bench.workload import (
     LONG,
     MEDIUM,
     SEED_MAX_TOKENS,
-    SEED_PROMPTS,
     SHORT,
     burst_workload,
     jsonl_workload,
-    long_prompt,
     mixed_workload,
     overhead_workload,
     parse_jsonl,
-    poisson_arrivals,
     seed_workload,
 )
+from tailguard.plan.synthetic import SEED_PROMPTS, long_prompt, poisson_arrivals
 
 
 def words_x2(text: str) -> int:

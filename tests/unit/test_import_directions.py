@@ -34,7 +34,8 @@ ALLOWED: dict[str, set[str]] = {
     # tools: anything of the product, and only the CLI imports them
     "bench": {"redis", "host", "lanes", "model", "engine", "jobs", "observe", "gateway",
               "worker", "launch", "plan", "cli"},
-    "plan": {"host", "lanes", "model", "engine", "bench"},
+    "plan": {"host", "lanes", "model", "engine"},
+    "conformance": {"host", "lanes", "model", "gateway", "bench"},
 }
 #: third-party top-level modules a package must never import
 FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
@@ -45,7 +46,7 @@ FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
     "jobs": {"vllm", "torch", "flask"},
     "host": {"celery", "kombu", "flask", "vllm", "torch", "transformers"},
 }
-TOOLS = {"bench", "plan"}
+TOOLS = {"bench", "plan", "conformance"}
 #: The API's one module that imports vLLM, and the parts of vLLM it may import: its OpenAI
 #: frontend (request models, render layer, argument parser, configs), never an engine
 API_VLLM_MODULE = "tailguard/gateway/openai_frontend.py"

@@ -17,3 +17,16 @@ def test_summary_counts_only_the_counted_rows():
     rows = [_row(0.1, -0.2), _row(-0.3, 0.05), _row(-0.9, 0.5, "disturbed")]
     assert summary(rows) == "within 20%: short P99 1 of 2, long tok/s 2 of 2 (1 row not counted)"
     assert summary(rows[:2], within=0.3) == "within 30%: short P99 2 of 2, long tok/s 2 of 2"
+
+
+def test_the_replayed_arrivals_are_the_ones_the_bench_sends():
+    """The planner replays the bench's `mixed` arrivals without importing the bench: the two
+    draw from the same per-class streams (tailguard/plan/synthetic.py)."""
+    from tailguard.bench.workload import mixed_workload
+    from tailguard.plan.validate import LONG_TOKENS, SHORT_TOKENS, bench_arrivals
+
+    for run in MEASURED:
+        sent = mixed_workload(run.rate, run.long_share, run.duration_s, seed=0,
+                              short_tokens=SHORT_TOKENS, long_tokens=LONG_TOKENS)
+        assert [(t, cls, out) for t, cls, _, out in bench_arrivals(run)] == [
+            (r.arrival_s, r.cls, r.max_tokens) for r in sent.requests]

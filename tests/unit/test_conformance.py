@@ -1,13 +1,14 @@
-"""The compat workload's checks and comparison (tailguard/bench/compat.py), on canned answers."""
+"""`tailguard conformance`: its checks and comparison (tailguard/conformance/), on canned answers;
+its command line and the deprecated `tailguard bench --workload compat` spelling."""
 
 import json
 
 import pytest
 
-from tailguard.bench import compat
-from tailguard.bench.compat import (
-    CHECKS,
+from tailguard.conformance.catalog import CHECKS, by_name
+from tailguard.conformance.check import (
     MODEL,
+    REFUSAL_REASONS,
     SPECIAL_TEXT,
     TOKEN,
     Answer,
@@ -16,18 +17,16 @@ from tailguard.bench.compat import (
     Context,
     Failed,
     Result,
-    SideRun,
-    by_name,
-    compare,
     documented_refusal,
     fill,
     fill_text,
     judge,
     need,
-    render_text,
-    row,
+    skipped,
 )
-from tailguard.bench.compat_run import _events, capabilities_of
+from tailguard.conformance.compare import SideRun, compare, render_text, row
+from tailguard.conformance.run import capabilities_of
+from tailguard.conformance.sender import _events
 from tailguard.gateway.openai_request import BATCH_REFUSED, REFUSED_FIELDS
 
 VLLM = Context(side="vllm", model="m", max_model_len=4096, token=42, token_text=" yes",
@@ -78,10 +77,10 @@ def test_the_checks_are_many_named_once_and_cover_the_issue():
     for c in CHECKS:
         assert c.calls and c.what
         if c.refused:
-            assert c.refused in compat.REFUSAL_REASONS
+            assert c.refused in REFUSAL_REASONS
     # every documented refusal reason the checks ask about is tailguard's own text
-    assert compat.REFUSAL_REASONS["prompt"] == BATCH_REFUSED
-    assert compat.REFUSAL_REASONS["guided_json"] == REFUSED_FIELDS["guided_json"]
+    assert REFUSAL_REASONS["prompt"] == BATCH_REFUSED
+    assert REFUSAL_REASONS["guided_json"] == REFUSED_FIELDS["guided_json"]
 
 
 def test_by_name_keeps_the_order_and_refuses_unknown_names():
@@ -166,9 +165,9 @@ def test_two_call_checks_compare_their_answers():
 
 def test_a_skipped_check_says_why():
     c = get("tools_choice_auto")
-    assert compat.skipped(c, VLLM).status == "skip"
-    assert "tool parser" in compat.skipped(c, VLLM).detail
-    assert compat.skipped(c, Context(side="vllm", capabilities=frozenset({"tool_parser"}))) is None
+    assert skipped(c, VLLM).status == "skip"
+    assert "tool parser" in skipped(c, VLLM).detail
+    assert skipped(c, Context(side="vllm", capabilities=frozenset({"tool_parser"}))) is None
     assert capabilities_of(["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]) == \
         frozenset({"tool_parser"})
     assert capabilities_of(["--tool-call-parser=hermes"]) == frozenset()
@@ -259,3 +258,28 @@ def test_need():
     need(True, "unused")
     with pytest.raises(Failed, match="why"):
         need(0, "why")
+
+
+def test_the_command_and_its_deprecated_spelling_parse(monkeypatch):
+    """`tailguard conformance` takes the options the run needs; `tailguard bench --workload
+    compat` runs the same code with a one-line deprecation note."""
+    from click.testing import CliRunner
+
+    from tailguard import cli
+
+    seen = []
+    monkeypatch.setattr(cli, "_conformance", lambda cfg, check: seen.append((cfg, check)))
+    runner = CliRunner()
+    assert runner.invoke(cli.main, ["conformance", "--help"]).exit_code == 0
+    result = runner.invoke(cli.main, ["conformance", "--checks", "models,chat", "--cores", "0,1",
+                                      "--out", "x", "--no-progress", "--check"])
+    assert result.exit_code == 0, result.output
+    cfg, check = seen.pop()
+    assert (cfg.checks, cfg.cores, str(cfg.out_dir), cfg.progress, check) == (
+        ("models", "chat"), (0, 1), "x", False, True)
+    result = runner.invoke(cli.main, ["bench", "--workload", "compat", "--compat-checks", "models",
+                                      "--cores", "0", "--out", "y"])
+    assert result.exit_code == 0, result.output
+    cfg, check = seen.pop()
+    assert (cfg.checks, cfg.cores, str(cfg.out_dir), check) == (("models",), (0,), "y", False)
+    assert "deprecated" in result.output and "tailguard conformance" in result.output

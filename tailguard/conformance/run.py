@@ -1,7 +1,7 @@
-"""The compat workload run: `vllm serve`, then tailguard's lanes, on the same model, each sent
-every check of ``compat`` with the official ``openai`` SDK (max_retries=0), then compared.
+"""The conformance run: `vllm serve`, then tailguard's lanes, on the same model, each sent every
+check of ``catalog`` with the official ``openai`` SDK (max_retries=0), then compared.
 
-    tailguard bench --workload compat --out bench-results/compat
+    tailguard conformance --out DIR [--checks a,b] [--check]
 
 The two servers come up one after the other, as the bench brings up its `direct` and
 `lanes` topologies (tailguard/bench/topology.py), so each has the machine to itself: vLLM's
@@ -10,11 +10,10 @@ TAILGUARD_OPENAI_ARGS), then tailguard's API and workers with the lanes file in 
 model is the one `tailguard up` serves (TAILGUARD_MODEL, else the bundled SmolLM2-135M-Instruct,
 whose chat template is real), or --model.
 
-Every SDK request goes through an httpx event hook that counts it, its retries (the SDK's own
-``x-stainless-retry-count`` header) and the answers a default-retrying SDK would retry (the
-SDK's ``_should_retry``). On tailguard, each job an answer names is read back at the end
-(``/v1/jobs/<id>``: how it ended), and /metrics' finished requests are read before and after.
-Writes ``report.json``, ``report.md`` and ``answers.jsonl`` (every call and answer) under --out.
+Every SDK request is counted (``sender``). On tailguard, each job an answer names is read back
+at the end (``/v1/jobs/<id>``: how it ended), and /metrics' finished requests are read before
+and after. Writes ``report.json``, ``report.md`` and ``answers.jsonl`` (every call and answer)
+under --out.
 """
 
 from __future__ import annotations
@@ -23,181 +22,56 @@ import json
 import os
 import re
 import shutil
+import signal
+import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tailguard import settings
-from tailguard.bench.compat import (
-    COMPAT,
-    TOOL_PARSER,
-    Answer,
-    Call,
-    Check,
-    Context,
-    SideRun,
-    by_name,
-    compare,
-    fill,
-    fill_text,
-    judge,
-    render_text,
-    skipped,
+from tailguard.bench.topology import (
+    DirectSpec,
+    RunningDirect,
+    RunningTopology,
+    TopologyError,
+    TopologySpec,
+    direct_spec,
+    lanes_spec,
 )
-from tailguard.bench.topology import TopologyError
+from tailguard.conformance.catalog import by_name
+from tailguard.conformance.check import TOOL_PARSER, Check, Context, judge, skipped
+from tailguard.conformance.compare import SideRun, compare, render_text
+from tailguard.conformance.sender import Sender
 
-if TYPE_CHECKING:
-    from tailguard.bench.run import BenchConfig
-
-#: how long one call may take (an omitted max_tokens on vLLM's chat runs to a stop)
-CALL_TIMEOUT_S = 300.0
+#: the report's workload name; `tailguard bench --workload compat` is the old spelling of
+#: `tailguard conformance` (deprecated: it runs this)
+COMPAT = "compat"
 #: how long tailguard's API may take to build vLLM's render layer after /healthz is green
 RENDER_READY_S = 300.0
 #: the words tried for the ordinary token of the logit_bias checks (the first that is one token)
 TOKEN_WORDS = (" yes", " the", "yes", "a")
 
 
+@dataclass(frozen=True)
+class ConformanceConfig:
+    """What `tailguard conformance` takes (tailguard/cli.py: one option each)."""
+
+    model: str | None = None  # default: what `tailguard up` serves
+    checks: tuple[str, ...] | None = None  # default: all
+    cores: tuple[int, ...] | None = None  # default: all
+    lanes_file: Path | None = None  # default: $TAILGUARD_LANES or the shipped one
+    out_dir: Path | None = None  # default: $TAILGUARD_HOME/conformance/<time>
+    progress: bool = True
+    start_timeout_s: float = 600.0
+
+
 def log(msg: str) -> None:
-    import sys
-
-    print(f"tailguard bench: {msg}", file=sys.stderr, flush=True)
-
-
-class Sender:
-    """The official SDK against one server, every request counted by an httpx event hook."""
-
-    def __init__(self, url: str, api_key: str = "unused", timeout_s: float = CALL_TIMEOUT_S) -> None:
-        import openai
-
-        self.url = url.rstrip("/")
-        self.http = openai.DefaultHttpx2Client(
-            timeout=timeout_s, event_hooks={"request": [self._on_request],
-                                            "response": [self._on_response]})
-        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0,
-                                    timeout=timeout_s, http_client=self.http)
-        self.requests = self.retries = self.would_retry = 0
-
-    def _on_request(self, request: Any) -> None:
-        self.requests += 1
-        if int(request.headers.get("x-stainless-retry-count") or 0) > 0:
-            self.retries += 1
-
-    def _on_response(self, response: Any) -> None:
-        should = getattr(self.client, "_should_retry", None)
-        retry = should(response) if should is not None else (
-            response.status_code in (408, 409, 429) or response.status_code >= 500)
-        self.would_retry += bool(retry)
-
-    def close(self) -> None:
-        self.client.close()
-
-    def send(self, call: Call, ctx: Context) -> Answer:
-        """`call`, its placeholders filled for `ctx`; a top-level None in its body is left out."""
-        before = (self.requests, self.retries, self.would_retry)
-        t0 = time.monotonic()
-        answer = self._send(call, ctx)
-        answer.seconds = time.monotonic() - t0
-        answer.requests, answer.retries, answer.would_retry = (
-            now - then for now, then in zip((self.requests, self.retries, self.would_retry),
-                                            before, strict=True))
-        return answer
-
-    def _send(self, call: Call, ctx: Context) -> Answer:
-        import openai
-
-        body = {k: v for k, v in fill(dict(call.body or {}), ctx).items() if v is not None}
-        headers = dict(call.headers)
-        try:
-            if call.route in ("completions", "chat"):
-                return self._create(call, body, headers)
-            if call.route == "models":
-                raw = self.client.models.with_raw_response.list(extra_headers=headers)
-                return _answer(raw.status_code, raw.headers, raw.text)
-            if call.route == "get":
-                resp = self.client.get(self.url + call.path, cast_to=self._raw_type(),
-                                       options={"headers": headers})
-                return _answer(resp.status_code, resp.headers, resp.text)
-            if call.route == "post":
-                resp = self.client.post(self.url + call.path, body=body, cast_to=self._raw_type(),
-                                        options={"headers": headers})
-                return _answer(resp.status_code, resp.headers, resp.text)
-            # raw: bytes the SDK will not send (NaN), on the SDK's own HTTP client
-            resp = self.http.post(self.url + call.path, content=fill_text(call.data, ctx).encode(),
-                                  headers={"Content-Type": "application/json", **headers})
-            return _answer(resp.status_code, resp.headers, resp.text)
-        except openai.APIStatusError as exc:
-            return _answer(exc.status_code, exc.response.headers, _read(exc.response))
-        except openai.APIError as exc:  # no answer: connection refused, timeout
-            return Answer(None, error=f"{type(exc).__name__}: {exc}")
-
-    def _raw_type(self) -> Any:
-        import httpx2
-
-        return httpx2.Response
-
-    def _create(self, call: Call, body: dict[str, Any], headers: dict[str, str]) -> Answer:
-        """The SDK's typed create(): the fields it knows as arguments, the rest in extra_body
-        (as a client sends vLLM's own fields); `model` left out when the body has none."""
-        import inspect
-
-        import openai
-
-        resource = self.client.completions if call.route == "completions" else (
-            self.client.chat.completions)
-        known = set(inspect.signature(resource.create).parameters) - {
-            "extra_headers", "extra_query", "extra_body", "timeout"}
-        kwargs = {k: v for k, v in body.items() if k in known}
-        extra = {k: v for k, v in body.items() if k not in known}
-        kwargs.setdefault("model", openai.omit)
-        kwargs.update(extra_headers=headers, extra_body=extra or None)
-        if call.stream:
-            with resource.with_streaming_response.create(**kwargs) as resp:
-                lines = list(resp.iter_lines())
-                return Answer(resp.status_code, _headers(resp.headers), events=_events(lines),
-                              lines=lines)
-        raw = resource.with_raw_response.create(**kwargs)
-        return _answer(raw.status_code, raw.headers, raw.text)
-
-
-def _read(response: Any) -> str:
-    try:
-        return response.text
-    except Exception:  # noqa: BLE001 - a streamed error body not read yet
-        response.read()
-        return response.text
-
-
-def _headers(headers: Any) -> dict[str, str]:
-    return {k.lower(): v for k, v in headers.items()}
-
-
-def _answer(status: int, headers: Any, text: str) -> Answer:
-    try:
-        body: Any = json.loads(text) if text else None
-    except ValueError:
-        body = text
-    return Answer(status, _headers(headers), body=body)
-
-
-def _events(lines: Sequence[str]) -> list[Any]:
-    """A stream's ``data:`` payloads, parsed (``[DONE]`` kept as the string)."""
-    out: list[Any] = []
-    for line in lines:
-        if not line.startswith("data:"):
-            continue
-        payload = line[5:].strip()
-        if payload == "[DONE]":
-            out.append(payload)
-            continue
-        try:
-            out.append(json.loads(payload))
-        except ValueError:
-            out.append(payload)
-    return out
+    print(f"tailguard conformance: {msg}", file=sys.stderr, flush=True)
 
 
 # ------------------------------------------------------------------------ one side
@@ -303,18 +177,40 @@ def capabilities_of(openai_args: Sequence[str]) -> frozenset[str]:
     return frozenset({TOOL_PARSER} if parser and "--enable-auto-tool-choice" in args else ())
 
 
-def run_compat(cfg: BenchConfig) -> dict[str, Any]:
-    """`vllm serve`, then tailguard's lanes, every check against each; the report."""
+def run_conformance(cfg: ConformanceConfig) -> dict[str, Any]:
+    """`vllm serve`, then tailguard's lanes, every check against each; the report (also written
+    under cfg.out_dir). SIGTERM stops it like Ctrl-C: the servers it started are stopped too."""
+    if threading.current_thread() is not threading.main_thread():
+        return _run(cfg)
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        return _run(cfg)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What the run brings up, where, and the report's config."""
+
+    model: str
+    checks: tuple[Check, ...]
+    direct: DirectSpec  # vLLM's own server
+    lanes: TopologySpec  # tailguard with the lanes file in force
+    capabilities: frozenset[str]
+    out: Path
+    config: dict[str, Any]
+
+
+def _plan(cfg: ConformanceConfig) -> _Plan:
+    """The model, the checks, both servers' specs on the same cores, and the report's config."""
     from tailguard.bench.run import machine
-    from tailguard.bench.topology import (
-        RunningDirect,
-        RunningTopology,
-        direct_spec,
-        lanes_spec,
-    )
     from tailguard.host.cores import Pinning
     from tailguard.host.devices import device_kind
-    from tailguard.host.redis_server import free_port, start_redis
     from tailguard.lanes.table import default_lanes_path, load_lanes
     from tailguard.model.info import model_max_len, served_model_names, serving_dtype
 
@@ -325,7 +221,7 @@ def run_compat(cfg: BenchConfig) -> dict[str, Any]:
 
         log("preparing the served model (the first run converts the bundled one)")
         model = prepare_served_model().path
-    checks = by_name(cfg.compat_checks)
+    checks = by_name(cfg.checks)
     lanes_path = Path(cfg.lanes_file or settings.LANES_FILE.get() or default_lanes_path())
     table = load_lanes(lanes_path)
     kind = device_kind()
@@ -341,58 +237,77 @@ def run_compat(cfg: BenchConfig) -> dict[str, Any]:
                      scheduling_policy="fcfs",
                      extra_args=("--served-model-name", *names, *openai_args))
     capabilities = capabilities_of(openai_args)
-    out = Path(cfg.out_dir or settings.home() / "bench" / time.strftime("%Y%m%d-%H%M%S"))
+    out = Path(cfg.out_dir or settings.home() / "conformance" / time.strftime("%Y%m%d-%H%M%S"))
     out.mkdir(parents=True, exist_ok=True)
     config = {"workload": COMPAT, "model": model, "served_names": names, "device": kind,
               "cores": cores, "lanes_file": str(lanes_path), "openai_args": list(openai_args),
               "capabilities": sorted(capabilities), "checks": len(checks),
               "machine": machine(), "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "out_dir": str(out), "direct": direct.to_dict(), "lanes": lanes_topo.to_dict()}
-    log(f"compat: {len(checks)} checks against vllm serve, then tailguard's lanes, model "
+    log(f"{len(checks)} checks against vllm serve, then tailguard's lanes, model "
         f"{names[0]} ({model}); output in {out}")
+    return _Plan(model, checks, direct, lanes_topo, capabilities, out, config)
 
-    def progress(side: str) -> Callable[[Check, Any], None]:
-        def say(check: Check, result: Any) -> None:
-            if cfg.progress:
-                log(f"[{side}] {check.name}: {result.status} ({result.detail[:100]})")
-        return say
 
-    sides: dict[str, SideRun] = {}
-    # vLLM first: no Redis, nothing of tailguard's running
-    topo: RunningTopology = RunningDirect(direct, model=model, workdir=out / "direct",
-                                          api_port=free_port())
+def _run(cfg: ConformanceConfig) -> dict[str, Any]:
+    plan = _plan(cfg)
+    sides = {"vllm": _vllm_side(cfg, plan), "tailguard": _tailguard_side(cfg, plan)}
+    return write_report(plan.out, plan.config, plan.checks, sides)
+
+
+def _progress(cfg: ConformanceConfig, side: str) -> Callable[[Check, Any], None]:
+    def say(check: Check, result: Any) -> None:
+        if cfg.progress:
+            log(f"[{side}] {check.name}: {result.status} ({result.detail[:100]})")
+    return say
+
+
+def _vllm_side(cfg: ConformanceConfig, plan: _Plan) -> SideRun:
+    """vLLM's own OpenAI server, every check against it; first: no Redis, nothing of
+    tailguard's running."""
+    from tailguard.host.redis_server import free_port
+
+    topo = RunningDirect(plan.direct, model=plan.model, workdir=plan.out / "direct",
+                         api_port=free_port())
     try:
-        log(f"[vllm] starting vllm serve on cores {cores}")
+        log(f"[vllm] starting vllm serve on cores {plan.config['cores']}")
         url = topo.start(cfg.start_timeout_s)
         sender = Sender(url)
         try:
-            ctx = context(sender, "vllm", model, capabilities)
+            ctx = context(sender, "vllm", plan.model, plan.capabilities)
             log(f"[vllm] up: model {ctx.model}, context {ctx.max_model_len}")
-            sides["vllm"] = run_side(sender, ctx, checks, progress("vllm"))
+            return run_side(sender, ctx, plan.checks, _progress(cfg, "vllm"))
         finally:
             sender.close()
     finally:
         log("[vllm] stopping")
         topo.stop()
 
-    redis_dir = Path(tempfile.mkdtemp(prefix="tailguard-bench-redis-"))
+
+def _tailguard_side(cfg: ConformanceConfig, plan: _Plan) -> SideRun:
+    """tailguard's API and workers on a Redis of their own, every check against them, then
+    how each job an answer named ended and /metrics' finished requests over the run."""
+    from tailguard.host.redis_server import free_port, start_redis
+
+    redis_dir = Path(tempfile.mkdtemp(prefix="tailguard-conformance-redis-"))
     redis_port = free_port()
-    redis_proc = start_redis(redis_port, redis_dir, appendonly=False, log_path=out / "redis.log",
-                             cpus=lanes_topo.frontend)
+    redis_proc = start_redis(redis_port, redis_dir, appendonly=False,
+                             log_path=plan.out / "redis.log", cpus=plan.lanes.frontend)
     try:
-        topo = RunningTopology(lanes_topo, model=model, redis_url=f"redis://127.0.0.1:{redis_port}/0",
-                               workdir=out / "lanes", api_port=free_port())
+        topo = RunningTopology(plan.lanes, model=plan.model,
+                               redis_url=f"redis://127.0.0.1:{redis_port}/0",
+                               workdir=plan.out / "lanes", api_port=free_port())
         try:
             log("[tailguard] starting: " + "; ".join(
-                f"{w.name} serves {','.join(w.lanes)} on {w.pin.label()}" for w in lanes_topo.workers))
+                f"{w.name} serves {','.join(w.lanes)} on {w.pin.label()}" for w in plan.lanes.workers))
             url = topo.start(cfg.start_timeout_s)
             wait_render_ready(url)
             before = finished_by_status(url)
             sender = Sender(url)
             try:
-                ctx = context(sender, "tailguard", model, capabilities)
+                ctx = context(sender, "tailguard", plan.model, plan.capabilities)
                 log(f"[tailguard] up: model {ctx.model}, context {ctx.max_model_len}")
-                run = sides["tailguard"] = run_side(sender, ctx, checks, progress("tailguard"))
+                run = run_side(sender, ctx, plan.checks, _progress(cfg, "tailguard"))
             finally:
                 sender.close()
             jobs = sorted({a.job_id for a in run.answer_list() if a.job_id})
@@ -401,13 +316,13 @@ def run_compat(cfg: BenchConfig) -> dict[str, Any]:
             after = finished_by_status(url)
             run.finished_by_status = {s: after.get(s, 0.0) - before.get(s, 0.0)
                                       for s in sorted(set(after) | set(before))}
+            return run
         finally:
             log("[tailguard] stopping")
             topo.stop()
     finally:
         redis_proc.stop()
         shutil.rmtree(redis_dir, ignore_errors=True)
-    return write_report(out, config, checks, sides)
 
 
 def write_report(out: Path, config: dict[str, Any], checks: Sequence[Check],
@@ -437,4 +352,4 @@ def write_report(out: Path, config: dict[str, Any], checks: Sequence[Check],
     return report
 
 
-__all__ = ["Sender", "run_compat", "run_side", "write_report"]
+__all__ = ["COMPAT", "ConformanceConfig", "run_conformance", "run_side", "write_report"]
