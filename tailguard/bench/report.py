@@ -34,6 +34,7 @@ from tailguard.bench.goodput import (
     tpot_s,
 )
 from tailguard.bench.loadgen import REFUSED, Sample
+from tailguard.bench.tuned import is_tuned, tuned_figures
 from tailguard.bench.workload import BURST, OVERLOAD, WINDOWS
 
 METRICS = {"queued_s": "queue wait", "ttft_s": "TTFT", "e2e_s": "end-to-end"}
@@ -52,6 +53,11 @@ LANES_VS_DIRECT_MAX = 0.25  # issue 25 (issue 12 had 1/2): of plain vLLM's (prio
 TOTAL_THROUGHPUT_MIN = 0.95
 LONG_E2E_P50_MAX = 1.5
 STREAM_ITL_P99_MAX = 1.5
+#: Against the best tuned plain vLLM (issue 33), on the mixed phase: lanes' short P99 end-to-end
+#: at most this share of its, short TTFT P99 and goodput no worse, the whole machine's output at
+#: least TOTAL_THROUGHPUT_MIN of its, the long class's TTFT P99 at most this factor of its.
+LANES_VS_TUNED_E2E_MAX = 0.5
+LONG_TTFT_VS_TUNED_MAX = 2.0
 #: Gateway overhead targets (issue 12), tailguard minus direct on the overhead workload.
 TTFT_OVERHEAD_P50_MAX_S = 0.005
 TTFT_OVERHEAD_P99_MAX_S = 0.015
@@ -189,7 +195,23 @@ def ratios(report: dict, metric: str) -> dict[str, float | None]:
         "lanes_long_tok_s_over_direct": _ratio(
             _get(report, "lanes", "mixed", long, "throughput_tok_s"),
             _get(report, "direct", "mixed", long, "throughput_tok_s")),
+        "lanes_short_p99_over_tuned": _ratio(p99("lanes", "mixed"),
+                                             p99((report.get("tuned") or {}).get("best") or "",
+                                                 "mixed")),
     }
+
+
+def tuned(report: dict, phase: str) -> dict[str, Any] | None:
+    """The tuned vLLM runs on `phase` and the best of them (tailguard/bench/tuned.py), or None
+    when none ran."""
+    short = report["workload"]["short_class"]
+    names = [t for t in report["topologies"] if is_tuned(t)]
+    if not names:
+        return None
+    runs = {t: (_get(report, t, phase, short, "e2e_s", "p99"),
+                _totals(report, t, phase, "goodput", "goodput_rps")) for t in names}
+    flags = {t: list(report["topologies"][t].get("extra_args") or ()) for t in names}
+    return {"phase": phase, **tuned_figures(runs, flags)}
 
 
 def _totals(report: dict, topo: str, phase: str, *path: str) -> Any:
@@ -381,6 +403,48 @@ def _serving_lines(report: dict, line: Callable[..., None]) -> None:
          f"{_fmt_x(sv['lanes_short_itl_p99_over_direct'])}", "the lanes and direct topologies")
 
 
+def _tuned_lines(report: dict, line: Callable[..., None]) -> None:
+    """Issue 33's lines: lanes against the best tuned plain vLLM of the sweep."""
+    tu = report["tuned"]
+    best, phase = tu["best"], tu["phase"]
+    short, long = report["workload"]["short_class"], report["workload"]["long_class"]
+    runs = "; ".join(f"{name}: short e2e P99 {_fmt_s(r['short_e2e_p99_s'])}, goodput "
+                     + ("n/a" if r["goodput_rps"] is None else f"{r['goodput_rps']:.2f}")
+                     + " req/s" for name, r in tu["runs"].items())
+    line("tuned", None, f"tuned vLLM: best {best or 'none measured'}"
+         + (f" ({' '.join(tu['flags'] or ())}, priority per class)" if best else "")
+         + f" by {tu['rule']}; {runs}", info=True)
+    need = "the lanes topology and a measured direct-tuned run"
+
+    def q(topo: str | None, cls: str | None, metric: str) -> float | None:
+        return _get(report, topo or "", phase, cls, metric, "p99")
+
+    v = _ratio(q("lanes", short, "e2e_s"), q(best, short, "e2e_s"))
+    line("lanes_vs_tuned_e2e", None if v is None else v <= LANES_VS_TUNED_E2E_MAX,
+         f"lanes {short} end-to-end P99 {_fmt_s(q('lanes', short, 'e2e_s'))} <= "
+         f"{LANES_VS_TUNED_E2E_MAX:g}x tuned vLLM's {_fmt_s(q(best, short, 'e2e_s'))}: ratio "
+         f"{_fmt_x(v)}", need)
+    a, b = q("lanes", short, "ttft_s"), q(best, short, "ttft_s")
+    line("lanes_vs_tuned_ttft", None if a is None or b is None else a <= b,
+         f"lanes {short} TTFT P99 {_fmt_s(a)} <= tuned vLLM's {_fmt_s(b)}", need)
+    good = {t: _totals(report, t, phase, "goodput", "good") for t in ("lanes", best or "")}
+    line("goodput_vs_tuned", None if None in good.values() else good["lanes"] >= good[best or ""],
+         f"lanes goodput {good['lanes']} requests met their SLO >= tuned vLLM's "
+         f"{good[best or '']}", need)
+    tok = {t: _totals(report, t, phase, "output_tok_s") for t in ("lanes", best or "")}
+    v = _ratio(tok["lanes"], tok[best or ""])
+    line("total_throughput_vs_tuned", None if v is None else v >= TOTAL_THROUGHPUT_MIN,
+         f"whole machine: lanes output {_fmt_tok(tok['lanes'])} tok/s >= "
+         f"{TOTAL_THROUGHPUT_MIN:.0%} of tuned vLLM's {_fmt_tok(tok[best or ''])}: ratio "
+         f"{_fmt_pct(v)}", need)
+    if long:
+        v = _ratio(q("lanes", long, "ttft_s"), q(best, long, "ttft_s"))
+        line("long_ttft_vs_tuned", None if v is None else v <= LONG_TTFT_VS_TUNED_MAX,
+             f"lanes {long} TTFT P99 {_fmt_s(q('lanes', long, 'ttft_s'))} <= "
+             f"{LONG_TTFT_VS_TUNED_MAX:g}x tuned vLLM's {_fmt_s(q(best, long, 'ttft_s'))}: ratio "
+             f"{_fmt_x(v)}", need)
+
+
 def _burst_line(topo: str, b: dict[str, Any], line: Callable[..., None]) -> None:
     m, base = b["mixed"], b["baseline"]
     line(f"burst_{topo}", None,
@@ -529,6 +593,8 @@ def targets(report: dict) -> list[dict[str, Any]]:
     else:
         _isolation_lines(report, line)
         _serving_lines(report, line)
+        if report.get("tuned"):
+            _tuned_lines(report, line)
         for topo, b in report.get("burst", {}).items():
             _burst_line(topo, b, line)
     def total(t: dict, key: str) -> int:
@@ -562,6 +628,7 @@ def build_report(*, config: dict[str, Any], workload: dict[str, Any],
         report["topologies"][name]["totals"] = {
             ph: phase_totals(ss, workload["short_class"], short_slo, long_slo)
             for ph, ss in phases.items()}
+    report["tuned"] = tuned(report, OVERHEAD if workload["name"] == OVERHEAD else "mixed")
     report["ratios"] = {m: ratios(report, m) for m in ("ttft_s", "e2e_s")}
     report["overhead"] = overhead(report)
     report["serving"] = serving(report, OVERHEAD if workload["name"] == OVERHEAD else "mixed")
@@ -657,6 +724,8 @@ def render_text(report: dict) -> str:
                  f"  lanes / lanes' no-long baseline   {_fmt_x(r['lanes_short_p99_over_baseline'])}",
                  f"  shared / shared's no-long baseline {_fmt_x(r['shared_short_p99_over_baseline'])}",
                  f"  lanes / direct (vLLM, priority)   {_fmt_x(r['lanes_short_p99_over_direct'])}",
+                 *([f"  lanes / best tuned vLLM ({report['tuned']['best']}) "
+                    f"{_fmt_x(r['lanes_short_p99_over_tuned'])}"] if report.get("tuned") else []),
                  f"  lanes / shared output tok/s of class {long!r}: "
                  f"{_fmt_x(r['lanes_long_tok_s_over_shared'])}",
                  f"  lanes / direct output tok/s of class {long!r}: "

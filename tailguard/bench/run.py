@@ -16,7 +16,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import sys
 import tempfile
 import threading
@@ -39,6 +38,7 @@ from tailguard.bench.stall_watch import describe as describe_stalls
 from tailguard.bench.topology import (
     DIRECT,
     TOPOLOGIES,
+    TUNED,
     DirectSpec,
     RunningDirect,
     RunningTopology,
@@ -47,7 +47,9 @@ from tailguard.bench.topology import (
     direct_spec,
     lanes_spec,
     shared_spec,
+    tuned_specs,
 )
+from tailguard.bench.tuned import DEFAULT_SWEEP, is_tuned, parse_sweep, sweep_text
 from tailguard.bench.workload import (
     BURST,
     CHARS_PER_TOKEN,
@@ -128,8 +130,14 @@ class BenchConfig:
     duration_s: float | None = option(90.0, "seconds of arrivals per phase", flag="--duration")
     topologies: tuple[str, ...] = option(
         TOPOLOGIES, "comma-separated: shared (one FCFS queue), lanes (the lanes file in force), "
-                    "direct (vLLM's own OpenAI server on the same cores, priority scheduling)",
+                    "direct (vLLM's own OpenAI server on the same cores, priority scheduling), "
+                    "direct-tuned (the same with chunked prefill, once per --tuned-sweep setting)",
         parse=_names, text=",".join)
+    tuned_sweep: tuple[tuple[int, int], ...] = option(
+        DEFAULT_SWEEP, "direct-tuned: N:M[,N:M...], vLLM's --max-num-batched-tokens N and "
+                       "--long-prefill-token-threshold M, one server run each; the report names "
+                       "the best: the lowest short end-to-end P99 among the runs whose goodput "
+                       "is within 5% of the best goodput", parse=parse_sweep, text=sweep_text)
     baseline: bool = option(
         True, "also run the short class alone in each topology (the no-long-traffic P99)")
     model: str | None = option(None, "default: $TAILGUARD_MODEL, else the random-weight demo "
@@ -435,24 +443,19 @@ def log(msg: str) -> None:
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     """Run the benchmark and return the report (also written under cfg.out_dir).
 
-    SIGTERM stops it like Ctrl-C: the processes it started are stopped too.
+    SIGTERM stops it like Ctrl-C, at any point (a topology still starting included): the
+    processes it started are killed too.
     """
-    if threading.current_thread() is not threading.main_thread():
-        return _run_bench(cfg)
+    from tailguard.host.procs import stop_signals
 
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
+    with stop_signals():
         return _run_bench(cfg)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
     from tailguard.host.cores import Pinning, pin_threads
     from tailguard.host.devices import device_kind
+    from tailguard.host.procs import signals_held
     from tailguard.host.redis_server import free_port, start_redis
     from tailguard.lanes.table import default_lanes_path, load_lanes
     from tailguard.model.info import model_max_len, serving_dtype
@@ -509,15 +512,18 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
         replaced = tuple(w for w in lanes_topo.workers if lane in w.lanes)[:1]
     pin = (Pinning(cores=tuple(c for w in replaced for c in w.pin.cores)) if kind == "cpu"
            else replaced[0].pin)
+    direct = direct_spec(pin, replaced, table, max_model_len=limit,
+                         dtype=serving_dtype(model, settings.DTYPE.get()),
+                         cpus=tuple(cores) if kind == "cpu" else ())
+    # overload tests admission, which only the lanes topology has
+    wanted = ("lanes",) if workload.name == OVERLOAD else cfg.topologies
     specs: dict[str, TopologySpec | DirectSpec] = {
         "shared": shared_spec(table, engines=engines, kind=kind, cores=cores),
-        "lanes": lanes_topo,
-        DIRECT: direct_spec(pin, replaced, table, max_model_len=limit,
-                            dtype=serving_dtype(model, settings.DTYPE.get()),
-                            cpus=tuple(cores) if kind == "cpu" else ())}
-    # overload tests admission, which only the lanes topology has
-    specs = {name: specs[name] for name in
-             (("lanes",) if workload.name == OVERLOAD else cfg.topologies)}
+        "lanes": lanes_topo, DIRECT: direct,
+        # one vLLM server per setting of the sweep, each a topology of its own
+        **({t.name: t for t in tuned_specs(direct, cfg.tuned_sweep)} if TUNED in wanted else {})}
+    specs = {name: spec for want in wanted for name, spec in specs.items()
+             if name == want or (want == TUNED and is_tuned(name))}
     per_engine = {len(w.pin.cores) for s in specs.values() for w in s.workers}
     out = Path(cfg.out_dir or settings.home() / "bench" / time.strftime("%Y%m%d-%H%M%S"))
     out.mkdir(parents=True, exist_ok=True)
@@ -544,20 +550,28 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
     pin_threads(front)
     redis_dir = Path(tempfile.mkdtemp(prefix="tailguard-bench-redis-"))
     redis_port = free_port()
-    redis_proc = start_redis(redis_port, redis_dir, appendonly=False,
-                             log_path=out / "redis.log", cpus=front)
+    with signals_held():  # an interrupt waits until it can stop Redis
+        redis_proc = start_redis(redis_port, redis_dir, appendonly=False,
+                                 log_path=out / "redis.log", cpus=front)
     samples: dict[str, dict[str, list[Sample]]] = {}
     topo_info: dict[str, dict[str, Any]] = {}
     stopping: list[threading.Thread] = []
+    started: list[RunningTopology] = []
 
-    def cleanup() -> None:
-        """Wait for the topologies to stop (workers need Redis for that), then stop Redis."""
-        for t in stopping:
-            t.join()
-        redis_proc.stop()
-        shutil.rmtree(redis_dir, ignore_errors=True)
-        pin_threads(tuple(before))
+    def cleanup(interrupted: bool) -> None:
+        """Wait for the topologies to stop (workers need Redis for that), then stop Redis.
+        Interrupted or failed: kill every topology's processes first, no warm shutdown."""
+        with signals_held():  # a second signal must not cut this short
+            if interrupted:
+                for topo in started:
+                    topo.kill()
+            for t in stopping:
+                t.join()
+            redis_proc.stop()
+            shutil.rmtree(redis_dir, ignore_errors=True)
+            pin_threads(tuple(before))
 
+    interrupted = True
     try:
         for i, (name, spec) in enumerate(specs.items()):
             engines_desc = "; ".join(f"{w.name} serves {','.join(w.lanes) or 'everything'} on "
@@ -573,6 +587,7 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
                                        redis_url=f"redis://127.0.0.1:{redis_port}/{i}",
                                        workdir=out / name, api_port=free_port(),
                                        api_threads=cfg.max_in_flight + 16)
+            started.append(topo)
             try:
                 url = topo.start(cfg.start_timeout_s)
                 topo_info[name] = {**spec.to_dict(),
@@ -601,9 +616,11 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
                 stopping.append(threading.Thread(target=topo.stop, name=f"stop-{name}"))
                 stopping[-1].start()
         # The last topology stops while the report is written.
-        return write_report(out, config, workload, phases, topo_info, samples)
+        report = write_report(out, config, workload, phases, topo_info, samples)
+        interrupted = False
+        return report
     finally:
-        cleanup()
+        cleanup(interrupted)
 
 
 def write_report(out: Path, config: dict[str, Any], workload: Workload,
