@@ -24,6 +24,7 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from tailguard.bench.exactly_once import describe as describe_exactly_once
 from tailguard.bench.goodput import (
     DEFAULT_LONG_SLO,
     DEFAULT_SHORT_SLO,
@@ -587,6 +588,7 @@ def targets(report: dict) -> list[dict[str, Any]]:
 
     if report["workload"]["name"] == OVERLOAD:
         _overload_lines(report, line)
+        _exactly_once_lines(report, line)
         return out
     if report["workload"]["name"] == OVERHEAD:
         _overhead_lines(report["overhead"], line)
@@ -607,7 +609,17 @@ def targets(report: dict) -> list[dict[str, Any]]:
              f"{topo}: {errors} errors, {refused} refused at admission, "
              f"accepted {accepted} = finished {finished}"
              + ("" if accepted == finished else f" ({accepted - finished} lost)"))
+    _exactly_once_lines(report, line)
     return out
+
+
+def _exactly_once_lines(report: dict, line: Callable[..., None]) -> None:
+    """Issue 33's check, per tailguard topology: every accepted job ended exactly once."""
+    for topo, t in report["topologies"].items():
+        c = t.get("exactly_once")
+        if c is not None:
+            line(f"exactly_once_{topo}", c["ok"] if c["stream_read"] else None,
+                 describe_exactly_once(topo, c), "the finished stream of the topology's Redis")
 
 
 def build_report(*, config: dict[str, Any], workload: dict[str, Any],

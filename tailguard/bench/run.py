@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 from tailguard import settings
 from tailguard.bench.azure_trace import TRACES, trace_workload
 from tailguard.bench.compat import COMPAT
+from tailguard.bench.exactly_once import check as check_exactly_once
+from tailguard.bench.exactly_once import finished_counts
 from tailguard.bench.goodput import DEFAULT_LONG_SLO, DEFAULT_SHORT_SLO, Slo, parse_slo, slo_text
 from tailguard.bench.host import Watch, engines_idle
 from tailguard.bench.loadgen import Client, Sample, closed_loop, run_phase, served_model_name
@@ -610,6 +612,10 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
                 for phase, wl in ({} if workload.name == OVERLOAD else phases).items():
                     samples[name][phase] = _timed_phase(client, name, phase, wl, cfg,
                                                         topo_info[name]["host"], redis_url)
+                if redis_url:  # every accepted job of the run ended exactly once
+                    topo_info[name]["exactly_once"] = check_exactly_once(
+                        [s for ss in samples[name].values() for s in ss],
+                        finished_counts(redis_url))
             finally:
                 # Warm shutdown takes a while; the next topology starts meanwhile.
                 log(f"[{name}] stopping")
