@@ -34,9 +34,10 @@ from tailguard.bench.goodput import (
     slo_text,
     tpot_s,
 )
+from tailguard.bench.lane_moves import describe as describe_moves
 from tailguard.bench.loadgen import REFUSED, Sample
 from tailguard.bench.tuned import is_tuned, tuned_figures
-from tailguard.bench.workload import BURST, OVERLOAD, WINDOWS
+from tailguard.bench.workload import BURST, OVERLOAD, SHIFT, WINDOWS, split_shift
 
 METRICS = {"queued_s": "queue wait", "ttft_s": "TTFT", "e2e_s": "end-to-end"}
 OVERHEAD = "overhead"  # the phase (and workload) that measures the gateway against direct
@@ -59,6 +60,9 @@ STREAM_ITL_P99_MAX = 1.5
 #: least TOTAL_THROUGHPUT_MIN of its, the long class's TTFT P99 at most this factor of its.
 LANES_VS_TUNED_E2E_MAX = 0.5
 LONG_TTFT_VS_TUNED_MAX = 2.0
+#: shift (issue 33): in every window, the short class's P99 end-to-end at most this factor of
+#: the same window's without long traffic (the baseline phase's).
+SHIFT_SHORT_OVER_BASELINE_MAX = 1.5
 #: Gateway overhead targets (issue 12), tailguard minus direct on the overhead workload.
 TTFT_OVERHEAD_P50_MAX_S = 0.005
 TTFT_OVERHEAD_P99_MAX_S = 0.015
@@ -268,6 +272,75 @@ def burst_figures(by_phase: dict[str, list[Sample]], short: str, long: str | Non
         out[phase] = {"short": len(during), "ok": len(ok), "ttft_p99_s": percentile(ok, 99),
                       "ttft_max_s": max(ok, default=None)}
     return out
+
+
+def shift_figures(by_phase: dict[str, list[Sample]], short: str, long: str | None,
+                  params: dict[str, Any], short_slo: Slo, long_slo: Slo,
+                  lane_moves: dict[str, Any] | None) -> dict[str, Any]:
+    """Per shift window of one topology: the short class's P99 end-to-end and TTFT (and the
+    end-to-end against the same window's in the baseline phase), the long class's TTFT and
+    queue wait P99, goodput; and the lane moves over the whole timeline (None: not read)."""
+    mixed = split_shift(by_phase.get("mixed", []), params)
+    base = split_shift(by_phase.get("baseline", []), params)
+    windows = []
+    for w in params["windows"]:
+        ss = mixed[w["name"]]
+
+        def p99(cls: str | None, metric: str, ss: list[Sample] = ss) -> float | None:
+            return percentile((getattr(s, metric) for s in ss if s.cls == cls and s.ok
+                               and getattr(s, metric) is not None), 99)
+
+        short_p99 = p99(short, "e2e_s")
+        base_p99 = percentile((s.e2e_s for s in base[w["name"]] if s.ok and s.e2e_s is not None),
+                              99)
+        g = goodput(ss, short, short_slo, long_slo)
+        windows.append({
+            **w, "short": sum(1 for s in ss if s.cls == short),
+            "long": sum(1 for s in ss if s.cls == long),
+            "not_ok": sum(1 for s in ss if not s.ok),
+            "refused": sum(1 for s in ss if s.status == REFUSED),
+            "short_e2e_p99_s": short_p99, "short_ttft_p99_s": p99(short, "ttft_s"),
+            "baseline_short_e2e_p99_s": base_p99,
+            "short_p99_over_baseline": _ratio(short_p99, base_p99),
+            "long_ttft_p99_s": p99(long, "ttft_s"), "long_queued_p99_s": p99(long, "queued_s"),
+            "goodput_rps": g["goodput_rps"], "good": g["good"]})
+    return {"windows": windows, "lane_moves": lane_moves}
+
+
+def _shift_lines(report: dict, line: Callable[..., None]) -> None:
+    """Issue 33's shift lines, per topology: the short tail in every window against its
+    no-long-traffic value; the lane moves where the topology's API was read for them."""
+    short = report["workload"]["short_class"]
+    for topo, f in report["shift"].items():
+        ratios_ = [w["short_p99_over_baseline"] for w in f["windows"]]
+        line(f"shift_short_{topo}",
+             None if None in ratios_ else all(v <= SHIFT_SHORT_OVER_BASELINE_MAX for v in ratios_),
+             f"{topo}: {short} P99 end-to-end in every window <= "
+             f"{SHIFT_SHORT_OVER_BASELINE_MAX:g}x the same window's without long traffic: "
+             + ", ".join(f"{w['name']} {_fmt_x(w['short_p99_over_baseline'])}"
+                         for w in f["windows"]), "a baseline phase")
+        if f["lane_moves"] is not None:
+            line(f"lane_moves_{topo}", None, f"{topo}: lane moves over the shift: "
+                 + describe_moves(f["lane_moves"]), info=True)
+
+
+def render_shift(report: dict) -> str:
+    """The shift workload's table: each topology's figures per window."""
+    out = ["shift: per window (P99s in s; vs baseline: the short P99 over the same window's "
+           "without long traffic)\n",
+           "| topology | window | short/s | long/s | short | short e2e P99 | vs baseline | "
+           "short TTFT P99 | long | long TTFT P99 | long queue wait P99 | not ok | refused | "
+           "goodput req/s |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for topo, f in report["shift"].items():
+        for w in f["windows"]:
+            out.append(f"| {topo} | {w['name']} | {w['short_rate']:.3g} | {w['long_rate']:.3g} | "
+                       f"{w['short']} | {_cell(w['short_e2e_p99_s'])} | "
+                       f"{_cell(w['short_p99_over_baseline'], 2)} | "
+                       f"{_cell(w['short_ttft_p99_s'])} | {w['long']} | "
+                       f"{_cell(w['long_ttft_p99_s'])} | {_cell(w['long_queued_p99_s'])} | "
+                       f"{w['not_ok']} | {w['refused']} | {_cell(w['goodput_rps'], 2)} |")
+    return "\n".join(out) + "\n"
 
 
 def overhead(report: dict) -> dict[str, float | None]:
@@ -599,6 +672,8 @@ def targets(report: dict) -> list[dict[str, Any]]:
             _tuned_lines(report, line)
         for topo, b in report.get("burst", {}).items():
             _burst_line(topo, b, line)
+        if report.get("shift"):
+            _shift_lines(report, line)
     def total(t: dict, key: str) -> int:
         return sum(c[key] for p in t["phases"].values() for c in p.values())
 
@@ -649,6 +724,13 @@ def build_report(*, config: dict[str, Any], workload: dict[str, Any],
                                                workload["long_class"],
                                                workload["params"]["burst_at_s"])
                            for name, phases in samples.items()}
+    if workload["name"] == SHIFT:
+        report["shift"] = {
+            name: shift_figures(phases, workload["short_class"], workload["long_class"],
+                                workload["params"], short_slo, long_slo,
+                                ((topologies.get(name) or {}).get("host") or {})
+                                .get("mixed", {}).get("lane_moves"))
+            for name, phases in samples.items()}
     if workload["name"] == OVERLOAD:
         report["overload"] = {name: overload_figures(phases, workload["short_class"],
                                                      workload["params"])
@@ -731,7 +813,9 @@ def render_text(report: dict) -> str:
     if report["workload"]["name"] in (OVERHEAD, OVERLOAD):
         lines = [*head, render_tables(report)]
     else:
-        lines = [*head, render_tables(report), f"ratios ({METRICS[metric]} P99 of class {short!r}):",
+        lines = [*head, render_tables(report),
+                 *([render_shift(report)] if report.get("shift") else []),
+                 f"ratios ({METRICS[metric]} P99 of class {short!r}):",
                  f"  lanes / shared                    {_fmt_x(r['lanes_short_p99_over_shared'])}",
                  f"  lanes / lanes' no-long baseline   {_fmt_x(r['lanes_short_p99_over_baseline'])}",
                  f"  shared / shared's no-long baseline {_fmt_x(r['shared_short_p99_over_baseline'])}",
@@ -751,6 +835,8 @@ def render_text(report: dict) -> str:
         if own:  # what `tailguard plan --frontend-from` fits its front-end cost from
             lines.append(f"front end's CPU (all but the engines), {topo}: {', '.join(own)}")
         for phase, h in (t.get("host") or {}).items():
+            if (h.get("lane_moves") or {}).get("moves") and not report.get("shift"):
+                lines.append(f"lane moves, {topo}/{phase}: {describe_moves(h['lane_moves'])}")
             if h.get("disturbed"):
                 lines.append(f"note: {topo}/{phase} was disturbed: other processes used "
                              f"{h['others_share']:.0%} of the CPU (heaviest: "

@@ -4,6 +4,7 @@
     tailguard bench --workload overload --duration 45 --burst 60 --recovery 45
     tailguard bench --workload azure-mix --rate 3 --token-scale 0.25 --duration 120
     tailguard bench --workload burst --rate 2 --burst-size 8 --duration 60
+    tailguard bench --workload shift --rate 2.5 --shift-window 60 --shift-long-shares 0.05,0.25,0.05
 
 Writes ``report.json``, ``bench.png``, ``samples.jsonl`` (every request) and the
 processes' logs under ``--out`` (default ``$TAILGUARD_HOME/bench/<time>``), and
@@ -32,6 +33,7 @@ from tailguard.bench.exactly_once import check as check_exactly_once
 from tailguard.bench.exactly_once import finished_counts
 from tailguard.bench.goodput import DEFAULT_LONG_SLO, DEFAULT_SHORT_SLO, Slo, parse_slo, slo_text
 from tailguard.bench.host import Watch, engines_idle
+from tailguard.bench.lane_moves import LaneMoveWatch
 from tailguard.bench.loadgen import Client, Sample, closed_loop, run_phase, served_model_name
 from tailguard.bench.redis_watch import RedisWatch
 from tailguard.bench.report import OVERHEAD, PROBE, build_report, capacity_rps, render_text
@@ -56,6 +58,9 @@ from tailguard.bench.workload import (
     BURST,
     CHARS_PER_TOKEN,
     OVERLOAD,
+    SHIFT,
+    SHIFT_LONG_SHARES,
+    SHIFT_WINDOW_S,
     SHORT,
     BenchRequest,
     Workload,
@@ -66,13 +71,14 @@ from tailguard.bench.workload import (
     overhead_workload,
     overload_workload,
     seed_workload,
+    shift_workload,
     split_windows,
 )
 
 if TYPE_CHECKING:
     from tailguard.lanes.table import LaneTable
 
-WORKLOADS = ("seed", "mixed", "overhead", OVERLOAD, BURST, *TRACES)
+WORKLOADS = ("seed", "mixed", "overhead", OVERLOAD, BURST, SHIFT, *TRACES)
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,10 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(c) for c in text.split(","))
 
 
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(c) for c in text.split(","))
+
+
 def _metric(choice: str) -> str:
     return f"{choice}_s"
 
@@ -116,7 +126,10 @@ class BenchConfig:
                  "short requests at --overload-factor x the short lane's capacity for --burst s, "
                  "then --recovery s of the mixed load; lanes topology only; --duration is the "
                  "reference window), burst (short requests evenly spaced at --rate, and "
-                 "--burst-size long ones all at --burst-at), compat (the same OpenAI requests, "
+                 "--burst-size long ones all at --burst-at), shift (the mixed load on one "
+                 "timeline of --shift-window s windows, each with its --shift-long-shares share "
+                 "of --rate long: short-heavy, long-heavy, short-heavy again; --duration does "
+                 "not apply), compat (the same OpenAI requests, "
                  "sent with the openai SDK, against vllm serve and then tailguard's lanes on the "
                  "served model: tailguard passes what vLLM passes but the documented refusals; "
                  "no load options apply), azure-conv, azure-code, azure-mix "
@@ -169,6 +182,11 @@ class BenchConfig:
                 "(azure-mix: the conversation trace's, 77 s before the code one's; default: 20 "
                 "minutes in, where both services are busy)", flag="--trace-start")
     burst_size: int = option(8, "burst: long requests that arrive at once")
+    shift_long_shares: tuple[float, ...] = option(
+        SHIFT_LONG_SHARES, "shift: the long share of --rate in each window, in order",
+        parse=_floats, text=lambda v: ",".join(f"{x:g}" for x in v))
+    shift_window_s: float = option(SHIFT_WINDOW_S, "shift: seconds of arrivals per window",
+                                   flag="--shift-window")
     burst_at_s: float | None = option(
         None, "burst: when they arrive (default: a third of --duration)", flag="--burst-at")
     goodput_short: Slo = option(
@@ -239,6 +257,12 @@ def _workload(cfg: BenchConfig, count_tokens: Callable[[str], int] | None,
     if cfg.workload == BURST:
         return burst_workload(cfg.rate, cfg.duration_s or 60.0, burst_size=cfg.burst_size,
                               burst_at_s=cfg.burst_at_s, seed=cfg.seed,
+                              short_tokens=cfg.short_tokens,
+                              long_prompt_tokens=cfg.long_prompt_tokens,
+                              long_tokens=cfg.long_tokens, count_tokens=count_tokens,
+                              max_requests=cfg.max_requests)
+    if cfg.workload == SHIFT:
+        return shift_workload(cfg.rate, cfg.shift_long_shares, cfg.shift_window_s, cfg.seed,
                               short_tokens=cfg.short_tokens,
                               long_prompt_tokens=cfg.long_prompt_tokens,
                               long_tokens=cfg.long_tokens, count_tokens=count_tokens,
@@ -376,6 +400,7 @@ def _timed_phase(client: Client, topo: str, phase: str, wl: Workload, cfg: Bench
     time.sleep(cfg.pause_s)
     bar = _Progress(cfg.progress, len(wl.requests), f"{topo}/{phase}")
     redis_watch = RedisWatch(redis_url) if redis_url else None
+    moves = LaneMoveWatch(client) if redis_url else None  # a tailguard API: its lane moves
     watch, stall_watch = Watch(), StallWatch()
     try:
         samples = run_phase(client, wl.requests, duration_s=wl.params.get("duration_s") or 0,
@@ -387,6 +412,8 @@ def _timed_phase(client: Client, topo: str, phase: str, wl: Workload, cfg: Bench
     host["machine_stalls"] = stall_watch.stop()
     if redis_watch is not None:
         host["redis"] = redis_watch.stop()
+    if moves is not None:
+        host["lane_moves"] = moves.stop()
     bad = sum(1 for s in samples if not s.ok)
     log(f"[{topo}/{phase}] {len(wl.requests)} requests, {bad} not ok; front end "
         f"{host['frontend_cpu_s']:g} CPU s ("
