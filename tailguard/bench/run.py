@@ -587,10 +587,15 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
     stopping: list[threading.Thread] = []
     started: list[RunningTopology] = []
 
+    def kill_all() -> None:
+        for topo in started:
+            topo.group.kill()
+
     def cleanup(interrupted: bool) -> None:
         """Wait for the topologies to stop (workers need Redis for that), then stop Redis.
-        Interrupted or failed: kill every topology's processes first, no warm shutdown."""
-        with signals_held():  # a second signal must not cut this short
+        Interrupted or failed: kill every topology's processes first, no warm shutdown; a
+        signal meanwhile kills them at once and does not cut this short."""
+        with signals_held(then=kill_all):
             if interrupted:
                 for topo in started:
                     topo.kill()

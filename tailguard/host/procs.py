@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tailguard.host.cores import Pinning, children_on
 
@@ -60,12 +60,15 @@ POLL_S = 0.2
 LOG_TAIL_CHARS = 3000
 
 
-_held = {"depth": 0, "signal": None}  # main thread only: signals_held's nesting, the held signal
+#: main thread only: signals_held's nesting, the signal it holds, what its blocks run on one
+_held: dict[str, Any] = {"depth": 0, "signal": None, "then": []}
 
 
 def _raise_stop(signum: int, frame: object) -> None:
     if _held["depth"]:
         _held["signal"] = signum
+        for then in list(_held["then"]):
+            then()
         return
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -84,21 +87,28 @@ def stop_signals(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> 
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+        _held["signal"] = None  # held for a block that failed anyway: nothing is left to stop
 
 
 @contextmanager
-def signals_held() -> Iterator[None]:
+def signals_held(then: Callable[[], None] | None = None) -> Iterator[None]:
     """A stop signal (`stop_signals`) that arrives within the block is raised when it ends, not
-    in the middle: a child started is registered first, a cleanup is not cut short. If the
-    block raises anyway, that exception goes on and the signal stays held for the next end."""
+    in the middle: a child started is registered first, a cleanup is not cut short. `then`,
+    if given, runs as the signal arrives (kept short: it runs in the signal handler), e.g.
+    to kill what the block is waiting for. If the block raises anyway, that exception goes
+    on and the signal stays held for the next block's end."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     _held["depth"] += 1
+    if then is not None:
+        _held["then"].append(then)
     try:
         yield
     finally:
         _held["depth"] -= 1
+        if then is not None:
+            _held["then"].remove(then)
     if _held["depth"] == 0 and _held["signal"] is not None:
         signum, _held["signal"] = _held["signal"], None
         raise KeyboardInterrupt(f"signal {signum} (held)")

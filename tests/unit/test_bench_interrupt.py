@@ -91,3 +91,19 @@ def test_kill_stops_a_started_topology_at_once(tmp_path):
     t0 = time.monotonic()
     topo.kill()
     assert time.monotonic() - t0 < 10 and not topo.group.children[0].alive()
+
+
+def test_a_held_signal_runs_then_at_once(tmp_path):
+    """The bench's cleanup waits for warm shutdowns; a signal meanwhile kills them at once."""
+    group = Group(tmp_path)
+    # a child that ignores its stop signal, as a worker still loading its engine does
+    group.start(ChildSpec("sleeper", ("sh", "-c", "trap '' TERM; sleep 300"), stop_timeout_s=60))
+    time.sleep(0.2)  # the trap is set
+    with stop_signals():
+        with pytest.raises(KeyboardInterrupt):
+            with signals_held(then=group.kill):
+                signal_soon(signal.SIGTERM, 0.3)
+                t0 = time.monotonic()
+                group.stop()  # would wait 60 s... until the signal kills it
+                assert time.monotonic() - t0 < 10
+    assert gone(group["sleeper"].pid)
