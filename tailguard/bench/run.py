@@ -76,6 +76,7 @@ from tailguard.bench.workload import (
 )
 
 if TYPE_CHECKING:
+    from tailguard.host.procs import Child
     from tailguard.lanes.table import LaneTable
 
 WORKLOADS = ("seed", "mixed", "overhead", OVERLOAD, BURST, SHIFT, *TRACES)
@@ -579,9 +580,7 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
     pin_threads(front)
     redis_dir = Path(tempfile.mkdtemp(prefix="tailguard-bench-redis-"))
     redis_port = free_port()
-    with signals_held():  # an interrupt waits until it can stop Redis
-        redis_proc = start_redis(redis_port, redis_dir, appendonly=False,
-                                 log_path=out / "redis.log", cpus=front)
+    redis_proc: Child | None = None
     samples: dict[str, dict[str, list[Sample]]] = {}
     topo_info: dict[str, dict[str, Any]] = {}
     stopping: list[threading.Thread] = []
@@ -601,12 +600,16 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
                     topo.kill()
             for t in stopping:
                 t.join()
-            redis_proc.stop()
+            if redis_proc is not None:
+                redis_proc.stop()
             shutil.rmtree(redis_dir, ignore_errors=True)
             pin_threads(tuple(before))
 
     interrupted = True
     try:
+        with signals_held():  # a signal meanwhile is raised once cleanup can stop Redis
+            redis_proc = start_redis(redis_port, redis_dir, appendonly=False,
+                                     log_path=out / "redis.log", cpus=front)
         for i, (name, spec) in enumerate(specs.items()):
             engines_desc = "; ".join(f"{w.name} serves {','.join(w.lanes) or 'everything'} on "
                                      f"{w.pin.label()}"
