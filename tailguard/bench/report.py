@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from tailguard.bench.exactly_once import describe as describe_exactly_once
 from tailguard.bench.goodput import (
     DEFAULT_LONG_SLO,
     DEFAULT_SHORT_SLO,
@@ -32,8 +33,10 @@ from tailguard.bench.goodput import (
     slo_text,
     tpot_s,
 )
+from tailguard.bench.lane_moves import describe as describe_moves
 from tailguard.bench.loadgen import REFUSED, Sample
-from tailguard.bench.workload import BURST, OVERLOAD, WINDOWS
+from tailguard.bench.tuned import is_tuned, tuned_figures
+from tailguard.bench.workload import BURST, OVERLOAD, SHIFT, WINDOWS, split_shift
 from tailguard.plan.sim import percentile
 
 METRICS = {"queued_s": "queue wait", "ttft_s": "TTFT", "e2e_s": "end-to-end"}
@@ -52,6 +55,14 @@ LANES_VS_DIRECT_MAX = 0.25  # issue 25 (issue 12 had 1/2): of plain vLLM's (prio
 TOTAL_THROUGHPUT_MIN = 0.95
 LONG_E2E_P50_MAX = 1.5
 STREAM_ITL_P99_MAX = 1.5
+#: Against the best tuned plain vLLM (issue 33), on the mixed phase: lanes' short P99 end-to-end
+#: at most this share of its, short TTFT P99 and goodput no worse, the whole machine's output at
+#: least TOTAL_THROUGHPUT_MIN of its, the long class's TTFT P99 at most this factor of its.
+LANES_VS_TUNED_E2E_MAX = 0.5
+LONG_TTFT_VS_TUNED_MAX = 2.0
+#: shift (issue 33): in every window, the short class's P99 end-to-end at most this factor of
+#: the same window's without long traffic (the baseline phase's).
+SHIFT_SHORT_OVER_BASELINE_MAX = 1.5
 #: Gateway overhead targets (issue 12), tailguard minus direct on the overhead workload.
 TTFT_OVERHEAD_P50_MAX_S = 0.005
 TTFT_OVERHEAD_P99_MAX_S = 0.015
@@ -180,7 +191,23 @@ def ratios(report: dict, metric: str) -> dict[str, float | None]:
         "lanes_long_tok_s_over_direct": _ratio(
             _get(report, "lanes", "mixed", long, "throughput_tok_s"),
             _get(report, "direct", "mixed", long, "throughput_tok_s")),
+        "lanes_short_p99_over_tuned": _ratio(p99("lanes", "mixed"),
+                                             p99((report.get("tuned") or {}).get("best") or "",
+                                                 "mixed")),
     }
+
+
+def tuned(report: dict, phase: str) -> dict[str, Any] | None:
+    """The tuned vLLM runs on `phase` and the best of them (tailguard/bench/tuned.py), or None
+    when none ran."""
+    short = report["workload"]["short_class"]
+    names = [t for t in report["topologies"] if is_tuned(t)]
+    if not names:
+        return None
+    runs = {t: (_get(report, t, phase, short, "e2e_s", "p99"),
+                _totals(report, t, phase, "goodput", "goodput_rps")) for t in names}
+    flags = {t: list(report["topologies"][t].get("extra_args") or ()) for t in names}
+    return {"phase": phase, **tuned_figures(runs, flags)}
 
 
 def _totals(report: dict, topo: str, phase: str, *path: str) -> Any:
@@ -236,6 +263,75 @@ def burst_figures(by_phase: dict[str, list[Sample]], short: str, long: str | Non
         out[phase] = {"short": len(during), "ok": len(ok), "ttft_p99_s": percentile(ok, 99),
                       "ttft_max_s": max(ok, default=None)}
     return out
+
+
+def shift_figures(by_phase: dict[str, list[Sample]], short: str, long: str | None,
+                  params: dict[str, Any], short_slo: Slo, long_slo: Slo,
+                  lane_moves: dict[str, Any] | None) -> dict[str, Any]:
+    """Per shift window of one topology: the short class's P99 end-to-end and TTFT (and the
+    end-to-end against the same window's in the baseline phase), the long class's TTFT and
+    queue wait P99, goodput; and the lane moves over the whole timeline (None: not read)."""
+    mixed = split_shift(by_phase.get("mixed", []), params)
+    base = split_shift(by_phase.get("baseline", []), params)
+    windows = []
+    for w in params["windows"]:
+        ss = mixed[w["name"]]
+
+        def p99(cls: str | None, metric: str, ss: list[Sample] = ss) -> float | None:
+            return percentile((getattr(s, metric) for s in ss if s.cls == cls and s.ok
+                               and getattr(s, metric) is not None), 99)
+
+        short_p99 = p99(short, "e2e_s")
+        base_p99 = percentile((s.e2e_s for s in base[w["name"]] if s.ok and s.e2e_s is not None),
+                              99)
+        g = goodput(ss, short, short_slo, long_slo)
+        windows.append({
+            **w, "short": sum(1 for s in ss if s.cls == short),
+            "long": sum(1 for s in ss if s.cls == long),
+            "not_ok": sum(1 for s in ss if not s.ok),
+            "refused": sum(1 for s in ss if s.status == REFUSED),
+            "short_e2e_p99_s": short_p99, "short_ttft_p99_s": p99(short, "ttft_s"),
+            "baseline_short_e2e_p99_s": base_p99,
+            "short_p99_over_baseline": _ratio(short_p99, base_p99),
+            "long_ttft_p99_s": p99(long, "ttft_s"), "long_queued_p99_s": p99(long, "queued_s"),
+            "goodput_rps": g["goodput_rps"], "good": g["good"]})
+    return {"windows": windows, "lane_moves": lane_moves}
+
+
+def _shift_lines(report: dict, line: Callable[..., None]) -> None:
+    """Issue 33's shift lines, per topology: the short tail in every window against its
+    no-long-traffic value; the lane moves where the topology's API was read for them."""
+    short = report["workload"]["short_class"]
+    for topo, f in report["shift"].items():
+        ratios_ = [w["short_p99_over_baseline"] for w in f["windows"]]
+        line(f"shift_short_{topo}",
+             None if None in ratios_ else all(v <= SHIFT_SHORT_OVER_BASELINE_MAX for v in ratios_),
+             f"{topo}: {short} P99 end-to-end in every window <= "
+             f"{SHIFT_SHORT_OVER_BASELINE_MAX:g}x the same window's without long traffic: "
+             + ", ".join(f"{w['name']} {_fmt_x(w['short_p99_over_baseline'])}"
+                         for w in f["windows"]), "a baseline phase")
+        if f["lane_moves"] is not None:
+            line(f"lane_moves_{topo}", None, f"{topo}: lane moves over the shift: "
+                 + describe_moves(f["lane_moves"]), info=True)
+
+
+def render_shift(report: dict) -> str:
+    """The shift workload's table: each topology's figures per window."""
+    out = ["shift: per window (P99s in s; vs baseline: the short P99 over the same window's "
+           "without long traffic)\n",
+           "| topology | window | short/s | long/s | short | short e2e P99 | vs baseline | "
+           "short TTFT P99 | long | long TTFT P99 | long queue wait P99 | not ok | refused | "
+           "goodput req/s |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for topo, f in report["shift"].items():
+        for w in f["windows"]:
+            out.append(f"| {topo} | {w['name']} | {w['short_rate']:.3g} | {w['long_rate']:.3g} | "
+                       f"{w['short']} | {_cell(w['short_e2e_p99_s'])} | "
+                       f"{_cell(w['short_p99_over_baseline'], 2)} | "
+                       f"{_cell(w['short_ttft_p99_s'])} | {w['long']} | "
+                       f"{_cell(w['long_ttft_p99_s'])} | {_cell(w['long_queued_p99_s'])} | "
+                       f"{w['not_ok']} | {w['refused']} | {_cell(w['goodput_rps'], 2)} |")
+    return "\n".join(out) + "\n"
 
 
 def overhead(report: dict) -> dict[str, float | None]:
@@ -370,6 +466,48 @@ def _serving_lines(report: dict, line: Callable[..., None]) -> None:
          f"streams: lanes inter-chunk P99 (every class) {itl('lanes')} <= {STREAM_ITL_P99_MAX:g}x "
          f"direct's {itl('direct')}: ratio {_fmt_x(v)}; class {short!r} alone "
          f"{_fmt_x(sv['lanes_short_itl_p99_over_direct'])}", "the lanes and direct topologies")
+
+
+def _tuned_lines(report: dict, line: Callable[..., None]) -> None:
+    """Issue 33's lines: lanes against the best tuned plain vLLM of the sweep."""
+    tu = report["tuned"]
+    best, phase = tu["best"], tu["phase"]
+    short, long = report["workload"]["short_class"], report["workload"]["long_class"]
+    runs = "; ".join(f"{name}: short e2e P99 {_fmt_s(r['short_e2e_p99_s'])}, goodput "
+                     + ("n/a" if r["goodput_rps"] is None else f"{r['goodput_rps']:.2f}")
+                     + " req/s" for name, r in tu["runs"].items())
+    line("tuned", None, f"tuned vLLM: best {best or 'none measured'}"
+         + (f" ({' '.join(tu['flags'] or ())}, priority per class)" if best else "")
+         + f" by {tu['rule']}; {runs}", info=True)
+    need = "the lanes topology and a measured direct-tuned run"
+
+    def q(topo: str | None, cls: str | None, metric: str) -> float | None:
+        return _get(report, topo or "", phase, cls, metric, "p99")
+
+    v = _ratio(q("lanes", short, "e2e_s"), q(best, short, "e2e_s"))
+    line("lanes_vs_tuned_e2e", None if v is None else v <= LANES_VS_TUNED_E2E_MAX,
+         f"lanes {short} end-to-end P99 {_fmt_s(q('lanes', short, 'e2e_s'))} <= "
+         f"{LANES_VS_TUNED_E2E_MAX:g}x tuned vLLM's {_fmt_s(q(best, short, 'e2e_s'))}: ratio "
+         f"{_fmt_x(v)}", need)
+    a, b = q("lanes", short, "ttft_s"), q(best, short, "ttft_s")
+    line("lanes_vs_tuned_ttft", None if a is None or b is None else a <= b,
+         f"lanes {short} TTFT P99 {_fmt_s(a)} <= tuned vLLM's {_fmt_s(b)}", need)
+    good = {t: _totals(report, t, phase, "goodput", "good") for t in ("lanes", best or "")}
+    line("goodput_vs_tuned", None if None in good.values() else good["lanes"] >= good[best or ""],
+         f"lanes goodput {good['lanes']} requests met their SLO >= tuned vLLM's "
+         f"{good[best or '']}", need)
+    tok = {t: _totals(report, t, phase, "output_tok_s") for t in ("lanes", best or "")}
+    v = _ratio(tok["lanes"], tok[best or ""])
+    line("total_throughput_vs_tuned", None if v is None else v >= TOTAL_THROUGHPUT_MIN,
+         f"whole machine: lanes output {_fmt_tok(tok['lanes'])} tok/s >= "
+         f"{TOTAL_THROUGHPUT_MIN:.0%} of tuned vLLM's {_fmt_tok(tok[best or ''])}: ratio "
+         f"{_fmt_pct(v)}", need)
+    if long:
+        v = _ratio(q("lanes", long, "ttft_s"), q(best, long, "ttft_s"))
+        line("long_ttft_vs_tuned", None if v is None else v <= LONG_TTFT_VS_TUNED_MAX,
+             f"lanes {long} TTFT P99 {_fmt_s(q('lanes', long, 'ttft_s'))} <= "
+             f"{LONG_TTFT_VS_TUNED_MAX:g}x tuned vLLM's {_fmt_s(q(best, long, 'ttft_s'))}: ratio "
+             f"{_fmt_x(v)}", need)
 
 
 def _burst_line(topo: str, b: dict[str, Any], line: Callable[..., None]) -> None:
@@ -514,14 +652,19 @@ def targets(report: dict) -> list[dict[str, Any]]:
 
     if report["workload"]["name"] == OVERLOAD:
         _overload_lines(report, line)
+        _exactly_once_lines(report, line)
         return out
     if report["workload"]["name"] == OVERHEAD:
         _overhead_lines(report["overhead"], line)
     else:
         _isolation_lines(report, line)
         _serving_lines(report, line)
+        if report.get("tuned"):
+            _tuned_lines(report, line)
         for topo, b in report.get("burst", {}).items():
             _burst_line(topo, b, line)
+        if report.get("shift"):
+            _shift_lines(report, line)
     def total(t: dict, key: str) -> int:
         return sum(c[key] for p in t["phases"].values() for c in p.values())
 
@@ -532,7 +675,17 @@ def targets(report: dict) -> list[dict[str, Any]]:
              f"{topo}: {errors} errors, {refused} refused at admission, "
              f"accepted {accepted} = finished {finished}"
              + ("" if accepted == finished else f" ({accepted - finished} lost)"))
+    _exactly_once_lines(report, line)
     return out
+
+
+def _exactly_once_lines(report: dict, line: Callable[..., None]) -> None:
+    """Issue 33's check, per tailguard topology: every accepted job ended exactly once."""
+    for topo, t in report["topologies"].items():
+        c = t.get("exactly_once")
+        if c is not None:
+            line(f"exactly_once_{topo}", c["ok"] if c["stream_read"] else None,
+                 describe_exactly_once(topo, c), "the finished stream of the topology's Redis")
 
 
 def build_report(*, config: dict[str, Any], workload: dict[str, Any],
@@ -553,6 +706,7 @@ def build_report(*, config: dict[str, Any], workload: dict[str, Any],
         report["topologies"][name]["totals"] = {
             ph: phase_totals(ss, workload["short_class"], short_slo, long_slo)
             for ph, ss in phases.items()}
+    report["tuned"] = tuned(report, OVERHEAD if workload["name"] == OVERHEAD else "mixed")
     report["ratios"] = {m: ratios(report, m) for m in ("ttft_s", "e2e_s")}
     report["overhead"] = overhead(report)
     report["serving"] = serving(report, OVERHEAD if workload["name"] == OVERHEAD else "mixed")
@@ -561,6 +715,13 @@ def build_report(*, config: dict[str, Any], workload: dict[str, Any],
                                                workload["long_class"],
                                                workload["params"]["burst_at_s"])
                            for name, phases in samples.items()}
+    if workload["name"] == SHIFT:
+        report["shift"] = {
+            name: shift_figures(phases, workload["short_class"], workload["long_class"],
+                                workload["params"], short_slo, long_slo,
+                                ((topologies.get(name) or {}).get("host") or {})
+                                .get("mixed", {}).get("lane_moves"))
+            for name, phases in samples.items()}
     if workload["name"] == OVERLOAD:
         report["overload"] = {name: overload_figures(phases, workload["short_class"],
                                                      workload["params"])
@@ -643,11 +804,15 @@ def render_text(report: dict) -> str:
     if report["workload"]["name"] in (OVERHEAD, OVERLOAD):
         lines = [*head, render_tables(report)]
     else:
-        lines = [*head, render_tables(report), f"ratios ({METRICS[metric]} P99 of class {short!r}):",
+        lines = [*head, render_tables(report),
+                 *([render_shift(report)] if report.get("shift") else []),
+                 f"ratios ({METRICS[metric]} P99 of class {short!r}):",
                  f"  lanes / shared                    {_fmt_x(r['lanes_short_p99_over_shared'])}",
                  f"  lanes / lanes' no-long baseline   {_fmt_x(r['lanes_short_p99_over_baseline'])}",
                  f"  shared / shared's no-long baseline {_fmt_x(r['shared_short_p99_over_baseline'])}",
                  f"  lanes / direct (vLLM, priority)   {_fmt_x(r['lanes_short_p99_over_direct'])}",
+                 *([f"  lanes / best tuned vLLM ({report['tuned']['best']}) "
+                    f"{_fmt_x(r['lanes_short_p99_over_tuned'])}"] if report.get("tuned") else []),
                  f"  lanes / shared output tok/s of class {long!r}: "
                  f"{_fmt_x(r['lanes_long_tok_s_over_shared'])}",
                  f"  lanes / direct output tok/s of class {long!r}: "
@@ -661,6 +826,8 @@ def render_text(report: dict) -> str:
         if own:  # what `tailguard plan --frontend-from` fits its front-end cost from
             lines.append(f"front end's CPU (all but the engines), {topo}: {', '.join(own)}")
         for phase, h in (t.get("host") or {}).items():
+            if (h.get("lane_moves") or {}).get("moves") and not report.get("shift"):
+                lines.append(f"lane moves, {topo}/{phase}: {describe_moves(h['lane_moves'])}")
             if h.get("disturbed"):
                 lines.append(f"note: {topo}/{phase} was disturbed: other processes used "
                              f"{h['others_share']:.0%} of the CPU (heaviest: "

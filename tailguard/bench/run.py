@@ -4,6 +4,7 @@
     tailguard bench --workload overload --duration 45 --burst 60 --recovery 45
     tailguard bench --workload azure-mix --rate 3 --token-scale 0.25 --duration 120
     tailguard bench --workload burst --rate 2 --burst-size 8 --duration 60
+    tailguard bench --workload shift --rate 2.5 --shift-window 60 --shift-long-shares 0.05,0.25,0.05
 
 Writes ``report.json``, ``bench.png``, ``samples.jsonl`` (every request) and the
 processes' logs under ``--out`` (default ``$TAILGUARD_HOME/bench/<time>``), and
@@ -16,7 +17,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import sys
 import tempfile
 import threading
@@ -28,8 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 from tailguard import settings
 from tailguard.bench.azure_trace import TRACES, trace_workload
+from tailguard.bench.exactly_once import check as check_exactly_once
+from tailguard.bench.exactly_once import finished_counts
 from tailguard.bench.goodput import DEFAULT_LONG_SLO, DEFAULT_SHORT_SLO, Slo, parse_slo, slo_text
 from tailguard.bench.host import Watch, engines_idle
+from tailguard.bench.lane_moves import LaneMoveWatch
 from tailguard.bench.loadgen import Client, Sample, closed_loop, run_phase, served_model_name
 from tailguard.bench.redis_watch import RedisWatch
 from tailguard.bench.report import OVERHEAD, PROBE, build_report, capacity_rps, render_text
@@ -38,6 +41,7 @@ from tailguard.bench.stall_watch import describe as describe_stalls
 from tailguard.bench.topology import (
     DIRECT,
     TOPOLOGIES,
+    TUNED,
     DirectSpec,
     RunningDirect,
     RunningTopology,
@@ -46,10 +50,15 @@ from tailguard.bench.topology import (
     direct_spec,
     lanes_spec,
     shared_spec,
+    tuned_specs,
 )
+from tailguard.bench.tuned import DEFAULT_SWEEP, is_tuned, parse_sweep, sweep_text
 from tailguard.bench.workload import (
     BURST,
     OVERLOAD,
+    SHIFT,
+    SHIFT_LONG_SHARES,
+    SHIFT_WINDOW_S,
     SHORT,
     BenchRequest,
     Workload,
@@ -60,14 +69,16 @@ from tailguard.bench.workload import (
     overhead_workload,
     overload_workload,
     seed_workload,
+    shift_workload,
     split_windows,
 )
 from tailguard.plan.synthetic import CHARS_PER_TOKEN
 
 if TYPE_CHECKING:
+    from tailguard.host.procs import Child
     from tailguard.lanes.table import LaneTable
 
-WORKLOADS = ("seed", "mixed", "overhead", OVERLOAD, BURST, *TRACES)
+WORKLOADS = ("seed", "mixed", "overhead", OVERLOAD, BURST, SHIFT, *TRACES)
 
 
 @dataclass(frozen=True)
@@ -95,6 +106,10 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(c) for c in text.split(","))
 
 
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(c) for c in text.split(","))
+
+
 def _metric(choice: str) -> str:
     return f"{choice}_s"
 
@@ -111,8 +126,11 @@ class BenchConfig:
                  "short requests at --overload-factor x the short lane's capacity for --burst s, "
                  "then --recovery s of the mixed load; lanes topology only; --duration is the "
                  "reference window), burst (short requests evenly spaced at --rate, and "
-                 "--burst-size long ones all at --burst-at), compat (deprecated: runs `tailguard "
-                 "conformance`; no load options apply), azure-conv, azure-code, azure-mix "
+                 "--burst-size long ones all at --burst-at), shift (the mixed load on one "
+                 "timeline of --shift-window s windows, each with its --shift-long-shares share "
+                 "of --rate long: short-heavy, long-heavy, short-heavy again; --duration does "
+                 "not apply), compat (deprecated: runs `tailguard conformance`; no load options "
+                 "apply), azure-conv, azure-code, azure-mix "
                  "(the Azure LLM inference traces 2023, CC BY 4.0: a window of --rate x --duration "
                  "requests from --trace-start, lengths x --token-scale, classes by the lanes "
                  "file), or a FILE.jsonl trace ({prompt, max_tokens, class?, arrival_s?})")
@@ -125,8 +143,14 @@ class BenchConfig:
     duration_s: float | None = option(90.0, "seconds of arrivals per phase", flag="--duration")
     topologies: tuple[str, ...] = option(
         TOPOLOGIES, "comma-separated: shared (one FCFS queue), lanes (the lanes file in force), "
-                    "direct (vLLM's own OpenAI server on the same cores, priority scheduling)",
+                    "direct (vLLM's own OpenAI server on the same cores, priority scheduling), "
+                    "direct-tuned (the same with chunked prefill, once per --tuned-sweep setting)",
         parse=_names, text=",".join)
+    tuned_sweep: tuple[tuple[int, int], ...] = option(
+        DEFAULT_SWEEP, "direct-tuned: N:M[,N:M...], vLLM's --max-num-batched-tokens N and "
+                       "--long-prefill-token-threshold M, one server run each; the report names "
+                       "the best: the lowest short end-to-end P99 among the runs whose goodput "
+                       "is within 5% of the best goodput", parse=parse_sweep, text=sweep_text)
     baseline: bool = option(
         True, "also run the short class alone in each topology (the no-long-traffic P99)")
     model: str | None = option(None, "default: $TAILGUARD_MODEL, else the random-weight demo "
@@ -156,6 +180,11 @@ class BenchConfig:
                 "(azure-mix: the conversation trace's, 77 s before the code one's; default: 20 "
                 "minutes in, where both services are busy)", flag="--trace-start")
     burst_size: int = option(8, "burst: long requests that arrive at once")
+    shift_long_shares: tuple[float, ...] = option(
+        SHIFT_LONG_SHARES, "shift: the long share of --rate in each window, in order",
+        parse=_floats, text=lambda v: ",".join(f"{x:g}" for x in v))
+    shift_window_s: float = option(SHIFT_WINDOW_S, "shift: seconds of arrivals per window",
+                                   flag="--shift-window")
     burst_at_s: float | None = option(
         None, "burst: when they arrive (default: a third of --duration)", flag="--burst-at")
     goodput_short: Slo = option(
@@ -227,6 +256,12 @@ def _workload(cfg: BenchConfig, count_tokens: Callable[[str], int] | None,
     if cfg.workload == BURST:
         return burst_workload(cfg.rate, cfg.duration_s or 60.0, burst_size=cfg.burst_size,
                               burst_at_s=cfg.burst_at_s, seed=cfg.seed,
+                              short_tokens=cfg.short_tokens,
+                              long_prompt_tokens=cfg.long_prompt_tokens,
+                              long_tokens=cfg.long_tokens, count_tokens=count_tokens,
+                              max_requests=cfg.max_requests)
+    if cfg.workload == SHIFT:
+        return shift_workload(cfg.rate, cfg.shift_long_shares, cfg.shift_window_s, cfg.seed,
                               short_tokens=cfg.short_tokens,
                               long_prompt_tokens=cfg.long_prompt_tokens,
                               long_tokens=cfg.long_tokens, count_tokens=count_tokens,
@@ -364,6 +399,7 @@ def _timed_phase(client: Client, topo: str, phase: str, wl: Workload, cfg: Bench
     time.sleep(cfg.pause_s)
     bar = _Progress(cfg.progress, len(wl.requests), f"{topo}/{phase}")
     redis_watch = RedisWatch(redis_url) if redis_url else None
+    moves = LaneMoveWatch(client) if redis_url else None  # a tailguard API: its lane moves
     watch, stall_watch = Watch(), StallWatch()
     try:
         samples = run_phase(client, wl.requests, duration_s=wl.params.get("duration_s") or 0,
@@ -375,6 +411,8 @@ def _timed_phase(client: Client, topo: str, phase: str, wl: Workload, cfg: Bench
     host["machine_stalls"] = stall_watch.stop()
     if redis_watch is not None:
         host["redis"] = redis_watch.stop()
+    if moves is not None:
+        host["lane_moves"] = moves.stop()
     bad = sum(1 for s in samples if not s.ok)
     log(f"[{topo}/{phase}] {len(wl.requests)} requests, {bad} not ok; front end "
         f"{host['frontend_cpu_s']:g} CPU s ("
@@ -433,19 +471,13 @@ def log(msg: str) -> None:
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     """Run the benchmark and return the report (also written under cfg.out_dir).
 
-    SIGTERM stops it like Ctrl-C: the processes it started are stopped too.
+    SIGTERM stops it like Ctrl-C, at any point (a topology still starting included): the
+    processes it started are killed too.
     """
-    if threading.current_thread() is not threading.main_thread():
-        return _run_bench(cfg)
+    from tailguard.host.procs import stop_signals
 
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
+    with stop_signals():
         return _run_bench(cfg)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
@@ -548,15 +580,18 @@ def _specs(cfg: BenchConfig, workload: Workload, table: LaneTable, lanes_topo: T
         replaced = tuple(w for w in lanes_topo.workers if lane in w.lanes)[:1]
     pin = (Pinning(cores=tuple(c for w in replaced for c in w.pin.cores)) if kind == "cpu"
            else replaced[0].pin)
+    direct = direct_spec(pin, replaced, table, max_model_len=limit,
+                         dtype=serving_dtype(model, settings.DTYPE.get()),
+                         cpus=tuple(cores) if kind == "cpu" else ())
+    # overload tests admission, which only the lanes topology has
+    wanted = ("lanes",) if workload.name == OVERLOAD else cfg.topologies
     specs: dict[str, TopologySpec | DirectSpec] = {
         "shared": shared_spec(table, engines=engines, kind=kind, cores=cores),
-        "lanes": lanes_topo,
-        DIRECT: direct_spec(pin, replaced, table, max_model_len=limit,
-                            dtype=serving_dtype(model, settings.DTYPE.get()),
-                            cpus=tuple(cores) if kind == "cpu" else ())}
-    # overload tests admission, which only the lanes topology has
-    return {name: specs[name] for name in
-            (("lanes",) if workload.name == OVERLOAD else cfg.topologies)}
+        "lanes": lanes_topo, DIRECT: direct,
+        # one vLLM server per setting of the sweep, each a topology of its own
+        **({t.name: t for t in tuned_specs(direct, cfg.tuned_sweep)} if TUNED in wanted else {})}
+    return {name: spec for want in wanted for name, spec in specs.items()
+            if name == want or (want == TUNED and is_tuned(name))}
 
 
 def _run_config(cfg: BenchConfig, model: str, specs: dict[str, TopologySpec | DirectSpec],
@@ -592,27 +627,43 @@ def _measure(cfg: BenchConfig, specs: dict[str, TopologySpec | DirectSpec], run:
     """Each topology up, measured and stopped in turn, against one Redis on the front-end
     cores (this thread pinned there too); the report."""
     from tailguard.host.cores import pin_threads
+    from tailguard.host.procs import signals_held
     from tailguard.host.redis_server import free_port, start_redis
 
     before = os.sched_getaffinity(0)
     pin_threads(front)
     redis_dir = Path(tempfile.mkdtemp(prefix="tailguard-bench-redis-"))
     redis_port = free_port()
-    redis_proc = start_redis(redis_port, redis_dir, appendonly=False,
-                             log_path=run.out / "redis.log", cpus=front)
+    redis_proc: Child | None = None
     samples: dict[str, dict[str, list[Sample]]] = {}
     topo_info: dict[str, dict[str, Any]] = {}
     stopping: list[threading.Thread] = []
+    started: list[RunningTopology] = []
 
-    def cleanup() -> None:
-        """Wait for the topologies to stop (workers need Redis for that), then stop Redis."""
-        for t in stopping:
-            t.join()
-        redis_proc.stop()
-        shutil.rmtree(redis_dir, ignore_errors=True)
-        pin_threads(tuple(before))
+    def kill_all() -> None:
+        for topo in started:
+            topo.group.kill()
 
+    def cleanup(interrupted: bool) -> None:
+        """Wait for the topologies to stop (workers need Redis for that), then stop Redis.
+        Interrupted or failed: kill every topology's processes first, no warm shutdown; a
+        signal meanwhile kills them at once and does not cut this short."""
+        with signals_held(then=kill_all):
+            if interrupted:
+                for topo in started:
+                    topo.kill()
+            for t in stopping:
+                t.join()
+            if redis_proc is not None:
+                redis_proc.stop()
+            shutil.rmtree(redis_dir, ignore_errors=True)
+            pin_threads(tuple(before))
+
+    interrupted = True
     try:
+        with signals_held():  # a signal meanwhile is raised once cleanup can stop Redis
+            redis_proc = start_redis(redis_port, redis_dir, appendonly=False,
+                                     log_path=run.out / "redis.log", cpus=front)
         for i, (name, spec) in enumerate(specs.items()):
             engines_desc = "; ".join(f"{w.name} serves {','.join(w.lanes) or 'everything'} on "
                                      f"{w.pin.label()}"
@@ -627,21 +678,28 @@ def _measure(cfg: BenchConfig, specs: dict[str, TopologySpec | DirectSpec], run:
                                        redis_url=f"redis://127.0.0.1:{redis_port}/{i}",
                                        workdir=run.out / name, api_port=free_port(),
                                        api_threads=cfg.max_in_flight + 16)
+            started.append(topo)
             try:
                 url = topo.start(cfg.start_timeout_s)
                 topo_info[name] = {**spec.to_dict(),
                                    "startup_s": round(time.monotonic() - t_start, 1)}
                 samples[name] = _measure_topology(cfg, name, spec, topo, url, run,
                                                   topo_info[name], stopping)
+                if not isinstance(spec, DirectSpec):  # every accepted job ended exactly once
+                    topo_info[name]["exactly_once"] = check_exactly_once(
+                        [s for ss in samples[name].values() for s in ss],
+                        finished_counts(topo.redis_url))
             finally:
                 # Warm shutdown takes a while; the next topology starts meanwhile.
                 log(f"[{name}] stopping")
                 stopping.append(threading.Thread(target=topo.stop, name=f"stop-{name}"))
                 stopping[-1].start()
         # The last topology stops while the report is written.
-        return write_report(run.out, config, run.workload, run.phases, topo_info, samples)
+        report = write_report(run.out, config, run.workload, run.phases, topo_info, samples)
+        interrupted = False
+        return report
     finally:
-        cleanup()
+        cleanup(interrupted)
 
 
 def _measure_topology(cfg: BenchConfig, name: str, spec: TopologySpec | DirectSpec,

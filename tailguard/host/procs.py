@@ -17,6 +17,11 @@ finds an exited child) and runs as a `Child`:
 * stopped by its stop signal (a warm shutdown), then killed, group and all, if
   it has not exited within its stop timeout.
 
+Within `stop_signals()` (`tailguard bench`), SIGTERM and SIGINT raise KeyboardInterrupt in
+the main thread, so the `finally` blocks that stop children run; `Group.start` holds such
+a signal (`signals_held`) until the child it starts is in the group, so none is started
+and then lost.
+
 A `Group` starts children in order and stops them in reverse: what started
 later (workers) may need what started earlier (Redis) to shut down cleanly.
 A child whose spec has a `RestartPolicy` is started again by `Group.supervise`
@@ -34,10 +39,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tailguard.host.cores import Pinning, children_on
 
@@ -52,6 +58,60 @@ KILL_WAIT_S = 10.0
 POLL_S = 0.2
 #: How much of a child's log goes into an error message.
 LOG_TAIL_CHARS = 3000
+
+
+#: main thread only: signals_held's nesting, the signal it holds, what its blocks run on one
+_held: dict[str, Any] = {"depth": 0, "signal": None, "then": []}
+
+
+def _raise_stop(signum: int, frame: object) -> None:
+    if _held["depth"]:
+        _held["signal"] = signum
+        for then in list(_held["then"]):
+            then()
+        return
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@contextmanager
+def stop_signals(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> Iterator[None]:
+    """Within the block, `signals` raise KeyboardInterrupt in the main thread (as Ctrl-C does
+    by default), held inside `signals_held`; the previous handlers come back after it. Outside
+    the main thread (where Python runs no handler) it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, _raise_stop) for s in signals}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        _held["signal"] = None  # held for a block that failed anyway: nothing is left to stop
+
+
+@contextmanager
+def signals_held(then: Callable[[], None] | None = None) -> Iterator[None]:
+    """A stop signal (`stop_signals`) that arrives within the block is raised when it ends, not
+    in the middle: a child started is registered first, a cleanup is not cut short. `then`,
+    if given, runs as the signal arrives (kept short: it runs in the signal handler), e.g.
+    to kill what the block is waiting for. If the block raises anyway, that exception goes
+    on and the signal stays held for the next block's end."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _held["depth"] += 1
+    if then is not None:
+        _held["then"].append(then)
+    try:
+        yield
+    finally:
+        _held["depth"] -= 1
+        if then is not None:
+            _held["then"].remove(then)
+    if _held["depth"] == 0 and _held["signal"] is not None:
+        signum, _held["signal"] = _held["signal"], None
+        raise KeyboardInterrupt(f"signal {signum} (held)")
 
 
 class ChildFailed(RuntimeError):
@@ -268,8 +328,9 @@ class Group:
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             log = self.log_dir / f"{spec.name}.log"
-        return self.adopt(start(spec, log=log, echo=echo),
-                          restart=lambda: start(spec, log=log, echo=echo, append=True))
+        with signals_held():
+            return self.adopt(start(spec, log=log, echo=echo),
+                              restart=lambda: start(spec, log=log, echo=echo, append=True))
 
     def adopt(self, child: Child, *, restart: Callable[[], Child] | None = None) -> Child:
         """Take in a child started elsewhere (`start_redis` waits for it to answer first).
