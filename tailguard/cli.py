@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import typing
 from collections.abc import Callable
@@ -306,8 +307,11 @@ def stats(window: str, top: int, as_json: bool) -> None:
               f"{settings.FLOWER_PORT.default}")
 @click.option("--redis-port", type=int, help=f"the embedded Redis's (default: "
               f"${settings.REDIS_PORT.env} or {settings.REDIS_PORT.default})")
+@click.option("--lanes", "lanes_file", type=click.Path(dir_okay=False, exists=True),
+              help=f"the lanes file (default: ${settings.LANES_FILE.env}, else the packaged one "
+              "sized for this host: lanes-cpu.toml without a GPU, lanes.toml with one)")
 def up(host: str | None, port: int | None, flower_port: int | None,
-       redis_port: int | None) -> None:
+       redis_port: int | None, lanes_file: str | None) -> None:
     """Start the whole system and stop all of it on Ctrl-C.
 
     The model is resolved and every port checked before anything starts: a model that
@@ -315,6 +319,8 @@ def up(host: str | None, port: int | None, flower_port: int | None,
     from tailguard.gateway.api_keys import resolve_auth
     from tailguard.launch.supervisor import Binds, run_up
 
+    if lanes_file:  # as if given by the environment: every process `up` starts reads it
+        os.environ[settings.LANES_FILE.env] = str(Path(lanes_file).resolve())
     try:
         binds = Binds.from_settings(host=host, port=port, flower_port=flower_port,
                                     redis_port=redis_port)

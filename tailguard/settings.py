@@ -78,7 +78,9 @@ DTYPE = Setting(
     "CPUs, else bfloat16), else auto.")
 LANES_FILE = Setting(
     "TAILGUARD_LANES", "", str,
-    "Path of the lanes TOML. Empty: the default tailguard/lanes/lanes.toml shipped with the package.")
+    "Path of the lanes TOML. Empty: the packaged tailguard/lanes/lanes.toml; `tailguard up` on a "
+    "host without a GPU runs the packaged lanes-cpu.toml instead, and hands every process it "
+    "starts the file it runs.")
 HOME = Setting(
     "TAILGUARD_HOME", ".tailguard", str,
     "State directory of `tailguard up`: embedded Redis data and AOF, demo model, logs.")

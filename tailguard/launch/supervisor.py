@@ -44,7 +44,7 @@ from tailguard.host.procs import (
     tailguard_argv,
     worker_spec,
 )
-from tailguard.lanes.table import LaneTable, load_lanes
+from tailguard.lanes.table import LaneTable, lanes_file_for_host, load_lanes
 from tailguard.launch.placement import plan_workers
 
 #: Worker i's metrics port is this + i unless TAILGUARD_WORKER_METRICS_PORT says another base
@@ -160,13 +160,17 @@ def run_up(binds: Binds | None = None) -> int:
     from tailguard.model.served import DEMO_NOTICE, prepare_served_model
 
     env: dict[str, str] = {}  # what every child gets on top of our environment
-    table = load_lanes()  # fail before starting anything if the lanes file is bad
+    device = device_kind()
+    lanes_path, why = lanes_file_for_host(device, settings.LANES_FILE.get())
+    table = load_lanes(lanes_path)  # fail before starting anything if the lanes file is bad
+    env[settings.LANES_FILE.env] = str(lanes_path)  # the API and every worker read this one
+    _say(f"lanes file {lanes_path} ({why})")
     home = settings.home()
     # Everything the system writes (Redis's AOF with every prompt and output, logs, secrets,
     # the demo model) is its owner's only: files 0600, folders 0700, $TAILGUARD_HOME too.
     os.umask(0o077)
     private_dir(home)
-    placement = plan_workers(table, device_kind())  # engine tables checked, devices placed
+    placement = plan_workers(table, device)  # engine tables checked, devices placed
     front = frontend_cores(placement.pins, settings.FRONTEND_CORES.get())
     env.update(frontend_env(front))
     binds = binds or Binds.from_settings()
