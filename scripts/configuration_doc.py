@@ -51,7 +51,8 @@ tailguard is configured in three places, each with one owner:
 - **Environment variables** (below): every knob that is not a lane, read when it is needed (never at
   import time). `python -m tailguard.settings` prints the values in force with their docs.
 - **The lanes file** (below): the lanes, their policy and the workers that serve them, one TOML file.
-  `tailguard/lanes/lanes.toml` is the default; `TAILGUARD_LANES` names another. It is validated at
+  `tailguard/lanes/lanes.toml` is the default (`tailguard up` on a host without a GPU runs the
+  packaged `lanes-cpu.toml`); `TAILGUARD_LANES` names another. It is validated at
   start, and a bad file stops the process with a message naming the field. API and workers must
   read the same file.
 - **Celery settings** live in `celeryconfig.py`, derived from the lanes (one queue and one task per

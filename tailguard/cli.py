@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import typing
 from collections.abc import Callable
@@ -56,7 +57,7 @@ def make_demo_model(out_dir: Path, size: str, seed: int) -> None:
 @click.option("--cores", help="pin to these CPU cores, e.g. 0,1 (CPU-only hosts)")
 @click.option("--concurrency", "-c", type=int, help="threads; default: the lanes' max_num_seqs")
 @click.option("--metrics-port", type=int, help="serve Prometheus metrics here (default: "
-              f"${settings.WORKER_METRICS_PORT.env}, 0 = off)")
+              f"${settings.WORKER_METRICS_PORT.env}, else off; 0 = off)")
 @click.option("--loglevel", "-l", default="INFO", show_default=True)
 def worker(lane: str | None, worker_name: str | None, gpu: str | None, cores: str | None,
            concurrency: int | None, metrics_port: int | None, loglevel: str) -> None:
@@ -87,9 +88,9 @@ def worker(lane: str | None, worker_name: str | None, gpu: str | None, cores: st
 @main.command()
 @click.option("--port", type=int,
               help=f"default: ${settings.API_PORT.env} or {settings.API_PORT.default}")
-@click.option("--bind", "host", help=f"address (default: ${settings.HOST.env} or "
-              f"{settings.HOST.default})")
-def api(port: int | None, host: str | None) -> None:
+@click.option("--host", help=f"address (default: ${settings.HOST.env} or {settings.HOST.default})")
+@click.option("--bind", "old_bind", hidden=True, help="the old name of --host")
+def api(port: int | None, host: str | None, old_bind: str | None) -> None:
     """Serve the REST API with gunicorn (threads, so long-polls do not block each other).
 
     $TAILGUARD_API_AUTH says whether it needs API keys; unset, it does on any bind but
@@ -97,7 +98,7 @@ def api(port: int | None, host: str | None) -> None:
     from tailguard.gateway.api_keys import resolve_auth
     from tailguard.model.served import prepare_served_model
 
-    host = host or settings.HOST.get()
+    host = host or _renamed(old_bind, "--bind", "--host") or settings.HOST.get()
     try:
         mode, says = resolve_auth(host, settings.API_AUTH.get(), open_remote=settings.API_OPEN.get())
     except ConfigError as exc:
@@ -124,6 +125,14 @@ def api(port: int | None, host: str | None) -> None:
             "--workers", "1", "--timeout", "120", "--access-logfile", "-",
             "--config", "python:app.gunicorn_hooks", "app:create_app()"],
            env={**served.env(), settings.API_AUTH.env: mode})
+
+
+def _renamed(value: str | None, old: str, new: str) -> str | None:
+    """An old option's value, with a note: `--bind` (api) and `--address` (flower) are now
+    `--host`, as `tailguard up` names the same address; the old names go in the next release."""
+    if value is not None:
+        click.echo(f"tailguard: {old} is now {new}; {old} goes in the next release", err=True)
+    return value
 
 
 def _key_store():
@@ -217,13 +226,14 @@ def keys_revoke(name: str) -> None:
 @main.command()
 @click.option("--port", type=int,
               help=f"default: ${settings.FLOWER_PORT.env} or {settings.FLOWER_PORT.default}")
-@click.option("--address", help=f"default: ${settings.HOST.env} or {settings.HOST.default}")
-def flower(port: int | None, address: str | None) -> None:
+@click.option("--host", help=f"address (default: ${settings.HOST.env} or {settings.HOST.default})")
+@click.option("--address", "old_address", hidden=True, help="the old name of --host")
+def flower(port: int | None, host: str | None, old_address: str | None) -> None:
     """Run Flower on the lane queues, always behind basic auth: $TAILGUARD_FLOWER_BASIC_AUTH,
     else a password generated once into $TAILGUARD_HOME/flower.auth."""
+    host = host or _renamed(old_address, "--address", "--host") or settings.HOST.get()
     argv = [console_script("celery"), "-A", "tasks", "flower",
-            f"--port={port or settings.FLOWER_PORT.get()}",
-            f"--address={address or settings.HOST.get()}"]
+            f"--port={port or settings.FLOWER_PORT.get()}", f"--address={host}"]
     from tailguard.launch.supervisor import flower_auth
 
     home = settings.home()
@@ -329,8 +339,11 @@ def stats(window: str, top: int, as_json: bool) -> None:
               f"{settings.FLOWER_PORT.default}")
 @click.option("--redis-port", type=int, help=f"the embedded Redis's (default: "
               f"${settings.REDIS_PORT.env} or {settings.REDIS_PORT.default})")
+@click.option("--lanes", "lanes_file", type=click.Path(dir_okay=False, exists=True),
+              help=f"the lanes file (default: ${settings.LANES_FILE.env}, else the packaged one "
+              "sized for this host: lanes-cpu.toml without a GPU, lanes.toml with one)")
 def up(host: str | None, port: int | None, flower_port: int | None,
-       redis_port: int | None) -> None:
+       redis_port: int | None, lanes_file: str | None) -> None:
     """Start the whole system and stop all of it on Ctrl-C.
 
     The model is resolved and every port checked before anything starts: a model that
@@ -338,6 +351,8 @@ def up(host: str | None, port: int | None, flower_port: int | None,
     from tailguard.gateway.api_keys import resolve_auth
     from tailguard.launch.supervisor import Binds, run_up
 
+    if lanes_file:  # as if given by the environment: every process `up` starts reads it
+        os.environ[settings.LANES_FILE.env] = str(Path(lanes_file).resolve())
     try:
         binds = Binds.from_settings(host=host, port=port, flower_port=flower_port,
                                     redis_port=redis_port)

@@ -78,7 +78,9 @@ DTYPE = Setting(
     "CPUs, else bfloat16), else auto.")
 LANES_FILE = Setting(
     "TAILGUARD_LANES", "", str,
-    "Path of the lanes TOML. Empty: the default tailguard/lanes/lanes.toml shipped with the package.")
+    "Path of the lanes TOML. Empty: the packaged tailguard/lanes/lanes.toml; `tailguard up` on a "
+    "host without a GPU runs the packaged lanes-cpu.toml instead, and hands every process it "
+    "starts the file it runs.")
 HOME = Setting(
     "TAILGUARD_HOME", ".tailguard", str,
     "State directory of `tailguard up`: embedded Redis data and AOF, demo model, logs.")
@@ -278,10 +280,11 @@ SSE_HEARTBEAT_S = Setting(
     "Idle SSE streams get a comment line this often; a failed write is how a disconnected "
     "client is noticed (and, where asked, its request cancelled).")
 
-WORKER_METRICS_PORT = Setting(
-    "TAILGUARD_WORKER_METRICS_PORT", 0, int,
-    "Port where a worker serves Prometheus metrics (/metrics); 0 = off. `tailguard up` gives "
-    "worker i this port + i (9101 + i when 0).")
+WORKER_METRICS_PORT: Setting[int | None] = Setting(
+    "TAILGUARD_WORKER_METRICS_PORT", None, int,
+    "Port where a worker serves Prometheus metrics (/metrics); `tailguard up` gives worker i "
+    "this port + i. 0: off, everywhere. Empty: off for a worker started on its own, 9101 + i "
+    "under `tailguard up`.")
 WORKER_METRICS_ADDR = Setting(
     "TAILGUARD_WORKER_METRICS_ADDR", "127.0.0.1", str,
     "Address the worker metrics server binds; 0.0.0.0 in containers so Prometheus can scrape it.")
@@ -324,7 +327,6 @@ REQUEST_LOG = Setting(
 
 ALL: tuple[Setting, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, Setting))
 
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 #: the embedded Redis's password, generated once (mode 600), next to flower.auth
 REDIS_PASSWORD_FILE = "redis.password"
 

@@ -169,7 +169,7 @@ class EngineKeeper(Generic[H]):
     def _restart(self, dead: H) -> None:
         try:
             dead.shutdown()
-        except Exception:  # noqa: BLE001 - it is dead already; the new one matters
+        except Exception:  # it is dead already; the new one matters
             log.warning("shutting the dead engine down failed", exc_info=True)
         self._bring_up(True)
 

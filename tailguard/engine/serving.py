@@ -409,7 +409,7 @@ class OpenAIServing:
             raise EngineDeadError(f"the vLLM engine is dead: {exc}") from exc
         except (EngineError, asyncio.CancelledError):
             raise
-        except Exception as exc:  # noqa: BLE001 - classified as vLLM's server classifies it
+        except Exception as exc:  # classified as vLLM's server classifies it
             if self.engine.errored:
                 raise EngineDeadError(f"the vLLM engine is dead: {exc}") from exc
             raise self._error(create_error_response(exc).error.model_dump()) from exc
@@ -420,6 +420,6 @@ class OpenAIServing:
         if self.engine.errored:
             return EngineDeadError(f"the vLLM engine is dead: {message}")
         code = info.get("code")
-        if isinstance(code, int) and 400 <= code < 500:  # noqa: PLR2004 - HTTP's client errors
+        if isinstance(code, int) and 400 <= code < 500:  # HTTP's client errors
             return EngineRefused(message, field=info.get("param"))
         return EngineError(f"generation failed: {message}")

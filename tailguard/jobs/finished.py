@@ -163,7 +163,7 @@ class FinishedConsumer:
         for sink in self.sinks:
             try:
                 sink(record)
-            except Exception:  # noqa: BLE001 - one bad sink must not stop the others
+            except Exception:  # one bad sink must not stop the others
                 log.exception("finished-request sink %r failed", sink)
 
     def start(self) -> None:

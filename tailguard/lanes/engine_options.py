@@ -110,7 +110,7 @@ def _annotation(field: dataclasses.Field, owner: type) -> Any:
         return field.type
     module = sys.modules.get(owner.__module__)
     try:
-        return eval(field.type, vars(module) if module else {})  # noqa: S307 - an annotation
+        return eval(field.type, vars(module) if module else {})  # an annotation
     except Exception:  # noqa: BLE001 - unresolvable: unchecked
         return None
 

@@ -549,6 +549,25 @@ def default_lanes_path() -> Path:
     return Path(str(resources.files("tailguard.lanes").joinpath("lanes.toml")))
 
 
+def cpu_lanes_path() -> Path:
+    """The packaged lanes file sized for a CPU host: lanes.toml with a smaller short lane."""
+    return Path(str(resources.files("tailguard.lanes").joinpath("lanes-cpu.toml")))
+
+
+def lanes_file_for_host(device: str, given: str | Path | None) -> tuple[Path, str]:
+    """The lanes file `tailguard up` runs with on a host of this `device` kind (``cpu`` or
+    ``cuda``), and why: the file `given` (TAILGUARD_LANES or ``--lanes``) if any, else the
+    packaged one sized for the host. The packaged default's 16 short slots and 1 s promise
+    are a GPU's: on a 2-core CPU host they let accepted short requests reach 17.9x their
+    quiet P99 under overload (docs/benchmarks.md), lanes-cpu.toml's 6 slots 1.2-1.4x."""
+    if given:
+        return Path(given), f"given by {settings.LANES_FILE.env} or --lanes"
+    if device == "cpu":
+        return cpu_lanes_path(), ("no GPU on this host: the packaged CPU-sized file (6 short "
+                                  f"slots); {settings.LANES_FILE.env} names another")
+    return default_lanes_path(), f"a {device} host: the packaged default"
+
+
 def load_lanes(path: str | Path | None = None) -> LaneTable:
     """Load the lanes file: `path`, else $TAILGUARD_LANES, else the packaged default."""
     path = Path(path or settings.LANES_FILE.get() or default_lanes_path())

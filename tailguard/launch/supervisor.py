@@ -44,10 +44,11 @@ from tailguard.host.procs import (
     tailguard_argv,
     worker_spec,
 )
-from tailguard.lanes.table import LaneTable, load_lanes
+from tailguard.lanes.table import LaneTable, lanes_file_for_host, load_lanes
 from tailguard.launch.placement import plan_workers
 
-#: Worker i's metrics port is this + i unless TAILGUARD_WORKER_METRICS_PORT says another base.
+#: Worker i's metrics port is this + i unless TAILGUARD_WORKER_METRICS_PORT says another base
+#: (or 0: off).
 WORKER_METRICS_BASE = 9101
 COLORS = ["36", "33", "32", "35", "34", "31"]
 
@@ -55,20 +56,21 @@ COLORS = ["36", "33", "32", "35", "34", "31"]
 @dataclasses.dataclass(frozen=True)
 class Binds:
     """Where `tailguard up` listens: the API's and Flower's address and ports, the embedded
-    Redis's port (it stays on loopback), worker i's metrics on metrics_base + i."""
+    Redis's port (it stays on loopback), worker i's metrics on metrics_base + i (None: off)."""
 
     host: str
     port: int
     flower_port: int
     redis_port: int
-    metrics_base: int = WORKER_METRICS_BASE
+    metrics_base: int | None = WORKER_METRICS_BASE
 
     @classmethod
     def from_settings(cls, **given: object) -> Binds:
         """The settings' values, replaced by those `given` that are not None (command options)."""
+        metrics = settings.WORKER_METRICS_PORT.get()
         binds = cls(settings.HOST.get(), settings.API_PORT.get(), settings.FLOWER_PORT.get(),
                     settings.REDIS_PORT.get(),
-                    settings.WORKER_METRICS_PORT.get() or WORKER_METRICS_BASE)
+                    WORKER_METRICS_BASE if metrics is None else metrics or None)
         return dataclasses.replace(binds, **{k: v for k, v in given.items() if v is not None})
 
     def listeners(self, workers: int, redis: bool) -> list[Listener]:
@@ -80,10 +82,17 @@ class Binds:
             out.append(Listener("the embedded redis-server", "127.0.0.1", self.redis_port,
                                 settings.REDIS_PORT.env, "--redis-port",
                                 f", or set {settings.REDIS_URL.env} to use that Redis instead"))
-        out += [Listener(f"worker {i}'s metrics", settings.WORKER_METRICS_ADDR.get(),
-                         self.metrics_base + i, settings.WORKER_METRICS_PORT.env, "a base port")
-                for i in range(workers)]
+        if self.metrics_base is not None:
+            out += [Listener(f"worker {i}'s metrics", settings.WORKER_METRICS_ADDR.get(),
+                             self.metrics_base + i, settings.WORKER_METRICS_PORT.env, "a base port")
+                    for i in range(workers)]
         return out
+
+
+def _metrics_ports(binds: Binds, workers: int) -> str:
+    if binds.metrics_base is None:
+        return f"worker metrics off ({settings.WORKER_METRICS_PORT.env}=0)"
+    return f"worker metrics on ports {binds.metrics_base}-{binds.metrics_base + workers - 1}"
 
 
 class Listener(NamedTuple):
@@ -151,13 +160,17 @@ def run_up(binds: Binds | None = None) -> int:
     from tailguard.model.served import DEMO_NOTICE, prepare_served_model
 
     env: dict[str, str] = {}  # what every child gets on top of our environment
-    table = load_lanes()  # fail before starting anything if the lanes file is bad
+    device = device_kind()
+    lanes_path, why = lanes_file_for_host(device, settings.LANES_FILE.get())
+    table = load_lanes(lanes_path)  # fail before starting anything if the lanes file is bad
+    env[settings.LANES_FILE.env] = str(lanes_path)  # the API and every worker read this one
+    _say(f"lanes file {lanes_path} ({why})")
     home = settings.home()
     # Everything the system writes (Redis's AOF with every prompt and output, logs, secrets,
     # the demo model) is its owner's only: files 0600, folders 0700, $TAILGUARD_HOME too.
     os.umask(0o077)
     private_dir(home)
-    placement = plan_workers(table, device_kind())  # engine tables checked, devices placed
+    placement = plan_workers(table, device)  # engine tables checked, devices placed
     front = frontend_cores(placement.pins, settings.FRONTEND_CORES.get())
     env.update(frontend_env(front))
     binds = binds or Binds.from_settings()
@@ -187,13 +200,14 @@ def run_up(binds: Binds | None = None) -> int:
         # Flower's password goes to Flower alone, not to every child (nor one inherited from us).
         env[settings.FLOWER_BASIC_AUTH.env] = ""
 
-        specs = [ChildSpec("api", tailguard_argv("api", "--bind", binds.host, "--port",
+        specs = [ChildSpec("api", tailguard_argv("api", "--host", binds.host, "--port",
                                                  str(binds.port)),
                            env=env, restart=policy, cpus=front)]
         for i, placed in enumerate(placement.workers):
             specs.append(dataclasses.replace(
                 worker_spec(placed.name, placed.pin, "--metrics-port",
-                            str(binds.metrics_base + i), env=env, cpus=front),
+                            str(0 if binds.metrics_base is None else binds.metrics_base + i),
+                            env=env, cpus=front),
                 stop_timeout_s=worker_stop_timeout_s(table, placed.spec.lanes), restart=policy))
             shared = (f" (shared with the front end: the engine at nice "
                       f"{settings.ENGINE_NICE.get()})" if shares_frontend(placed.pin, env) else "")
@@ -210,7 +224,7 @@ def run_up(binds: Binds | None = None) -> int:
         if front:
             _say(f"front end (API, Redis, Flower, the workers' own threads) on cores "
                  f"{','.join(map(str, front))} ({settings.FRONTEND_CORES.env})")
-        specs.append(ChildSpec("flower", tailguard_argv("flower", "--address", binds.host,
+        specs.append(ChildSpec("flower", tailguard_argv("flower", "--host", binds.host,
                                                         "--port", str(binds.flower_port)),
                                env={**env, settings.FLOWER_BASIC_AUTH.env: auth}, restart=policy,
                                cpus=front))
@@ -227,9 +241,8 @@ def run_up(binds: Binds | None = None) -> int:
             group.start(spec, echo=_tag(spec.name, i))
         _say(f"API on http://{binds.host}:{binds.port} (metrics at /metrics), Flower on "
              f"http://{binds.host}:{binds.flower_port} (user {auth.split(':', 1)[0]!r}, "
-             f"password in {home / 'flower.auth'}), worker metrics on ports "
-             f"{binds.metrics_base}-{binds.metrics_base + len(placement.workers) - 1}; workers are "
-             f"ready when GET /healthz answers 200. Ctrl-C stops everything.")
+             f"password in {home / 'flower.auth'}), {_metrics_ports(binds, len(placement.workers))}; "
+             f"workers are ready when GET /healthz answers 200. Ctrl-C stops everything.")
         _say(f"API keys: the API's first line says whether it asks for one ("
              f"{settings.API_AUTH.env}: open on loopback unless set to keys); `tailguard keys add "
              "NAME` prints one, sent as Authorization: Bearer <key>.")

@@ -178,7 +178,7 @@ def _profile(profile_out: Path, cores: str | None, neighbour_cores: str | None,
 
 
 def _fit_frontend(model: StepModel, path: Path, report_path: Path) -> None:
-    from tailguard.plan.stepmodel import fit_frontend, frontend_points
+    from tailguard.plan.stepmodel import fit_frontend, frontend_points, path_free
 
     points = frontend_points(json.loads(report_path.read_text()))
     try:
@@ -190,7 +190,7 @@ def _fit_frontend(model: StepModel, path: Path, report_path: Path) -> None:
         click.echo(f"{name:<18} {n:>5} requests {tokens:>7} tokens: front end {cpu:6.1f} CPU s, "
                    f"fit {per_request * n + per_token * tokens:6.1f}")
     model = replace(model, frontend_s_per_request=per_request, frontend_s_per_token=per_token,
-                    source={**model.source, "frontend_from": str(report_path),
+                    source={**model.source, "frontend_from": path_free(report_path, 2),
                             "frontend_points": {k: list(v) for k, v in points}})
     model.save(path)
     click.echo(f"front end: {per_request * 1e3:.2f} ms CPU per request + {per_token * 1e3:.3f} ms "

@@ -52,7 +52,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
-from tailguard.plan.stepmodel import StepModel, fit, slowdown
+from tailguard.plan.stepmodel import StepModel, fit, path_free, slowdown
 
 BATCHES = (1, 2, 4, 8, 16)
 PROMPTS = (128, 512, 1024, 2000)
@@ -163,7 +163,7 @@ def run_profile(model: str, *, cores: tuple[int, ...] = (), batches: tuple[int, 
     return fit(decode, prefill, long_decode,
                borrow_slowdown=slowdown(borrowed) if borrowed else 0.0,
                neighbour_slowdown=slowdown(neighbour) if neighbour else 0.0, source={
-        "model": model, "pinning": pin.label(), "cpu_count": os.cpu_count(),
+        "model": path_free(model), "pinning": pin.label(), "cpu_count": os.cpu_count(),
         "frontend_cores": list(frontend_cores),
         "decode_tokens": decode_tokens, "repeats": repeats,
         "borrow_points": [list(x) for x in borrowed], "borrow_slots": borrow_slots,

@@ -67,6 +67,16 @@ class StepModel:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
 
+def path_free(name: str | Path, parts: int = 1) -> str:
+    """`name` as a step model's `source` records it: a local path by its last `parts`
+    components (where it lay on the measuring machine means nothing on another), anything
+    else (a Hugging Face id) as given."""
+    path = Path(name)
+    if not (path.is_absolute() or path.exists()):
+        return str(name)
+    return "/".join(path.parts[-parts:])
+
+
 def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     """Least-squares (intercept, slope) of ys against xs."""
     n = len(xs)

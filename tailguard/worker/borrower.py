@@ -212,13 +212,13 @@ class Borrower:
                 self._stats.wasted_tokens += exc.wasted_tokens
             try:
                 self.publish(lane, job)
-            except Exception:  # noqa: BLE001 - the record is queued: it expires, never hangs
+            except Exception:  # the record is queued: it expires, never hangs
                 log.exception("reclaimed job %s could not be queued again", job.job_id)
         except JobSkipped:
             pass
         except NoEngine:
             requeue = True  # still queued: another worker (or we, later) can run it
-        except Exception:  # noqa: BLE001 - the runner recorded how the job ended
+        except Exception:  # the runner recorded how the job ended
             log.info("borrowed job %s ended in error", job.job_id, exc_info=True)
         finally:
             self._settle(job.job_id, message, requeue=requeue)

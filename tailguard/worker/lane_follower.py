@@ -132,7 +132,7 @@ class LaneFollower:
                 self.step()
             except redis.RedisError as exc:
                 log.warning("lane orders unreadable: %s", exc)
-            except Exception:  # noqa: BLE001 - a failed move is retried next period
+            except Exception:  # a failed move is retried next period
                 log.exception("carrying out a lane order failed; retrying")
             self._stopping.wait(self.period_s)
 

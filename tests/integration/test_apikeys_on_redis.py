@@ -210,7 +210,7 @@ def test_api_serves_the_mode_its_configuration_says_and_says_which(
     monkeypatch.setattr(cli, "become", lambda argv, env=None, pin=None: seen.update(argv=argv, env=env))
     monkeypatch.setenv("TAILGUARD_REDIS_URL", redis_server)
     monkeypatch.setenv(settings.API_AUTH.env, configured)
-    result = CliRunner().invoke(main, ["api", "--bind", bind])
+    result = CliRunner().invoke(main, ["api", "--host", bind])
     assert result.exit_code == 0, result.output
     assert seen["env"][settings.API_AUTH.env] == mode  # what the app serves, set explicitly
     assert ("API keys required" if mode == "keys" else "no API key needed") in result.output
@@ -219,5 +219,5 @@ def test_api_serves_the_mode_its_configuration_says_and_says_which(
 def test_api_refuses_open_mode_on_a_public_bind(redis_server, monkeypatch):
     monkeypatch.setenv("TAILGUARD_REDIS_URL", redis_server)
     monkeypatch.setenv(settings.API_AUTH.env, "open")
-    result = CliRunner().invoke(main, ["api", "--bind", "0.0.0.0"])
+    result = CliRunner().invoke(main, ["api", "--host", "0.0.0.0"])
     assert result.exit_code != 0 and "refusing to serve 0.0.0.0" in result.output

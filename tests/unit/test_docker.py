@@ -195,7 +195,7 @@ def test_one_gpu_per_worker_from_the_vllm_image(services):
 def test_api_matches_the_procfile_and_listens_on_the_container(services):
     args = argv(services["api"]["command"])
     assert args[:2] == procfile()["api"] == ["tailguard", "api"]
-    assert option(args, "--bind") == "0.0.0.0" and option(args, "--port") == "8000"
+    assert option(args, "--host") == "0.0.0.0" and option(args, "--port") == "8000"
     assert services["api"]["build"]["dockerfile"] == "docker/Dockerfile.api"
     health = " ".join(services["api"]["healthcheck"]["test"])
     assert "127.0.0.1:8000/healthz" in health

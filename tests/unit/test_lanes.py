@@ -206,14 +206,16 @@ def test_a_borrowing_engine_fits_the_borrowed_lanes_requests_not_their_batch():
 
 
 def test_the_cpu_host_lanes_file_is_the_packaged_one_with_a_smaller_short_lane():
-    # benchmarks/lanes-cpu-2core.toml is what docs/benchmarks.md measured overload with: it must
-    # not drift from the packaged file in anything but the short lane's batch and promise
+    # lanes-cpu.toml is what docs/benchmarks.md measured overload with and what `tailguard up`
+    # runs on a CPU host: it must not drift from the packaged default in anything but the
+    # short lane's batch and promise
     import dataclasses
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
-    packaged = load_lanes(root / "tailguard" / "lanes" / "lanes.toml")
-    cpu = load_lanes(root / "benchmarks" / "lanes-cpu-2core.toml")
+    from tailguard.lanes.table import cpu_lanes_path
+
+    packaged = load_lanes(default_lanes_path())
+    cpu = load_lanes(cpu_lanes_path())
+    assert cpu.workers == packaged.workers
     assert (cpu["short"].max_num_seqs, cpu["short"].max_wait_s) == (6, 0.1)
     assert dataclasses.replace(cpu["short"], max_num_seqs=packaged["short"].max_num_seqs,
                                max_wait_s=packaged["short"].max_wait_s) == packaged["short"]

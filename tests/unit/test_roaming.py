@@ -55,7 +55,7 @@ def test_process_ticks_reads_this_process():
 def test_it_applies_to_an_engine_off_the_front_end_cores_only(monkeypatch):
     import tailguard.host.roaming
 
-    none = lambda: None  # noqa: E731
+    none = lambda: None
     monkeypatch.setenv(settings.FRONTEND_CORES.env, "1")
     monkeypatch.setattr(tailguard.host.roaming, "may_raise_priority", lambda: True)
     roamer = roamer_for(Pinning(cores=(0,)), none)

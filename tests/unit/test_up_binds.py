@@ -33,6 +33,15 @@ def test_binds_come_from_the_settings_and_options_override_them(monkeypatch):
     assert Binds.from_settings().metrics_base == 9300
 
 
+def test_metrics_port_0_is_off_under_up_as_for_a_worker(monkeypatch):
+    """0 means off everywhere: `tailguard up` then checks no metrics port and tells each worker
+    `--metrics-port 0`, which the worker reads as off (empty: 9101 + i under up)."""
+    monkeypatch.setenv("TAILGUARD_WORKER_METRICS_PORT", "0")
+    binds = Binds.from_settings()
+    assert binds.metrics_base is None
+    assert [it.what for it in binds.listeners(2, redis=False)] == ["the API", "Flower"]
+
+
 def test_every_server_up_starts_is_checked_redis_only_when_embedded():
     binds = Binds("127.0.0.1", 8100, 5600, 6400, 9300)
     assert [(it.what, it.port) for it in binds.listeners(2, redis=True)] == [
