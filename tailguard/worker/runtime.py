@@ -205,7 +205,8 @@ class WorkerRuntime:
         with self._advert_lock:
             if self.serving:
                 self.liveness.heartbeat(self.lane_names, self.hostname, ttl_s=lapse_s())
-                self.liveness.standby(self.standby_lanes, self.hostname, ttl_s=lapse_s())
+                if self.standby_lanes:
+                    self.liveness.standby(self.standby_lanes, self.hostname, ttl_s=lapse_s())
 
     def withdraw(self) -> None:
         """The engine is down: /healthz must not count this worker for its lanes, now."""
@@ -225,6 +226,8 @@ class WorkerRuntime:
         self.advertise()
 
     def _forget(self, lane_names: list[str], standby: bool = False) -> None:
+        if standby and not self.may_serve:  # a worker never moved stands by for nothing
+            return
         try:
             if standby:
                 self.liveness.forget_standby(lane_names, self.hostname)

@@ -62,4 +62,4 @@ def test_a_new_table_or_package_is_picked_up_without_editing_the_generator(tmp_p
     assert tables["ALLOWED"]["conformance"] == {"model", "lanes"}
     text = gen.render()
     assert "### `APP_ALLOWED`" in text and "| `app/` |" in text  # the checkout's app/ docstring
-    assert "    app --> gateway" in text and "    conformance --> model" in text
+    assert "    app --> gateway" in text and "    conformance -.-> model" in text  # a tool: dashed
