@@ -301,9 +301,10 @@ def stats(window: str, top: int, as_json: bool) -> None:
 
     import redis as redis_lib
 
+    from tailguard.jobs.lane_orders import LaneOrders
     from tailguard.jobs.liveness import Liveness
     from tailguard.lanes.table import load_lanes
-    from tailguard.observe.stats import StatsStore, parse_window
+    from tailguard.observe.stats import StatsStore, parse_window, render_lane_moves
     from tailguard.redis.client import connect
 
     try:
@@ -321,13 +322,18 @@ def stats(window: str, top: int, as_json: bool) -> None:
     now = now_s + now_us / 1e6
     names = load_lanes().names
     result = StatsStore(client).window(names, now - seconds, now, top=top)
-    per_host = Liveness(client).live_workers_per_host(names)  # now, not over the window
+    liveness = Liveness(client)
+    per_host = liveness.live_workers_per_host(names)  # now, not over the window
+    orders = LaneOrders(client)
+    assignment = orders.assignment(liveness.alive_workers())
+    moves = orders.recent_moves(top)
     if as_json:
-        click.echo(json.dumps({**result.to_dict(), "workers_per_host": per_host}, indent=2))
+        click.echo(json.dumps({**result.to_dict(), "workers_per_host": per_host,
+                               "lane_assignment": assignment, "lane_moves": moves}, indent=2))
     else:
         click.echo(result.render() + "\n\nlive workers now, per host: " + "; ".join(
             f"{lane} " + (", ".join(f"{host} {n}" for host, n in hosts.items()) or "none")
-            for lane, hosts in per_host.items()))
+            for lane, hosts in per_host.items()) + render_lane_moves(assignment, moves))
 
 
 @main.command()

@@ -95,6 +95,11 @@ class TopologySpec:
         """The cores its API, Redis and workers' own threads run on (tailguard/host/cores.py)."""
         return frontend_cores([w.pin for w in self.workers], settings.FRONTEND_CORES.get())
 
+    @property
+    def moves_workers(self) -> bool:
+        """Whether its lanes file lets the lane controller move a worker (it then runs one)."""
+        return any(w.moves_to for w in self.table.workers)
+
     def workers_per_lane(self) -> dict[str, int]:
         """How many live workers /healthz must report per lane before the topology is ready."""
         counts: dict[str, int] = {}
@@ -290,6 +295,9 @@ class RunningTopology:
                                        env=env, cpus=front))
             for w in self.spec.workers:
                 self.group.start(worker_spec(w, env, cpus=front))
+            if self.spec.moves_workers:  # lanes that follow the load, as `tailguard up` runs them
+                self.group.start(ChildSpec("controller", tailguard_argv("controller"), env=env,
+                                           cpus=front))
             try:
                 self.group.wait_until(self._healthy, timeout_s,
                                       f"topology {self.spec.name} healthy")

@@ -19,15 +19,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import redis
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from tailguard.engine.stats import HostStats
 from tailguard.errors import RateLimited
 from tailguard.jobs.finished import FinishedRequest
+from tailguard.jobs.lane_orders import MOVE_BUCKETS_S, LaneOrders
+from tailguard.jobs.liveness import Liveness
 from tailguard.jobs.storage import StorageWatch
 from tailguard.lanes.borrowing import BorrowStats
 
@@ -85,6 +88,51 @@ class QueueDepthCollector(Collector):
         except redis.RedisError:
             return  # no sample beats a wrong one; /healthz reports the outage
         yield family
+
+
+class LaneMovesCollector(Collector):
+    """The lane controller's work, read from Redis when scraped (tailguard/jobs/lane_orders.py):
+    `tailguard_worker_lane{worker,lane}` (1 for each lane a live worker serves now),
+    `tailguard_lane_moves_total{from,to,reason}` (orders written),
+    `tailguard_lane_move_seconds` (decision to consuming the new lanes, per move carried out)
+    and `tailguard_lane_move_handed_back_total` (running jobs moves handed back)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.orders, self.liveness = LaneOrders(client), Liveness(client)
+
+    def collect(self) -> Iterable[Any]:
+        try:
+            alive = self.liveness.alive_workers()
+            reports = self.orders.reports()
+            counts = self.orders.move_counts()
+        except redis.RedisError:
+            return  # no sample beats a wrong one; /healthz reports the outage
+        lanes = GaugeMetricFamily(metric_name("worker_lane"), "1 for each lane a live worker "
+                                  "serves now, as it reports it (lanes that follow the load)",
+                                  labels=["worker", "lane"])
+        for worker, rep in sorted(reports.items()):
+            if worker in alive:
+                for lane in rep.serving:
+                    lanes.add_metric([worker, lane], 1)
+        yield lanes
+        moves = CounterMetricFamily(metric_name("lane_moves"), "Lane orders the controller "
+                                    "wrote, by the lanes a worker left and got and why",
+                                    labels=["from", "to", "reason"])
+        for field, n in sorted(counts.items()):
+            if field.count("|") == 2:
+                moves.add_metric(field.split("|"), n)
+        yield moves
+        cumulative, buckets = 0.0, []
+        for bound in (*MOVE_BUCKETS_S, "+Inf"):
+            cumulative += counts.get(f"seconds:{bound}", 0.0)
+            buckets.append((str(bound) if bound == "+Inf" else f"{bound:g}", cumulative))
+        yield HistogramMetricFamily(metric_name("lane_move_seconds"), "From the controller's "
+                                    "decision to the worker consuming its new lanes (drain "
+                                    "included)", buckets=buckets,
+                                    sum_value=counts.get("seconds:sum", 0.0))
+        yield CounterMetricFamily(metric_name("lane_move_handed_back"), "Running jobs that lane "
+                                  "moves handed back to their queue (they continue elsewhere)",
+                                  value=counts.get("handed_back", 0.0))
 
 
 class StorageCollector(Collector):
@@ -179,6 +227,7 @@ class GatewayMetrics:
             self.capped.labels(lane)
         if client is not None:
             r.register(QueueDepthCollector(client, lanes))
+            r.register(LaneMovesCollector(client))
 
     def observe(self, rec: FinishedRequest) -> None:
         """A FinishedConsumer sink."""
