@@ -12,7 +12,7 @@ import dataclasses
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from tailguard.errors import (
@@ -31,16 +31,25 @@ from tailguard.gateway.openai_request import Endpoint, OpenAIJob, grant, task_ar
 from tailguard.gateway.wait_slots import WaitSlots
 from tailguard.jobs.finished import FinishedConsumer, JobEnds
 from tailguard.jobs.lane_load import LaneLoadStore
+from tailguard.jobs.liveness import Liveness, lane_health
+from tailguard.jobs.reaper import Reaper
 from tailguard.jobs.store import (
     CANCELLED,
     QUEUED,
     RUNNING,
+    SUCCEEDED,
     TERMINAL,
     BacklogMoved,
     JobStore,
     timing,
 )
-from tailguard.jobs.stream import StreamEvent, follow, response_body, with_output
+from tailguard.jobs.stream import (
+    StreamEvent,
+    follow,
+    response_body,
+    valid_stream_id,
+    with_output,
+)
 from tailguard.lanes.admission import AdmissionPolicy
 from tailguard.lanes.placement import Placement, place
 from tailguard.lanes.table import LaneTable
@@ -81,16 +90,23 @@ class OpenAIRenderer(Protocol):
 
 
 class Gateway:
+    """The API's one long-lived object, built whole by the app (app/gateway_ext.py): every
+    collaborator passed in, its background threads started by `start` and stopped by `close`."""
+
     def __init__(self, lanes: LaneTable, store: JobStore, counter: TokenCounter, broker: Broker,
                  *, metrics: GatewayMetrics | None = None, poll_interval_s: float = 0.25,
                  admission: AdmissionPolicy | None = None, load: LaneLoadStore | None = None,
                  stats: StatsStore | None = None, api_keys: ApiKeyStore | None = None,
                  max_prompt_bytes: int | None = None, max_waits_per_key: int = 0,
-                 openai: OpenAIRenderer | None = None) -> None:
+                 openai: OpenAIRenderer | None = None, model: str | None = None,
+                 finished: FinishedConsumer | None = None, consume_finished: bool = True,
+                 reaper: Reaper | None = None) -> None:
         self.lanes = lanes
         self.store = store
         self.counter = counter
         self.broker = broker
+        #: the served model as configured (/v1/lanes reports it)
+        self.model = model
         self.metrics = metrics or GatewayMetrics(lanes.names)
         self.admission = admission or AdmissionPolicy()
         self.load = load or LaneLoadStore(store.redis)
@@ -101,27 +117,66 @@ class Gateway:
         self.wait_slots = WaitSlots(max_waits_per_key)
         #: vLLM's render layer for the OpenAI routes (None: this gateway serves none)
         self.openai = openai
-        self.finished: FinishedConsumer | None = None  # set by the app that runs one
+        #: the consumer of finished jobs (its sinks: the request log, metrics, stats, the
+        #: lanes' service rate); its thread runs only if `consume_finished` (off: tests drive
+        #: it with run_once)
+        self.finished = finished
+        self._consume_finished = consume_finished
+        #: ends dead workers' running jobs and redelivers lost messages (None: not here)
+        self._reaper = reaper
         #: how often a waiting call asks whether its client is still there (a local check)
         self.poll_interval_s = poll_interval_s
         #: wakes waiting calls when their job ends (one thread, started by the first wait)
         self.ends = JobEnds(store.redis)
         self.metrics.watch_storage(store.storage)
-        #: Set by close(): stops the background threads the app started (the reaper).
-        self.stopping = threading.Event()
-        #: the app's Celery producer (revokes, redelivery) and whether start_background ran
-        self.producer: Any = None
-        self.background_started = False
+        #: set by close(): stops the reaper's thread
+        self._stopping = threading.Event()
+        self._start_lock = threading.Lock()
+        self._started = False
+
+    def start(self) -> None:
+        """Start the background work, once (later calls do nothing): building vLLM's render
+        layer for the OpenAI routes, the finished-jobs consumer, the reaper. Called when the
+        serving process starts (after gunicorn's fork: a thread would not survive it)."""
+        with self._start_lock:
+            if self._started:
+                return
+            self._started = True
+        if self.openai is not None:
+            self.openai.start()
+        if self._consume_finished and self.finished is not None:
+            self.finished.start()
+        if self._reaper is not None:
+            self._reaper.start(self._stopping)
 
     def close(self) -> None:
-        """Stop the background threads (finished-stream consumer, reaper): what a process that
-        builds more than one app, a test run, calls when it is done with one."""
-        self.stopping.set()
+        """Stop the background threads (finished-stream consumer, reaper, the job-end
+        follower): what a process that builds more than one app, a test run, calls when it is
+        done with one."""
+        self._stopping.set()
         self.ends.stop()
         if self.openai is not None:
             self.openai.close()
         if self.finished is not None:
             self.finished.stop()
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """Whether the system serves (Redis answers and has room for new jobs, every lane has
+        a live worker), and the /healthz body that says so."""
+        healthy, body = lane_health(Liveness(self.store.redis), self.lanes.names)
+        memory = self.store.storage.memory()
+        body["storage"] = memory.to_dict()
+        if memory.full:
+            healthy, body["status"] = False, "degraded"
+        return healthy, body
+
+    def lanes_view(self) -> dict[str, Any]:
+        """The lane table and the live workers serving each lane, per host (/v1/lanes)."""
+        per_host = Liveness(self.store.redis).live_workers_per_host(self.lanes.names)
+        return {"model": self.model, "model_max_len": self.counter.model_max_len,
+                "lanes": [{**lane.to_dict(), "live_workers_per_host": per_host[lane.name]}
+                          for lane in self.lanes],
+                "workers": [{"name": w.name, "lanes": list(w.lanes)} for w in self.lanes.workers]}
 
     def place(self, req: JobRequest | OpenAIJob) -> Placement:
         """The lane and max_tokens of a request: a native one's prompt counted here, an OpenAI
@@ -405,3 +460,15 @@ def render(job_id: str, job: dict[str, Any]) -> dict[str, Any]:
         "worker": job.get("worker"),
         "timing": timing(job),
     }
+
+
+def succeeded(job: Mapping[str, Any]) -> bool:
+    """Whether a job (its record, or its end event's data) ended with its result."""
+    return job["status"] == SUCCEEDED
+
+
+def check_event_id(after: str) -> None:
+    """InvalidField unless `after` (a stream's Last-Event-ID, or ?after=) is a stream id."""
+    if not valid_stream_id(after):
+        raise InvalidField(f"Last-Event-ID must be a stream id like 1700000000000-0, got {after!r}",
+                           field="Last-Event-ID")
