@@ -154,11 +154,7 @@ def health():
         200: {description: ready}
         503: {description: vLLM's render layer is starting, or failed to start}
     """
-    frontend = get_gateway().openai
-    if frontend is not None and frontend.status in ("idle", "starting"):
-        frontend.start()
-    ready = frontend is not None and frontend.status == "ready"
-    return Response(status=200 if ready else 503)
+    return Response(status=200 if get_gateway().openai_ready() else 503)
 
 
 @server_bp.get("/version")

@@ -1,9 +1,11 @@
 """The gateway's domain logic: accept a request, place it on its lane, report on it.
 
-Framework-free: the Flask views in app/ are a thin skin over this, and tests can
-drive it directly. Dependencies (lane table, job store, token counter, the
-broker: app/ passes a producer-only Celery app, and for OpenAI requests vLLM's render
-layer: ``openai_frontend``) are passed in; nothing here imports Celery.
+Framework-free: the Flask views in app/ are a thin skin over this (they ask the Gateway,
+they do not compute), and tests can drive it directly. Dependencies (lane table, job store,
+token counter, the broker: app/ passes a producer-only Celery app, and for OpenAI requests
+vLLM's render layer: ``openai_frontend``; the finished-jobs consumer and the reaper, whose
+threads `Gateway.start` and `Gateway.close` own) are passed in; nothing here imports Celery.
+Native and OpenAI requests take one submit path (`Submission`).
 """
 
 from __future__ import annotations
@@ -107,8 +109,13 @@ class Submission(Protocol):
 class OpenAIRenderer(Protocol):
     """What the gateway needs of vLLM's render layer (tailguard.gateway.openai_frontend)."""
 
+    @property
+    def status(self) -> str: ...  # "idle", "starting", "ready" or "failed"
+
     def prepare(self, endpoint: Endpoint, body: Any,
                 check_prompt_bytes: Callable[[int], None]) -> OpenAIJob: ...
+
+    def start(self) -> None: ...
 
     def close(self) -> None: ...
 
@@ -201,6 +208,15 @@ class Gateway:
                 "lanes": [{**lane.to_dict(), "live_workers_per_host": per_host[lane.name]}
                           for lane in self.lanes],
                 "workers": [{"name": w.name, "lanes": list(w.lanes)} for w in self.lanes.workers]}
+
+    def openai_ready(self) -> bool:
+        """Whether this gateway can serve OpenAI requests (vLLM's render layer is built; vLLM's
+        /health), starting to build it if nothing asked for it yet."""
+        if self.openai is None:
+            return False
+        if self.openai.status in ("idle", "starting"):
+            self.openai.start()
+        return self.openai.status == "ready"
 
     def prepare_openai(self, endpoint: Endpoint, body: Any) -> OpenAIJob:
         """An OpenAI body validated and rendered by vLLM (its prompt past the byte bound is
