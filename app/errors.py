@@ -19,6 +19,7 @@ from flask import Flask, Response, jsonify, request
 from kombu.exceptions import OperationalError
 from werkzeug.exceptions import HTTPException
 
+from app.gateway_ext import built_gateway
 from tailguard.errors import (
     BodyTooLarge,
     BrokerUnavailable,
@@ -132,7 +133,7 @@ def exception_response(err: TailguardError, *, headers: dict[str, str] | None = 
 
 def register(app: Flask) -> None:
     def count_rejected(code: str) -> None:
-        gateway = app.extensions.get("tailguard")  # never build it here: Redis may be down
+        gateway = built_gateway(app)  # never build it here: Redis may be down
         if gateway is not None:
             gateway.metrics.rejected.labels(code).inc()
 

@@ -14,11 +14,11 @@ def post_worker_init(worker: Any) -> None:
     """Once the app is loaded in gunicorn's worker process: bound how long a client may stall
     while its request is read, then start the app's background threads there (a thread
     started before the fork would not survive it)."""
-    from app import start_background
+    from app.gateway_ext import start_gateway
 
     set_read_timeout(worker.sockets, settings.API_READ_TIMEOUT_S.get(worker.wsgi.config))
     worker.log.error_log.addFilter(StalledClientLine())
-    start_background(worker.wsgi)
+    start_gateway(worker.wsgi)
 
 
 def set_read_timeout(listeners: list[Any], timeout_s: float) -> None:

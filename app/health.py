@@ -5,8 +5,7 @@ from __future__ import annotations
 from flask import Blueprint, Response, jsonify
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from app import get_gateway
-from tailguard.jobs.liveness import Liveness, lane_health
+from app.gateway_ext import get_gateway
 
 bp = Blueprint("health", __name__)
 
@@ -22,12 +21,7 @@ def healthz():
         503: {description: a lane without a live worker, or Redis past its high-water mark
               (storage.full), content: {application/json: {schema: Health}}}
     """
-    gw = get_gateway()
-    healthy, body = lane_health(Liveness(gw.store.redis), gw.lanes.names)
-    memory = gw.store.storage.memory()
-    body["storage"] = memory.to_dict()
-    if memory.full:
-        healthy, body["status"] = False, "degraded"
+    healthy, body = get_gateway().health()
     return jsonify(body), 200 if healthy else 503
 
 
@@ -40,13 +34,7 @@ def lanes():
       responses:
         200: {description: lanes and workers, content: {application/json: {schema: Lanes}}}
     """
-    gw = get_gateway()
-    per_host = Liveness(gw.store.redis).live_workers_per_host(gw.lanes.names)
-    return jsonify({"model": gw.counter.model if hasattr(gw.counter, "model") else None,
-                    "model_max_len": gw.counter.model_max_len,
-                    "lanes": [{**lane.to_dict(), "live_workers_per_host": per_host[lane.name]}
-                              for lane in gw.lanes],
-                    "workers": [{"name": w.name, "lanes": list(w.lanes)} for w in gw.lanes.workers]})
+    return jsonify(get_gateway().lanes_view())
 
 
 @bp.get("/metrics")

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from flask import Blueprint, current_app, g, jsonify, request
 
-from app import get_gateway, hold_wait_slot, json_body
+from app.auth import hold_wait_slot
+from app.body import json_body
+from app.gateway_ext import get_gateway
 from app.sse import HEARTBEAT, sse_event, sse_response
 from tailguard import settings
 from tailguard.errors import InvalidField
 from tailguard.gateway.job_request import parse_job_request
-from tailguard.jobs.stream import valid_stream_id
+from tailguard.gateway.service import check_event_id
 
 bp = Blueprint("jobs", __name__, url_prefix="/v1/jobs")
 
@@ -101,9 +103,7 @@ def stream(job_id: str):
         404: Native404
     """
     after = request.headers.get("Last-Event-ID") or request.args.get("after") or "0-0"
-    if not valid_stream_id(after):
-        raise InvalidField(f"Last-Event-ID must be a stream id like 1700000000000-0, got {after!r}",
-                           field="Last-Event-ID")
+    check_event_id(after)
     cancel_on_disconnect = request.args.get("cancel_on_disconnect", "false").lower() in ("1", "true")
     hold_wait_slot()
     gw, caller = get_gateway(), g.get("api_key")

@@ -19,14 +19,15 @@ from typing import Any
 
 from flask import Blueprint, Response, current_app, g, jsonify, request
 
-from app import get_gateway, hold_wait_slot, json_body
+from app.auth import hold_wait_slot
+from app.body import json_body
 from app.errors import exception_response, job_error, openai_error
+from app.gateway_ext import get_gateway
 from app.sse import DONE, HEARTBEAT, client_connected, sse_event, sse_response
 from tailguard import settings
 from tailguard.errors import InternalJobError, InvalidField, TailguardError, error_class
 from tailguard.gateway.openai_request import Endpoint
-from tailguard.gateway.service import Gateway
-from tailguard.jobs.store import SUCCEEDED
+from tailguard.gateway.service import Gateway, succeeded
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
 #: vLLM's server routes outside /v1 (its error shape too: app/errors.py)
@@ -98,7 +99,7 @@ def _serve(endpoint: Endpoint) -> Response:
     # Every job ends by then: expired past the queue TTL, cut at the deadline, or worker_lost.
     budget = lane.queue_ttl_s + lane.deadline_s + settings.WORKER_LOST_GRACE_S.get(current_app.config) + 5
     done = gw.wait(job_id, budget, still_wanted=client_connected())
-    if done["status"] != SUCCEEDED:
+    if not succeeded(done):
         return exception_response(job_error(done), headers=headers)
     body = gw.response_body(job_id)
     if body is None:  # a worker that ended the job without vLLM's response: a bug of ours
@@ -136,7 +137,7 @@ def _relay(gw: Gateway, job_id: str, heartbeat_s: float) -> Iterator[bytes]:
             for payload in event.payloads:
                 yield sse_event(payload)
             continue
-        if event.data["status"] != SUCCEEDED:
+        if not succeeded(event.data):
             yield sse_event(openai_error(job_error(event.data)))
         break
     yield sse_event(DONE)
@@ -153,11 +154,7 @@ def health():
         200: {description: ready}
         503: {description: vLLM's render layer is starting, or failed to start}
     """
-    frontend = get_gateway().openai
-    if frontend is not None and frontend.status in ("idle", "starting"):
-        frontend.start()
-    ready = frontend is not None and frontend.status == "ready"
-    return Response(status=200 if ready else 503)
+    return Response(status=200 if get_gateway().openai_ready() else 503)
 
 
 @server_bp.get("/version")

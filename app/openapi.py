@@ -18,7 +18,7 @@ from apispec import APISpec, BasePlugin
 from apispec_webframeworks.flask import FlaskPlugin
 from flask import Blueprint, Flask, current_app, jsonify
 
-from app import needs_api_key
+from app.auth import needs_api_key
 from app.errors import HTTP_CODES, OPENAI_BLUEPRINTS
 from tailguard.errors import Refused, Unavailable, error_classes
 from tailguard.lanes.table import PRIORITY_CLASSES

@@ -2,16 +2,20 @@
 
 Field names follow the OpenAI completions API and vLLM's extra sampling
 parameters (the table in ``tailguard.sampling``), so a caller can reuse what
-they already send to vLLM.
+they already send to vLLM. A JobRequest is one of the gateway's two request kinds
+(``tailguard.gateway.service.Submission``): it places itself, and says what its record and
+its lane's task carry.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from tailguard.errors import InvalidField
-from tailguard.lanes.table import PRIORITY_CLASSES
+from tailguard.lanes.placement import Placement, place
+from tailguard.lanes.table import PRIORITY_CLASSES, LaneTable
 from tailguard.sampling import MAX_TOKENS, Api, field_names, parse_sampling
 
 
@@ -23,6 +27,33 @@ class JobRequest:
     sampling: dict[str, Any] = field(default_factory=dict)  # temperature, top_p, ... (no max_tokens)
     # False for prompts rendered from a chat template: the template writes its own BOS
     add_special_tokens: bool = True
+
+    def place(self, lanes: LaneTable, count_prompt: Callable[[str, bool], int],
+              model_max_len: int | None) -> Placement:
+        """Its lane, max_tokens and cost, its prompt counted by `count_prompt` (which refuses
+        one past the API's byte bound before the tokenizer spends CPU on it); InvalidField
+        when min_tokens is above the max_tokens it gets."""
+        placement = place(lanes.lanes, priority=self.priority,
+                          prompt_tokens=count_prompt(self.prompt, self.add_special_tokens),
+                          requested_max_tokens=self.max_tokens, model_max_len=model_max_len)
+        min_tokens = self.sampling.get("min_tokens", 0)
+        if min_tokens > placement.max_tokens:
+            raise InvalidField(f"min_tokens ({min_tokens}) must be <= max_tokens, which is "
+                               f"{placement.max_tokens} on lane {placement.lane!r}"
+                               + (" (capped)" if placement.max_tokens_capped else ""),
+                               field="min_tokens")
+        return placement
+
+    def record_fields(self) -> dict[str, Any]:
+        """What the job record keeps of it besides its placement."""
+        return {"sampling": self.sampling}
+
+    def task_kwargs(self, job_id: str, placement: Placement) -> dict[str, Any]:
+        """The lane task's keyword arguments of its own: the prompt and its sampling."""
+        kwargs: dict[str, Any] = {"prompt": self.prompt, "sampling": self.sampling}
+        if not self.add_special_tokens:
+            kwargs["add_special_tokens"] = False
+        return kwargs
 
 
 def parse_job_request(body: Any, api: Api = "native") -> JobRequest:

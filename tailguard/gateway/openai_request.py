@@ -17,8 +17,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from tailguard.errors import InvalidField
-from tailguard.lanes.placement import Placement, request_cost
-from tailguard.lanes.table import PRIORITY_CLASSES, Lane
+from tailguard.lanes.placement import Placement, place, request_cost
+from tailguard.lanes.table import PRIORITY_CLASSES, Lane, LaneTable
 from tailguard.sampling import INT64_MAX, INT64_MIN
 
 Endpoint = Literal["chat", "completion"]
@@ -132,6 +132,29 @@ class OpenAIJob:
     #: raises InvalidField when vLLM refuses the request at this max_tokens (the grant may
     #: lower it below, say, min_tokens)
     verify: Callable[[int], None] = field(default=lambda _: None, compare=False, repr=False)
+
+    # The gateway's request-kind protocol (tailguard.gateway.service.Submission):
+
+    def place(self, lanes: LaneTable, count_prompt: Callable[[str, bool], int],
+              model_max_len: int | None) -> Placement:
+        """Its lane, granted vLLM's own max_tokens within it (`grant`); its prompt was counted
+        by vLLM's render (and its bytes checked before that), so `count_prompt` is not used.
+        InvalidField for anything vLLM refuses at the granted max_tokens."""
+        placement = place(lanes.lanes, priority=self.priority, prompt_tokens=self.prompt_tokens,
+                          requested_max_tokens=self.max_tokens, model_max_len=model_max_len)
+        placement = grant(placement, lanes[placement.lane], self)
+        self.verify(placement.max_tokens)
+        return placement
+
+    def record_fields(self) -> dict[str, Any]:
+        """What the job record keeps of it besides its placement: the endpoint it came by
+        (its sampling is in vLLM's request, in the task's ``openai`` argument)."""
+        return {"sampling": {}, "openai": self.endpoint}
+
+    def task_kwargs(self, job_id: str, placement: Placement) -> dict[str, Any]:
+        """The lane task's keyword arguments of its own: the ``openai`` argument (no prompt
+        text: the worker hands vLLM's serving layer the request)."""
+        return {"prompt": "", "sampling": {}, "openai": task_argument(self, job_id, placement)}
 
 
 def grant(placement: Placement, lane: Lane, job: OpenAIJob) -> Placement:

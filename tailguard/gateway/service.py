@@ -1,9 +1,11 @@
 """The gateway's domain logic: accept a request, place it on its lane, report on it.
 
-Framework-free: the Flask views in app/ are a thin skin over this, and tests can
-drive it directly. Dependencies (lane table, job store, token counter, the
-broker: app/ passes a producer-only Celery app, and for OpenAI requests vLLM's render
-layer: ``openai_frontend``) are passed in; nothing here imports Celery.
+Framework-free: the Flask views in app/ are a thin skin over this (they ask the Gateway,
+they do not compute), and tests can drive it directly. Dependencies (lane table, job store,
+token counter, the broker: app/ passes a producer-only Celery app, and for OpenAI requests
+vLLM's render layer: ``openai_frontend``; the finished-jobs consumer and the reaper, whose
+threads `Gateway.start` and `Gateway.close` own) are passed in; nothing here imports Celery.
+Native and OpenAI requests take one submit path (`Submission`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import dataclasses
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from tailguard.errors import (
@@ -26,24 +28,32 @@ from tailguard.errors import (
     WaitTooLong,
 )
 from tailguard.gateway.api_keys import ApiKey, ApiKeyStore, check_cost
-from tailguard.gateway.job_request import JobRequest
-from tailguard.gateway.openai_request import Endpoint, OpenAIJob, grant, task_argument
+from tailguard.gateway.openai_request import Endpoint, OpenAIJob
 from tailguard.gateway.wait_slots import WaitSlots
 from tailguard.jobs.finished import FinishedConsumer, JobEnds
 from tailguard.jobs.lane_load import LaneLoadStore
+from tailguard.jobs.liveness import Liveness, lane_health
+from tailguard.jobs.reaper import Reaper
 from tailguard.jobs.store import (
     CANCELLED,
     QUEUED,
     RUNNING,
+    SUCCEEDED,
     TERMINAL,
     BacklogMoved,
     JobStore,
     timing,
 )
-from tailguard.jobs.stream import StreamEvent, follow, response_body, with_output
-from tailguard.lanes.admission import AdmissionPolicy
-from tailguard.lanes.placement import Placement, place
-from tailguard.lanes.table import LaneTable
+from tailguard.jobs.stream import (
+    StreamEvent,
+    follow,
+    response_body,
+    valid_stream_id,
+    with_output,
+)
+from tailguard.lanes.admission import AdmissionPolicy, LaneLoad
+from tailguard.lanes.placement import Placement
+from tailguard.lanes.table import Lane, LaneTable
 from tailguard.observe.metrics import GatewayMetrics
 from tailguard.observe.stats import StatsStore
 from tailguard.redis import keys
@@ -71,26 +81,63 @@ class Broker(Protocol):
               expires_s: float) -> str: ...
 
 
+class Submission(Protocol):
+    """A request kind on the one submit path, as vLLM's serving classes share one request
+    lifecycle: tailguard's native request (tailguard.gateway.job_request.JobRequest) and an
+    OpenAI one rendered by vLLM (tailguard.gateway.openai_request.OpenAIJob). Each is a
+    frozen dataclass (a key's ceiling lowers its ``priority`` with dataclasses.replace) and
+    contributes only what differs: how it is placed, what its record and its task carry."""
+
+    @property
+    def priority(self) -> str: ...
+
+    def place(self, lanes: LaneTable, count_prompt: Callable[[str, bool], int],
+              model_max_len: int | None) -> Placement:
+        """Its lane, max_tokens and cost; InvalidField (or PromptTooLong, from
+        `count_prompt`) for what could never run there."""
+        ...
+
+    def record_fields(self) -> dict[str, Any]:
+        """What the job record keeps of it besides its placement (``sampling``, ...)."""
+        ...
+
+    def task_kwargs(self, job_id: str, placement: Placement) -> dict[str, Any]:
+        """The lane task's keyword arguments of its own (``prompt``, ``sampling``, ...)."""
+        ...
+
+
 class OpenAIRenderer(Protocol):
     """What the gateway needs of vLLM's render layer (tailguard.gateway.openai_frontend)."""
 
+    @property
+    def status(self) -> str: ...  # "idle", "starting", "ready" or "failed"
+
     def prepare(self, endpoint: Endpoint, body: Any,
                 check_prompt_bytes: Callable[[int], None]) -> OpenAIJob: ...
+
+    def start(self) -> None: ...
 
     def close(self) -> None: ...
 
 
 class Gateway:
+    """The API's one long-lived object, built whole by the app (app/gateway_ext.py): every
+    collaborator passed in, its background threads started by `start` and stopped by `close`."""
+
     def __init__(self, lanes: LaneTable, store: JobStore, counter: TokenCounter, broker: Broker,
                  *, metrics: GatewayMetrics | None = None, poll_interval_s: float = 0.25,
                  admission: AdmissionPolicy | None = None, load: LaneLoadStore | None = None,
                  stats: StatsStore | None = None, api_keys: ApiKeyStore | None = None,
                  max_prompt_bytes: int | None = None, max_waits_per_key: int = 0,
-                 openai: OpenAIRenderer | None = None) -> None:
+                 openai: OpenAIRenderer | None = None, model: str | None = None,
+                 finished: FinishedConsumer | None = None, consume_finished: bool = True,
+                 reaper: Reaper | None = None) -> None:
         self.lanes = lanes
         self.store = store
         self.counter = counter
         self.broker = broker
+        #: the served model as configured (/v1/lanes reports it)
+        self.model = model
         self.metrics = metrics or GatewayMetrics(lanes.names)
         self.admission = admission or AdmissionPolicy()
         self.load = load or LaneLoadStore(store.redis)
@@ -101,40 +148,75 @@ class Gateway:
         self.wait_slots = WaitSlots(max_waits_per_key)
         #: vLLM's render layer for the OpenAI routes (None: this gateway serves none)
         self.openai = openai
-        self.finished: FinishedConsumer | None = None  # set by the app that runs one
+        #: the consumer of finished jobs (its sinks: the request log, metrics, stats, the
+        #: lanes' service rate); its thread runs only if `consume_finished` (off: tests drive
+        #: it with run_once)
+        self.finished = finished
+        self._consume_finished = consume_finished
+        #: ends dead workers' running jobs and redelivers lost messages (None: not here)
+        self._reaper = reaper
         #: how often a waiting call asks whether its client is still there (a local check)
         self.poll_interval_s = poll_interval_s
         #: wakes waiting calls when their job ends (one thread, started by the first wait)
         self.ends = JobEnds(store.redis)
         self.metrics.watch_storage(store.storage)
-        #: Set by close(): stops the background threads the app started (the reaper).
-        self.stopping = threading.Event()
-        #: the app's Celery producer (revokes, redelivery) and whether start_background ran
-        self.producer: Any = None
-        self.background_started = False
+        #: set by close(): stops the reaper's thread
+        self._stopping = threading.Event()
+        self._start_lock = threading.Lock()
+        self._started = False
+
+    def start(self) -> None:
+        """Start the background work, once (later calls do nothing): building vLLM's render
+        layer for the OpenAI routes, the finished-jobs consumer, the reaper. Called when the
+        serving process starts (after gunicorn's fork: a thread would not survive it)."""
+        with self._start_lock:
+            if self._started:
+                return
+            self._started = True
+        if self.openai is not None:
+            self.openai.start()
+        if self._consume_finished and self.finished is not None:
+            self.finished.start()
+        if self._reaper is not None:
+            self._reaper.start(self._stopping)
 
     def close(self) -> None:
-        """Stop the background threads (finished-stream consumer, reaper): what a process that
-        builds more than one app, a test run, calls when it is done with one."""
-        self.stopping.set()
+        """Stop the background threads (finished-stream consumer, reaper, the job-end
+        follower): what a process that builds more than one app, a test run, calls when it is
+        done with one."""
+        self._stopping.set()
         self.ends.stop()
         if self.openai is not None:
             self.openai.close()
         if self.finished is not None:
             self.finished.stop()
 
-    def place(self, req: JobRequest | OpenAIJob) -> Placement:
-        """The lane and max_tokens of a request: a native one's prompt counted here, an OpenAI
-        one's counted by vLLM's render and granted vLLM's own max_tokens within the lane
-        (tailguard.gateway.openai_request.grant)."""
-        if isinstance(req, OpenAIJob):
-            placement = place(self.lanes.lanes, priority=req.priority,
-                              prompt_tokens=req.prompt_tokens, requested_max_tokens=req.max_tokens,
-                              model_max_len=self.counter.model_max_len)
-            return grant(placement, self.lanes[placement.lane], req)
-        return place(self.lanes.lanes, priority=req.priority,
-                     prompt_tokens=self.counter.count(req.prompt, req.add_special_tokens),
-                     requested_max_tokens=req.max_tokens, model_max_len=self.counter.model_max_len)
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """Whether the system serves (Redis answers and has room for new jobs, every lane has
+        a live worker), and the /healthz body that says so."""
+        healthy, body = lane_health(Liveness(self.store.redis), self.lanes.names)
+        memory = self.store.storage.memory()
+        body["storage"] = memory.to_dict()
+        if memory.full:
+            healthy, body["status"] = False, "degraded"
+        return healthy, body
+
+    def lanes_view(self) -> dict[str, Any]:
+        """The lane table and the live workers serving each lane, per host (/v1/lanes)."""
+        per_host = Liveness(self.store.redis).live_workers_per_host(self.lanes.names)
+        return {"model": self.model, "model_max_len": self.counter.model_max_len,
+                "lanes": [{**lane.to_dict(), "live_workers_per_host": per_host[lane.name]}
+                          for lane in self.lanes],
+                "workers": [{"name": w.name, "lanes": list(w.lanes)} for w in self.lanes.workers]}
+
+    def openai_ready(self) -> bool:
+        """Whether this gateway can serve OpenAI requests (vLLM's render layer is built; vLLM's
+        /health), starting to build it if nothing asked for it yet."""
+        if self.openai is None:
+            return False
+        if self.openai.status in ("idle", "starting"):
+            self.openai.start()
+        return self.openai.status == "ready"
 
     def prepare_openai(self, endpoint: Endpoint, body: Any) -> OpenAIJob:
         """An OpenAI body validated and rendered by vLLM (its prompt past the byte bound is
@@ -145,13 +227,14 @@ class Gateway:
         return self.openai.prepare(endpoint, body,
                                    lambda size: self._check_prompt_bytes(size, field))
 
-    def submit(self, req: JobRequest | OpenAIJob, caller: ApiKey | None = None) -> dict[str, Any]:
+    def submit(self, req: Submission, caller: ApiKey | None = None) -> dict[str, Any]:
         """Check what can be checked cheaply first (the prompt's size in bytes; the caller's
         call was charged to its key already, `charge_call`), then tokenize and place it,
         refuse what could never run (min_tokens above the granted max_tokens, or for an OpenAI
         request anything vLLM refuses at the granted max_tokens; a cost above the key's whole
         tokens/min), admit it on its lane, charge its cost to the key, then record the job and
-        queue its task message in one Redis call.
+        queue its task message in one Redis call. One path for both request kinds: what
+        differs is the request's own (`Submission`).
 
         Returns the 202 body; raises Refused (429) or NoLiveWorker (503), counted per lane
         and per key, or StorageFull (503) before anything else while Redis is past its
@@ -160,71 +243,27 @@ class Gateway:
         self.store.storage.check()  # StorageFull (503): Redis is past its high-water mark
         if caller is not None:
             req = dataclasses.replace(req, priority=caller.priority_for(req.priority))
-        if isinstance(req, OpenAIJob):
-            placement = self.place(req)
-            req.verify(placement.max_tokens)  # vLLM's checks at the granted max_tokens
-        else:
-            self._check_prompt_size(req.prompt)
-            placement = self.place(req)
-            min_tokens = req.sampling.get("min_tokens", 0)
-            if min_tokens > placement.max_tokens:
-                raise InvalidField(f"min_tokens ({min_tokens}) must be <= max_tokens, which is "
-                                   f"{placement.max_tokens} on lane {placement.lane!r}"
-                                   + (" (capped)" if placement.max_tokens_capped else ""),
-                                   field="min_tokens")
+        placement = req.place(self.lanes, self._count_prompt, self.counter.model_max_len)
         if caller is not None:
             check_cost(caller, placement.cost)
         lane = self.lanes[placement.lane]
         load = self.load.load(lane.name)
-        try:
-            wait_s = self.admission.admit(lane, load, placement.cost)
-        except (Refused, NoLiveWorker) as exc:
-            self._count_refusal(lane.name, exc, caller, load.now)
-            raise
-        if caller is not None:
-            try:
-                self.api_keys.take_tokens(caller, placement.cost)
-            except Refused as exc:
-                self.metrics.on_refused(lane.name, exc.code, self._key_label(caller))
-                raise
+        wait_s = self._admit(lane, load, placement.cost, caller)
         job_id = uuid.uuid4().hex
-        openai = req if isinstance(req, OpenAIJob) else None
-        sampling = {} if openai else req.sampling
         fields = {
             "lane": lane.name, "priority": req.priority, "prompt_tokens": placement.prompt_tokens,
             "requested_max_tokens": placement.requested_max_tokens,
             "max_tokens": placement.max_tokens, "max_tokens_capped": placement.max_tokens_capped,
-            "cost": placement.cost, "deadline_s": lane.deadline_s, "sampling": sampling,
+            "cost": placement.cost, "deadline_s": lane.deadline_s,
             "api_key": caller.name if caller else None,
             "owner": caller.id if caller else None,  # the key whose job it is (ids are not names)
-            **({"openai": openai.endpoint} if openai else {}),  # the endpoint it came by
+            **req.record_fields(),
         }
-        kwargs: dict[str, Any] = {"job_id": job_id, "prompt": "" if openai else req.prompt,
-                                  "max_tokens": placement.max_tokens, "sampling": sampling,
-                                  "deadline_s": lane.deadline_s}
-        if openai:
-            kwargs["openai"] = task_argument(openai, job_id, placement)
-        elif not req.add_special_tokens:
-            kwargs["add_special_tokens"] = False
+        kwargs = {"job_id": job_id, "max_tokens": placement.max_tokens,
+                  "deadline_s": lane.deadline_s, **req.task_kwargs(job_id, placement)}
         message = self.broker.build(lane.task_name, task_id=job_id, queue=lane.queue,
                                     expires_s=lane.queue_ttl_s, kwargs=kwargs)
-        try:
-            # The record and the lane's message in one step: a worker never runs an unknown
-            # job, and no record waits for a message that was never sent.
-            self.store.create(job_id, fields, queue_ttl_s=lane.queue_ttl_s,
-                              limits=self.admission.limits(lane, load),
-                              message=(lane.queue, message))
-        except BacklogMoved as moved:
-            # Other requests took the room this one was admitted into: decide again on the
-            # lane as it is now (it raises, with the Retry-After that load gives).
-            load = moved.moved(load)
-            try:
-                self.admission.admit(lane, load, placement.cost)
-                raise WaitTooLong(f"lane {lane.name!r} filled up meanwhile", retry_after_s=1,
-                                  lane=lane.name) from None
-            except (Refused, NoLiveWorker) as exc:
-                self._count_refusal(lane.name, exc, caller, load.now)
-                raise
+        self._record(job_id, fields, lane, load, placement.cost, (lane.queue, message), caller)
         self.metrics.on_accepted(lane.name, placement.max_tokens_capped, self._key_label(caller))
         return {"id": job_id, "status": QUEUED, "lane": lane.name, "priority": req.priority,
                 "prompt_tokens": placement.prompt_tokens,
@@ -232,6 +271,41 @@ class Gateway:
                 "max_tokens": placement.max_tokens,
                 "max_tokens_capped": placement.max_tokens_capped, "cost": placement.cost,
                 "estimated_start_s": round(wait_s, 3)}
+
+    def _admit(self, lane: Lane, load: LaneLoad, cost: int, caller: ApiKey | None) -> float:
+        """Admit a request of `cost` on `lane` as `load` has it, then charge its cost to the
+        caller's key: its predicted wait, or the refusal (counted)."""
+        try:
+            wait_s = self.admission.admit(lane, load, cost)
+        except (Refused, NoLiveWorker) as exc:
+            self._count_refusal(lane.name, exc, caller, load.now)
+            raise
+        if caller is not None:
+            try:
+                self.api_keys.take_tokens(caller, cost)
+            except Refused as exc:
+                self.metrics.on_refused(lane.name, exc.code, self._key_label(caller))
+                raise
+        return wait_s
+
+    def _record(self, job_id: str, fields: dict[str, Any], lane: Lane, load: LaneLoad, cost: int,
+                message: tuple[str, str], caller: ApiKey | None) -> None:
+        """The record and the lane's message in one step: a worker never runs an unknown job,
+        and no record waits for a message that was never sent."""
+        try:
+            self.store.create(job_id, fields, queue_ttl_s=lane.queue_ttl_s,
+                              limits=self.admission.limits(lane, load), message=message)
+        except BacklogMoved as moved:
+            # Other requests took the room this one was admitted into: decide again on the
+            # lane as it is now (it raises, with the Retry-After that load gives).
+            load = moved.moved(load)
+            try:
+                self.admission.admit(lane, load, cost)
+                raise WaitTooLong(f"lane {lane.name!r} filled up meanwhile", retry_after_s=1,
+                                  lane=lane.name) from None
+            except (Refused, NoLiveWorker) as exc:
+                self._count_refusal(lane.name, exc, caller, load.now)
+                raise
 
     def _count_refusal(self, lane: str, exc: Refused | NoLiveWorker, caller: ApiKey | None,
                        at: float | None) -> None:
@@ -243,11 +317,13 @@ class Gateway:
     def _key_label(self, caller: ApiKey | None) -> str | None:
         return None if caller is None else self.metrics.key_label(caller.name, caller.id)
 
-    def _check_prompt_size(self, prompt: str) -> None:
-        """A prompt past the byte bound is refused before the tokenizer spends CPU on it."""
-        if self.max_prompt_bytes is None or len(prompt) * 4 <= self.max_prompt_bytes:
-            return  # at most 4 bytes a character: no need to encode it
-        self._check_prompt_bytes(len(prompt.encode("utf-8", "surrogatepass")))
+    def _count_prompt(self, prompt: str, add_special_tokens: bool = True) -> int:
+        """A native prompt's tokens; one past the byte bound is refused before the tokenizer
+        spends CPU on it."""
+        if self.max_prompt_bytes is not None and len(prompt) * 4 > self.max_prompt_bytes:
+            # at most 4 bytes a character: below that, no need to encode it
+            self._check_prompt_bytes(len(prompt.encode("utf-8", "surrogatepass")))
+        return self.counter.count(prompt, add_special_tokens)
 
     def _check_prompt_bytes(self, size: int, field: str = "prompt") -> None:
         if self.max_prompt_bytes is not None and size > self.max_prompt_bytes:
@@ -405,3 +481,15 @@ def render(job_id: str, job: dict[str, Any]) -> dict[str, Any]:
         "worker": job.get("worker"),
         "timing": timing(job),
     }
+
+
+def succeeded(job: Mapping[str, Any]) -> bool:
+    """Whether a job (its record, or its end event's data) ended with its result."""
+    return job["status"] == SUCCEEDED
+
+
+def check_event_id(after: str) -> None:
+    """InvalidField unless `after` (a stream's Last-Event-ID, or ?after=) is a stream id."""
+    if not valid_stream_id(after):
+        raise InvalidField(f"Last-Event-ID must be a stream id like 1700000000000-0, got {after!r}",
+                           field="Last-Event-ID")

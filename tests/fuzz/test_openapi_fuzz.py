@@ -75,7 +75,7 @@ def fuzz_app(tiny_model, redis_server, tmp_path_factory):
                        settings.LANES_FILE.env: str(lanes), settings.MAX_WAIT_S.env: 0.2,
                        settings.ADMIT_WITHOUT_WORKER.env: True,
                        settings.API_AUTH.env: settings.AUTH_OPEN})
-    from app import get_gateway
+    from app.gateway_ext import get_gateway
 
     with app.app_context():
         # an accepted call waits for its job to expire unserved (no worker here): it reads the

@@ -86,7 +86,7 @@ def test_requests_admitted_on_the_same_stale_backlog_cannot_all_enter(api, queue
     rule again in the same step, so the lane still stops at its promise."""
     from dataclasses import replace
 
-    from app import get_gateway
+    from app.gateway_ext import get_gateway
 
     with queue_app.app_context():
         gateway = get_gateway()
@@ -156,7 +156,7 @@ def test_a_job_whose_queue_ttl_lapsed_leaves_the_backlog_unsettled(redis_client)
 
 
 def test_service_rate_is_measured_from_finished_requests(api, redis_client, queue_app):
-    from app import get_gateway
+    from app.gateway_ext import get_gateway
 
     with queue_app.app_context():
         gw = get_gateway()
@@ -181,7 +181,7 @@ def test_no_live_worker_is_a_503_until_a_real_worker_serves_the_lane(
     resp = api.post("/v1/completions", json={"model": tiny_model, "prompt": "hi"})
     assert resp.status_code == 503 and resp.get_json()["error"]["code"] == "no_live_worker"
     with app.app_context():
-        from app import get_gateway
+        from app.gateway_ext import get_gateway
 
         gw = get_gateway()
     with run_worker(["long", "batch"]):

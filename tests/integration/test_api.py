@@ -242,7 +242,9 @@ def test_create_app_takes_every_setting_the_api_reads(tiny_model, redis_server):
 
     from conftest import ROOT
 
-    from app import APP_SETTINGS, create_app, get_gateway
+    from app import create_app
+    from app.config import APP_SETTINGS
+    from app.gateway_ext import get_gateway
     from tailguard import settings
 
     app = create_app({"TESTING": True, "TAILGUARD_CONSUME_FINISHED": False,

@@ -128,7 +128,7 @@ def test_tokens_per_minute_counts_each_request_cost(keys_client, store):
 
 
 def test_a_key_holds_at_most_its_waits_open(keys_app, keys_client, store):
-    from app import get_gateway
+    from app.gateway_ext import get_gateway
 
     key = store.add(ApiKey("streamer"))
     other = store.add(ApiKey("other"))
@@ -159,7 +159,7 @@ def test_a_key_holds_at_most_its_waits_open(keys_app, keys_client, store):
 
 def test_a_batch_key_runs_everything_as_batch_and_is_named_in_the_log(
         keys_client, store, redis_client, keys_app):
-    from app import get_gateway
+    from app.gateway_ext import get_gateway
 
     key = store.add(ApiKey("nightly", max_priority="batch"))
     job = keys_client.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 4}, headers=bearer(key))

@@ -22,7 +22,7 @@ def queued(redis_client) -> int:
 @pytest.fixture
 def tokenized(api_app, keys_app, monkeypatch):
     """How many prompts the apps' tokenizer counted."""
-    from app import get_gateway
+    from app.gateway_ext import get_gateway
 
     calls = []
     for app in (api_app, keys_app):
@@ -42,7 +42,7 @@ def raw(client, path, text, **kw):
 
 def test_an_oversized_prompt_is_refused_before_it_is_tokenized(client, tokenized, api_app,
                                                                redis_client, tiny_model):
-    from app import get_gateway
+    from app.gateway_ext import get_gateway
 
     with api_app.app_context():
         limit = get_gateway().max_prompt_bytes

@@ -46,7 +46,7 @@ def sample(text: str, name: str, **labels) -> float | None:
 
 @pytest.fixture
 def gateway(api_app, client):
-    from app import get_gateway
+    from app.gateway_ext import get_gateway
 
     with api_app.app_context():
         return get_gateway()

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from app.gateway_ext import built_gateway
 from tailguard import settings
 from tailguard.jobs.store import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, JobStore
 from tailguard.jobs.stream import DeltaWriter
@@ -247,7 +248,7 @@ def test_models_report_the_context_the_lanes_serve(tiny_model, redis_server, tmp
     resp = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 600})
     assert resp.status_code == 400 and "512" in resp.get_json()["error"]["message"]
     with app.app_context():
-        from app import get_gateway
+        from app.gateway_ext import get_gateway
 
         get_gateway().close()
 
@@ -356,8 +357,8 @@ def waiting_call(client, path, body):
         "resp", client.post(path, json=body, headers={"X-Request-Id": "r-1"})))
     thread.start()
     job_id = wait_for(lambda: next((h["id"] for lane in LANES
-                                    for h, _ in messages_on(client.application.extensions[
-                                        "tailguard"].store.redis, lane)), None))
+                                    for h, _ in messages_on(built_gateway(
+                                        client.application).store.redis, lane)), None))
     return thread, answer, job_id
 
 

@@ -60,7 +60,8 @@ def small_redis():
 
 @pytest.fixture
 def app(small_redis, tiny_model):
-    from app import create_app, get_gateway
+    from app import create_app
+    from app.gateway_ext import get_gateway
 
     client = redis.Redis.from_url(small_redis)
     client.flushdb()
@@ -77,7 +78,7 @@ def app(small_redis, tiny_model):
 
 
 def gateway(app):
-    from app import get_gateway
+    from app.gateway_ext import get_gateway
 
     with app.app_context():
         return get_gateway()

@@ -19,7 +19,7 @@ KWARGS = {"job_id": "f" * 32, "prompt": "解释什么是Transformer", "max_token
 
 @pytest.fixture
 def producer(redis_server):
-    """A producer-only Celery app configured like the API's (app/__init__.py)."""
+    """A producer-only Celery app configured like the API's (app/gateway_ext.py)."""
     from celery import Celery
 
     app = Celery("tailguard-api", set_as_current=False)

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def gateway(api_app, client):
-    from app import get_gateway
+    from app.gateway_ext import get_gateway
 
     with api_app.app_context():
         return get_gateway()

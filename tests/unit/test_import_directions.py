@@ -6,11 +6,19 @@ modules (errors, settings, sampling, loop_thread, openai_args) are open to all a
 nothing of tailguard's but each other. Third-party rules say what a layer must never pull in
 (the engine no Redis or Celery; the API no torch, and of vLLM only its frontend, from one
 module; pure policy no I/O client at all).
+
+The API (app/) has its own table, APP_ALLOWED: its views ask the gateway through the modules
+that give access to it and never import the ``app`` package itself. And no first-party
+module (tailguard, app, tasks, celeryconfig) takes part in an import cycle, between packages
+or inside one. The cycle check reads absolute and relative imports, function-level ones
+too; imports under ``if TYPE_CHECKING:`` are left out (they never run), and so are a
+package's implicit imports of its parents' ``__init__``.
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -149,3 +157,208 @@ def test_the_api_and_the_celery_app_import_no_tool():
                 assert name.split(".")[:2] not in (["tailguard", t] for t in TOOLS), (path, name)
                 if folder == "app":
                     assert name.split(".")[0] not in ("vllm", "torch", "tasks"), (path, name)
+
+
+# -- the API (app/) ---------------------------------------------------------------------
+
+#: what a view (a blueprint) may import: the modules that give it the gateway, the caller and
+#: the body, the error mapping, SSE framing, and the gateway's own package (CROSS_CUTTING too)
+APP_VIEW_IMPORTS = {"app.gateway_ext", "app.auth", "app.body", "app.errors", "app.sse",
+                    "tailguard.gateway"}
+#: app/'s modules -> the first-party modules (or packages, by prefix) each may import, besides
+#: tailguard's CROSS_CUTTING ones. A new module of app/ must be listed here.
+APP_ALLOWED: dict[str, set[str]] = {
+    # the composition root: settings, the one error mapping, the gateway, auth, blueprints
+    "app": {"app.config", "app.errors", "app.gateway_ext", "app.auth", "app.jobs", "app.health",
+            "app.openai_api", "app.openapi"},
+    "app.config": set(),
+    # builds the Gateway whole from the product's packages (the one module of app/ that does)
+    "app.gateway_ext": {"tailguard.gateway", "tailguard.jobs", "tailguard.lanes", "tailguard.model",
+                        "tailguard.observe", "tailguard.redis"},
+    "app.gunicorn_hooks": {"app.gateway_ext"},
+    "app.auth": {"app.gateway_ext", "tailguard.gateway"},
+    "app.body": set(),
+    "app.sse": set(),
+    # the error mapping reads a job's end state and Redis's out-of-memory reply
+    "app.errors": {"app.gateway_ext", "tailguard.jobs.store", "tailguard.redis.client"},
+    # the views
+    "app.jobs": APP_VIEW_IMPORTS,
+    "app.health": APP_VIEW_IMPORTS,
+    "app.openai_api": APP_VIEW_IMPORTS,
+    "app.openapi": APP_VIEW_IMPORTS | {"tailguard.lanes.table"},  # the spec lists the priority classes
+}
+
+#: Import cycles that exist today, each left to the branch that restructures its package;
+#: an entry allows a cycle among (a subset of) its modules. Remove an entry once its cycle
+#: is gone; add none.
+KNOWN_CYCLES: set[frozenset[str]] = {
+    # bench/run starts the conformance suite, compat_run reuses run's servers (issue 32 item 4)
+    frozenset({"tailguard.bench.run", "tailguard.bench.compat_run"}),
+}
+#: the same between packages (a top-level module counts as its own package)
+KNOWN_PACKAGE_CYCLES: set[frozenset[str]] = {
+    # plan imports bench (plan/sim.py, search, profile, validate, workload); `python -m
+    # tailguard.bench` runs the CLI, which imports both (issue 32 item 4)
+    frozenset({"bench", "plan", "cli"}),
+}
+
+
+def _first_party() -> dict[str, Path]:
+    """Every first-party module by its dotted name (a package by its __init__'s)."""
+    files = [*(ROOT / "tailguard").rglob("*.py"), *(ROOT / "app").rglob("*.py"),
+             *(ROOT / "tasks").rglob("*.py"), ROOT / "celeryconfig.py"]
+    out = {}
+    for path in files:
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+MODULES = _first_party()
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _statements(tree: ast.AST, type_checking: bool) -> Iterator[ast.AST]:
+    """Every node of `tree`, function bodies included; without `if TYPE_CHECKING:` bodies
+    unless `type_checking`."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if not type_checking and isinstance(node, ast.If) and _is_type_checking(node.test):
+            stack.extend(node.orelse)
+            continue
+        yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _module_of(name: str) -> str | None:
+    """The first-party module `name` loads (its longest known prefix), or None."""
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        if ".".join(parts[:end]) in MODULES:
+            return ".".join(parts[:end])
+    return None
+
+
+def _edges(module: str, type_checking: bool) -> set[str]:
+    """The first-party modules `module` imports: absolute and relative imports; ``from p
+    import m`` is an import of the module p.m when there is one, else of p."""
+    path = MODULES[module]
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    out: set[str] = set()
+    for node in _statements(ast.parse(path.read_text()), type_checking):
+        if isinstance(node, ast.Import):
+            out.update(m for a in node.names if (m := _module_of(a.name)))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[:len(package) - node.level + 1]
+                source = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                source = node.module or ""
+            for alias in node.names:
+                target = f"{source}.{alias.name}"
+                found = target if target in MODULES else _module_of(source)
+                if found:
+                    out.add(found)
+    out.discard(module)
+    return out
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of `graph` with more than one node (Tarjan's,
+    iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    found: list[set[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, targets = work[-1]
+            for target in targets:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(graph[target]))))
+                    break
+                if target in on_stack:
+                    low[node] = min(low[node], index[target])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = set()
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.add(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(component)
+    return found
+
+
+def _package(module: str) -> str:
+    """A module's package: tailguard's by its subpackage (or top-level module), else its top."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "tailguard" and len(parts) > 1 else parts[0]
+
+
+GRAPH = {module: _edges(module, type_checking=False) for module in MODULES}
+
+
+def _unexplained(cycles: list[set[str]], known: set[frozenset[str]]) -> list[set[str]]:
+    return [c for c in cycles if not any(c <= allowed for allowed in known)]
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_takes_part_in_an_import_cycle():
+    wrong = _unexplained(_cycles(GRAPH), KNOWN_CYCLES)
+    assert not wrong, "import cycles:\n" + "\n".join(
+        f"{sorted(c)}: " + "; ".join(f"{m} -> {sorted(GRAPH[m] & c)}" for m in sorted(c))
+        for c in wrong)
+
+
+def test_no_package_takes_part_in_an_import_cycle():
+    graph: dict[str, set[str]] = {}
+    for module, targets in GRAPH.items():
+        graph.setdefault(_package(module), set()).update(
+            _package(t) for t in targets if _package(t) != _package(module))
+    wrong = _unexplained(_cycles(graph), KNOWN_PACKAGE_CYCLES)
+    assert not wrong, f"package import cycles: {wrong}"
+
+
+def test_every_module_of_the_api_is_in_its_table():
+    assert {m for m in MODULES if m == "app" or m.startswith("app.")} == set(APP_ALLOWED)
+
+
+def test_the_api_follows_its_import_directions():
+    """Views ask the gateway (through app.gateway_ext, app.auth, app.body) and the error
+    mapping; none of app/'s modules imports the ``app`` package itself (the factory imports
+    its modules, never the other way: a cycle)."""
+    wrong = []
+    for module, allowed in APP_ALLOWED.items():
+        for target in sorted(_edges(module, type_checking=True)):
+            if target == "app":
+                wrong.append(f"{module} imports the app package (import from its modules)")
+            elif not (target in {f"tailguard.{m}" for m in CROSS_CUTTING}
+                      or any(target == a or target.startswith(a + ".") for a in allowed)):
+                wrong.append(f"{module} imports {target}")
+    assert not wrong, "\n".join(wrong)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from app import needs_api_key
+from app.auth import needs_api_key
 from app.errors import speaks_openai
 from app.openapi import build_spec
 from tailguard.sampling import field_names
