@@ -41,7 +41,7 @@ ALLOWED: dict[str, set[str]] = {
     "control": {"jobs", "lanes", "redis"},
     # tools: anything of the product, and only the CLI imports them
     "bench": {"redis", "host", "lanes", "model", "engine", "jobs", "observe", "gateway",
-              "worker", "launch", "plan", "cli"},
+              "worker", "launch", "plan"},
     "plan": {"host", "lanes", "model", "engine"},
     "conformance": {"host", "lanes", "model", "gateway", "bench"},
 }
@@ -191,16 +191,9 @@ APP_ALLOWED: dict[str, set[str]] = {
 #: Import cycles that exist today, each left to the branch that restructures its package;
 #: an entry allows a cycle among (a subset of) its modules. Remove an entry once its cycle
 #: is gone; add none.
-KNOWN_CYCLES: set[frozenset[str]] = {
-    # bench/run starts the conformance suite, compat_run reuses run's servers (issue 32 item 4)
-    frozenset({"tailguard.bench.run", "tailguard.bench.compat_run"}),
-}
+KNOWN_CYCLES: set[frozenset[str]] = set()
 #: the same between packages (a top-level module counts as its own package)
-KNOWN_PACKAGE_CYCLES: set[frozenset[str]] = {
-    # plan imports bench (plan/sim.py, search, profile, validate, workload); `python -m
-    # tailguard.bench` runs the CLI, which imports both (issue 32 item 4)
-    frozenset({"bench", "plan", "cli"}),
-}
+KNOWN_PACKAGE_CYCLES: set[frozenset[str]] = set()
 
 
 def _first_party() -> dict[str, Path]:
