@@ -32,6 +32,7 @@ from tailguard.gateway.openai_request import Endpoint, OpenAIJob
 from tailguard.gateway.wait_slots import WaitSlots
 from tailguard.jobs.finished import FinishedConsumer, JobEnds
 from tailguard.jobs.lane_load import LaneLoadStore
+from tailguard.jobs.lane_orders import LaneOrders
 from tailguard.jobs.liveness import Liveness, lane_health
 from tailguard.jobs.reaper import Reaper
 from tailguard.jobs.store import (
@@ -202,12 +203,18 @@ class Gateway:
         return healthy, body
 
     def lanes_view(self) -> dict[str, Any]:
-        """The lane table and the live workers serving each lane, per host (/v1/lanes)."""
-        per_host = Liveness(self.store.redis).live_workers_per_host(self.lanes.names)
+        """The lane table, the live workers serving each lane, per host, and (lanes that follow
+        the load) what each movable worker serves now and the latest moves (/v1/lanes)."""
+        liveness = Liveness(self.store.redis)
+        per_host = liveness.live_workers_per_host(self.lanes.names)
+        orders = LaneOrders(self.store.redis)
         return {"model": self.model, "model_max_len": self.counter.model_max_len,
                 "lanes": [{**lane.to_dict(), "live_workers_per_host": per_host[lane.name]}
                           for lane in self.lanes],
-                "workers": [{"name": w.name, "lanes": list(w.lanes)} for w in self.lanes.workers]}
+                "workers": [{"name": w.name, "lanes": list(w.lanes), "moves_to": list(w.moves_to)}
+                            for w in self.lanes.workers],
+                "assignment": orders.assignment(liveness.alive_workers()),
+                "moves": orders.recent_moves(10)}
 
     def openai_ready(self) -> bool:
         """Whether this gateway can serve OpenAI requests (vLLM's render layer is built; vLLM's
