@@ -295,7 +295,8 @@ class RunningTopology:
                                        env=env, cpus=front))
             for w in self.spec.workers:
                 self.group.start(worker_spec(w, env, cpus=front))
-            if self.spec.moves_workers:  # lanes that follow the load, as `tailguard up` runs them
+            if self.spec.moves_workers and settings.LANE_CONTROLLER_S.get() > 0:
+                # lanes that follow the load, as `tailguard up` runs them
                 self.group.start(ChildSpec("controller", tailguard_argv("controller"), env=env,
                                            cpus=front))
             try:

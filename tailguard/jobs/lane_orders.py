@@ -35,15 +35,19 @@ class Order:
     version: int
     at: float
     reason: str = ""
+    #: how long the old lanes' running jobs may finish before the rest is handed back (None:
+    #: the worker's TAILGUARD_MOVE_DRAIN_S)
+    drain_s: float | None = None
 
     def to_json(self) -> str:
         return json.dumps({"lanes": list(self.lanes), "version": self.version, "at": self.at,
-                           "reason": self.reason})
+                           "reason": self.reason, "drain_s": self.drain_s})
 
     @staticmethod
     def from_json(raw: str | bytes) -> Order:
         d = json.loads(raw)
-        return Order(tuple(d["lanes"]), int(d["version"]), float(d["at"]), d.get("reason", ""))
+        return Order(tuple(d["lanes"]), int(d["version"]), float(d["at"]), d.get("reason", ""),
+                     d.get("drain_s"))
 
 
 @dataclass(frozen=True)
@@ -142,10 +146,11 @@ class LaneOrders:
                 for w, raw in self.redis.hgetall(keys.LANE_ORDERS).items()}
 
     def tell(self, worker: str, lanes: tuple[str, ...], *, from_: tuple[str, ...], reason: str,
-             detail: str, at: float | None = None) -> Order:
+             detail: str, at: float | None = None, drain_s: float | None = None) -> Order:
         """Write `worker`'s new order and log the decision."""
         version = int(self.redis.incr(keys.LANE_ORDER_VERSION))
-        order = Order(tuple(lanes), version, at if at is not None else self.now(), reason)
+        order = Order(tuple(lanes), version, at if at is not None else self.now(), reason,
+                      drain_s)
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(keys.LANE_ORDERS, worker, order.to_json())
         pipe.hincrby(keys.LANE_MOVE_COUNTS, f"{','.join(from_)}|{','.join(lanes)}|{reason}")

@@ -161,7 +161,8 @@ class LaneFollower:
         log.info("lane order %d (%s): %s -> %s", order.version, order.reason or "-",
                  ",".join(old), ",".join(order.lanes))
         self._stop(old)
-        drain_s, handed_back = self.running.hand_back(set(old) - set(order.lanes), self.drain_s)
+        drain_s, handed_back = self.running.hand_back(
+            set(old) - set(order.lanes), self.drain_s if order.drain_s is None else order.drain_s)
         self._start(order.lanes)
         self.version = order.version
         self.moves += 1
