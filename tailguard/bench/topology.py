@@ -151,6 +151,8 @@ def lanes_toml(lanes: list[Lane], workers: list[WorkerSpec], comment: str = "",
             for key, attr in BORROW_FIELDS.items():
                 value = getattr(w.borrow, attr)
                 out.append(f"{key} = {_toml_value(list(value) if key == 'borrow' else value)}")
+        if w.moves_to:
+            out.append(f"moves_to = {_toml_value(list(w.moves_to))}")
     return "\n".join(out).lstrip("\n") + "\n"
 
 
