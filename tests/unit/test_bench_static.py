@@ -1,5 +1,7 @@
 """The `static` topology: `lanes` without the lane controller, and the report's lines against it."""
 
+import tomllib
+
 import pytest
 from test_bench_report import ok, statuses
 
@@ -7,18 +9,26 @@ from tailguard import settings
 from tailguard.bench.report import build_report, render_text
 from tailguard.bench.run import BenchConfig
 from tailguard.bench.topology import DEFAULT_TOPOLOGIES, STATIC, TOPOLOGIES, lanes_spec, static_spec
-from tailguard.lanes.table import default_lanes_path, load_lanes
+from tailguard.lanes.table import default_lanes_path, parse_lanes
+
+
+def _lanes(moves: bool):
+    """The `lanes` topology of the shipped lanes file, its long worker free to move to the short
+    lane or not (whichever the shipped file says)."""
+    text = "".join(line for line in default_lanes_path().read_text().splitlines(keepends=True)
+                   if not line.startswith("moves_to"))
+    if moves:
+        text = text.replace('name = "long"\n', 'name = "long"\nmoves_to = ["short"]\n', 1)
+    return lanes_spec(parse_lanes(tomllib.loads(text)), text, cores=[0, 1])
 
 
 @pytest.fixture
 def moving_lanes(monkeypatch):
-    """The shipped lanes file with the long worker free to move to the short lane, the
-    controller on (the unit tier's conftest turns it off)."""
+    """Lanes whose long worker may move, the controller on (the unit tier's conftest turns it off)."""
     monkeypatch.setenv(settings.LANE_CONTROLLER_S.env, "1")
-    text = default_lanes_path().read_text().replace(
-        'name = "long"\n', 'name = "long"\nmoves_to = ["short"]\n', 1)
-    assert "moves_to" in text
-    return lanes_spec(load_lanes(default_lanes_path()), text, cores=[0, 1])
+    spec = _lanes(moves=True)
+    assert spec.table.workers[1].moves_to == ("short",)
+    return spec
 
 
 def test_static_is_lanes_without_the_controller(moving_lanes):
@@ -33,8 +43,7 @@ def test_static_is_lanes_without_the_controller(moving_lanes):
 
 
 def test_lanes_runs_no_controller_when_it_is_off_or_nothing_moves(moving_lanes, monkeypatch):
-    plain = lanes_spec(load_lanes(default_lanes_path()), default_lanes_path().read_text(),
-                       cores=[0, 1])
+    plain = _lanes(moves=False)
     assert not plain.moves_workers and not plain.runs_controller
     monkeypatch.setenv(settings.LANE_CONTROLLER_S.env, "0")
     assert not moving_lanes.runs_controller
