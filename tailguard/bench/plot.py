@@ -15,7 +15,8 @@ from tailguard.bench.report import METRICS, OVERLOAD_P99_MAX
 from tailguard.bench.workload import OVERLOAD, WINDOWS
 from tailguard.plan.sim import percentile
 
-COLORS = {"shared": "#d62728", "lanes": "#1f77b4", "direct": "#2ca02c"}
+#: Per topology; any other (each tuned run) takes matplotlib's next colour (COLORS.get: None).
+COLORS = {"shared": "#d62728", "lanes": "#1f77b4", "static": "#9467bd", "direct": "#2ca02c"}
 
 
 def rolling_p99(samples: list[Sample], metric: str, window_s: float,

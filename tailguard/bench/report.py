@@ -35,6 +35,7 @@ from tailguard.bench.goodput import (
 )
 from tailguard.bench.lane_moves import describe as describe_moves
 from tailguard.bench.loadgen import REFUSED, Sample
+from tailguard.bench.topology import STATIC
 from tailguard.bench.tuned import is_tuned, tuned_figures
 from tailguard.bench.workload import BURST, OVERLOAD, SHIFT, WINDOWS, split_shift
 from tailguard.plan.sim import percentile
@@ -194,6 +195,7 @@ def ratios(report: dict, metric: str) -> dict[str, float | None]:
         "lanes_short_p99_over_tuned": _ratio(p99("lanes", "mixed"),
                                              p99((report.get("tuned") or {}).get("best") or "",
                                                  "mixed")),
+        "lanes_short_p99_over_static": _ratio(p99("lanes", "mixed"), p99(STATIC, "mixed")),
     }
 
 
@@ -208,6 +210,23 @@ def tuned(report: dict, phase: str) -> dict[str, Any] | None:
                 _totals(report, t, phase, "goodput", "goodput_rps")) for t in names}
     flags = {t: list(report["topologies"][t].get("extra_args") or ()) for t in names}
     return {"phase": phase, **tuned_figures(runs, flags)}
+
+
+def vs_static(report: dict, phase: str) -> dict[str, Any] | None:
+    """Issue 33's figures on `phase` for lanes and for today's static lanes (the `static`
+    topology) side by side, or None when static did not run."""
+    if STATIC not in report["topologies"]:
+        return None
+    short, long = report["workload"]["short_class"], report["workload"]["long_class"]
+
+    def figures(topo: str) -> dict[str, Any]:
+        return {"short_e2e_p99_s": _get(report, topo, phase, short, "e2e_s", "p99"),
+                "short_ttft_p99_s": _get(report, topo, phase, short, "ttft_s", "p99"),
+                "good": _totals(report, topo, phase, "goodput", "good"),
+                "output_tok_s": _totals(report, topo, phase, "output_tok_s"),
+                "long_ttft_p99_s": _get(report, topo, phase, long, "ttft_s", "p99") if long else None}
+
+    return {"phase": phase, "lanes": figures("lanes"), STATIC: figures(STATIC)}
 
 
 def _totals(report: dict, topo: str, phase: str, *path: str) -> Any:
@@ -510,6 +529,31 @@ def _tuned_lines(report: dict, line: Callable[..., None]) -> None:
              f"{_fmt_x(v)}", need)
 
 
+def _static_lines(report: dict, line: Callable[..., None]) -> None:
+    """Issue 33's lines against today's static lanes: lanes that follow the load better or
+    equal on each (`vs_static`)."""
+    st = report["static"]
+    a, b = st["lanes"], st[STATIC]
+    short, long = report["workload"]["short_class"], report["workload"]["long_class"]
+    need = "the lanes and static topologies"
+
+    def no_worse(name: str, key: str, what: str, fmt: Callable[[float | None], str],
+                 higher: bool = False) -> None:
+        x, y = a[key], b[key]
+        ok = None if x is None or y is None else (x >= y if higher else x <= y)
+        line(name, ok, f"lanes {what} {fmt(x)} {'>=' if higher else '<='} static lanes' "
+             f"{fmt(y)}: ratio {_fmt_x(_ratio(x, y))}", need)
+
+    no_worse("lanes_vs_static_e2e", "short_e2e_p99_s", f"{short} end-to-end P99", _fmt_s)
+    no_worse("lanes_vs_static_ttft", "short_ttft_p99_s", f"{short} TTFT P99", _fmt_s)
+    no_worse("goodput_vs_static", "good", "goodput (requests that met their SLO)",
+             lambda v: "n/a" if v is None else f"{v:g}", higher=True)
+    no_worse("total_throughput_vs_static", "output_tok_s", "whole machine output tok/s",
+             _fmt_tok, higher=True)
+    if long:
+        no_worse("long_ttft_vs_static", "long_ttft_p99_s", f"{long} TTFT P99", _fmt_s)
+
+
 def _burst_line(topo: str, b: dict[str, Any], line: Callable[..., None]) -> None:
     m, base = b["mixed"], b["baseline"]
     line(f"burst_{topo}", None,
@@ -661,6 +705,8 @@ def targets(report: dict) -> list[dict[str, Any]]:
         _serving_lines(report, line)
         if report.get("tuned"):
             _tuned_lines(report, line)
+        if report.get("static"):
+            _static_lines(report, line)
         for topo, b in report.get("burst", {}).items():
             _burst_line(topo, b, line)
         if report.get("shift"):
@@ -707,6 +753,7 @@ def build_report(*, config: dict[str, Any], workload: dict[str, Any],
             ph: phase_totals(ss, workload["short_class"], short_slo, long_slo)
             for ph, ss in phases.items()}
     report["tuned"] = tuned(report, OVERHEAD if workload["name"] == OVERHEAD else "mixed")
+    report["static"] = vs_static(report, OVERHEAD if workload["name"] == OVERHEAD else "mixed")
     report["ratios"] = {m: ratios(report, m) for m in ("ttft_s", "e2e_s")}
     report["overhead"] = overhead(report)
     report["serving"] = serving(report, OVERHEAD if workload["name"] == OVERHEAD else "mixed")
@@ -813,6 +860,8 @@ def render_text(report: dict) -> str:
                  f"  lanes / direct (vLLM, priority)   {_fmt_x(r['lanes_short_p99_over_direct'])}",
                  *([f"  lanes / best tuned vLLM ({report['tuned']['best']}) "
                     f"{_fmt_x(r['lanes_short_p99_over_tuned'])}"] if report.get("tuned") else []),
+                 *([f"  lanes / static lanes (no controller) "
+                    f"{_fmt_x(r['lanes_short_p99_over_static'])}"] if report.get("static") else []),
                  f"  lanes / shared output tok/s of class {long!r}: "
                  f"{_fmt_x(r['lanes_long_tok_s_over_shared'])}",
                  f"  lanes / direct output tok/s of class {long!r}: "

@@ -39,7 +39,9 @@ from tailguard.bench.report import OVERHEAD, PROBE, build_report, capacity_rps, 
 from tailguard.bench.stall_watch import StallWatch
 from tailguard.bench.stall_watch import describe as describe_stalls
 from tailguard.bench.topology import (
+    DEFAULT_TOPOLOGIES,
     DIRECT,
+    STATIC,
     TOPOLOGIES,
     TUNED,
     DirectSpec,
@@ -50,6 +52,7 @@ from tailguard.bench.topology import (
     direct_spec,
     lanes_spec,
     shared_spec,
+    static_spec,
     tuned_specs,
 )
 from tailguard.bench.tuned import DEFAULT_SWEEP, is_tuned, parse_sweep, sweep_text
@@ -142,9 +145,12 @@ class BenchConfig:
     # None (not from the command line): a timed trace's own length
     duration_s: float | None = option(90.0, "seconds of arrivals per phase", flag="--duration")
     topologies: tuple[str, ...] = option(
-        TOPOLOGIES, "comma-separated: shared (one FCFS queue), lanes (the lanes file in force), "
-                    "direct (vLLM's own OpenAI server on the same cores, priority scheduling), "
-                    "direct-tuned (the same with chunked prefill, once per --tuned-sweep setting)",
+        DEFAULT_TOPOLOGIES,
+        "comma-separated: shared (one FCFS queue), lanes (the lanes file in force, with the lane "
+        "controller when a worker there may move), direct (vLLM's own OpenAI server on the same "
+        "cores, priority scheduling), direct-tuned (the same with chunked prefill, once per "
+        "--tuned-sweep setting), static (lanes without the controller: static lanes; only when "
+        "named)",
         parse=_names, text=",".join)
     tuned_sweep: tuple[tuple[int, int], ...] = option(
         DEFAULT_SWEEP, "direct-tuned: N:M[,N:M...], vLLM's --max-num-batched-tokens N and "
@@ -587,7 +593,7 @@ def _specs(cfg: BenchConfig, workload: Workload, table: LaneTable, lanes_topo: T
     wanted = ("lanes",) if workload.name == OVERLOAD else cfg.topologies
     specs: dict[str, TopologySpec | DirectSpec] = {
         "shared": shared_spec(table, engines=engines, kind=kind, cores=cores),
-        "lanes": lanes_topo, DIRECT: direct,
+        "lanes": lanes_topo, STATIC: static_spec(lanes_topo), DIRECT: direct,
         # one vLLM server per setting of the sweep, each a topology of its own
         **({t.name: t for t in tuned_specs(direct, cfg.tuned_sweep)} if TUNED in wanted else {})}
     return {name: spec for want in wanted for name, spec in specs.items()
@@ -664,7 +670,11 @@ def _measure(cfg: BenchConfig, specs: dict[str, TopologySpec | DirectSpec], run:
         with signals_held():  # a signal meanwhile is raised once cleanup can stop Redis
             redis_proc = start_redis(redis_port, redis_dir, appendonly=False,
                                      log_path=run.out / "redis.log", cpus=front)
-        for i, (name, spec) in enumerate(specs.items()):
+        # a Redis database per tailguard topology (vLLM's own server needs none): few enough
+        # for Redis's 16 however long the tuned sweep
+        dbs = {name: i for i, name in enumerate(
+            n for n, spec in specs.items() if not isinstance(spec, DirectSpec))}
+        for name, spec in specs.items():
             engines_desc = "; ".join(f"{w.name} serves {','.join(w.lanes) or 'everything'} on "
                                      f"{w.pin.label()}"
                                      for w in spec.workers)
@@ -674,8 +684,9 @@ def _measure(cfg: BenchConfig, specs: dict[str, TopologySpec | DirectSpec], run:
                 topo: RunningTopology = RunningDirect(spec, model=run.model, workdir=run.out / name,
                                                       api_port=free_port())
             else:  # a Redis database of its own, so nothing of the previous topology is seen
+                db = dbs[name]
                 topo = RunningTopology(spec, model=run.model,
-                                       redis_url=f"redis://127.0.0.1:{redis_port}/{i}",
+                                       redis_url=f"redis://127.0.0.1:{redis_port}/{db}",
                                        workdir=run.out / name, api_port=free_port(),
                                        api_threads=cfg.max_in_flight + 16)
             started.append(topo)

