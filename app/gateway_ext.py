@@ -165,4 +165,6 @@ def build_gateway(config: Mapping[str, Any]) -> Gateway:
                    admission=admission, load=load, stats=stats, max_prompt_bytes=max_prompt_bytes,
                    max_waits_per_key=settings.MAX_WAITS_PER_KEY.get(config), openai=openai,
                    model=model, finished=finished,
-                   consume_finished=config["TAILGUARD_CONSUME_FINISHED"], reaper=reaper)
+                   consume_finished=config["TAILGUARD_CONSUME_FINISHED"], reaper=reaper,
+                   # resolved by app.auth when the app was made (open, or keys unless set)
+                   auth_mode=settings.API_AUTH.get(config) or None)

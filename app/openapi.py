@@ -233,6 +233,9 @@ def _schemas() -> dict[str, dict[str, Any]]:
                       "description": "the lane controller's latest decisions and moves"}}},
         "Health": {"type": "object", "required": ["status", "workers_per_lane"], "properties": {
             "status": {"type": "string", "enum": ["ok", "degraded"]},
+            "auth": {"type": "string", "enum": ["open", "keys"],
+                     "description": "whether /v1/ calls need an API key (TAILGUARD_API_AUTH): open "
+                     "asks none, and every caller sees every job"},
             "redis": {"type": "string"},
             "workers_per_lane": {"type": "object", "additionalProperties": {"type": "integer"}},
             "lanes_without_worker": {"type": "array", "items": {"type": "string"}},

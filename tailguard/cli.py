@@ -103,7 +103,7 @@ def api(port: int | None, host: str | None, old_bind: str | None) -> None:
         mode, says = resolve_auth(host, settings.API_AUTH.get(), open_remote=settings.API_OPEN.get())
     except ConfigError as exc:
         raise click.ClickException(exc.message) from None
-    click.echo(f"tailguard api: {says}", err=True)
+    click.echo(f"tailguard api: auth mode {mode}: {says}", err=True)
     try:
         made = len(_key_store().list())
     except ConfigError:
@@ -185,13 +185,33 @@ def keys_add(name: str, rpm: int | None, tpm: int | None, max_priority: str, adm
     from tailguard.gateway.api_keys import ApiKey
 
     try:
-        secret = _key_store().add(ApiKey(name, requests_per_min=rpm, tokens_per_min=tpm,
-                                         max_priority=max_priority, admin=admin))
+        store = _key_store()
+        secret = store.add(ApiKey(name, requests_per_min=rpm, tokens_per_min=tpm,
+                                  max_priority=max_priority, admin=admin))
     except ConfigError as exc:
         raise click.ClickException(exc.message) from None
-    click.echo(secret)
+    click.echo(secret)  # stdout holds the key alone: scripts read it
     click.echo(f"key {name!r} made; it is shown only now (Redis keeps its sha256). "
                "Send it as: Authorization: Bearer <key>", err=True)
+    note = _unasked_key_note(store.served_mode())
+    if note:
+        click.echo(note, err=True)
+
+
+def _unasked_key_note(mode: str | None) -> str | None:
+    """What `keys add` says when the new key may be asked for by nothing: the API that started
+    last on this Redis serves open mode (`mode`, as it recorded it), or no API has started."""
+    auth = settings.API_AUTH.env
+    if mode == settings.AUTH_OPEN:
+        return (f"warning: the API runs in open mode ({auth}=open, or unset on a loopback bind): it "
+                "asks no caller for a key, so this key is not checked and any caller can read "
+                f"and cancel any job. To require keys, set {auth}=keys and restart the API "
+                "(`tailguard up`, or `tailguard api`).")
+    if mode is None:
+        return (f"note: no API has started on this Redis yet. Keys are asked for only when the API "
+                f"runs with {auth}=keys; unset, it is open on a loopback bind (as `tailguard up` "
+                "serves by default) and asks no caller for a key.")
+    return None
 
 
 @keys.command("list")

@@ -100,6 +100,17 @@ class ApiKeyStore:
         """Whether at least one key exists (what a 401 says how to fix; it turns nothing on)."""
         return self.redis.hlen(keys.API_KEYS) > 0
 
+    def record_mode(self, mode: str) -> None:
+        """Write the authentication mode this API process serves (TAILGUARD_API_AUTH resolved),
+        when it starts: what `served_mode` reads."""
+        self.redis.set(keys.API_AUTH_MODE, mode)
+
+    def served_mode(self) -> str | None:
+        """The authentication mode of the API that started last on this Redis (open or keys),
+        None when none has: whether a key made now is asked for at all."""
+        raw = self.redis.get(keys.API_AUTH_MODE)
+        return _text(raw) if raw is not None else None
+
     def lookup(self, secret: str) -> ApiKey | None:
         h = digest(secret)
         raw = self.redis.hget(keys.API_KEYS, h)

@@ -11,11 +11,14 @@ Native and OpenAI requests take one submit path (`Submission`).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
+
+import redis
 
 from tailguard.errors import (
     InvalidField,
@@ -63,6 +66,8 @@ from tailguard.redis.keys import is_job_id
 #: A waiting call reads its job's record at least this often, its end announced or not: what
 #: an announcement missed (the finished stream's follower was cut off) costs at most.
 BACKSTOP_S = 10.0
+
+log = logging.getLogger("tailguard.api")
 
 
 class TokenCounter(Protocol):
@@ -132,13 +137,16 @@ class Gateway:
                  max_prompt_bytes: int | None = None, max_waits_per_key: int = 0,
                  openai: OpenAIRenderer | None = None, model: str | None = None,
                  finished: FinishedConsumer | None = None, consume_finished: bool = True,
-                 reaper: Reaper | None = None) -> None:
+                 reaper: Reaper | None = None, auth_mode: str | None = None) -> None:
         self.lanes = lanes
         self.store = store
         self.counter = counter
         self.broker = broker
         #: the served model as configured (/v1/lanes reports it)
         self.model = model
+        #: the authentication mode the app serves (open or keys): /healthz reports it, and
+        #: `start` records it in Redis for `tailguard keys add`
+        self.auth_mode = auth_mode
         self.metrics = metrics or GatewayMetrics(lanes.names)
         self.admission = admission or AdmissionPolicy()
         self.load = load or LaneLoadStore(store.redis)
@@ -167,13 +175,19 @@ class Gateway:
         self._started = False
 
     def start(self) -> None:
-        """Start the background work, once (later calls do nothing): building vLLM's render
-        layer for the OpenAI routes, the finished-jobs consumer, the reaper. Called when the
-        serving process starts (after gunicorn's fork: a thread would not survive it)."""
+        """Start the background work, once (later calls do nothing): recording the auth mode,
+        building vLLM's render layer for the OpenAI routes, the finished-jobs consumer, the
+        reaper. Called when the serving process starts (after gunicorn's fork: a thread would
+        not survive it)."""
         with self._start_lock:
             if self._started:
                 return
             self._started = True
+        if self.auth_mode is not None:
+            try:
+                self.api_keys.record_mode(self.auth_mode)
+            except redis.RedisError as exc:  # the API serves all the same; `keys add` cannot tell
+                log.warning("could not record the auth mode (%s) in Redis: %s", self.auth_mode, exc)
         if self.openai is not None:
             self.openai.start()
         if self._consume_finished and self.finished is not None:
@@ -194,8 +208,10 @@ class Gateway:
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         """Whether the system serves (Redis answers and has room for new jobs, every lane has
-        a live worker), and the /healthz body that says so."""
+        a live worker), and the /healthz body that says so (with the auth mode: open or keys)."""
         healthy, body = lane_health(Liveness(self.store.redis), self.lanes.names)
+        if self.auth_mode is not None:
+            body["auth"] = self.auth_mode
         memory = self.store.storage.memory()
         body["storage"] = memory.to_dict()
         if memory.full:

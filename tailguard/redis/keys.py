@@ -116,6 +116,10 @@ def lane_served_key(lane: str) -> str:
 API_KEYS = f"{PREFIX}:apikeys"
 """Hash of API keys: sha256 hex of the key -> its record (JSON). Keys are never stored."""
 
+API_AUTH_MODE = f"{PREFIX}:api:auth"
+"""String: the authentication mode (open or keys) of the API process that started last, written
+as it starts: `tailguard keys add` reads it to say when a new key is asked for by nothing."""
+
 
 def api_key_bucket_key(digest: str) -> str:
     """Hash of one API key's token buckets (requests, tokens): level and when last filled."""

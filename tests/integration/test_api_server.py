@@ -1,7 +1,8 @@
 """The API as `tailguard api` serves it (gunicorn gthread, keys mode), with no worker: a client
 that stalls while sending its request is dropped (TAILGUARD_API_READ_TIMEOUT_S) and frees its
 thread; the official openai client sending a value vLLM refuses gets a 400 and does not retry
-(gunicorn's access log counts the requests the server saw)."""
+(gunicorn's access log counts the requests the server saw); it names its auth mode in its first
+line, /healthz and Redis."""
 
 from __future__ import annotations
 
@@ -133,3 +134,13 @@ def test_a_body_that_stalls_is_a_408(server, key):
     body.close()
     assert got.startswith(b"HTTP/1.1 408"), got[:300]
     assert b"request_timeout" in got
+
+
+def test_the_served_api_names_its_auth_mode_first_in_healthz_and_in_redis(server,
+                                                                          redis_client_noflush):
+    import requests
+
+    url, _, log = server
+    assert log.read_text().splitlines()[0].startswith("tailguard api: auth mode keys: ")
+    assert requests.get(url + "/healthz", timeout=10).json()["auth"] == "keys"
+    assert ApiKeyStore(redis_client_noflush).served_mode() == "keys"  # what `keys add` reads

@@ -2,7 +2,8 @@
 mode stays on with no key at all), per-key limits from the shared Lua token bucket (every call
 counts toward rpm, GETs too; 429 + Retry-After; a cost above the whole tpm is a 400), waits per
 key, the priority ceiling, the key's name in the request log, and the `tailguard keys` and
-`tailguard api` commands."""
+`tailguard api` commands. The mode is never a surprise: /healthz names it, the API records it in
+Redis as it starts, and `tailguard keys add` warns when it makes a key that nothing asks for."""
 
 import pytest
 from click.testing import CliRunner
@@ -199,6 +200,49 @@ def test_keys_command_adds_lists_and_revokes(store, redis_client, redis_server, 
     assert "no API keys" in runner.invoke(main, ["keys", "list"]).output
 
 
+def test_healthz_names_the_auth_mode(client, keys_client):
+    assert client.get("/healthz").get_json()["auth"] == "open"
+    assert keys_client.get("/healthz").get_json()["auth"] == "keys"
+
+
+@pytest.mark.parametrize("mode", ["open", "keys"])
+def test_the_gateway_records_its_auth_mode_in_redis_as_it_starts(redis_client, mode):
+    from tailguard.gateway.service import Gateway
+    from tailguard.lanes.table import load_lanes
+
+    store = ApiKeyStore(redis_client)
+    assert store.served_mode() is None
+    gateway = Gateway(load_lanes(), JobStore(redis_client), counter=None, broker=None,
+                      consume_finished=False, auth_mode=mode)
+    try:
+        gateway.start()
+        assert store.served_mode() == mode
+        assert gateway.health()[1]["auth"] == mode
+    finally:
+        gateway.close()
+
+
+@pytest.mark.parametrize("mode,says", [
+    ("open", ["open mode", "TAILGUARD_API_AUTH=keys", "restart the API"]),
+    (None, ["no API has started", "TAILGUARD_API_AUTH=keys", "open on a loopback bind"]),
+    ("keys", []),
+])
+def test_keys_add_says_when_nothing_asks_for_the_key(store, redis_client, redis_server,
+                                                      monkeypatch, mode, says):
+    monkeypatch.setenv("TAILGUARD_REDIS_URL", redis_server)
+    if mode is not None:
+        store.record_mode(mode)
+    added = CliRunner().invoke(main, ["keys", "add", "team-a"])
+    assert added.exit_code == 0, added.output
+    assert added.stdout.splitlines() == [added.stdout.strip()]  # stdout: the key alone, as before
+    assert store.lookup(added.stdout.strip()).name == "team-a"
+    for text in says:
+        assert text in added.stderr, added.stderr
+    if not says:
+        assert added.stderr.splitlines() == [line for line in added.stderr.splitlines()
+                                             if line.startswith("key 'team-a' made")]
+
+
 @pytest.mark.parametrize("bind,configured,mode", [
     ("127.0.0.1", "", "open"), ("0.0.0.0", "", "keys"), ("127.0.0.1", "keys", "keys"),
 ])
@@ -214,6 +258,7 @@ def test_api_serves_the_mode_its_configuration_says_and_says_which(
     assert result.exit_code == 0, result.output
     assert seen["env"][settings.API_AUTH.env] == mode  # what the app serves, set explicitly
     assert ("API keys required" if mode == "keys" else "no API key needed") in result.output
+    assert result.output.startswith(f"tailguard api: auth mode {mode}: ")  # its first line
 
 
 def test_api_refuses_open_mode_on_a_public_bind(redis_server, monkeypatch):
