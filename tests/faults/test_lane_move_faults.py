@@ -73,10 +73,12 @@ def test_kill_9_mid_move_every_job_ends_once_and_the_restarted_worker_converges(
         ended = Counter(store.status(j) for j in ids)
         worker.stop()  # the engine-core orphan too
 
+        (tmp_path / "again").mkdir()
         again = Worker("mover", url, tiny_model, tmp_path / "again")
         wait_for(lambda: _serving(orders, ("short",), order.version), START_TIMEOUT_S,
                  "the restarted worker carrying out its order")
-        assert lane_workers(api, "short") == 1 and lane_workers(api, "long") == 0
+        wait_serving(api, again, lane="short")  # advertised once its new engine is warm
+        assert lane_workers(api, "long") == 0
         short = submit(api, max_tokens=16)  # within short's cap: the mover serves it
         wait_for(lambda: store.status(short) in TERMINAL, 120, "a short job served")
         assert (store.status(short), store.get(short)["worker"]) == ("succeeded", NODE)
@@ -84,7 +86,7 @@ def test_kill_9_mid_move_every_job_ends_once_and_the_restarted_worker_converges(
         orders.tell(NODE, HOME, from_=("short",), reason="home", detail="fault test")
         wait_for(lambda: _serving(orders, HOME), 60, "home again")
         wait_serving(api, again)
-        long = submit(api, max_tokens=32)
+        long = submit(api, max_tokens=100)  # above short's cap of 64: lane long
         wait_for(lambda: store.status(long) in TERMINAL, 120, "a long job served")
         assert store.status(long) == "succeeded"
         assert sorted(finished_jobs(redis_client)) == sorted([*ids, short, long])
