@@ -17,10 +17,12 @@ Each row: the short class's end-to-end and TTFT P99, the long class's TTFT P99, 
 last end: `tailguard bench`'s defaults, ``SLO``), every class's output tokens per second, the
 moves made and the requests a move handed back.
 
-**Where following stops being worth it** (``verdict``): following is *worth it* at a fleet
-size when, against static lanes, it cuts the short P99 by at least WORTH (5%) or raises
-goodput by at least WORTH; it stops being worth it at the smallest fleet size scanned from
-which on neither gain reaches WORTH (none: worth it at every size scanned).
+**Where following stops being worth it** (``verdict``, over a grid of fleet sizes and loads in
+requests/s per GPU): following is *worth it* at a point of the grid when, against static lanes,
+it cuts the short P99 by at least WORTH (5%) or raises goodput by at least WORTH; for each fleet
+size the verdict names the loads where it is and those where it is not: below the first (static
+lanes keep up, nothing needs moving) and above the last (the fleet is saturated, no lane can
+spare a worker) following stops being worth it.
 """
 
 from __future__ import annotations
@@ -137,32 +139,46 @@ def worth_it(rows: Sequence[Row]) -> bool:
     return cut >= WORTH or more >= WORTH
 
 
-def verdict(by_fleet: dict[int, list[Row]]) -> str:
-    """One sentence: from which fleet size on following stops being worth it (module
-    docstring's rule)."""
-    sizes = sorted(by_fleet)
-    worth = {n: worth_it(by_fleet[n]) for n in sizes}
-    stops = next((n for i, n in enumerate(sizes) if not any(worth[m] for m in sizes[i:])), None)
-    said = "; ".join(f"{n} GPUs: short P99 {100 * c:+.0f}% shorter, goodput {100 * g:+.0f}%"
-                     for n in sizes for c, g in [gains(by_fleet[n])])
-    if stops is None:
-        return (f"Following the load is worth it at every fleet size scanned (a gain of at "
-                f"least {100 * WORTH:g}% over static lanes on short P99 or goodput: {said}).")
-    return (f"Following the load stops being worth it from {stops} GPUs on (under "
-            f"{100 * WORTH:g}% over static lanes on both short P99 and goodput: {said}).")
+Grid = dict[tuple[int, float], list[Row]]  # (GPUs, requests/s per GPU) -> compare's rows
 
 
-def render(by_fleet: dict[int, list[Row]]) -> str:
-    out = [f"{'GPUs':>4}  {'setup':<27}{'short P99':>10}{'short TTFT':>11}{'long TTFT':>10}"
-           f"{'goodput':>9}{'out tok/s':>11}{'moves':>6}{'handed back':>12}{'not ok':>7}"]
-    for n in sorted(by_fleet):
-        for r in by_fleet[n]:
-            out.append(f"{n:>4}  {r.name:<27}{_s(r.short_p99_s):>10}{_s(r.short_ttft_p99_s):>11}"
-                       f"{_s(r.long_ttft_p99_s):>10}{r.goodput_rps:>9.1f}"
-                       f"{r.output_tokens_per_s:>11.0f}{r.moves:>6}{r.handed_back:>12}"
-                       f"{r.not_succeeded:>7}")
-    out += ["", verdict(by_fleet)]
+def verdict(grid: Grid) -> str:
+    """One sentence: per fleet size, the loads where following is worth it and where it is not
+    (the module docstring's rule)."""
+    parts = []
+    for n in sorted({n for n, _ in grid}):
+        loads = sorted(load for m, load in grid if m == n)
+        yes = [load for load in loads if worth_it(grid[n, load])]
+        no = [load for load in loads if load not in yes]
+        if not no:
+            parts.append(f"at {n} GPUs at every load scanned ({_loads(loads)})")
+        elif not yes:
+            parts.append(f"at {n} GPUs at no load scanned ({_loads(loads)})")
+        else:
+            parts.append(f"at {n} GPUs at {_loads(yes)} and not at {_loads(no)}")
+    return (f"Following the load gains at least {100 * WORTH:g}% over static lanes on short P99 "
+            f"or goodput {'; '.join(parts)} requests/s per GPU.")
+
+
+def render(grid: Grid) -> str:
+    out = [f"{'GPUs':>4} {'req/s/GPU':>9}  {'setup':<27}{'short P99':>10}{'short TTFT':>11}"
+           f"{'long TTFT':>10}{'goodput':>9}{'out tok/s':>11}{'moves':>6}{'handed back':>12}"
+           f"{'not ok':>7}"]
+    for n, load in sorted(grid):
+        for r in grid[n, load]:
+            out.append(f"{n:>4} {load:>9g}  {r.name:<27}{_s(r.short_p99_s):>10}"
+                       f"{_s(r.short_ttft_p99_s):>11}{_s(r.long_ttft_p99_s):>10}"
+                       f"{r.goodput_rps:>9.1f}{r.output_tokens_per_s:>11.0f}{r.moves:>6}"
+                       f"{r.handed_back:>12}{r.not_succeeded:>7}")
+        cut, more = gains(grid[n, load])
+        out.append(f"{'':>16}following against static: short P99 {0.0 - 100 * cut:+.0f}%, goodput "
+                   f"{100 * more:+.0f}%: {'worth it' if worth_it(grid[n, load]) else 'not worth it'}")
+    out += ["", verdict(grid)]
     return "\n".join(out)
+
+
+def _loads(loads: Sequence[float]) -> str:
+    return ", ".join(f"{x:g}" for x in loads)
 
 
 def _s(x: float | None) -> str:

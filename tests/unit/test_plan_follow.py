@@ -87,17 +87,19 @@ def test_the_comparison_on_a_small_fleet_gives_its_three_rows():
         assert r.gpus == 2 and r.requests == 80 and r.output_tokens_per_s > 0
         assert r.short_p99_s is not None and r.goodput_rps > 0
     assert rows[0].moves == rows[2].moves == 0
-    text = render({2: rows})
+    text = render({(2, 4.0): rows})
     assert FOLLOW in text and text.splitlines()[-1].startswith("Following the load")
 
 
-def test_the_verdict_names_the_size_from_which_on_following_gains_under_5_percent():
+def test_the_verdict_names_the_loads_where_following_gains_under_5_percent():
     def rows(static_p99, follow_p99, gpus):
         return [compare_row(STATIC, static_p99, gpus), compare_row(FOLLOW, follow_p99, gpus)]
 
-    said = verdict({8: rows(10.0, 5.0, 8), 64: rows(10.0, 9.8, 64)})
-    assert "stops being worth it from 64 GPUs on" in said
-    assert "worth it at every fleet size" in verdict({8: rows(10.0, 5.0, 8)})
+    said = verdict({(8, 1.0): rows(10.0, 9.8, 8), (8, 3.0): rows(10.0, 5.0, 8),
+                    (64, 1.0): rows(10.0, 5.0, 64), (64, 3.0): rows(10.0, 9.0, 64)})
+    assert "at 8 GPUs at 3 and not at 1;" in said
+    assert "at 64 GPUs at every load scanned (1, 3)" in said
+    assert "at 8 GPUs at no load scanned (1)" in verdict({(8, 1.0): rows(10.0, 9.8, 8)})
 
 
 def compare_row(name, p99, gpus):
