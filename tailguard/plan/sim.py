@@ -278,9 +278,6 @@ class Simulation:
         self.owners: list[_Engine] = []  # the workers' own engines
         self.front: _Engine | None = None  # the engine on the front end's cores
         for g in groups:
-            if follow is not None and g.moves_to and g.borrow.lanes:
-                raise ValueError(f"group {g.name or g.lanes}: moves_to and borrow both move its "
-                                 "capacity; the lanes file refuses the pair too")
             self.owners += [_new_engine(g, k) for k in range(1, g.count + 1)]
             if g.frontend and g.count:
                 self.front = self.owners[-1]
