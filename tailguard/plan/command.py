@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from tailguard.errors import ConfigError
-from tailguard.lanes.table import load_lanes
+from tailguard.lanes.table import default_lanes_path, load_lanes
 from tailguard.plan.search import (
     SIM_ENGINES,
     Plan,
@@ -86,16 +86,27 @@ def _target(text: str) -> tuple[str, float]:
 @click.option("--validate", is_flag=True,
               help="predicted vs measured for the bench runs of docs/benchmarks.md, each with "
                    "the lanes file it ran with (--lanes does not apply)")
+@click.option("--compare-follow", "compare_gpus", metavar="GPUS",
+              help="static lanes, lanes that follow the load and one shared engine per GPU on a "
+                   "window of the Azure trace, for fleets of these GPU counts, e.g. 8,64 (the "
+                   "lanes file: --lanes, else the packaged GPU one; --duration defaults to 60 "
+                   "here); says where following stops being worth it")
+@click.option("--per-gpu", default="1,2,3,4", show_default=True,
+              help="with --compare-follow: the trace's requests per second per GPU, each a run")
+@click.option("--token-scale", type=float, default=1.0, show_default=True,
+              help="with --compare-follow: the trace's prompt and output tokens x this")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | None,
          frontend_cores: str, step_model: Path | None, frontend_report: Path | None,
          class_specs: tuple[str, ...], workload_file: Path | None, rate: float | None, scale: float,
          lanes_file: Path | None, topology_name: str, target_specs: tuple[str, ...], max_queue_s: float,
          borrow_on: str | None, engines: int | None, split: str | None, duration: float, seed: int,
-         validate: bool, as_json: bool) -> None:
+         validate: bool, compare_gpus: str | None, per_gpu: str, token_scale: float,
+         as_json: bool) -> None:
     """How many engines each lane needs: a simulation of the lanes and of continuously
     batching engines whose step time comes from `--profile`."""
-    seed_given = click.get_current_context().get_parameter_source("seed").name != "DEFAULT"
+    given = click.get_current_context().get_parameter_source
+    seed_given = given("seed").name != "DEFAULT"
     if profile_out:
         _profile(profile_out, cores, neighbour_cores, frontend_cores)
         return
@@ -110,6 +121,10 @@ def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | Non
 
         rows = table_rows(model, seed if seed_given else None)
         click.echo(json.dumps(rows, indent=2) if as_json else render(rows))
+        return
+    if compare_gpus:
+        _compare(model, compare_gpus, lanes_file, per_gpu, token_scale,
+                 duration if given("duration").name != "DEFAULT" else 60.0, seed, as_json)
         return
     try:
         table = load_lanes(lanes_file)
@@ -152,6 +167,35 @@ def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | Non
         click.echo(json.dumps(_to_dict(result, needed, engines), indent=2))
     else:
         click.echo(_render(result, needed, engines, targets))
+
+
+def _compare(model: StepModel, gpus_text: str, lanes_file: Path | None, per_gpu_text: str,
+             token_scale: float, duration: float, seed: int, as_json: bool) -> None:
+    """`--compare-follow GPUS`: tailguard/plan/compare.py's rows for each fleet size and load."""
+    from tailguard.plan import azure
+    from tailguard.plan.compare import compare, gains, render, verdict
+
+    try:
+        sizes = [int(n) for n in gpus_text.split(",")]
+        loads = [float(x) for x in per_gpu_text.split(",")]
+        table = load_lanes(lanes_file or default_lanes_path())
+        grid = {(n, load): compare(azure.arrivals(list(table), rate=load * n, duration_s=duration,
+                                                  token_scale=token_scale),
+                                   table, model, n, seed=seed)
+                for n in sizes for load in loads}
+    except (ValueError, ConfigError) as exc:
+        raise click.UsageError(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps({"runs": [{"gpus": n, "per_gpu": load,
+                                         "gains": dict(zip(("short_p99_cut", "goodput_gain"),
+                                                           gains(rows))),
+                                         "rows": [r.to_dict() for r in rows]}
+                                        for (n, load), rows in sorted(grid.items())],
+                               "verdict": verdict(grid)}, indent=2))
+    else:
+        click.echo(f"the Azure trace (azure-mix from {azure.START_S:g} s) for {duration:g} s, "
+                   f"tokens x {token_scale:g}; simulated")
+        click.echo(render(grid))
 
 
 def _profile(profile_out: Path, cores: str | None, neighbour_cores: str | None,

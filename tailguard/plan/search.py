@@ -63,6 +63,7 @@ def topology(table: LaneTable, name: str, count: int = 1, borrow_on: str | None 
         return [lane], [EngineGroup((lane.name,), count, lane.max_num_seqs, frontend=frontend)]
     groups = [
         EngineGroup(w.lanes, count, engine_settings_for(table.lanes_for_queues(w.lanes))[0],
+                    moves_to=w.moves_to, name=w.name,
                     **({"borrow": resolve(w.borrow, borrow_on, w.name)}
                        if borrow_on and resolve(w.borrow, borrow_on, w.name).lanes else {}))
         for w in table.workers]

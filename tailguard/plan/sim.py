@@ -57,6 +57,19 @@ What it models, and how the real system does it:
   against the engine's 10, its short pieces of work run as soon as they are ready). The
   step model's engine had one core; a front end spread over more is not modelled. Zero
   coefficients (a step model without a front-end fit) leave every engine alone.
+* **Lanes that follow the load** (``Follow``; tailguard/lanes/rebalance.py's policy, as the
+  lane controller, tailguard/control/controller.py, runs it): every ``period_s`` of simulated
+  time the simulation builds the controller's ``FleetView`` from its own state (per lane: the
+  queued requests and their cost tokens, the requests running on its engines, the engines
+  serving it, the cost tokens of its requests that finished over the last ``window_s``; per
+  engine: what its group's entry lets it serve, its home lanes and ``moves_to``, what it serves
+  now, what it was told and when, its running requests per lane) and calls
+  ``RebalancePolicy.decide``. A ``Move`` tells one engine to serve other lanes: the worker reads
+  its order ``notice_s`` later and stops taking its old lanes' work; their requests running on
+  it finish for up to ``drain_s``, then the rest go back to their lane's queue as a reclaim
+  does (output kept, prompt + output prefilled again); then it serves the new lanes with their
+  batch (``slots_for``). Engines of a group that borrows are never moved (one mechanism moves
+  a worker's capacity). Without ``Follow`` nothing moves and nothing of this runs.
 * **Times**: per request, queue wait (arrival to engine), TTFT and end-to-end, the last
   two plus ``StepModel.overhead_s``. Throughput per class is its output tokens over the
   span from its first arrival to its last finish (the bench's definition).
@@ -76,10 +89,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tailguard import settings
 from tailguard.errors import NoLaneForRequest, PromptTooLong
+from tailguard.lanes.admission import AdmissionPolicy, LaneLoad
 from tailguard.lanes.borrowing import BorrowPolicy, EngineLoad, may_borrow, reclaim_count, youngest
-from tailguard.lanes.placement import place
-from tailguard.lanes.table import Lane
+from tailguard.lanes.placement import place, request_cost
+from tailguard.lanes.rebalance import FleetView, Move, RebalancePolicy, WorkerView
+from tailguard.lanes.table import Lane, slots_for
 from tailguard.plan.stepmodel import StepModel
 from tailguard.plan.workload import ClassLoad
 
@@ -109,18 +125,41 @@ def percentile(values: Iterable[float], q: float) -> float | None:
 class EngineGroup:
     """``count`` engines, each serving ``lanes`` in strict order with ``max_num_seqs`` slots
     and borrowing as ``borrow`` says (its ``engine`` resolved: one of BORROW_ENGINES); with
-    ``frontend``, the last of them shares its cores with the front end (module docstring)."""
+    ``frontend``, the last of them shares its cores with the front end (module docstring);
+    with ``Follow``, the lane controller may move each to one of ``moves_to`` (its worker
+    entry's) and home again. ``name``: its worker entry's, for the engines' names."""
 
     lanes: tuple[str, ...]
     count: int
     max_num_seqs: int
     borrow: BorrowPolicy = NO_BORROWING
     frontend: bool = False
+    moves_to: tuple[str, ...] = ()
+    name: str = ""
 
     def __post_init__(self) -> None:
         if self.borrow.lanes and self.borrow.engine not in BORROW_ENGINES:
             raise ValueError(f"resolve borrow.engine to one of {BORROW_ENGINES} "
                              f"(borrowing.engine_for), got {self.borrow.engine!r}")
+
+
+def _controller_policy() -> RebalancePolicy:
+    """The policy as `tailguard controller` builds it at the settings' defaults."""
+    return RebalancePolicy(admission=AdmissionPolicy(
+        prior_tokens_per_s=settings.PRIOR_TOKENS_PER_S.default),
+        min_dwell_s=settings.LANE_DWELL_S.default)
+
+
+@dataclass(frozen=True)
+class Follow:
+    """The lane controller in the simulation (module docstring, "Lanes that follow the load");
+    the defaults are the settings' (tailguard/settings.py)."""
+
+    policy: RebalancePolicy = field(default_factory=_controller_policy)
+    period_s: float = settings.LANE_CONTROLLER_S.default  # how often it decides
+    notice_s: float = settings.LANE_FOLLOW_S.default  # until the worker reads its order
+    drain_s: float = settings.MOVE_DRAIN_S.default  # the old lanes' running requests may finish
+    window_s: float = float(settings.RATE_WINDOW_S.default)  # of a lane's served tokens
 
 
 @dataclass(eq=False)
@@ -160,6 +199,13 @@ class _Engine:
     left_s: float = 0.0  # (suspended) what its step has still to run
     end: float = 0.0  # (not suspended) when the step in progress ends
     version: int = 0  # bumped on suspending: the step end scheduled before no longer holds
+    name: str = ""
+    #: what the lane controller may have it serve, its home lanes first (WorkerView's)
+    assignments: tuple[tuple[str, ...], ...] = ()
+    told: tuple[str, ...] | None = None  # its last order (None: never told: its home)
+    told_at: float | None = None
+    draining: bool = False  # carrying out its order: it takes no new work
+    moves: int = 0  # orders carried out (tells a drain's end from a later one's)
 
     def borrowed(self) -> list[_Req]:
         return self.idle.reqs if self.idle else [r for r in self.reqs if r.borrowed]
@@ -192,18 +238,20 @@ class ClassResult:
 
 def simulate(classes: Sequence[ClassLoad], lanes: Sequence[Lane], groups: Sequence[EngineGroup],
              model: StepModel, *, duration_s: float, seed: int = 0,
-             arrivals: Sequence[tuple[float, str, int, int]] | None = None) -> dict[str, ClassResult]:
+             arrivals: Sequence[tuple[float, str, int, int]] | None = None,
+             follow: Follow | None = None) -> dict[str, ClassResult]:
     """Run `duration_s` of arrivals to completion; per-class results.
 
     `arrivals`, (time, class name, prompt tokens, max_tokens), replays a given request
     list (a bench run's) instead of drawing Poisson arrivals and lengths from `classes`.
+    `follow`: the lane controller moves engines between lanes (module docstring).
 
     Requests placed on a lane no group serves are left out (not counted), so one lane
     group can be simulated alone: lanes that share no engine interact only through
     ``neighbour_slowdown`` (then among the engines simulated) and borrowing (a group
     borrowing from a lane no group serves borrows nothing).
     """
-    sim = Simulation(classes, lanes, groups, model, seed=seed)
+    sim = Simulation(classes, lanes, groups, model, seed=seed, follow=follow)
     if arrivals is None:
         sim.draw_arrivals(duration_s)
     else:
@@ -219,7 +267,8 @@ class Simulation:
     """
 
     def __init__(self, classes: Sequence[ClassLoad], lanes: Sequence[Lane],
-                 groups: Sequence[EngineGroup], model: StepModel, *, seed: int = 0) -> None:
+                 groups: Sequence[EngineGroup], model: StepModel, *, seed: int = 0,
+                 follow: Follow | None = None) -> None:
         self.classes = classes
         self.lanes = lanes  # in the table's order, as `place` takes them
         self.model = model
@@ -229,12 +278,20 @@ class Simulation:
         self.owners: list[_Engine] = []  # the workers' own engines
         self.front: _Engine | None = None  # the engine on the front end's cores
         for g in groups:
-            self.owners += [_new_engine(g) for _ in range(g.count)]
+            self.owners += [_new_engine(g, k) for k in range(1, g.count + 1)]
             if g.frontend and g.count:
                 self.front = self.owners[-1]
         self.engines = self.owners + [e.idle for e in self.owners if e.idle]
         self.lenders = [e for e in self.owners if e.policy]
         self.serving = {name: [e for e in self.owners if name in e.lanes] for name in self.by_name}
+        self.follow = follow
+        #: the lanes some engine serves (with Follow: may serve); the others' requests are left out
+        self.simulated = {name for name, es in self.serving.items() if es} | {
+            name for e in self.owners if follow is not None for a in e.assignments for name in a}
+        self.served: dict[str, deque[tuple[float, int]]] = {n: deque() for n in self.by_name}
+        self.moves: list[tuple[float, Move]] = []  # (when decided, the move)
+        self.move_s: list[float] = []  # each carried-out move's decision -> new lanes served
+        self.last_move_at: float | None = None
         self.queues: dict[str, list[_Req]] = {name: [] for name in self.by_name}  # FIFO
         self.heads = {name: 0 for name in self.by_name}  # where each queue's head is
         self.events: list[tuple[float, int, str, Any]] = []
@@ -268,12 +325,13 @@ class Simulation:
 
     def run(self) -> dict[str, ClassResult]:
         """Every event to the last; per-class results."""
+        apply = {"arrive": self.arrive, "step": self.step_ended, "tick": self.tick,
+                 "order": self.order, "drained": self.drained}
+        if self.follow is not None and self.events:
+            self.push(0.0, "tick", ())
         while self.events:
             t, _, kind, payload = heapq.heappop(self.events)
-            if kind == "arrive":
-                self.arrive(t, *payload)
-            else:
-                self.step_ended(t, *payload)
+            apply[kind](t, *payload)
             for e in self.lenders:
                 self.lend(e, t)
         return self.results()
@@ -286,7 +344,7 @@ class Simulation:
         except (NoLaneForRequest, PromptTooLong):
             self.rejected[c.name] += 1
             return
-        if not self.serving[p.lane]:
+        if p.lane not in self.simulated:
             return  # a lane this fleet does not simulate (see simulate's docstring)
         r = _Req(c.name, p.lane, t, prompt, p.max_tokens, rid=str(next(self._rids)),
                  to_prefill=prompt, queued_at=t)
@@ -296,6 +354,8 @@ class Simulation:
     def finish(self, r: _Req, t: float, status: str) -> None:
         r.end, r.status = t, status
         self.done.append(r)
+        if self.follow is not None and status != "expired":
+            self.served[r.lane].append((t, request_cost(r.prompt, r.max_tokens)))
 
     # -- the front end's share of its core
 
@@ -472,9 +532,101 @@ class Simulation:
                 continue
             e.reqs.remove(r)
             self.finish(r, t, status)
-        if e.host is None:
+        if e.draining and not e.reqs:
+            self.switch(e, t)  # its old lanes' requests all ended within the drain
+        elif e.host is None and not e.draining:
             self.refill(e, t)
         self.step(e, t)
+
+    # -- the lane controller (Follow)
+
+    def tick(self, t: float) -> None:
+        """The controller's period: decide on this moment's figures, order the move if any."""
+        assert self.follow is not None
+        move = self.follow.policy.decide(self.fleet_view(t))
+        if move is not None:
+            e = next(e for e in self.owners if e.name == move.worker)
+            e.told, e.told_at = move.to, t
+            self.moves.append((t, move))
+            self.last_move_at = t
+            self.push(t + self.follow.notice_s, "order", (e,))
+        if self.events or any(e.reqs for e in self.owners) or self.waiting(t):
+            self.push(t + self.follow.period_s, "tick", ())
+
+    def waiting(self, t: float) -> bool:
+        """Whether a queued request is still within its TTL at `t` (then the controller keeps
+        deciding: it may bring its lane a worker); once none is, the queues' rest expires."""
+        left = [r for name in self.queues for r in self.queues[name][self.heads[name]:]]
+        if any(t - r.queued_at <= self.by_name[r.lane].queue_ttl_s for r in left):
+            return True
+        for name in self.queues:
+            self.pop(name, t)  # ends every one of them: all are past their TTL
+        return False
+
+    def fleet_view(self, t: float) -> FleetView:
+        """What the controller reads at `t`: each lane's load, each engine as a worker."""
+        assert self.follow is not None
+        return FleetView(lanes=self.by_name,
+                         loads={name: self.lane_load(name, t) for name in self.by_name},
+                         workers=tuple(WorkerView(e.name, e.assignments, e.lanes, e.told,
+                                                  e.told_at, self.running(e))
+                                       for e in self.owners),
+                         now=t, last_move_at=self.last_move_at,
+                         last_move_s=self.move_s[-1] if self.move_s else None)
+
+    def running(self, e: _Engine) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in e.reqs:
+            out[r.lane] = out.get(r.lane, 0) + 1
+        return out
+
+    def lane_load(self, name: str, t: float) -> LaneLoad:
+        """Lane `name`'s figures as tailguard/jobs/lane_load.py reads them from Redis."""
+        assert self.follow is not None
+        window = self.follow.window_s
+        served = self.served[name]
+        while served and served[0][0] <= t - window:
+            served.popleft()
+        queued = self.queues[name][self.heads[name]:]
+        return LaneLoad(
+            backlog_tokens=sum(request_cost(r.prompt, r.max_tokens) for r in queued),
+            queued_jobs=len(queued),
+            running_jobs=sum(1 for e in self.owners for r in e.reqs
+                             if r.lane == name and not r.borrowed),
+            served_tokens=sum(c for _, c in served), window_s=window,
+            live_workers=sum(1 for e in self.owners if name in e.lanes),
+            now=t,
+            standby_workers=sum(1 for e in self.owners if name not in e.lanes
+                                and any(name in a for a in e.assignments)))
+
+    def order(self, t: float, e: _Engine) -> None:
+        """`e`'s worker reads its order: it stops taking its lanes' work and drains."""
+        assert self.follow is not None
+        for name in e.lanes:
+            self.serving[name].remove(e)
+        e.draining = True
+        if not e.reqs:
+            self.switch(e, t)
+        else:
+            self.push(t + self.follow.drain_s, "drained", (e, e.moves))
+
+    def drained(self, t: float, e: _Engine, moves: int) -> None:
+        """The drain is over: what still runs goes back to its lane's queue."""
+        if not e.draining or e.moves != moves:
+            return  # its requests all ended before: it switched then
+        for r in list(e.reqs):
+            self.give_back(r, t)
+        self.switch(e, t)
+
+    def switch(self, e: _Engine, t: float) -> None:
+        """`e` serves the lanes it was told, with their batch."""
+        assert e.told is not None and e.told_at is not None
+        e.lanes, e.draining, e.moves = e.told, False, e.moves + 1
+        e.slots = slots_for([self.by_name[name] for name in e.lanes])
+        for name in e.lanes:
+            self.serving[name].append(e)
+        self.move_s.append(t - e.told_at)
+        self.refill(e, t)
 
     # -- results
 
@@ -509,10 +661,14 @@ class Simulation:
         return out
 
 
-def _new_engine(g: EngineGroup) -> _Engine:
+def _new_engine(g: EngineGroup, k: int) -> _Engine:
+    """The `k`-th engine of `g` (from 1), named as its worker (WorkerSpec.replica_name)."""
+    base = g.name or "+".join(g.lanes)
+    name = base if k == 1 else f"{base}-{k}"
+    assignments = (g.lanes, *((lane,) for lane in g.moves_to if not g.borrow.lanes))
     if not g.borrow.lanes:
-        return _Engine(g.lanes, g.max_num_seqs)
-    e = _Engine(g.lanes, g.max_num_seqs, policy=g.borrow)
+        return _Engine(g.lanes, g.max_num_seqs, name=name, assignments=assignments)
+    e = _Engine(g.lanes, g.max_num_seqs, policy=g.borrow, name=name, assignments=assignments)
     if g.borrow.engine == "idle":
         e.idle = _Engine(g.borrow.lanes, g.borrow.max_borrowed, host=e)
     return e
