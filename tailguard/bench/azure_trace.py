@@ -30,7 +30,6 @@ import csv
 import io
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from functools import lru_cache
 from importlib import resources
 from typing import Any
@@ -39,14 +38,11 @@ from tailguard.bench.workload import BenchRequest, Workload, _finish
 from tailguard.errors import RequestError
 from tailguard.lanes.placement import place
 from tailguard.lanes.table import Lane
+from tailguard.plan.azure import FILES, MIN_PROMPT_TOKENS, parse_timestamp
 from tailguard.plan.synthetic import class_stream, exact_prompt
 
 #: Workload name -> the trace files it merges.
 TRACES = {"azure-conv": ("conv",), "azure-code": ("code",), "azure-mix": ("conv", "code")}
-FILES = {"conv": "AzureLLMInferenceTrace_conv.csv", "code": "AzureLLMInferenceTrace_code.csv"}
-#: Shortest prompt sent: a few tokens of context, and clear of the CPU backend's trouble with
-#: 1-3-token prompts on some machines (the tiny model on Intel AMX hosts).
-MIN_PROMPT_TOKENS = 8
 
 
 @dataclass(frozen=True)
@@ -55,14 +51,6 @@ class TraceRow:
     context_tokens: int
     generated_tokens: int
     source: str  # "conv" or "code"
-
-
-def parse_timestamp(text: str) -> float:
-    """'2023-11-16 18:15:46.6805900' -> POSIX seconds (the files have 7 fractional digits,
-    more than datetime parses)."""
-    whole, _, frac = text.strip().partition(".")
-    t = datetime.strptime(whole, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC).timestamp()
-    return t + (float(f"0.{frac}") if frac else 0.0)
 
 
 def parse_csv(lines: Iterable[str], source: str) -> list[tuple[float, int, int, str]]:
