@@ -15,7 +15,6 @@ rerunning this script; tests/unit/test_architecture_doc.py fails until then.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import sys
 from pathlib import Path
@@ -237,16 +236,10 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help=f"rewrite {DOC.relative_to(ROOT)}")
-    args = parser.parse_args(argv)
-    text = render()
-    if args.write:
-        DOC.write_text(text, encoding="utf-8")
-        print(f"wrote {DOC.relative_to(ROOT)}")
-    else:
-        sys.stdout.write(text)
-    return 0
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from configuration_doc import write_or_print  # the generated docs' one command line
+
+    return write_or_print(__doc__.splitlines()[0], DOC, render(), argv)
 
 
 if __name__ == "__main__":

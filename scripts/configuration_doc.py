@@ -149,17 +149,22 @@ def render() -> str:
     return "\n".join([INTRO, settings_section(), fields_section()]).rstrip("\n") + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help=f"rewrite {DOC.relative_to(ROOT)}")
+def write_or_print(description: str, doc: Path, text: str, argv: list[str] | None) -> int:
+    """A generated doc's command line (this script's and scripts/architecture_doc.py's): print
+    `text`, or with --write rewrite `doc` with it."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--write", action="store_true", help=f"rewrite {doc.relative_to(ROOT)}")
     args = parser.parse_args(argv)
-    text = render()
     if args.write:
-        DOC.write_text(text, encoding="utf-8")
-        print(f"wrote {DOC.relative_to(ROOT)}")
+        doc.write_text(text, encoding="utf-8")
+        print(f"wrote {doc.relative_to(ROOT)}")
     else:
         sys.stdout.write(text)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return write_or_print(__doc__.splitlines()[0], DOC, render(), argv)
 
 
 if __name__ == "__main__":

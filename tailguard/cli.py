@@ -439,11 +439,17 @@ def bench(check: bool, **config: Any) -> None:
             model=cfg.model, checks=cfg.compat_checks, cores=cfg.cores, lanes_file=cfg.lanes_file,
             out_dir=cfg.out_dir, progress=cfg.progress, start_timeout_s=cfg.start_timeout_s), check)
         return
+    _run_tool(run_bench, cfg, render_text, check)
+
+
+def _run_tool(run: Callable[[Any], dict[str, Any]], cfg: Any,
+              render: Callable[[dict[str, Any]], str], check: bool) -> None:
+    """Run a tool (bench, conformance) on `cfg`: its text report, then its files and verdict."""
     try:
-        report = run_bench(cfg)
+        report = run(cfg)
     except (ValueError, TopologyError, ConfigError) as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(render_text(report))
+    click.echo(render(report))
     _files_and_verdict(report, check)
 
 
@@ -458,12 +464,7 @@ def _files_and_verdict(report: dict[str, Any], check: bool) -> None:
 def _conformance(cfg: ConformanceConfig, check: bool) -> None:
     from tailguard.conformance.compare import render_text as render_conformance
 
-    try:
-        report = run_conformance(cfg)
-    except (ValueError, TopologyError, ConfigError) as exc:
-        raise click.ClickException(str(exc)) from None
-    click.echo(render_conformance(report))
-    _files_and_verdict(report, check)
+    _run_tool(run_conformance, cfg, render_conformance, check)
 
 
 def _comma_list(parse: Callable[[str], Any]) -> Callable[[click.Context, click.Parameter, Any], Any]:

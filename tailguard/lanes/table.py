@@ -485,31 +485,30 @@ WORKER_FIELDS: dict[str, FieldDoc] = {
 }
 
 
+def _other_lanes(w: dict[str, Any], key: str, where: str, own: tuple[str, ...],
+                 lanes: dict[str, Lane]) -> tuple[str, ...]:
+    """A [[workers]] field that lists other lanes than the worker's own, each once."""
+    names = w.get(key, [])
+    if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
+        raise ConfigError(f"{where}.{key} must be a list of lane names", field=f"{where}.{key}")
+    for ln in names:
+        if ln not in lanes or ln in own:
+            raise ConfigError(f"{where}.{key}: {ln!r} is not another worker's lane "
+                              f"(lanes: {', '.join(lanes)}; this worker's: {', '.join(own)})",
+                              field=f"{where}.{key}")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{where}.{key} names a lane twice: {names}", field=f"{where}.{key}")
+    return tuple(names)
+
+
 def _moves_to_from(w: dict[str, Any], where: str, own: tuple[str, ...],
                    lanes: dict[str, Lane]) -> tuple[str, ...]:
-    moves = w.get("moves_to", [])
-    if not isinstance(moves, list) or not all(isinstance(x, str) for x in moves):
-        raise ConfigError(f"{where}.moves_to must be a list of lane names", field=f"{where}.moves_to")
-    for ln in moves:
-        if ln not in lanes or ln in own:
-            raise ConfigError(f"{where}.moves_to: {ln!r} is not another lane (lanes: "
-                              f"{', '.join(lanes)}; this worker's: {', '.join(own)})",
-                              field=f"{where}.moves_to")
-    if len(set(moves)) != len(moves):
-        raise ConfigError(f"{where}.moves_to names a lane twice: {moves}", field=f"{where}.moves_to")
-    return tuple(moves)
+    return _other_lanes(w, "moves_to", where, own, lanes)
 
 
 def _borrow_from(w: dict[str, Any], where: str, own: tuple[str, ...],
                  lanes: dict[str, Lane]) -> BorrowPolicy:
-    borrow = w.get("borrow", [])
-    if not isinstance(borrow, list) or not all(isinstance(x, str) for x in borrow):
-        raise ConfigError(f"{where}.borrow must be a list of lane names", field=f"{where}.borrow")
-    for ln in borrow:
-        if ln not in lanes or ln in own:
-            raise ConfigError(f"{where}.borrow: {ln!r} is not another worker's lane "
-                              f"(lanes: {', '.join(lanes)}; this worker's: {', '.join(own)})",
-                              field=f"{where}.borrow")
+    borrow = _other_lanes(w, "borrow", where, own, lanes)
     knobs: dict[str, Any] = {"lanes": tuple(borrow)}
     for key in ("borrow_headroom", "borrow_max"):
         if key in w:
