@@ -45,7 +45,7 @@ from tailguard.host.procs import (
     worker_spec,
 )
 from tailguard.lanes.table import LaneTable, lanes_file_for_host, load_lanes
-from tailguard.launch.placement import plan_workers
+from tailguard.launch.placement import Placement, plan_workers
 
 #: Worker i's metrics port is this + i unless TAILGUARD_WORKER_METRICS_PORT says another base
 #: (or 0: off).
@@ -200,34 +200,7 @@ def run_up(binds: Binds | None = None) -> int:
         # Flower's password goes to Flower alone, not to every child (nor one inherited from us).
         env[settings.FLOWER_BASIC_AUTH.env] = ""
 
-        specs = [ChildSpec("api", tailguard_argv("api", "--host", binds.host, "--port",
-                                                 str(binds.port)),
-                           env=env, restart=policy, cpus=front)]
-        for i, placed in enumerate(placement.workers):
-            specs.append(dataclasses.replace(
-                worker_spec(placed.name, placed.pin, "--metrics-port",
-                            str(0 if binds.metrics_base is None else binds.metrics_base + i),
-                            env=env, cpus=front),
-                stop_timeout_s=worker_stop_timeout_s(table, placed.spec.lanes), restart=policy))
-            shared = (f" (shared with the front end: the engine at nice "
-                      f"{settings.ENGINE_NICE.get()})" if shares_frontend(placed.pin, env) else "")
-            _say(f"worker {placed.name} serves {', '.join(placed.spec.lanes)} on "
-                 f"{placed.label()}{shared}")
-        if settings.LANE_CONTROLLER_S.get() > 0 and any(w.moves_to for w in table.workers):
-            specs.append(ChildSpec("controller", tailguard_argv("controller"), env=env,
-                                   restart=policy, cpus=front))
-            _say("lane controller: moves " + ", ".join(
-                f"{w.name} to {'/'.join(w.moves_to)}" for w in table.workers if w.moves_to)
-                + " while their own lanes can spare them (docs/lanes.md)")
-        for note in placement.notes():
-            _say(note)
-        if front:
-            _say(f"front end (API, Redis, Flower, the workers' own threads) on cores "
-                 f"{','.join(map(str, front))} ({settings.FRONTEND_CORES.env})")
-        specs.append(ChildSpec("flower", tailguard_argv("flower", "--host", binds.host,
-                                                        "--port", str(binds.flower_port)),
-                               env={**env, settings.FLOWER_BASIC_AUTH.env: auth}, restart=policy,
-                               cpus=front))
+        specs = _child_specs(binds, placement, table, env, auth, policy, front)
 
         def on_signal(*_: object) -> None:
             if stop.is_set():  # the second Ctrl-C: no more waiting for warm shutdowns
@@ -259,3 +232,38 @@ def run_up(binds: Binds | None = None) -> int:
         group.stop(on_stop=lambda child: _say(f"stopping {child.name}"),
                    first=[c.name for c in group.children if c.name == "api"])
     return 1 if failed or group.given_up else 0
+
+
+def _child_specs(binds: Binds, placement: Placement, table: LaneTable, env: dict[str, str],
+                 auth: str, policy: RestartPolicy, front: tuple[int, ...]) -> list[ChildSpec]:
+    """The API, a worker per placed entry, the lane controller (when an entry may be moved)
+    and Flower, in the order they start; each said as it is planned."""
+    specs = [ChildSpec("api", tailguard_argv("api", "--host", binds.host, "--port",
+                                             str(binds.port)),
+                       env=env, restart=policy, cpus=front)]
+    for i, placed in enumerate(placement.workers):
+        specs.append(dataclasses.replace(
+            worker_spec(placed.name, placed.pin, "--metrics-port",
+                        str(0 if binds.metrics_base is None else binds.metrics_base + i),
+                        env=env, cpus=front),
+            stop_timeout_s=worker_stop_timeout_s(table, placed.spec.lanes), restart=policy))
+        shared = (f" (shared with the front end: the engine at nice "
+                  f"{settings.ENGINE_NICE.get()})" if shares_frontend(placed.pin, env) else "")
+        _say(f"worker {placed.name} serves {', '.join(placed.spec.lanes)} on "
+             f"{placed.label()}{shared}")
+    if settings.LANE_CONTROLLER_S.get() > 0 and any(w.moves_to for w in table.workers):
+        specs.append(ChildSpec("controller", tailguard_argv("controller"), env=env,
+                               restart=policy, cpus=front))
+        _say("lane controller: moves " + ", ".join(
+            f"{w.name} to {'/'.join(w.moves_to)}" for w in table.workers if w.moves_to)
+            + " while their own lanes can spare them (docs/lanes.md)")
+    for note in placement.notes():
+        _say(note)
+    if front:
+        _say(f"front end (API, Redis, Flower, the workers' own threads) on cores "
+             f"{','.join(map(str, front))} ({settings.FRONTEND_CORES.env})")
+    specs.append(ChildSpec("flower", tailguard_argv("flower", "--host", binds.host,
+                                                    "--port", str(binds.flower_port)),
+                           env={**env, settings.FLOWER_BASIC_AUTH.env: auth}, restart=policy,
+                           cpus=front))
+    return specs
