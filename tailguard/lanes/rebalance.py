@@ -27,9 +27,10 @@ One decision per tick, in this order:
    lane's target never starves another lane). The worker with the fewest running jobs
    goes (the shortest drain).
 5. **Home when it is quiet.** With no lane missing, a worker away from home goes back
-   when the lanes it serves now would, without it, wait at most half their targets (the
-   half is hysteresis: the move that brought it there needed a miss). The entries'
-   layout is the fleet's resting state.
+   when the lanes it serves now would, without it, wait at most half their targets and
+   fill at most half the slots that stay (the halves are hysteresis: the move that brought
+   it there needed a miss, and a predicted wait is 0 whenever a slot is free, however busy
+   the lane). The entries' layout is the fleet's resting state.
 
 A lane without a target (a batch lane, unless it sets target_wait_s) never receives,
 not even with no worker (its work waits for the homecoming of rule 5), and gives
@@ -188,6 +189,11 @@ class RebalancePolicy:
                 wait = self.predicted_wait_s(lane, after)
                 if wait > margin * target:
                     return f"{name} would wait {wait:.2f} s > {margin * target:g} s without it"
+            if margin < 1:  # going home: the lane's work must also fit well inside what stays
+                busy = after.running_jobs + after.queued_jobs
+                slots = after.live_workers * lane.max_num_seqs
+                if busy > margin * slots:
+                    return f"{name} would have {busy} of {slots} slots busy without it"
         return None
 
     def decide(self, fleet: FleetView) -> Move | None:

@@ -142,6 +142,17 @@ def test_home_when_the_lane_it_helps_is_quiet_again():
     assert (move.worker, move.to, move.reason) == ("long", ("long", "batch"), HOME)
 
 
+def test_home_waits_while_the_lane_it_helps_stays_busy_though_no_request_waits():
+    away = [worker("short", SHORT_W), worker("long", LONG_W, serving=("short",),
+                                              told=("short",), told_at=50.0, running={"short": 1})]
+    # 2 running on the short worker's 4 slots + 1 here: no wait predicted, but 3 of 4 busy alone
+    busy = fleet(away, short=load(live=2, running=3), long=load(live=0, standby=1))
+    assert POLICY.predicted_wait_s(SHORT, POLICY.without(away[1], busy, "short")) == 0.0
+    assert POLICY.decide(busy) is None
+    quiet = fleet(away, short=load(live=2, running=2), long=load(live=0, standby=1))
+    assert POLICY.decide(quiet).reason == HOME
+
+
 def test_home_waits_while_the_lane_still_needs_it_with_hysteresis():
     away = [worker("short", SHORT_W), worker("long", LONG_W, serving=("short",),
                                               told=("short",), told_at=50.0)]
