@@ -313,6 +313,10 @@ LANE_DWELL_S = Setting(
     "TAILGUARD_LANE_DWELL_S", 10.0, float,
     "The least time between two lane moves (longer when moves take longer: 3x the last one's "
     "duration), so each move's effect is seen before the next decision.")
+LANE_HOME_AFTER_S = Setting(
+    "TAILGUARD_LANE_HOME_AFTER_S", 30.0, float,
+    "How long the lanes a moved worker serves must have been quiet without it, without a "
+    "break, before the lane controller sends it home.")
 MOVE_DRAIN_S = Setting(
     "TAILGUARD_MOVE_DRAIN_S", 2.0, float,
     "How long a worker that changes lanes lets its old lane's running jobs finish before it "

@@ -22,7 +22,7 @@ from tailguard.jobs.lane_load import LaneLoadStore
 from tailguard.jobs.lane_orders import LaneOrders
 from tailguard.jobs.liveness import Liveness
 from tailguard.lanes.admission import AdmissionPolicy
-from tailguard.lanes.rebalance import FleetView, Move, RebalancePolicy, WorkerView
+from tailguard.lanes.rebalance import FleetView, Move, QuietClock, RebalancePolicy, WorkerView
 from tailguard.lanes.table import LaneTable
 
 log = logging.getLogger("tailguard.controller")
@@ -41,6 +41,7 @@ class LaneController:
         self.policy, self.period_s = policy, period_s
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
         self.holding = False
+        self.quiet = QuietClock()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -98,7 +99,7 @@ class LaneController:
             self.holding = held
         if not held:
             return None
-        fleet = self.fleet()
+        fleet = self.quiet.stamp(self.policy, self.fleet())
         move = self.policy.decide(fleet)
         if move is not None:
             order = self.orders.tell(move.worker, move.to, from_=move.from_, reason=move.reason,
@@ -112,7 +113,7 @@ def build_controller(client: redis.Redis, table: LaneTable) -> LaneController:
     """A candidate controller on `client` with the deployment's settings."""
     policy = RebalancePolicy(admission=AdmissionPolicy(
         prior_tokens_per_s=settings.PRIOR_TOKENS_PER_S.get()),
-        min_dwell_s=settings.LANE_DWELL_S.get())
+        min_dwell_s=settings.LANE_DWELL_S.get(), home_after_s=settings.LANE_HOME_AFTER_S.get())
     return LaneController(table, LaneOrders(client), LaneLoadStore(
         client, window_s=settings.RATE_WINDOW_S.get()), Liveness(client), policy,
         period_s=settings.LANE_CONTROLLER_S.get())

@@ -28,9 +28,11 @@ One decision per tick, in this order:
    goes (the shortest drain).
 5. **Home when it is quiet.** With no lane missing, a worker away from home goes back
    when the lanes it serves now would, without it, wait at most half their targets and
-   fill at most half the slots that stay (the halves are hysteresis: the move that brought
-   it there needed a miss, and a predicted wait is 0 whenever a slot is free, however busy
-   the lane). The entries' layout is the fleet's resting state.
+   fill at most half the slots that stay, and have done so without a break for
+   ``home_after_s`` (the halves and the time are hysteresis: the move that brought it
+   there needed a miss, a predicted wait is 0 whenever a slot is free however busy the
+   lane, and a bursty lane has quiet seconds; Kubernetes' autoscaler waits 300 s before a
+   scale-down for the same reason). The entries' layout is the fleet's resting state.
 
 A lane without a target (a batch lane, unless it sets target_wait_s) never receives,
 not even with no worker (its work waits for the homecoming of rule 5), and gives
@@ -95,6 +97,8 @@ class FleetView:
     #: when the last move was decided, and how long it took (decision to serving the new lane)
     last_move_at: float | None = None
     last_move_s: float | None = None
+    #: since when each worker away from home could have gone home without a break (QuietClock)
+    quiet_since: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,8 @@ class RebalancePolicy:
     min_dwell_s: float = 10.0
     dwell_per_move: float = 3.0
     move_timeout_s: float = 60.0
+    #: how long rule 5 must hold, without a break, before a worker goes home
+    home_after_s: float = 30.0
 
     def in_flight(self, fleet: FleetView) -> WorkerView | None:
         """The worker still carrying out its last order, if any (rule 1)."""
@@ -230,11 +236,31 @@ class RebalancePolicy:
         *_, w, to = min(candidates, key=lambda c: c[:3])
         return Move(w.name, tuple(w.serving), to, reason, detail)
 
+    def quiet(self, fleet: FleetView) -> set[str]:
+        """The workers away from home whose lanes could spare them now (rule 5's test)."""
+        return {w.name for w in fleet.workers if tuple(w.serving) != w.home
+                and self.can_spare(w, fleet, margin=HOME_MARGIN) is None}
+
     def _homecoming(self, fleet: FleetView) -> Move | None:
         for w in sorted(fleet.workers, key=lambda w: (sum(w.running.values()), w.name)):
             if tuple(w.serving) == w.home:
                 continue
-            if self.can_spare(w, fleet, margin=HOME_MARGIN) is None:
+            quiet_s = fleet.now - fleet.quiet_since.get(w.name, fleet.now)
+            if quiet_s >= self.home_after_s and self.can_spare(w, fleet, HOME_MARGIN) is None:
                 return Move(w.name, tuple(w.serving), w.home, HOME,
-                            f"{', '.join(w.serving)} meet their targets without it")
+                            f"{', '.join(w.serving)} met half their targets without it for "
+                            f"{quiet_s:.0f} s")
         return None
+
+
+class QuietClock:
+    """Since when each away worker could go home, without a break: the one piece of state
+    rule 5 needs, kept by whoever calls `decide` (the controller, the simulator)."""
+
+    def __init__(self) -> None:
+        self._since: dict[str, float] = {}
+
+    def stamp(self, policy: RebalancePolicy, fleet: FleetView) -> FleetView:
+        """`fleet` with `quiet_since` as of this tick."""
+        self._since = {name: self._since.get(name, fleet.now) for name in policy.quiet(fleet)}
+        return dataclasses.replace(fleet, quiet_since=dict(self._since))

@@ -94,7 +94,7 @@ from tailguard.errors import NoLaneForRequest, PromptTooLong
 from tailguard.lanes.admission import AdmissionPolicy, LaneLoad
 from tailguard.lanes.borrowing import BorrowPolicy, EngineLoad, may_borrow, reclaim_count, youngest
 from tailguard.lanes.placement import place, request_cost
-from tailguard.lanes.rebalance import FleetView, Move, RebalancePolicy, WorkerView
+from tailguard.lanes.rebalance import FleetView, Move, QuietClock, RebalancePolicy, WorkerView
 from tailguard.lanes.table import Lane, slots_for
 from tailguard.plan.stepmodel import StepModel
 from tailguard.plan.workload import ClassLoad
@@ -147,7 +147,7 @@ def _controller_policy() -> RebalancePolicy:
     """The policy as `tailguard controller` builds it at the settings' defaults."""
     return RebalancePolicy(admission=AdmissionPolicy(
         prior_tokens_per_s=settings.PRIOR_TOKENS_PER_S.default),
-        min_dwell_s=settings.LANE_DWELL_S.default)
+        min_dwell_s=settings.LANE_DWELL_S.default, home_after_s=settings.LANE_HOME_AFTER_S.default)
 
 
 @dataclass(frozen=True)
@@ -290,6 +290,7 @@ class Simulation:
             name for e in self.owners if follow is not None for a in e.assignments for name in a}
         self.served: dict[str, deque[tuple[float, int]]] = {n: deque() for n in self.by_name}
         self.moves: list[tuple[float, Move]] = []  # (when decided, the move)
+        self.quiet = QuietClock()  # rule 5's clock, as the controller keeps it
         self.move_s: list[float] = []  # each carried-out move's decision -> new lanes served
         self.last_move_at: float | None = None
         self.queues: dict[str, list[_Req]] = {name: [] for name in self.by_name}  # FIFO
@@ -543,7 +544,8 @@ class Simulation:
     def tick(self, t: float) -> None:
         """The controller's period: decide on this moment's figures, order the move if any."""
         assert self.follow is not None
-        move = self.follow.policy.decide(self.fleet_view(t))
+        policy = self.follow.policy
+        move = policy.decide(self.quiet.stamp(policy, self.fleet_view(t)))
         if move is not None:
             e = next(e for e in self.owners if e.name == move.worker)
             e.told, e.told_at = move.to, t

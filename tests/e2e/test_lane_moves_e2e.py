@@ -95,7 +95,8 @@ def test_the_controller_sends_the_long_worker_to_a_flooded_short_lane_and_home(
                   else dataclasses.replace(l, min_workers=0) for l in table.lanes)
     controller = LaneController(dataclasses.replace(table, lanes=lanes), orders,
                                 LaneLoadStore(redis_client_noflush), Liveness(redis_client_noflush),
-                                RebalancePolicy(min_dwell_s=0.0), period_s=0.5, owner="e2e")
+                                RebalancePolicy(min_dwell_s=0.0, home_after_s=0.0), period_s=0.5,
+                                owner="e2e")
     ids = [submit(api, prompt=f"flood {i}", max_tokens=64, ignore_eos=True) for i in range(32)]
     move = controller.tick()
     assert move is not None and (move.worker, move.to, move.reason) == \

@@ -21,7 +21,7 @@ CLASSES = [ClassLoad("short", 0.0, Lengths.fixed(1), Lengths.fixed(1)),
 MODEL = StepModel(a_s=0.01, decode_s=0.0, prefill_s=0.0)
 GROUPS = [EngineGroup(("short",), 1, 2, name="short"),
           EngineGroup(("long",), 1, 2, moves_to=("short",), name="long")]
-FOLLOW_FAST = Follow(policy=RebalancePolicy(min_dwell_s=1.0))
+FOLLOW_FAST = Follow(policy=RebalancePolicy(min_dwell_s=1.0, home_after_s=5.0))
 
 # 3 s of 40 short requests/s (two slots do ~9/s), then one long request at 30 s
 FLOOD = [(i / 40, "short", 10, 20) for i in range(120)] + [(30.0, "long", 10, 100)]

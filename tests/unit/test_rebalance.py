@@ -11,6 +11,7 @@ from tailguard.lanes.rebalance import (
     NO_WORKER,
     TARGET_MISSED,
     FleetView,
+    QuietClock,
     RebalancePolicy,
     WorkerView,
 )
@@ -40,10 +41,14 @@ def worker(name, assignments, serving=None, told=None, told_at=None, running=Non
     return WorkerView(name, assignments, serving or assignments[0], told, told_at, running or {})
 
 
-def fleet(workers, now=100.0, last_at=None, last_s=None, **loads):
+def fleet(workers, now=100.0, last_at=None, last_s=None, quiet_for=None, **loads):
+    """The figures of one tick; `quiet_for`: how long each worker away from home has been
+    quiet (QuietClock's stamp), by default long enough for rule 5."""
     figures = {"short": load(), "long": load(), "batch": load()}
     figures.update(loads)
-    return FleetView(LANES, figures, tuple(workers), now, last_at, last_s)
+    quiet_for = POLICY.home_after_s if quiet_for is None else quiet_for
+    return FleetView(LANES, figures, tuple(workers), now, last_at, last_s,
+                     quiet_since={w.name: now - quiet_for for w in workers})
 
 
 QUIET = [worker("short", SHORT_W), worker("long", LONG_W)]
@@ -140,6 +145,24 @@ def test_home_when_the_lane_it_helps_is_quiet_again():
                                               told=("short",), told_at=50.0)]
     move = POLICY.decide(fleet(away, short=load(live=2), long=load(live=0, standby=1)))
     assert (move.worker, move.to, move.reason) == ("long", ("long", "batch"), HOME)
+
+
+def test_home_only_after_the_lane_was_quiet_without_a_break():
+    away = [worker("short", SHORT_W), worker("long", LONG_W, serving=("short",),
+                                              told=("short",), told_at=50.0)]
+    quiet = {"short": load(live=2), "long": load(live=0, standby=1)}
+    assert POLICY.decide(fleet(away, quiet_for=POLICY.home_after_s - 1, **quiet)) is None
+    clock, t = QuietClock(), 100.0
+    for busy_at in (110.0,):  # a busy moment restarts the clock
+        while t < busy_at + 1 + POLICY.home_after_s:  # quiet again from busy_at + 1
+            figures = dict(quiet, short=load(live=2, running=6)) if t == busy_at else quiet
+            view = clock.stamp(POLICY, FleetView(LANES, {"batch": load(), **figures},
+                                                 tuple(away), t))
+            move = POLICY.decide(view)
+            assert move is None, (t, move)
+            t += 1.0
+    view = clock.stamp(POLICY, FleetView(LANES, {"batch": load(), **quiet}, tuple(away), t))
+    assert POLICY.decide(view).reason == HOME
 
 
 def test_home_waits_while_the_lane_it_helps_stays_busy_though_no_request_waits():
