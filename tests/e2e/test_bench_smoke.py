@@ -103,10 +103,12 @@ def test_bench_smoke(tiny_model, tmp_path):
     assert set(report["ratios"]["e2e_s"]) == {
         "lanes_short_p99_over_shared", "lanes_short_p99_over_baseline",
         "shared_short_p99_over_baseline", "lanes_long_tok_s_over_shared",
-        "lanes_short_p99_over_direct", "lanes_long_tok_s_over_direct"}
+        "lanes_short_p99_over_direct", "lanes_long_tok_s_over_direct",
+        "lanes_short_p99_over_tuned", "lanes_short_p99_over_static"}  # None: not run here
     assert {t["name"] for t in report["targets"]} == {
         "load", "lanes_vs_shared", "lanes_vs_baseline", "lanes_vs_direct", "long_throughput",
-        "no_errors_lanes", "no_errors_direct", *SERVING_TARGETS}  # each ran topology's errors
+        "no_errors_lanes", "no_errors_direct", "exactly_once_lanes",
+        *SERVING_TARGETS}  # each ran topology's errors; every accepted lanes job ended once
     for t in report["targets"]:
         assert t["status"] in ("PASS", "FAIL", "SKIP", "INFO") and t["line"].startswith(t["status"])
         assert t["line"] in proc.stdout

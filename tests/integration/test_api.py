@@ -85,7 +85,7 @@ def test_lane_table(client):
     assert [l["name"] for l in body["lanes"]] == ["short", "long", "batch"]
     assert body["lanes"][0]["max_cost"] == 256 and body["model_max_len"] == 2048
     assert body["workers"] == [{"name": "short", "lanes": ["short"], "moves_to": []},
-                               {"name": "long", "lanes": ["long", "batch"], "moves_to": []}]
+                               {"name": "long", "lanes": ["long", "batch"], "moves_to": ["short"]}]
     assert body["assignment"] == {} and body["moves"] == []  # no lane controller ran
 
 
