@@ -102,12 +102,13 @@ def host_of(worker: str) -> str:
 
 def lane_health(liveness: Liveness, lanes: list[str]) -> tuple[bool, dict]:
     """Healthy when Redis answers and every lane has a live worker with its engine up
-    (anywhere: a lane served only by workers on other hosts is as healthy as a local one),
-    or one the lane controller may move back to it (`workers_standby`)."""
+    (anywhere: a lane served only by workers on other hosts is as healthy as a local one).
+    A lane whose workers the lane controller moved away is without a worker here too (its
+    requests still queue: `workers_standby` says who may come back to it)."""
     per_host = liveness.live_workers_per_host(lanes)
     live = {lane: sum(hosts.values()) for lane, hosts in per_host.items()}
     standby = liveness.standby_workers(lanes)
-    missing = [lane for lane, n in live.items() if n == 0 and not standby.get(lane)]
+    missing = [lane for lane, n in live.items() if n == 0]
     return not missing, {"status": "ok" if not missing else "degraded", "redis": "ok",
                          "workers_per_lane": live, "workers_per_host": per_host,
                          "workers_standby": standby, "lanes_without_worker": missing}
