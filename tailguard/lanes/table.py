@@ -374,7 +374,7 @@ def _workers_from(raw: Any, lanes: tuple[Lane, ...], engine: dict[str, Any],
             tables.append((f"{where}.engine", own))
         spec = WorkerSpec(name=name, lanes=tuple(wl), engine={**engine, **own},
                           borrow=_borrow_from(w, where, tuple(wl), names),
-                          moves_to=_moves_to_from(w, where, tuple(wl), names))
+                          moves_to=_other_lanes(w, "moves_to", where, tuple(wl), names))
         if spec.moves_to and spec.borrow.lanes:
             # two mechanisms moving the same capacity would fight over it: one at a time
             raise ConfigError(f"{where}: a worker either borrows jobs (borrow) or is moved "
@@ -499,11 +499,6 @@ def _other_lanes(w: dict[str, Any], key: str, where: str, own: tuple[str, ...],
     if len(set(names)) != len(names):
         raise ConfigError(f"{where}.{key} names a lane twice: {names}", field=f"{where}.{key}")
     return tuple(names)
-
-
-def _moves_to_from(w: dict[str, Any], where: str, own: tuple[str, ...],
-                   lanes: dict[str, Lane]) -> tuple[str, ...]:
-    return _other_lanes(w, "moves_to", where, own, lanes)
 
 
 def _borrow_from(w: dict[str, Any], where: str, own: tuple[str, ...],
