@@ -143,12 +143,13 @@ def api(api_app, workers):
 
 
 def http_status(url: str) -> int | None:
-    """The status `url` answers with, or None while nothing listens there."""
+    """The status `url` answers with, or None while nothing listens there or it does not answer
+    within 2 s yet (a process still starting, on a loaded machine)."""
     import requests
 
     try:
         return requests.get(url, timeout=2).status_code
-    except requests.ConnectionError:
+    except (requests.ConnectionError, requests.Timeout):
         return None
 
 

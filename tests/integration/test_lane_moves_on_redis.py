@@ -62,12 +62,15 @@ def long_worker():
 
 
 def _queues() -> list[str]:
-    replies = app.control.inspect(destination=[NODE], timeout=2).active_queues() or {}
+    """What the worker consumes, by `celery inspect`; [] while it has not answered (it answers
+    from its consumer's thread: a loaded machine may take seconds)."""
+    replies = app.control.inspect(destination=[NODE], timeout=5).active_queues() or {}
     return [q["name"] for q in replies.get(NODE, [])]
 
 
-def _prefetch() -> int:
-    return (app.control.inspect(destination=[NODE], timeout=2).stats() or {})[NODE]["prefetch_count"]
+def _prefetch() -> int | None:
+    stats = app.control.inspect(destination=[NODE], timeout=5).stats() or {}
+    return stats[NODE]["prefetch_count"] if NODE in stats else None
 
 
 def _expiring_message(queue: str) -> str:
@@ -84,7 +87,8 @@ def test_a_worker_changes_lanes_on_its_order_with_its_engine_untouched(moves_lan
     orders, liveness = LaneOrders(redis_client), Liveness(redis_client)
     with long_worker():
         runtime = tailguard_worker.WorkerRuntime.of(app)
-        assert _queues() == ["long", "batch"] and _prefetch() == 2
+        wait_for(lambda: _queues() == ["long", "batch"], what="its own queues")
+        assert _prefetch() == 2
         wait_for(lambda: NODE in orders.reports())
         assert orders.reports()[NODE].assignments == (("long", "batch"), ("short",))
         wait_for(lambda: liveness.standby_workers(["short"]) == {"short": 1})
@@ -96,7 +100,7 @@ def test_a_worker_changes_lanes_on_its_order_with_its_engine_untouched(moves_lan
                             detail="by hand")
         wait_for(lambda: orders.reports()[NODE].serving == ("short",), timeout=10)
 
-        assert _queues() == ["short"]
+        wait_for(lambda: _queues() == ["short"], what="the new queue")
         assert _prefetch() == 4  # short's batch, within the pool the entry was sized for
         assert orders.reports()[NODE].version == order.version
         wait_for(lambda: liveness.live_workers(["short", "long", "batch"])
@@ -125,7 +129,7 @@ def test_an_order_its_entry_does_not_allow_is_ignored(moves_lanes, redis_client)
         wait_for(lambda: NODE in orders.reports())
         order = orders.tell(NODE, ("batch",), from_=("long", "batch"), reason="test", detail="")
         wait_for(lambda: orders.reports()[NODE].version == order.version)
-        assert _queues() == ["long", "batch"]
+        wait_for(lambda: _queues() == ["long", "batch"], what="its own queues, still")
 
 
 def _controller(redis_client, owner: str, period_s: float = 0.2) -> LaneController:
