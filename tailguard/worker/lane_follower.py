@@ -39,6 +39,9 @@ from tailguard.jobs.lane_orders import LaneOrders, Order, WorkerReport
 
 log = logging.getLogger("tailguard.worker")
 
+#: A report that did not change is written again after this long (Redis may have lost it).
+REPORT_AGAIN_S = 5.0
+
 
 @dataclass
 class _Running:
@@ -109,6 +112,8 @@ class LaneFollower:
         self.period_s, self.drain_s = period_s, drain_s
         self.version = 0
         self.moves = 0
+        self._reported: tuple | None = None  # the last report written, and when
+        self._reported_at = 0.0
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -151,9 +156,13 @@ class LaneFollower:
             else:
                 self.move(order)
                 moved = order
-        self.orders.report(WorkerReport(self.worker, tuple(self.assignments), self.serving(),
-                                        self.version, self.running.by_lane(),
-                                        self.orders.now()))
+        state = (self.serving(), self.version, self.running.by_lane())
+        now = time.monotonic()
+        if state != self._reported or now - self._reported_at >= REPORT_AGAIN_S:
+            # written when it changes, and now and then for a Redis that lost it
+            self.orders.report(WorkerReport(self.worker, tuple(self.assignments), *state,
+                                            at=time.time()))
+            self._reported, self._reported_at = state, now
         return moved
 
     def move(self, order: Order) -> None:
