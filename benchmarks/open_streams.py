@@ -14,33 +14,16 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import json
-import os
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
+
+from queued_api import TINY_MODEL, api_without_workers, model_folder, request, submit_queued_jobs
 
 from tailguard import settings
-from tailguard.host.redis_server import free_port, start_redis
 from tailguard.plan.sim import percentile
 
-ROOT = Path(__file__).resolve().parents[1]
 TARGET_P99_S = 0.100
-
-
-def request(port: int, method: str, path: str, body: dict | None = None,
-            timeout: float = 30.0) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request(method, path, body=json.dumps(body) if body is not None else None,
-                     headers={"Content-Type": "application/json"} if body is not None else {})
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    finally:
-        conn.close()
 
 
 def hold_stream(port: int, job_id: str, opened: threading.Semaphore, stop: threading.Event,
@@ -81,73 +64,46 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--probes", type=int, default=300, help="timed requests of each kind")
     ap.add_argument("--threads", type=int, default=settings.API_THREADS.default,
                     help="TAILGUARD_API_THREADS of the API under test")
-    ap.add_argument("--model", default=str(ROOT / ".tailguard" / "test-models" / "tiny"),
+    ap.add_argument("--model", default=str(TINY_MODEL),
                     help="a model folder (its tokenizer is all the API loads); built if missing")
     args = ap.parse_args(argv)
 
-    from tailguard.model.demo import build_demo_model
-
-    model = args.model if Path(args.model, "config.json").exists() else \
-        str(build_demo_model(Path(args.model), size="tiny"))
-    data = Path(tempfile.mkdtemp(prefix="tailguard-open-streams-"))
-    redis_port, api_port = free_port(), free_port()
-    redis_proc = start_redis(redis_port, data, appendonly=False)
-    env = {**os.environ, "TAILGUARD_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
-           "TAILGUARD_MODEL": model, "TAILGUARD_API_THREADS": str(args.threads),
-           "TAILGUARD_ADMIT_WITHOUT_WORKER": "1", "TAILGUARD_LANES": ""}
-    api = subprocess.Popen([sys.executable, "-m", "tailguard.cli", "api", "--port", str(api_port)],
-                           cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     stop = threading.Event()
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                request(api_port, "GET", "/healthz", timeout=2)
-                break
-            except OSError:
-                if time.monotonic() > deadline or api.poll() is not None:
-                    raise SystemExit("the API did not start") from None
-                time.sleep(0.2)
-        jobs = []
-        for _ in range(args.streams):
-            status, body = request(api_port, "POST", "/v1/jobs",
-                                   {"prompt": "hi", "max_tokens": 8, "priority": "batch"})
-            assert status == 202, body
-            jobs.append(json.loads(body)["id"])
-        opened, failures = threading.Semaphore(0), []
-        for job_id in jobs:
-            threading.Thread(target=hold_stream, args=(api_port, job_id, opened, stop, failures),
-                             daemon=True).start()
-        t0 = time.monotonic()
-        for _ in jobs:
-            if not opened.acquire(timeout=max(1.0, 120 - (time.monotonic() - t0))):
-                break
-        print(f"{args.streams} streams requested, {args.streams - len(failures)} open after "
-              f"{time.monotonic() - t0:.1f} s (API threads: {args.threads})")
-        submit, health = [], []
-        for _ in range(args.probes):
-            status, s = timed(api_port, "POST", "/v1/jobs",
-                              {"prompt": "hi", "max_tokens": 8, "priority": "batch"})
-            submit.append(s if status == 202 else float("inf"))
-            _, s = timed(api_port, "GET", "/healthz")
-            health.append(s)
-            if len(submit) >= 3 and all(x == float("inf") for x in submit[-3:]):
-                break  # starved: no need to wait out every probe
-        ok = True
-        for name, xs in (("POST /v1/jobs", submit), ("GET /healthz", health)):
-            p99 = percentile(xs, 99)
-            ok &= p99 < TARGET_P99_S
-            print(f"{name:14} n={len(xs)}  P50 {1000 * percentile(xs, 50):6.1f} ms  P99 "
-                  f"{1000 * p99:6.1f} ms  max {1000 * max(xs):6.1f} ms  "
-                  f"{'PASS' if p99 < TARGET_P99_S else 'FAIL'} (P99 < {1000 * TARGET_P99_S:.0f} ms)")
-        print(f"streams still open at the end: {args.streams - len(failures)}")
-        return 0 if ok and not failures else 1
-    finally:
-        stop.set()
-        api.terminate()
-        api.wait(30)
-        redis_proc.terminate()
-        redis_proc.wait(10)
+    with api_without_workers(model_folder(args.model),
+                             {"TAILGUARD_API_THREADS": str(args.threads)}, "open-streams") \
+            as (api_port, _):
+        try:
+            jobs = submit_queued_jobs(api_port, args.streams)
+            opened, failures = threading.Semaphore(0), []
+            for job_id in jobs:
+                threading.Thread(target=hold_stream, args=(api_port, job_id, opened, stop, failures),
+                                 daemon=True).start()
+            t0 = time.monotonic()
+            for _ in jobs:
+                if not opened.acquire(timeout=max(1.0, 120 - (time.monotonic() - t0))):
+                    break
+            print(f"{args.streams} streams requested, {args.streams - len(failures)} open after "
+                  f"{time.monotonic() - t0:.1f} s (API threads: {args.threads})")
+            submit, health = [], []
+            for _ in range(args.probes):
+                status, s = timed(api_port, "POST", "/v1/jobs",
+                                  {"prompt": "hi", "max_tokens": 8, "priority": "batch"})
+                submit.append(s if status == 202 else float("inf"))
+                _, s = timed(api_port, "GET", "/healthz")
+                health.append(s)
+                if len(submit) >= 3 and all(x == float("inf") for x in submit[-3:]):
+                    break  # starved: no need to wait out every probe
+            ok = True
+            for name, xs in (("POST /v1/jobs", submit), ("GET /healthz", health)):
+                p99 = percentile(xs, 99)
+                ok &= p99 < TARGET_P99_S
+                print(f"{name:14} n={len(xs)}  P50 {1000 * percentile(xs, 50):6.1f} ms  P99 "
+                      f"{1000 * p99:6.1f} ms  max {1000 * max(xs):6.1f} ms  "
+                      f"{'PASS' if p99 < TARGET_P99_S else 'FAIL'} (P99 < {1000 * TARGET_P99_S:.0f} ms)")
+            print(f"streams still open at the end: {args.streams - len(failures)}")
+            return 0 if ok and not failures else 1
+        finally:
+            stop.set()
 
 
 if __name__ == "__main__":
