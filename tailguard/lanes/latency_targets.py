@@ -1,0 +1,115 @@
+"""Per-request latency targets: what a caller may ask for, within its key's bounds.
+
+Pure, no I/O. A request may state a time-to-first-token and a time-per-output-token target in
+milliseconds (the ``x-llm-d-slo-ttft-ms`` / ``x-llm-d-slo-tpot-ms`` headers, llm-d's names; the
+older ``x-slo-ttft-ms`` / ``x-slo-tpot-ms`` as aliases). A target reorders who is served and who
+is refused, so each key bounds the targets it may ask for (``TargetBounds``, kept with the key):
+an asked target is clamped into them, and the response says so. vLLM's integer ``priority``
+body field (lower is scheduled first, on an engine that schedules by priority) is such a claim
+too: a key may bound how urgent a one it sends (``min_vllm_priority``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tailguard.errors import ConfigError, InvalidField
+
+#: each target's headers, the first preferred: llm-d's name, then the older alias
+TTFT_HEADERS = ("x-llm-d-slo-ttft-ms", "x-slo-ttft-ms")
+TPOT_HEADERS = ("x-llm-d-slo-tpot-ms", "x-slo-tpot-ms")
+#: no target is taken above this (a day): a larger one asks nothing
+MAX_TARGET_MS = 86_400_000
+
+
+@dataclass(frozen=True)
+class TargetBounds:
+    """The targets a key may ask for, in ms (None: no bound): a tighter one than ``min_*`` is
+    raised to it (a tight target is a claim on the lane before others), a looser one than
+    ``max_*`` lowered to it; and the most urgent vLLM priority it may send."""
+
+    min_ttft_ms: int | None = None
+    max_ttft_ms: int | None = None
+    min_tpot_ms: int | None = None
+    max_tpot_ms: int | None = None
+    min_vllm_priority: int | None = None
+
+    def check(self) -> None:
+        """ConfigError naming the bound that is out of range or above its max."""
+        for name in ("ttft", "tpot"):
+            lo, hi = getattr(self, f"min_{name}_ms"), getattr(self, f"max_{name}_ms")
+            for bound, value in ((f"min_{name}_ms", lo), (f"max_{name}_ms", hi)):
+                if value is not None and not 0 < value <= MAX_TARGET_MS:
+                    raise ConfigError(f"{bound} must be in 1..{MAX_TARGET_MS}", field=bound)
+            if lo is not None and hi is not None and lo > hi:
+                raise ConfigError(f"min_{name}_ms {lo} is above max_{name}_ms {hi}",
+                                   field=f"min_{name}_ms")
+
+
+@dataclass(frozen=True)
+class LatencyTarget:
+    """A request's targets in ms (None: none asked), as applied, and as asked."""
+
+    ttft_ms: int | None = None
+    tpot_ms: int | None = None
+    asked_ttft_ms: int | None = None
+    asked_tpot_ms: int | None = None
+
+    @property
+    def clamped(self) -> bool:
+        """Whether the key's bounds changed what was asked."""
+        return (self.ttft_ms, self.tpot_ms) != (self.asked_ttft_ms, self.asked_tpot_ms)
+
+    def to_dict(self) -> dict[str, int | bool | None]:
+        return {"ttft_ms": self.ttft_ms, "tpot_ms": self.tpot_ms,
+                "asked_ttft_ms": self.asked_ttft_ms, "asked_tpot_ms": self.asked_tpot_ms,
+                "clamped": self.clamped}
+
+
+def parse_target_headers(headers: Mapping[str, str]) -> tuple[int | None, int | None]:
+    """The (ttft, tpot) targets in ms a request's headers ask for (names matched case-blind;
+    llm-d's name wins over the alias); InvalidField for one that is not a positive number."""
+    lowered = {k.lower(): v for k, v in headers.items()}
+    return (_header_ms(lowered, TTFT_HEADERS), _header_ms(lowered, TPOT_HEADERS))
+
+
+def _header_ms(headers: Mapping[str, str], names: tuple[str, ...]) -> int | None:
+    for name in names:
+        raw = headers.get(name)
+        if raw is None:
+            continue
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            raise InvalidField(f"{name} must be a number of milliseconds, not {raw!r}",
+                               field=name) from None
+        if not 0 < value < float("inf"):
+            raise InvalidField(f"{name} must be > 0 milliseconds", field=name)
+        return max(1, min(MAX_TARGET_MS, round(value)))
+    return None
+
+
+def clamp_target(ttft_ms: int | None, tpot_ms: int | None, bounds: TargetBounds) -> LatencyTarget:
+    """The targets applied: each asked one clamped into the key's bounds; none asked, none."""
+    return LatencyTarget(
+        ttft_ms=_clamp(ttft_ms, bounds.min_ttft_ms, bounds.max_ttft_ms),
+        tpot_ms=_clamp(tpot_ms, bounds.min_tpot_ms, bounds.max_tpot_ms),
+        asked_ttft_ms=ttft_ms, asked_tpot_ms=tpot_ms)
+
+
+def _clamp(value: int | None, lo: int | None, hi: int | None) -> int | None:
+    if value is None:
+        return None
+    if lo is not None:
+        value = max(value, lo)
+    if hi is not None:
+        value = min(value, hi)
+    return value
+
+
+def clamp_vllm_priority(value: int | None, bounds: TargetBounds) -> int | None:
+    """vLLM's priority as sent (None: none sent), never more urgent than the key may ask."""
+    if value is None or bounds.min_vllm_priority is None:
+        return value
+    return max(value, bounds.min_vllm_priority)
