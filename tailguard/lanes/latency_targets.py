@@ -4,17 +4,26 @@ Pure, no I/O. A request may state a time-to-first-token and a time-per-output-to
 milliseconds (the ``x-llm-d-slo-ttft-ms`` / ``x-llm-d-slo-tpot-ms`` headers, llm-d's names; the
 older ``x-slo-ttft-ms`` / ``x-slo-tpot-ms`` as aliases). A target reorders who is served and who
 is refused, so each key bounds the targets it may ask for (``TargetBounds``, kept with the key):
-an asked target is clamped into them, and the response says so. vLLM's integer ``priority``
+an asked target is clamped into them, and the response says so. The time-to-first-token target
+decides placement (of the lanes that accept the request, the first whose predicted wait meets
+it: a request the short lane can serve in time is not sent to the long one to wait) and
+admission (a target the lane's predicted wait already misses is refused at once, 429
+``wait_past_target`` with the predicted wait). The wait is to the request's start, which its
+first token cannot beat; its prefill comes on top, so a target met here may still be missed.
+The time-per-output-token target is recorded and reported, not decided on: the API knows no
+lane's decode speed. vLLM's integer ``priority``
 body field (lower is scheduled first, on an engine that schedules by priority) is such a claim
 too: a key may bound how urgent a one it sends (``min_vllm_priority``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from tailguard.errors import ConfigError, InvalidField
+from tailguard.errors import ConfigError, InvalidField, WaitPastTarget
+from tailguard.lanes.placement import Placement
 
 #: each target's headers, the first preferred: llm-d's name, then the older alias
 TTFT_HEADERS = ("x-llm-d-slo-ttft-ms", "x-slo-ttft-ms")
@@ -113,3 +122,30 @@ def clamp_vllm_priority(value: int | None, bounds: TargetBounds) -> int | None:
     if value is None or bounds.min_vllm_priority is None:
         return value
     return max(value, bounds.min_vllm_priority)
+
+
+def meets_ttft(target: LatencyTarget, predicted_wait_s: float) -> bool:
+    """Whether a request that starts after `predicted_wait_s` can meet its TTFT target (no target:
+    any wait does)."""
+    return target.ttft_ms is None or predicted_wait_s * 1000.0 <= target.ttft_ms
+
+
+def preferring_lanes_in_time(target: LatencyTarget, predicted_wait_s: Callable[[str], float]
+                             ) -> Callable[[Placement], bool] | None:
+    """placement.place's `prefer` for a request with a TTFT target: a lane whose predicted wait
+    (`predicted_wait_s` of its name) meets it; None without a target (first fit)."""
+    if target.ttft_ms is None:
+        return None
+    return lambda placement: meets_ttft(target, predicted_wait_s(placement.lane))
+
+
+def admit_target(target: LatencyTarget, lane: str, predicted_wait_s: float) -> None:
+    """WaitPastTarget (429, Retry-After: until the wait would meet it) when the lane's predicted
+    wait already misses the request's TTFT target."""
+    if meets_ttft(target, predicted_wait_s):
+        return
+    wait_ms = predicted_wait_s * 1000.0
+    raise WaitPastTarget(
+        f"lane {lane!r} would start this request in about {wait_ms:.0f} ms, past its "
+        f"time-to-first-token target of {target.ttft_ms} ms", field="x-llm-d-slo-ttft-ms",
+        retry_after_s=math.ceil((wait_ms - (target.ttft_ms or 0)) / 1000.0), lane=lane)

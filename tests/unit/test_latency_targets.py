@@ -1,16 +1,22 @@
 """Per-request latency targets: the headers (llm-d's names and their aliases), a key's bounds,
-the clamp and what it reports."""
+the clamp and what it reports; the decisions on the TTFT target: placement prefers a lane that
+meets it, admission refuses a wait that already misses it."""
 
 import pytest
 
-from tailguard.errors import ConfigError, InvalidField
+from tailguard.errors import ConfigError, InvalidField, WaitPastTarget
 from tailguard.lanes.latency_targets import (
     LatencyTarget,
     TargetBounds,
+    admit_target,
     clamp_target,
     clamp_vllm_priority,
+    meets_ttft,
     parse_target_headers,
+    preferring_lanes_in_time,
 )
+from tailguard.lanes.placement import place
+from tailguard.lanes.table import default_lanes_path, load_lanes
 
 
 @pytest.mark.parametrize("headers,targets", [
@@ -77,3 +83,42 @@ def test_vllm_priority_is_never_more_urgent_than_the_key_may_ask(sent, floor, ap
 def test_bad_bounds_are_a_config_error(bounds):
     with pytest.raises(ConfigError):
         bounds.check()
+
+
+@pytest.mark.parametrize("ttft_ms,wait_s,meets", [
+    (None, 1e6, True), (50, 0.0, True), (50, 0.05, True), (50, 0.051, False), (1000, 2.5, False),
+])
+def test_a_target_is_met_by_a_wait_within_it(ttft_ms, wait_s, meets):
+    assert meets_ttft(LatencyTarget(ttft_ms=ttft_ms), wait_s) is meets
+
+
+LANES = load_lanes(default_lanes_path()).lanes  # short: max_cost 1024; long takes the rest
+
+
+@pytest.mark.parametrize("prompt,asked,ttft_ms,waits,lane", [
+    # fits both short and long
+    (9, 64, None, {"short": 5.0, "long": 0.0}, "short"),   # no target: first fit, as ever
+    (9, 64, 500, {"short": 0.2, "long": 9.0}, "short"),    # short meets it, long cannot: short
+    (9, 64, 500, {"short": 0.2, "long": 0.0}, "short"),    # both meet it: table order
+    (9, 64, 500, {"short": 3.0, "long": 0.1}, "long"),     # only long meets it
+    (9, 64, 500, {"short": 3.0, "long": 9.0}, "short"),    # none: first fit (admission refuses)
+    # fits long only: the target does not make short take it
+    (900, 256, 500, {"short": 0.0, "long": 9.0}, "long"),
+])
+def test_placement_prefers_the_first_lane_whose_wait_meets_the_target(prompt, asked, ttft_ms,
+                                                                      waits, lane):
+    prefer = preferring_lanes_in_time(LatencyTarget(ttft_ms=ttft_ms), waits.__getitem__)
+    placed = place(LANES, priority="interactive", prompt_tokens=prompt,
+                   requested_max_tokens=asked, prefer=prefer)
+    assert placed.lane == lane
+
+
+def test_a_wait_that_misses_the_target_is_refused_at_once_with_the_predicted_wait():
+    admit_target(LatencyTarget(ttft_ms=50), "short", 0.05)
+    admit_target(LatencyTarget(), "short", 100.0)
+    with pytest.raises(WaitPastTarget) as refused:
+        admit_target(LatencyTarget(ttft_ms=50, asked_ttft_ms=50), "long", 2.5)
+    err = refused.value
+    assert (err.http_status, err.code, err.lane, err.retry_after_s) == (429, "wait_past_target",
+                                                                        "long", 3)
+    assert "2500 ms" in err.message and "50 ms" in err.message
