@@ -152,6 +152,11 @@ _VLLM_BODY = ("vLLM's {model} (vllm/entrypoints/openai/): every field it takes, 
               "server takes it; unknown fields are ignored; docs/api.md lists the few refused")
 _PRIORITY = {"type": "string", "enum": list(PRIORITY_CLASSES)}
 _NULLABLE_STR = {"type": "string", "nullable": True}
+_TARGET_ASKED = ("only when the request asked for a latency target (x-llm-d-slo-ttft-ms, "
+                 "x-llm-d-slo-tpot-ms): ttft_ms and tpot_ms applied, asked_ttft_ms and "
+                 "asked_tpot_ms, clamped (whether the key's bounds changed them)")
+_TARGET_OUTCOME = ("only when the request asked for a latency target: ttft_ms and tpot_ms "
+                   "applied, ttft_met and tpot_met (null until known)")
 _NULLABLE_INT = {"type": "integer", "nullable": True}
 
 
@@ -209,14 +214,18 @@ def _schemas() -> dict[str, dict[str, Any]]:
                                                      "nullable": True}}},
         "Accepted": {"type": "object", "required": [*job_fields, "cost", "estimated_start_s"],
                      "properties": {**job_fields, "cost": {"type": "integer"},
-                                    "estimated_start_s": {"type": "number"}}},
+                                    "estimated_start_s": {"type": "number"},
+                                    "latency_target": {
+                                        "type": "object", "description": _TARGET_ASKED}}},
         "Job": {"type": "object", "required": [*job_fields, "result", "error", "timing"],
                 "properties": {**job_fields, "result": {
                     "type": "object", "nullable": True,
                     "description": "text, completion_tokens, finish_reason; text is null, with "
                                    "text_expired, once TAILGUARD_OUTPUT_TTL_S has passed"},
                                "error": {"type": "object", "nullable": True},
-                               "worker": _NULLABLE_STR, "timing": {"type": "object"}}},
+                               "worker": _NULLABLE_STR, "timing": {"type": "object"},
+                               "latency_target": {"type": "object",
+                                                  "description": _TARGET_OUTCOME}}},
         "Completion": {"type": "object", "required": ["id", "object", "choices", "usage"],
                        "properties": {"id": {"type": "string"}, "object": {"type": "string"},
                                       "choices": {"type": "array"}, "usage": usage}},

@@ -56,6 +56,13 @@ from tailguard.jobs.stream import (
     with_output,
 )
 from tailguard.lanes.admission import AdmissionPolicy, LaneLoad
+from tailguard.lanes.latency_targets import (
+    LatencyTarget,
+    TargetBounds,
+    admit_target,
+    clamp_target,
+    target_outcome,
+)
 from tailguard.lanes.placement import Placement
 from tailguard.lanes.table import Lane, LaneTable
 from tailguard.observe.metrics import GatewayMetrics
@@ -250,7 +257,8 @@ class Gateway:
         return self.openai.prepare(endpoint, body,
                                    lambda size: self._check_prompt_bytes(size, field))
 
-    def submit(self, req: Submission, caller: ApiKey | None = None) -> dict[str, Any]:
+    def submit(self, req: Submission, caller: ApiKey | None = None,
+               asked_target: tuple[int | None, int | None] = (None, None)) -> dict[str, Any]:
         """Check what can be checked cheaply first (the prompt's size in bytes; the caller's
         call was charged to its key already, `charge_call`), then tokenize and place it,
         refuse what could never run (min_tokens above the granted max_tokens, or for an OpenAI
@@ -261,9 +269,12 @@ class Gateway:
 
         Returns the 202 body; raises Refused (429) or NoLiveWorker (503), counted per lane
         and per key, or StorageFull (503) before anything else while Redis is past its
-        high-water mark. A key's priority ceiling lowers the request's class before placement.
+        high-water mark. A key's priority ceiling lowers the request's class before placement;
+        `asked_target` (the ttft and tpot ms its headers ask for: latency_targets) is clamped
+        into the key's bounds, and a TTFT target the lane's predicted wait misses is a 429.
         """
         self.store.storage.check()  # StorageFull (503): Redis is past its high-water mark
+        target = clamp_target(*asked_target, caller.bounds if caller else TargetBounds())
         if caller is not None:
             req = dataclasses.replace(req, priority=caller.priority_for(req.priority))
         placement = req.place(self.lanes, self._count_prompt, self.counter.model_max_len)
@@ -271,7 +282,7 @@ class Gateway:
             check_cost(caller, placement.cost)
         lane = self.lanes[placement.lane]
         load = self.load.load(lane.name)
-        wait_s = self._admit(lane, load, placement.cost, caller)
+        wait_s = self._admit(lane, load, placement.cost, caller, target)
         job_id = uuid.uuid4().hex
         fields = {
             "lane": lane.name, "priority": req.priority, "prompt_tokens": placement.prompt_tokens,
@@ -280,6 +291,7 @@ class Gateway:
             "cost": placement.cost, "deadline_s": lane.deadline_s,
             "api_key": caller.name if caller else None,
             "owner": caller.id if caller else None,  # the key whose job it is (ids are not names)
+            "slo_ttft_ms": target.ttft_ms, "slo_tpot_ms": target.tpot_ms,
             **req.record_fields(),
         }
         kwargs = {"job_id": job_id, "max_tokens": placement.max_tokens,
@@ -293,13 +305,17 @@ class Gateway:
                 "requested_max_tokens": placement.requested_max_tokens,
                 "max_tokens": placement.max_tokens,
                 "max_tokens_capped": placement.max_tokens_capped, "cost": placement.cost,
-                "estimated_start_s": round(wait_s, 3)}
+                "estimated_start_s": round(wait_s, 3),
+                **({"latency_target": target.to_dict()} if target.asked else {})}
 
-    def _admit(self, lane: Lane, load: LaneLoad, cost: int, caller: ApiKey | None) -> float:
-        """Admit a request of `cost` on `lane` as `load` has it, then charge its cost to the
-        caller's key: its predicted wait, or the refusal (counted)."""
+    def _admit(self, lane: Lane, load: LaneLoad, cost: int, caller: ApiKey | None,
+               target: LatencyTarget) -> float:
+        """Admit a request of `cost` on `lane` as `load` has it, and its TTFT target on the
+        wait predicted, then charge its cost to the caller's key: its predicted wait, or the
+        refusal (counted)."""
         try:
             wait_s = self.admission.admit(lane, load, cost)
+            admit_target(target, lane.name, wait_s)
         except (Refused, NoLiveWorker) as exc:
             self._count_refusal(lane.name, exc, caller, load.now)
             raise
@@ -503,6 +519,8 @@ def render(job_id: str, job: dict[str, Any]) -> dict[str, Any]:
         "error": job.get("error"),
         "worker": job.get("worker"),
         "timing": timing(job),
+        **({"latency_target": target_outcome(job)} if job.get("slo_ttft_ms") is not None
+           or job.get("slo_tpot_ms") is not None else {}),
     }
 
 

@@ -1,8 +1,7 @@
 """Per-request latency targets: what a caller may ask for, within its key's bounds.
 
 Pure, no I/O. A request may state a time-to-first-token and a time-per-output-token target in
-milliseconds (the ``x-llm-d-slo-ttft-ms`` / ``x-llm-d-slo-tpot-ms`` headers, llm-d's names; the
-older ``x-slo-ttft-ms`` / ``x-slo-tpot-ms`` as aliases). A target reorders who is served and who
+milliseconds (headers: tailguard/gateway/target_headers.py). A target reorders who is served and who
 is refused, so each key bounds the targets it may ask for (``TargetBounds``, kept with the key):
 an asked target is clamped into them, and the response says so. The time-to-first-token target
 decides placement (of the lanes that accept the request, the first whose predicted wait meets
@@ -21,13 +20,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from tailguard.errors import ConfigError, InvalidField, WaitPastTarget
+from tailguard.errors import ConfigError, WaitPastTarget
 from tailguard.lanes.placement import Placement
 
-#: each target's headers, the first preferred: llm-d's name, then the older alias
-TTFT_HEADERS = ("x-llm-d-slo-ttft-ms", "x-slo-ttft-ms")
-TPOT_HEADERS = ("x-llm-d-slo-tpot-ms", "x-slo-tpot-ms")
+#: what a refusal on the TTFT target names as its field: the header that asks for it
+TTFT_FIELD = "x-llm-d-slo-ttft-ms"
 #: no target is taken above this (a day): a larger one asks nothing
 MAX_TARGET_MS = 86_400_000
 
@@ -66,6 +65,10 @@ class LatencyTarget:
     asked_tpot_ms: int | None = None
 
     @property
+    def asked(self) -> bool:
+        return self.asked_ttft_ms is not None or self.asked_tpot_ms is not None
+
+    @property
     def clamped(self) -> bool:
         """Whether the key's bounds changed what was asked."""
         return (self.ttft_ms, self.tpot_ms) != (self.asked_ttft_ms, self.asked_tpot_ms)
@@ -74,29 +77,6 @@ class LatencyTarget:
         return {"ttft_ms": self.ttft_ms, "tpot_ms": self.tpot_ms,
                 "asked_ttft_ms": self.asked_ttft_ms, "asked_tpot_ms": self.asked_tpot_ms,
                 "clamped": self.clamped}
-
-
-def parse_target_headers(headers: Mapping[str, str]) -> tuple[int | None, int | None]:
-    """The (ttft, tpot) targets in ms a request's headers ask for (names matched case-blind;
-    llm-d's name wins over the alias); InvalidField for one that is not a positive number."""
-    lowered = {k.lower(): v for k, v in headers.items()}
-    return (_header_ms(lowered, TTFT_HEADERS), _header_ms(lowered, TPOT_HEADERS))
-
-
-def _header_ms(headers: Mapping[str, str], names: tuple[str, ...]) -> int | None:
-    for name in names:
-        raw = headers.get(name)
-        if raw is None:
-            continue
-        try:
-            value = float(raw.strip())
-        except ValueError:
-            raise InvalidField(f"{name} must be a number of milliseconds, not {raw!r}",
-                               field=name) from None
-        if not 0 < value < float("inf"):
-            raise InvalidField(f"{name} must be > 0 milliseconds", field=name)
-        return max(1, min(MAX_TARGET_MS, round(value)))
-    return None
 
 
 def clamp_target(ttft_ms: int | None, tpot_ms: int | None, bounds: TargetBounds) -> LatencyTarget:
@@ -147,5 +127,25 @@ def admit_target(target: LatencyTarget, lane: str, predicted_wait_s: float) -> N
     wait_ms = predicted_wait_s * 1000.0
     raise WaitPastTarget(
         f"lane {lane!r} would start this request in about {wait_ms:.0f} ms, past its "
-        f"time-to-first-token target of {target.ttft_ms} ms", field="x-llm-d-slo-ttft-ms",
+        f"time-to-first-token target of {target.ttft_ms} ms", field=TTFT_FIELD,
         retry_after_s=math.ceil((wait_ms - (target.ttft_ms or 0)) / 1000.0), lane=lane)
+
+
+def target_outcome(job: Mapping[str, Any]) -> dict[str, Any]:
+    """A job's targets (its record's ``slo_ttft_ms``/``slo_tpot_ms``) and whether each was met
+    (None: not asked, or not known yet): TTFT as the client sees it (queue wait + the engine's),
+    TPOT the decode time after the first token over the tokens after it."""
+    ttft_ms, tpot_ms = job.get("slo_ttft_ms"), job.get("slo_tpot_ms")
+    submitted, started, first = job.get("submitted_at"), job.get("running_at"), job.get("ttft_s")
+    ended = next((job[k] for k in ("succeeded_at", "failed_at", "cancelled_at") if k in job), None)
+    ttft_s = started - submitted + first if None not in (submitted, started, first) else None
+    tokens = job.get("completion_tokens", (job.get("result") or {}).get("completion_tokens"))
+    tpot_s = ((ended - started - first) / (tokens - 1)
+              if None not in (ended, started, first) and isinstance(tokens, int) and tokens > 1
+              else None)
+    return {"ttft_ms": ttft_ms, "tpot_ms": tpot_ms,
+            "ttft_met": _met(ttft_ms, ttft_s), "tpot_met": _met(tpot_ms, tpot_s)}
+
+
+def _met(target_ms: int | None, took_s: float | None) -> bool | None:
+    return None if target_ms is None or took_s is None else took_s * 1000.0 <= target_ms

@@ -248,6 +248,17 @@ def test_an_edit_never_brings_back_a_revoked_key(store, monkeypatch):
     assert store.lookup(secret) is None
 
 
+def test_a_keys_out_of_bounds_target_is_clamped_and_the_response_says_so(keys_client, store):
+    key = store.add(ApiKey("bounded", min_ttft_ms=30_000, max_tpot_ms=100))
+    resp = keys_client.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 4},
+                            headers={**bearer(key), "x-llm-d-slo-ttft-ms": "50",
+                                     "x-llm-d-slo-tpot-ms": "500"})
+    assert resp.status_code == 202, resp.get_json()
+    assert resp.get_json()["latency_target"] == {"ttft_ms": 30_000, "tpot_ms": 100,
+                                                 "asked_ttft_ms": 50, "asked_tpot_ms": 500,
+                                                 "clamped": True}
+
+
 def test_healthz_names_the_auth_mode(client, keys_client):
     assert client.get("/healthz").get_json()["auth"] == "open"
     assert keys_client.get("/healthz").get_json()["auth"] == "keys"

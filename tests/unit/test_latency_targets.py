@@ -5,6 +5,7 @@ meets it, admission refuses a wait that already misses it."""
 import pytest
 
 from tailguard.errors import ConfigError, InvalidField, WaitPastTarget
+from tailguard.gateway.target_headers import parse_target_headers
 from tailguard.lanes.latency_targets import (
     LatencyTarget,
     TargetBounds,
@@ -12,8 +13,8 @@ from tailguard.lanes.latency_targets import (
     clamp_target,
     clamp_vllm_priority,
     meets_ttft,
-    parse_target_headers,
     preferring_lanes_in_time,
+    target_outcome,
 )
 from tailguard.lanes.placement import place
 from tailguard.lanes.table import default_lanes_path, load_lanes
@@ -122,3 +123,23 @@ def test_a_wait_that_misses_the_target_is_refused_at_once_with_the_predicted_wai
     assert (err.http_status, err.code, err.lane, err.retry_after_s) == (429, "wait_past_target",
                                                                         "long", 3)
     assert "2500 ms" in err.message and "50 ms" in err.message
+
+
+@pytest.mark.parametrize("job,outcome", [
+    # queued: nothing known
+    ({"slo_ttft_ms": 500, "submitted_at": 100.0}, (None, None)),
+    # started 0.2 s after submission, first token 0.1 s later: 300 ms <= 500
+    ({"slo_ttft_ms": 500, "submitted_at": 100.0, "running_at": 100.2, "ttft_s": 0.1}, (True, None)),
+    ({"slo_ttft_ms": 250, "submitted_at": 100.0, "running_at": 100.2, "ttft_s": 0.1}, (False, None)),
+    # 11 tokens: 10 after the first in 1.0 s of decode, 100 ms each
+    ({"slo_ttft_ms": 500, "slo_tpot_ms": 100, "submitted_at": 100.0, "running_at": 100.2,
+      "ttft_s": 0.1, "succeeded_at": 101.3, "completion_tokens": 11}, (True, True)),
+    ({"slo_tpot_ms": 99, "submitted_at": 100.0, "running_at": 100.2, "ttft_s": 0.1,
+      "succeeded_at": 101.3, "result": {"completion_tokens": 11}}, (None, False)),
+    ({"slo_tpot_ms": 99, "submitted_at": 100.0, "running_at": 100.2, "ttft_s": 0.1,
+      "succeeded_at": 101.3, "completion_tokens": 1}, (None, None)),  # one token: no TPOT
+])
+def test_the_outcome_says_whether_each_target_was_met(job, outcome):
+    got = target_outcome(job)
+    assert (got["ttft_met"], got["tpot_met"]) == outcome
+    assert (got["ttft_ms"], got["tpot_ms"]) == (job.get("slo_ttft_ms"), job.get("slo_tpot_ms"))
