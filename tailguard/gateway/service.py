@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 import time
 import uuid
@@ -61,9 +62,10 @@ from tailguard.lanes.latency_targets import (
     TargetBounds,
     admit_target,
     clamp_target,
+    preferring_lanes_in_time,
     target_outcome,
 )
-from tailguard.lanes.placement import Placement
+from tailguard.lanes.placement import Placement, Prefer
 from tailguard.lanes.table import Lane, LaneTable
 from tailguard.observe.metrics import GatewayMetrics
 from tailguard.observe.stats import StatsStore
@@ -104,10 +106,15 @@ class Submission(Protocol):
     @property
     def priority(self) -> str: ...
 
+    def within(self, bounds: TargetBounds) -> Submission:
+        """It with what its key's bounds limit applied (vLLM's integer priority)."""
+        ...
+
     def place(self, lanes: LaneTable, count_prompt: Callable[[str, bool], int],
-              model_max_len: int | None) -> Placement:
-        """Its lane, max_tokens and cost; InvalidField (or PromptTooLong, from
-        `count_prompt`) for what could never run there."""
+              model_max_len: int | None, prefer: Prefer | None = None) -> Placement:
+        """Its lane (with `prefer`, placement.place's preference among the lanes that accept
+        it), max_tokens and cost; InvalidField (or PromptTooLong, from `count_prompt`) for what
+        could never run there."""
         ...
 
     def record_fields(self) -> dict[str, Any]:
@@ -277,11 +284,14 @@ class Gateway:
         target = clamp_target(*asked_target, caller.bounds if caller else TargetBounds())
         if caller is not None:
             req = dataclasses.replace(req, priority=caller.priority_for(req.priority))
-        placement = req.place(self.lanes, self._count_prompt, self.counter.model_max_len)
+            req = req.within(caller.bounds)
+        loads: dict[str, LaneLoad] = {}  # each lane's read once
+        prefer = preferring_lanes_in_time(target, lambda p: self._predicted_wait_s(p, loads))
+        placement = req.place(self.lanes, self._count_prompt, self.counter.model_max_len, prefer)
         if caller is not None:
             check_cost(caller, placement.cost)
         lane = self.lanes[placement.lane]
-        load = self.load.load(lane.name)
+        load = loads.get(lane.name) or self.load.load(lane.name)
         wait_s = self._admit(lane, load, placement.cost, caller, target)
         job_id = uuid.uuid4().hex
         fields = {
@@ -307,6 +317,18 @@ class Gateway:
                 "max_tokens_capped": placement.max_tokens_capped, "cost": placement.cost,
                 "estimated_start_s": round(wait_s, 3),
                 **({"latency_target": target.to_dict()} if target.asked else {})}
+
+    def _predicted_wait_s(self, placement: Placement, loads: dict[str, LaneLoad]) -> float:
+        """The wait admission predicts for a request placed so (its lane's load read into
+        `loads` once); none for a lane admission would answer 503 (no worker to serve it)."""
+        lane = self.lanes[placement.lane]
+        if lane.name not in loads:
+            loads[lane.name] = self.load.load(lane.name)
+        load = loads[lane.name]
+        if not (load.live_workers or load.standby_workers or self.admission.admit_without_worker):
+            return math.inf
+        return (self.admission.wait_tokens(lane, load, placement.cost)
+                / self.admission.service_rate(lane, load))
 
     def _admit(self, lane: Lane, load: LaneLoad, cost: int, caller: ApiKey | None,
                target: LatencyTarget) -> float:

@@ -110,13 +110,15 @@ def meets_ttft(target: LatencyTarget, predicted_wait_s: float) -> bool:
     return target.ttft_ms is None or predicted_wait_s * 1000.0 <= target.ttft_ms
 
 
-def preferring_lanes_in_time(target: LatencyTarget, predicted_wait_s: Callable[[str], float]
+def preferring_lanes_in_time(target: LatencyTarget,
+                             predicted_wait_s: Callable[[Placement], float]
                              ) -> Callable[[Placement], bool] | None:
     """placement.place's `prefer` for a request with a TTFT target: a lane whose predicted wait
-    (`predicted_wait_s` of its name) meets it; None without a target (first fit)."""
+    for the request as placed there (`predicted_wait_s`) meets it; None without a target (first
+    fit, and no lane's load read)."""
     if target.ttft_ms is None:
         return None
-    return lambda placement: meets_ttft(target, predicted_wait_s(placement.lane))
+    return lambda placement: meets_ttft(target, predicted_wait_s(placement))
 
 
 def admit_target(target: LatencyTarget, lane: str, predicted_wait_s: float) -> None:

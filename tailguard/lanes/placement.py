@@ -29,6 +29,10 @@ class Placement:
         return asdict(self)
 
 
+#: which of the lanes that accept a request it should rather go to (place's `prefer`)
+Prefer = Callable[["Placement"], bool]
+
+
 def request_cost(prompt_tokens: int, max_tokens: int) -> int:
     """A request's cost in tokens: its KV-cache footprint and, roughly, its engine time."""
     return prompt_tokens + max_tokens
@@ -36,7 +40,7 @@ def request_cost(prompt_tokens: int, max_tokens: int) -> int:
 
 def place(lanes: Sequence[Lane], *, priority: str, prompt_tokens: int,
           requested_max_tokens: int | None, model_max_len: int | None = None,
-          prefer: Callable[[Placement], bool] | None = None) -> Placement:
+          prefer: Prefer | None = None) -> Placement:
     """Choose the lane for a request and cap its max_tokens.
 
     The first lane (in table order) of the request's priority class that accepts it

@@ -108,7 +108,7 @@ LANES = load_lanes(default_lanes_path()).lanes  # short: max_cost 1024; long tak
 ])
 def test_placement_prefers_the_first_lane_whose_wait_meets_the_target(prompt, asked, ttft_ms,
                                                                       waits, lane):
-    prefer = preferring_lanes_in_time(LatencyTarget(ttft_ms=ttft_ms), waits.__getitem__)
+    prefer = preferring_lanes_in_time(LatencyTarget(ttft_ms=ttft_ms), lambda p: waits[p.lane])
     placed = place(LANES, priority="interactive", prompt_tokens=prompt,
                    requested_max_tokens=asked, prefer=prefer)
     assert placed.lane == lane
