@@ -1,18 +1,18 @@
 """Per-request latency targets: what a caller may ask for, within its key's bounds.
 
 Pure, no I/O. A request may state a time-to-first-token and a time-per-output-token target in
-milliseconds (headers: tailguard/gateway/target_headers.py). A target reorders who is served and who
-is refused, so each key bounds the targets it may ask for (``TargetBounds``, kept with the key):
-an asked target is clamped into them, and the response says so. The time-to-first-token target
-decides placement (of the lanes that accept the request, the first whose predicted wait meets
-it: a request the short lane can serve in time is not sent to the long one to wait) and
+milliseconds (headers: tailguard/gateway/target_headers.py). A target reorders who is served and
+who is refused, so each key bounds the targets it may ask for (``TargetBounds``, kept with the
+key): an asked target is clamped into them, and the response says so. The time-to-first-token
+target decides placement (of the lanes that accept the request, the first whose predicted wait
+meets it: a request the short lane can serve in time is not sent to the long one to wait) and
 admission (a target the lane's predicted wait already misses is refused at once, 429
 ``wait_past_target`` with the predicted wait). The wait is to the request's start, which its
 first token cannot beat; its prefill comes on top, so a target met here may still be missed.
 The time-per-output-token target is recorded and reported, not decided on: the API knows no
-lane's decode speed. vLLM's integer ``priority``
-body field (lower is scheduled first, on an engine that schedules by priority) is such a claim
-too: a key may bound how urgent a one it sends (``min_vllm_priority``).
+lane's decode speed. vLLM's integer ``priority`` body field (lower is scheduled first, on an
+engine that schedules by priority) is such a claim too: a key may bound how urgent a priority
+it sends (``min_vllm_priority``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from tailguard.lanes.placement import Placement
 
 #: what a refusal on the TTFT target names as its field: the header that asks for it
 TTFT_FIELD = "x-llm-d-slo-ttft-ms"
-#: no target is taken above this (a day): a larger one asks nothing
+#: the largest target taken (a day): a larger one is read as this
 MAX_TARGET_MS = 86_400_000
 
 
