@@ -12,6 +12,7 @@ from tailguard import settings
 from tailguard.errors import InvalidField
 from tailguard.gateway.job_request import parse_job_request
 from tailguard.gateway.service import check_event_id
+from tailguard.gateway.target_headers import parse_target_headers
 
 bp = Blueprint("jobs", __name__, url_prefix="/v1/jobs")
 
@@ -33,7 +34,8 @@ def submit():
         415: Native415
         429: Native429
     """
-    accepted = get_gateway().submit(parse_job_request(json_body()), caller=g.get("api_key"))
+    accepted = get_gateway().submit(parse_job_request(json_body()), caller=g.get("api_key"),
+                                    asked_target=parse_target_headers(request.headers))
     return jsonify(accepted), 202, {"Location": f"/v1/jobs/{accepted['id']}"}
 
 

@@ -28,6 +28,7 @@ from tailguard import settings
 from tailguard.errors import InternalJobError, InvalidField, TailguardError, error_class
 from tailguard.gateway.openai_request import Endpoint
 from tailguard.gateway.service import Gateway, succeeded
+from tailguard.gateway.target_headers import parse_target_headers
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
 #: vLLM's server routes outside /v1 (its error shape too: app/errors.py)
@@ -85,7 +86,8 @@ def _serve(endpoint: Endpoint) -> Response:
     hold_wait_slot()  # every call waits for its job, streamed or not
     gw = get_gateway()
     job = gw.prepare_openai(endpoint, json_body())
-    accepted = gw.submit(job, caller=g.get("api_key"))
+    accepted = gw.submit(job, caller=g.get("api_key"),
+                         asked_target=parse_target_headers(request.headers))
     job_id = accepted["id"]
     headers = {"X-Tailguard-Job-Id": job_id, "X-Tailguard-Lane": accepted["lane"],
                "X-Tailguard-Max-Tokens-Capped": "true" if accepted["max_tokens_capped"] else "false",

@@ -21,6 +21,7 @@ from flask import Blueprint, Flask, current_app, jsonify
 from app.auth import needs_api_key
 from app.errors import HTTP_CODES, OPENAI_BLUEPRINTS
 from tailguard.errors import Refused, Unavailable, error_classes
+from tailguard.gateway.target_headers import TPOT_HEADERS, TTFT_HEADERS
 from tailguard.lanes.table import PRIORITY_CLASSES
 from tailguard.sampling import FIELDS, MAX_STOP_CHARS, SamplingField
 
@@ -84,10 +85,28 @@ def build_spec(app: Flask) -> dict[str, Any]:
     return spec.to_dict()
 
 
+#: the views that submit a job: they read the latency-target headers
+SUBMITTING_ENDPOINTS = frozenset({"jobs.submit", "openai.completions", "openai.chat_completions"})
+
+
+def _target_header(names: tuple[str, ...], what: str) -> dict[str, Any]:
+    return {"in": "header", "name": names[0], "schema": {"type": "number", "exclusiveMinimum": 0},
+            "description": f"{what} (alias {names[1]})"}
+
+
+_TARGET_HEADERS = [
+    _target_header(TTFT_HEADERS, "time-to-first-token target in ms, clamped into the key's "
+                   "bounds: placed on a lane whose predicted wait meets it, else refused (429 "
+                   "wait_past_target)"),
+    _target_header(TPOT_HEADERS, "time-per-output-token target in ms, clamped into the key's "
+                   "bounds: recorded and reported")]
+
+
 class _KeyProtected(BasePlugin):
     """What every operation of a key-protected path has: the scheme, 401, 429 (each call counts
     toward its key's requests per minute) and 503 (Redis down), in the error shape of the
-    view's API; an OpenAI generation, every error status."""
+    view's API; an OpenAI generation, every error status; a submission, the latency-target
+    headers."""
 
     def operation_helper(self, path: str | None = None, operations: dict | None = None,
                          **kwargs: Any) -> None:
@@ -99,6 +118,8 @@ class _KeyProtected(BasePlugin):
             op["responses"].setdefault(401, f"{family}401")
             op["responses"].setdefault(429, f"{family}429")
             op["responses"].setdefault(503, f"{family}503")
+            if kwargs["endpoint"] in SUBMITTING_ENDPOINTS:
+                op.setdefault("parameters", []).extend(_TARGET_HEADERS)
             if family == "OpenAI" and "requestBody" in op:
                 # a generation: any error of the tree can answer it
                 for status in ERROR_STATUSES:
@@ -152,6 +173,11 @@ _VLLM_BODY = ("vLLM's {model} (vllm/entrypoints/openai/): every field it takes, 
               "server takes it; unknown fields are ignored; docs/api.md lists the few refused")
 _PRIORITY = {"type": "string", "enum": list(PRIORITY_CLASSES)}
 _NULLABLE_STR = {"type": "string", "nullable": True}
+_TARGET_ASKED = ("only when the request asked for a latency target (x-llm-d-slo-ttft-ms, "
+                 "x-llm-d-slo-tpot-ms): ttft_ms and tpot_ms applied, asked_ttft_ms and "
+                 "asked_tpot_ms, clamped (whether the key's bounds changed them)")
+_TARGET_OUTCOME = ("only when the request asked for a latency target: ttft_ms and tpot_ms "
+                   "applied, ttft_met and tpot_met (null until known)")
 _NULLABLE_INT = {"type": "integer", "nullable": True}
 
 
@@ -209,14 +235,18 @@ def _schemas() -> dict[str, dict[str, Any]]:
                                                      "nullable": True}}},
         "Accepted": {"type": "object", "required": [*job_fields, "cost", "estimated_start_s"],
                      "properties": {**job_fields, "cost": {"type": "integer"},
-                                    "estimated_start_s": {"type": "number"}}},
+                                    "estimated_start_s": {"type": "number"},
+                                    "latency_target": {
+                                        "type": "object", "description": _TARGET_ASKED}}},
         "Job": {"type": "object", "required": [*job_fields, "result", "error", "timing"],
                 "properties": {**job_fields, "result": {
                     "type": "object", "nullable": True,
                     "description": "text, completion_tokens, finish_reason; text is null, with "
                                    "text_expired, once TAILGUARD_OUTPUT_TTL_S has passed"},
                                "error": {"type": "object", "nullable": True},
-                               "worker": _NULLABLE_STR, "timing": {"type": "object"}}},
+                               "worker": _NULLABLE_STR, "timing": {"type": "object"},
+                               "latency_target": {"type": "object",
+                                                  "description": _TARGET_OUTCOME}}},
         "Completion": {"type": "object", "required": ["id", "object", "choices", "usage"],
                        "properties": {"id": {"type": "string"}, "object": {"type": "string"},
                                       "choices": {"type": "array"}, "usage": usage}},

@@ -3,7 +3,7 @@
     tailguard up                       everything: Redis, API, one worker per lane group, Flower
     tailguard worker --lane long [--gpu 0,1 | --cores 2,3]
     tailguard api | flower | redis     one process each (what the Procfile runs)
-    tailguard keys add|list|revoke     API keys (required unless TAILGUARD_API_AUTH=open)
+    tailguard keys add|edit|list|revoke API keys (required unless TAILGUARD_API_AUTH=open)
     tailguard make-demo-model DIR [--size tiny|small]
     tailguard plan --step-model FILE --class short:2:3:64 ...   engines per lane, by simulation
     tailguard bench [--workload mixed|overload|...]   tail latency: shared vs lanes vs plain vLLM
@@ -173,6 +173,24 @@ def keys() -> None:
     bind but loopback) every /v1/ call needs one: Authorization: Bearer <key>."""
 
 
+def _key_share_options(fn: Any) -> Any:
+    """The options `keys add` and `keys edit` share: the key's weight and its bounds."""
+    bounds = [("--min-ttft-ms", "tightest time-to-first-token target its requests may ask for "
+               "(a tighter one is raised to it)"),
+              ("--max-ttft-ms", "loosest time-to-first-token target (a looser one is lowered)"),
+              ("--min-tpot-ms", "tightest time-per-output-token target"),
+              ("--max-tpot-ms", "loosest time-per-output-token target"),
+              ("--min-vllm-priority", "most urgent vLLM `priority` (lower is sooner) it may send")]
+    for flag, text in reversed(bounds):
+        fn = click.option(flag, type=int, help=text + (" [edit: 0 clears]" if "ms" in flag
+                                                        else ""))(fn)
+    return click.option("--weight", type=float,
+                        help="its share of a contended lane against other keys' [default: 1]")(fn)
+
+
+_BOUND_FIELDS = ("min_ttft_ms", "max_ttft_ms", "min_tpot_ms", "max_tpot_ms", "min_vllm_priority")
+
+
 @keys.command("add")
 @click.argument("name")
 @click.option("--rpm", type=int, help="requests per minute (default: no limit)")
@@ -180,14 +198,17 @@ def keys() -> None:
 @click.option("--max-priority", type=click.Choice(["interactive", "batch"]), default="interactive",
               show_default=True, help="highest class: a batch key's requests all run as batch")
 @click.option("--admin", is_flag=True, help="sees and cancels every key's jobs (others: their own)")
-def keys_add(name: str, rpm: int | None, tpm: int | None, max_priority: str, admin: bool) -> None:
+@_key_share_options
+def keys_add(name: str, rpm: int | None, tpm: int | None, max_priority: str, admin: bool,
+             weight: float | None, **bounds: int | None) -> None:
     """Make a key named NAME and print it (the only time it is shown)."""
     from tailguard.gateway.api_keys import ApiKey
 
     try:
         store = _key_store()
         secret = store.add(ApiKey(name, requests_per_min=rpm, tokens_per_min=tpm,
-                                  max_priority=max_priority, admin=admin))
+                                  max_priority=max_priority, admin=admin,
+                                  weight=1.0 if weight is None else weight, **bounds))
     except ConfigError as exc:
         raise click.ClickException(exc.message) from None
     click.echo(secret)  # stdout holds the key alone: scripts read it
@@ -196,6 +217,31 @@ def keys_add(name: str, rpm: int | None, tpm: int | None, max_priority: str, adm
     note = _unasked_key_note(store.served_mode())
     if note:
         click.echo(note, err=True)
+
+
+@keys.command("edit")
+@click.argument("name")
+@click.option("--rpm", type=int, help="requests per minute (0: no limit)")
+@click.option("--tpm", type=int, help="cost tokens per minute (0: no limit)")
+@click.option("--max-priority", type=click.Choice(["interactive", "batch"]))
+@_key_share_options
+def keys_edit(name: str, rpm: int | None, tpm: int | None, max_priority: str | None,
+              weight: float | None, **bounds: int | None) -> None:
+    """Change the key named NAME in place (its secret stays the same): only what is given."""
+    changes: dict[str, Any] = {"requests_per_min": rpm, "tokens_per_min": tpm,
+                               "max_priority": max_priority, "weight": weight, **bounds}
+    # 0 clears a limit or a latency bound (neither may be 0); vLLM's priority may well be 0
+    clearable = {"requests_per_min", "tokens_per_min", *_BOUND_FIELDS[:4]}
+    changes = {k: None if v == 0 and k in clearable else v
+               for k, v in changes.items() if v is not None}
+    if not changes:
+        raise click.ClickException("nothing to change: give --weight, --rpm, --tpm, "
+                                   "--max-priority or a bound")
+    try:
+        edited = _key_store().edit(name, **changes)
+    except ConfigError as exc:
+        raise click.ClickException(exc.message) from None
+    click.echo(_key_line(edited))
 
 
 def _unasked_key_note(mode: str | None) -> str | None:
@@ -225,9 +271,22 @@ def keys_list() -> None:
         click.echo("no API keys: in keys mode every /v1/ call is refused until "
                    "`tailguard keys add NAME` makes one")
     for k in found:
-        click.echo(f"{k.name:<24} sha256 {k.id[:12]}  rpm {k.requests_per_min or '-'}  "
-                   f"tpm {k.tokens_per_min or '-'}  max priority {k.max_priority}"
-                   + ("  admin" if k.admin else ""))
+        click.echo(_key_line(k))
+
+
+def _key_line(k: Any) -> str:
+    """One key as `keys list` shows it (never the key itself): limits, weight, bounds."""
+    def span(lo: int | None, hi: int | None) -> str:
+        return "-" if lo is None and hi is None else f"{lo or ''}..{hi or ''}"
+
+    bounds = (f"  ttft ms {span(k.min_ttft_ms, k.max_ttft_ms)}  "
+              f"tpot ms {span(k.min_tpot_ms, k.max_tpot_ms)}"
+              if any(getattr(k, f) is not None for f in _BOUND_FIELDS[:4]) else "")
+    if k.min_vllm_priority is not None:
+        bounds += f"  vllm priority >= {k.min_vllm_priority}"
+    return (f"{k.name:<24} sha256 {k.id[:12]}  rpm {k.requests_per_min or '-'}  "
+            f"tpm {k.tokens_per_min or '-'}  max priority {k.max_priority}  weight {k.weight:g}"
+            + bounds + ("  admin" if k.admin else ""))
 
 
 @keys.command("revoke")

@@ -20,6 +20,8 @@ one place (``app/errors.py``); workers map them to a terminal job state.
     ├── Refused                         refused                429  not now: come back after Retry-After
     │   ├── LaneFull                    lane_full              429  the lane's backlog is at its bound
     │   ├── WaitTooLong                 wait_too_long          429  predicted wait > what the lane promises
+    │   ├── OverFairShare               over_fair_share        429  lane full, the key over its share of it
+    │   ├── WaitPastTarget              wait_past_target       429  predicted wait > the request's TTFT target
     │   ├── RateLimited                 rate_limited           429  the API key's per-minute limit
     │   └── TooManyWaits                too_many_waits         429  the key holds its most waits/streams open
     ├── JobNotFound                     not_found              404  unknown (or expired-from-storage) id
@@ -158,6 +160,20 @@ class LaneFull(Refused):
 
 class WaitTooLong(Refused):
     code = "wait_too_long"
+
+
+class OverFairShare(Refused):
+    """The lane must refuse, and the key holds more than its weighted share of what the lane may
+    hold (tailguard/lanes/fair_share.py): it is refused before the keys within theirs."""
+
+    code = "over_fair_share"
+
+
+class WaitPastTarget(Refused):
+    """The lane's predicted wait already misses the request's time-to-first-token target
+    (tailguard/lanes/latency_targets.py): refused at once rather than queued to miss it."""
+
+    code = "wait_past_target"
 
 
 class RateLimited(Refused):

@@ -10,8 +10,11 @@ Each key may carry a requests/min and a tokens/min limit (token buckets in one
 Lua script, so every API process draws from the same ones; every /v1/ call takes
 one request, a submission also its cost in tokens, prompt + max_tokens), a priority
 ceiling (a ``batch`` key's interactive requests are placed as batch), the admin
-flag (an admin key sees and cancels every key's jobs; any other key only its own)
-and a name, which the request log carries.
+flag (an admin key sees and cancels every key's jobs; any other key only its own),
+a weight (its share of a lane against the other keys' when the lane is contended:
+tailguard/lanes/fair_share.py), the bounds of the latency targets and vLLM priority its
+requests may ask for (tailguard/lanes/latency_targets.py) and a name, which the request
+log carries. `tailguard keys edit` changes any of them but the admin flag in place.
 """
 
 from __future__ import annotations
@@ -21,18 +24,22 @@ import json
 import math
 import re
 import secrets
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
 
 import redis
 
 from tailguard import settings
 from tailguard.errors import ConfigError, OverKeyLimit, RateLimited, Unauthenticated
+from tailguard.lanes.latency_targets import TargetBounds
 from tailguard.lanes.table import PRIORITY_CLASSES
 from tailguard.redis import keys, lua
 
 #: what every key starts with, so a leaked one is recognisable (and greppable)
 KEY_PREFIX = "tg-"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+#: the largest weight a key may have (NaN and infinity never pass the check)
+MAX_WEIGHT = 1000.0
 
 
 def digest(key: str) -> str:
@@ -46,6 +53,12 @@ class ApiKey:
     tokens_per_min: int | None = None
     max_priority: str = PRIORITY_CLASSES[0]  # the highest class this key may use
     admin: bool = False  # sees and cancels every key's jobs
+    weight: float = 1.0  # its share of a contended lane against other keys' (fair share)
+    min_ttft_ms: int | None = None  # the latency targets it may ask for (TargetBounds)
+    max_ttft_ms: int | None = None
+    min_tpot_ms: int | None = None
+    max_tpot_ms: int | None = None
+    min_vllm_priority: int | None = None
     id: str = ""  # the key's sha256: where it is stored (never part of the stored record)
 
     def record(self) -> str:
@@ -54,6 +67,10 @@ class ApiKey:
     def may_see(self, owner: str | None) -> bool:
         """Whether this key may read or cancel a job whose record names `owner` (a key's id)."""
         return self.admin or owner == self.id
+
+    @property
+    def bounds(self) -> TargetBounds:
+        return TargetBounds(**{f.name: getattr(self, f.name) for f in fields(TargetBounds)})
 
     def priority_for(self, wanted: str) -> str:
         """The class a request asking for `wanted` runs at: never above the key's ceiling."""
@@ -70,18 +87,34 @@ class ApiKeyStore:
 
     def add(self, key: ApiKey) -> str:
         """Store a new key and return it: the only time it is ever seen."""
-        if not _NAME_RE.match(key.name):
-            raise ConfigError(f"key name {key.name!r} must match {_NAME_RE.pattern}", field="name")
-        if key.max_priority not in PRIORITY_CLASSES:
-            raise ConfigError(f"max priority must be one of {PRIORITY_CLASSES}", field="max_priority")
-        for limit in (key.requests_per_min, key.tokens_per_min):
-            if limit is not None and limit <= 0:
-                raise ConfigError("limits must be > 0 (omit for none)", field="limit")
+        check_key(key)
         if any(k.name == key.name for k in self.list()):
             raise ConfigError(f"a key named {key.name!r} exists: revoke it first", field="name")
         secret = KEY_PREFIX + secrets.token_urlsafe(32)
         self.redis.hset(keys.API_KEYS, digest(secret), key.record())
         return secret
+
+    def edit(self, name: str, **changes: Any) -> ApiKey:
+        """Change the key named `name` in place (its secret stays): any field but its name, id
+        and admin flag (revoke and add for those). ConfigError for no such key or a bad value."""
+        fixed = {"name", "id", "admin"} & changes.keys()
+        if fixed:
+            raise ConfigError(f"a key's {', '.join(sorted(fixed))} cannot be edited: revoke it "
+                              "and add it again", field=sorted(fixed)[0])
+        found = next((k for k in self.list() if k.name == name), None)
+        if found is None:
+            raise ConfigError(f"no key named {name!r}", field="name")
+        edited = replace(found, **changes)
+        check_key(edited)
+
+        def rewrite(pipe: Any) -> None:  # never brings back a key revoked meanwhile
+            if not pipe.hexists(keys.API_KEYS, found.id):
+                raise ConfigError(f"key {name!r} was revoked meanwhile", field="name")
+            pipe.multi()
+            pipe.hset(keys.API_KEYS, found.id, edited.record())
+
+        self.redis.transaction(rewrite, keys.API_KEYS)
+        return edited
 
     def list(self) -> list[ApiKey]:
         return sorted((ApiKey(**json.loads(v), id=_text(h))
@@ -153,6 +186,20 @@ class ApiKeyStore:
         if not taken:
             raise RateLimited(f"key {key.name!r} is over its {bucket} per minute",
                               retry_after_s=math.ceil(float(wait)))
+
+
+def check_key(key: ApiKey) -> None:
+    """ConfigError naming what a key to be stored has wrong."""
+    if not _NAME_RE.match(key.name):
+        raise ConfigError(f"key name {key.name!r} must match {_NAME_RE.pattern}", field="name")
+    if key.max_priority not in PRIORITY_CLASSES:
+        raise ConfigError(f"max priority must be one of {PRIORITY_CLASSES}", field="max_priority")
+    for limit in (key.requests_per_min, key.tokens_per_min):
+        if limit is not None and limit <= 0:
+            raise ConfigError("limits must be > 0 (omit for none)", field="limit")
+    if not 0 < key.weight <= MAX_WEIGHT:
+        raise ConfigError(f"weight must be > 0 and at most {MAX_WEIGHT:g}", field="weight")
+    key.bounds.check()
 
 
 def check_cost(key: ApiKey, cost: int) -> None:

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tailguard.errors import InvalidField
-from tailguard.lanes.placement import Placement, place
+from tailguard.lanes.latency_targets import TargetBounds
+from tailguard.lanes.placement import Placement, Prefer, place
 from tailguard.lanes.table import PRIORITY_CLASSES, LaneTable
 from tailguard.sampling import MAX_TOKENS, Api, field_names, parse_sampling
 
@@ -28,14 +29,19 @@ class JobRequest:
     # False for prompts rendered from a chat template: the template writes its own BOS
     add_special_tokens: bool = True
 
+    def within(self, bounds: TargetBounds) -> JobRequest:
+        """As it is: its priority is a class, which the key's ceiling bounds."""
+        return self
+
     def place(self, lanes: LaneTable, count_prompt: Callable[[str, bool], int],
-              model_max_len: int | None) -> Placement:
+              model_max_len: int | None, prefer: Prefer | None = None) -> Placement:
         """Its lane, max_tokens and cost, its prompt counted by `count_prompt` (which refuses
         one past the API's byte bound before the tokenizer spends CPU on it); InvalidField
         when min_tokens is above the max_tokens it gets."""
         placement = place(lanes.lanes, priority=self.priority,
                           prompt_tokens=count_prompt(self.prompt, self.add_special_tokens),
-                          requested_max_tokens=self.max_tokens, model_max_len=model_max_len)
+                          requested_max_tokens=self.max_tokens, model_max_len=model_max_len,
+                          prefer=prefer)
         min_tokens = self.sampling.get("min_tokens", 0)
         if min_tokens > placement.max_tokens:
             raise InvalidField(f"min_tokens ({min_tokens}) must be <= max_tokens, which is "

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from tailguard.errors import InvalidField
-from tailguard.lanes.placement import Placement, place, request_cost
+from tailguard.lanes.latency_targets import TargetBounds, clamp_vllm_priority
+from tailguard.lanes.placement import Placement, Prefer, place, request_cost
 from tailguard.lanes.table import PRIORITY_CLASSES, Lane, LaneTable
 from tailguard.sampling import INT64_MAX, INT64_MIN
 
@@ -135,13 +136,22 @@ class OpenAIJob:
 
     # The gateway's request-kind protocol (tailguard.gateway.service.Submission):
 
+    def within(self, bounds: TargetBounds) -> OpenAIJob:
+        """It with vLLM's integer ``priority`` no more urgent than its key may ask."""
+        sent = self.request.get("priority")
+        if not isinstance(sent, int) or isinstance(sent, bool):
+            return self
+        return replace(self, request={**self.request,
+                                      "priority": clamp_vllm_priority(sent, bounds)})
+
     def place(self, lanes: LaneTable, count_prompt: Callable[[str, bool], int],
-              model_max_len: int | None) -> Placement:
+              model_max_len: int | None, prefer: Prefer | None = None) -> Placement:
         """Its lane, granted vLLM's own max_tokens within it (`grant`); its prompt was counted
         by vLLM's render (and its bytes checked before that), so `count_prompt` is not used.
         InvalidField for anything vLLM refuses at the granted max_tokens."""
         placement = place(lanes.lanes, priority=self.priority, prompt_tokens=self.prompt_tokens,
-                          requested_max_tokens=self.max_tokens, model_max_len=model_max_len)
+                          requested_max_tokens=self.max_tokens, model_max_len=model_max_len,
+                          prefer=prefer)
         placement = grant(placement, lanes[placement.lane], self)
         self.verify(placement.max_tokens)
         return placement

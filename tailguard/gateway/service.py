@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 import time
 import uuid
@@ -56,7 +57,15 @@ from tailguard.jobs.stream import (
     with_output,
 )
 from tailguard.lanes.admission import AdmissionPolicy, LaneLoad
-from tailguard.lanes.placement import Placement
+from tailguard.lanes.latency_targets import (
+    LatencyTarget,
+    TargetBounds,
+    admit_target,
+    clamp_target,
+    preferring_lanes_in_time,
+    target_outcome,
+)
+from tailguard.lanes.placement import Placement, Prefer
 from tailguard.lanes.table import Lane, LaneTable
 from tailguard.observe.metrics import GatewayMetrics
 from tailguard.observe.stats import StatsStore
@@ -97,10 +106,15 @@ class Submission(Protocol):
     @property
     def priority(self) -> str: ...
 
+    def within(self, bounds: TargetBounds) -> Submission:
+        """It with what its key's bounds limit applied (vLLM's integer priority)."""
+        ...
+
     def place(self, lanes: LaneTable, count_prompt: Callable[[str, bool], int],
-              model_max_len: int | None) -> Placement:
-        """Its lane, max_tokens and cost; InvalidField (or PromptTooLong, from
-        `count_prompt`) for what could never run there."""
+              model_max_len: int | None, prefer: Prefer | None = None) -> Placement:
+        """Its lane (with `prefer`, placement.place's preference among the lanes that accept
+        it), max_tokens and cost; InvalidField (or PromptTooLong, from `count_prompt`) for what
+        could never run there."""
         ...
 
     def record_fields(self) -> dict[str, Any]:
@@ -250,7 +264,8 @@ class Gateway:
         return self.openai.prepare(endpoint, body,
                                    lambda size: self._check_prompt_bytes(size, field))
 
-    def submit(self, req: Submission, caller: ApiKey | None = None) -> dict[str, Any]:
+    def submit(self, req: Submission, caller: ApiKey | None = None,
+               asked_target: tuple[int | None, int | None] = (None, None)) -> dict[str, Any]:
         """Check what can be checked cheaply first (the prompt's size in bytes; the caller's
         call was charged to its key already, `charge_call`), then tokenize and place it,
         refuse what could never run (min_tokens above the granted max_tokens, or for an OpenAI
@@ -261,17 +276,23 @@ class Gateway:
 
         Returns the 202 body; raises Refused (429) or NoLiveWorker (503), counted per lane
         and per key, or StorageFull (503) before anything else while Redis is past its
-        high-water mark. A key's priority ceiling lowers the request's class before placement.
+        high-water mark. A key's priority ceiling lowers the request's class before placement;
+        `asked_target` (the ttft and tpot ms its headers ask for: latency_targets) is clamped
+        into the key's bounds, and a TTFT target the lane's predicted wait misses is a 429.
         """
         self.store.storage.check()  # StorageFull (503): Redis is past its high-water mark
+        target = clamp_target(*asked_target, caller.bounds if caller else TargetBounds())
         if caller is not None:
             req = dataclasses.replace(req, priority=caller.priority_for(req.priority))
-        placement = req.place(self.lanes, self._count_prompt, self.counter.model_max_len)
+            req = req.within(caller.bounds)
+        loads: dict[str, LaneLoad] = {}  # each lane's read once
+        prefer = preferring_lanes_in_time(target, lambda p: self._predicted_wait_s(p, loads))
+        placement = req.place(self.lanes, self._count_prompt, self.counter.model_max_len, prefer)
         if caller is not None:
             check_cost(caller, placement.cost)
         lane = self.lanes[placement.lane]
-        load = self.load.load(lane.name)
-        wait_s = self._admit(lane, load, placement.cost, caller)
+        load = loads.get(lane.name) or self.load.load(lane.name)
+        wait_s = self._admit(lane, load, placement.cost, caller, target)
         job_id = uuid.uuid4().hex
         fields = {
             "lane": lane.name, "priority": req.priority, "prompt_tokens": placement.prompt_tokens,
@@ -280,6 +301,7 @@ class Gateway:
             "cost": placement.cost, "deadline_s": lane.deadline_s,
             "api_key": caller.name if caller else None,
             "owner": caller.id if caller else None,  # the key whose job it is (ids are not names)
+            "slo_ttft_ms": target.ttft_ms, "slo_tpot_ms": target.tpot_ms,
             **req.record_fields(),
         }
         kwargs = {"job_id": job_id, "max_tokens": placement.max_tokens,
@@ -293,13 +315,29 @@ class Gateway:
                 "requested_max_tokens": placement.requested_max_tokens,
                 "max_tokens": placement.max_tokens,
                 "max_tokens_capped": placement.max_tokens_capped, "cost": placement.cost,
-                "estimated_start_s": round(wait_s, 3)}
+                "estimated_start_s": round(wait_s, 3),
+                **({"latency_target": target.to_dict()} if target.asked else {})}
 
-    def _admit(self, lane: Lane, load: LaneLoad, cost: int, caller: ApiKey | None) -> float:
-        """Admit a request of `cost` on `lane` as `load` has it, then charge its cost to the
-        caller's key: its predicted wait, or the refusal (counted)."""
+    def _predicted_wait_s(self, placement: Placement, loads: dict[str, LaneLoad]) -> float:
+        """The wait admission predicts for a request placed so (its lane's load read into
+        `loads` once); none for a lane admission would answer 503 (no worker to serve it)."""
+        lane = self.lanes[placement.lane]
+        if lane.name not in loads:
+            loads[lane.name] = self.load.load(lane.name)
+        load = loads[lane.name]
+        if not (load.live_workers or load.standby_workers or self.admission.admit_without_worker):
+            return math.inf
+        return (self.admission.wait_tokens(lane, load, placement.cost)
+                / self.admission.service_rate(lane, load))
+
+    def _admit(self, lane: Lane, load: LaneLoad, cost: int, caller: ApiKey | None,
+               target: LatencyTarget) -> float:
+        """Admit a request of `cost` on `lane` as `load` has it, and its TTFT target on the
+        wait predicted, then charge its cost to the caller's key: its predicted wait, or the
+        refusal (counted)."""
         try:
             wait_s = self.admission.admit(lane, load, cost)
+            admit_target(target, lane.name, wait_s)
         except (Refused, NoLiveWorker) as exc:
             self._count_refusal(lane.name, exc, caller, load.now)
             raise
@@ -503,6 +541,8 @@ def render(job_id: str, job: dict[str, Any]) -> dict[str, Any]:
         "error": job.get("error"),
         "worker": job.get("worker"),
         "timing": timing(job),
+        **({"latency_target": target_outcome(job)} if job.get("slo_ttft_ms") is not None
+           or job.get("slo_tpot_ms") is not None else {}),
     }
 
 

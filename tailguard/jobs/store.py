@@ -64,7 +64,7 @@ _FLOAT_FIELDS = ("submitted_at", "expires_at", "deadline_s", "queued_at", "runni
                  "resume_engine_s")
 _INT_FIELDS = ("prompt_tokens", "max_tokens", "requested_max_tokens", "completion_tokens", "cost",
                "engine_prompt_tokens", "engine_deaths", "resume_tokens", "reclaims",
-               "resume_entries")
+               "resume_entries", "slo_ttft_ms", "slo_tpot_ms")
 
 
 #: the lane keys transition_job.lua keeps as a job is queued and runs (%s: the lane)

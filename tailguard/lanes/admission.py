@@ -39,14 +39,25 @@ on many API threads would each read the same empty lane; so the store applies th
 same rule again (``limits``; tailguard/redis/lua/create_job.lua) in the Lua step that
 records the job, on the lane's figures as they are then, and a request that lost
 the race is decided again on those.
+
+Where the lane dispatches in fair order by key (tailguard/lanes/fair_share.py), admission is
+fair too (``admit_fairly``): when the rule above refuses, a key holding more than its weighted
+share of what the lane may hold is refused (429 ``over_fair_share``); one within its share is
+admitted with the wait it has in fair order (within the promise: its share and what the others
+are served meanwhile fill at most what the lane holds), and may take the lane past
+``max_backlog_tokens``, never past twice it: the room beyond is held by keys over their share,
+whose next requests are refused until they are back within it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tailguard.errors import LaneFull, NoLiveWorker, WaitTooLong
+from tailguard.errors import LaneFull, NoLiveWorker, OverFairShare, WaitTooLong
+from tailguard.lanes.fair_share import fair_share, weight_of, work_ahead
 from tailguard.lanes.table import Lane
 
 
@@ -134,3 +145,53 @@ class AdmissionPolicy:
                 f"its {lane.promised_wait_s:g} s promise",
                 retry_after_s=math.ceil(wait_s - lane.promised_wait_s), lane=lane.name)
         return wait_s
+
+    def capacity_tokens(self, lane: Lane, load: LaneLoad) -> float:
+        """The cost tokens the lane may hold queued: the tighter of its backlog bound and the
+        work it gets through within its promise, the whole that fair shares divide."""
+        within_promise = lane.promised_wait_s * self.service_rate(lane, load)
+        bound = lane.max_backlog_tokens
+        return within_promise if bound is None else min(bound, within_promise)
+
+    def admit_fairly(self, lane: Lane, load: LaneLoad, cost: int, key: str,
+                     backlogs: Mapping[str, int], weights: Mapping[str, float]) -> float:
+        """`admit`, for a lane that dispatches in fair order: `backlogs` the cost tokens each key
+        has queued on it, `weights` the keys' weights (tailguard/lanes/fair_share.py).
+
+        When `admit` refuses, OverFairShare if `key` would hold more than its share while another
+        key has work queued (alone, it is refused as `admit` refuses it; Retry-After: until its
+        backlog drains to its share at its share of the rate); within its share it is admitted
+        with the wait it has in fair order, unless the lane would pass twice its backlog bound
+        (then `admit`'s refusal)."""
+        try:
+            return self.admit(lane, load, cost)
+        except (LaneFull, WaitTooLong):
+            if not any(b > 0 for k, b in backlogs.items() if k != key):
+                raise  # alone: fair order is arrival order
+            capacity = self.capacity_tokens(lane, load)
+            share = fair_share(key, capacity, backlogs, weights)
+            held = max(0, backlogs.get(key, 0)) + cost
+            rate = self.service_rate(lane, load)
+            if held > share:
+                share_rate = rate * share / capacity if capacity > 0 else rate
+                raise OverFairShare(
+                    f"lane {lane.name!r} is full and key {key!r} holds more than its share of it "
+                    f"({held} of {share:.0f} cost tokens, weight {weight_of(key, weights):g})",
+                    retry_after_s=math.ceil((held - share) / share_rate), lane=lane.name) from None
+            bound = lane.max_backlog_tokens
+            if bound is not None and max(0, load.backlog_tokens) + cost > 2 * bound:
+                raise
+            # within its share, what is dispatched before it in fair order fills at most what
+            # the lane holds (capacity_tokens): its wait is within the promise
+            ahead = self._ahead_in_fair_order(load, key, backlogs, weights)
+            return self.wait_tokens(lane, ahead, cost) / rate
+
+    @staticmethod
+    def _ahead_in_fair_order(load: LaneLoad, key: str, backlogs: Mapping[str, int],
+                             weights: Mapping[str, float]) -> LaneLoad:
+        """`load` with only the queued work dispatched before `key`'s new request in fair order
+        (its jobs in proportion: they are not counted per key)."""
+        total = max(0, load.backlog_tokens)
+        ahead = min(total, work_ahead(key, backlogs, weights))
+        jobs = math.ceil(max(0, load.queued_jobs) * ahead / total) if total else 0
+        return dataclasses.replace(load, backlog_tokens=round(ahead), queued_jobs=jobs)

@@ -327,3 +327,53 @@ def test_the_store_applies_the_rule_admission_decided_with(redis_client, promise
             assert stored == admitted, (queued, running)
             assert admitted == (queued < 4 - running or (
                 promise_s == 3.0 and queued - max(0, 4 - running) <= 1))
+
+
+def test_a_ttft_target_the_lane_already_misses_is_refused_before_queueing(api, redis_client):
+    """No worker runs; batch is the one lane of its class: the first 4 requests each have a
+    slot (no wait), the 5th waits for one request's work at 40 tokens/s. A target that wait
+    meets is queued and says so; one it misses is a 429 wait_past_target with the predicted
+    wait, and nothing is queued."""
+    batch = {"prompt": "hi", "max_tokens": 60, "priority": "batch"}
+    target = {"x-llm-d-slo-ttft-ms": "50", "x-llm-d-slo-tpot-ms": "30"}
+    first = api.post("/v1/jobs", json=batch, headers=target)
+    assert first.status_code == 202, first.get_json()
+    assert first.get_json()["latency_target"] == {"ttft_ms": 50, "tpot_ms": 30,
+                                                  "asked_ttft_ms": 50, "asked_tpot_ms": 30,
+                                                  "clamped": False}
+    job = api.get(f"/v1/jobs/{first.get_json()['id']}").get_json()
+    assert job["latency_target"] == {"ttft_ms": 50, "tpot_ms": 30, "ttft_met": None,
+                                     "tpot_met": None}  # not started yet: not known
+    for _ in range(3):
+        assert api.post("/v1/jobs", json=batch).status_code == 202
+    backlog = int(redis_client.get(keys.lane_backlog_key("batch")))
+    missed = api.post("/v1/jobs", json=batch,
+                      headers={"x-slo-ttft-ms": "50"})  # the alias
+    assert missed.status_code == 429
+    error = missed.get_json()["error"]
+    assert error["code"] == "wait_past_target" and "ms, past its time-to-first-token target of " \
+        "50 ms" in error["message"]
+    assert int(missed.headers["Retry-After"]) >= 1
+    assert int(redis_client.get(keys.lane_backlog_key("batch"))) == backlog  # nothing queued
+    plain = api.post("/v1/jobs", json=batch)
+    assert plain.status_code == 202 and "latency_target" not in plain.get_json()
+    bad = api.post("/v1/jobs", json={"prompt": "hi"}, headers={"x-llm-d-slo-ttft-ms": "soon"})
+    assert bad.status_code == 400 and bad.get_json()["error"]["field"] == "x-llm-d-slo-ttft-ms"
+
+
+def test_a_ttft_target_short_misses_and_long_meets_is_placed_on_long(api, redis_client):
+    """Short's 4 slots are taken and one more is queued: a request there waits for one
+    request's work (~1.5 s at 40 tokens/s). A 1,000 ms target goes to the idle long lane,
+    which meets it; without a target the request stays on short, as ever."""
+    for _ in range(5):
+        assert api.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 60}).get_json()["lane"] \
+            == "short"
+    plain = api.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 60}).get_json()
+    assert plain["lane"] == "short" and plain["estimated_start_s"] > 1.0
+    moved = api.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 60},
+                     headers={"x-llm-d-slo-ttft-ms": "1000"})
+    assert moved.status_code == 202 and moved.get_json()["lane"] == "long"
+    assert moved.get_json()["estimated_start_s"] <= 1.0
+    roomy = api.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 60},
+                     headers={"x-llm-d-slo-ttft-ms": "60000"})  # short meets it: short
+    assert roomy.get_json()["lane"] == "short"

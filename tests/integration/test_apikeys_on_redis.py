@@ -3,7 +3,8 @@ mode stays on with no key at all), per-key limits from the shared Lua token buck
 counts toward rpm, GETs too; 429 + Retry-After; a cost above the whole tpm is a 400), waits per
 key, the priority ceiling, the key's name in the request log, and the `tailguard keys` and
 `tailguard api` commands. The mode is never a surprise: /healthz names it, the API records it in
-Redis as it starts, and `tailguard keys add` warns when it makes a key that nothing asks for."""
+Redis as it starts, and `tailguard keys add` warns when it makes a key that nothing asks for. A key's weight and
+latency-target bounds are set by `keys add`, changed in place by `keys edit`, shown by `keys list`."""
 
 import pytest
 from click.testing import CliRunner
@@ -11,7 +12,7 @@ from test_observability import sample
 
 from tailguard import settings
 from tailguard.cli import main
-from tailguard.errors import Unauthenticated
+from tailguard.errors import ConfigError, Unauthenticated
 from tailguard.gateway.api_keys import ApiKey, ApiKeyStore
 from tailguard.gateway.wait_slots import WaitSlots
 from tailguard.jobs.finished import FinishedConsumer
@@ -198,6 +199,64 @@ def test_keys_command_adds_lists_and_revokes(store, redis_client, redis_server, 
     assert runner.invoke(main, ["keys", "revoke", "ci"]).exit_code != 0
     assert runner.invoke(main, ["keys", "revoke", "ops"]).exit_code == 0
     assert "no API keys" in runner.invoke(main, ["keys", "list"]).output
+
+
+def test_keys_have_a_weight_and_bounds_and_are_edited_in_place(store, redis_client, redis_server,
+                                                                 monkeypatch):
+    monkeypatch.setenv("TAILGUARD_REDIS_URL", redis_server)
+    runner = CliRunner()
+    added = runner.invoke(main, ["keys", "add", "team-a", "--weight", "2", "--min-ttft-ms", "200",
+                                 "--max-ttft-ms", "5000", "--min-vllm-priority", "0"])
+    assert added.exit_code == 0, added.output
+    secret = added.stdout.splitlines()[0]
+    key = store.lookup(secret)
+    assert (key.weight, key.min_ttft_ms, key.max_ttft_ms, key.min_vllm_priority) == (2.0, 200,
+                                                                                      5000, 0)
+    plain = runner.invoke(main, ["keys", "add", "team-b"])
+    assert store.lookup(plain.stdout.splitlines()[0]).weight == 1.0
+    listed = runner.invoke(main, ["keys", "list"]).output
+    line_a = next(line for line in listed.splitlines() if line.startswith("team-a"))
+    line_b = next(line for line in listed.splitlines() if line.startswith("team-b"))
+    assert "weight 2" in line_a and "ttft ms 200..5000" in line_a and "vllm priority >= 0" in line_a
+    assert "weight 1" in line_b and "ttft" not in line_b
+    edited = runner.invoke(main, ["keys", "edit", "team-a", "--weight", "0.5", "--rpm", "60",
+                                  "--max-ttft-ms", "0", "--min-tpot-ms", "10"])
+    assert edited.exit_code == 0, edited.output
+    assert "weight 0.5" in edited.output and "ttft ms 200.." in edited.output
+    key = store.lookup(secret)  # the same secret, edited in place
+    assert (key.weight, key.requests_per_min, key.max_ttft_ms, key.min_tpot_ms) == (0.5, 60,
+                                                                                    None, 10)
+    for bad in (["--weight", "0"], ["--min-ttft-ms", "900", "--max-ttft-ms", "100"], []):
+        refused = runner.invoke(main, ["keys", "edit", "team-a", *bad])
+        assert refused.exit_code != 0 and store.lookup(secret).weight == 0.5, refused.output
+    assert runner.invoke(main, ["keys", "edit", "nobody", "--weight", "2"]).exit_code != 0
+    assert runner.invoke(main, ["keys", "add", "team-c", "--weight", "-1"]).exit_code != 0
+
+
+def test_an_edit_never_brings_back_a_revoked_key(store, monkeypatch):
+    secret = store.add(ApiKey("gone"))
+    real_list = store.list
+
+    def list_then_revoke():
+        found = real_list()
+        store.redis.hdel(keys.API_KEYS, store.lookup(secret).id)  # revoked between read and write
+        return found
+
+    monkeypatch.setattr(store, "list", list_then_revoke)
+    with pytest.raises(ConfigError, match="revoked meanwhile"):
+        store.edit("gone", weight=3.0)
+    assert store.lookup(secret) is None
+
+
+def test_a_keys_out_of_bounds_target_is_clamped_and_the_response_says_so(keys_client, store):
+    key = store.add(ApiKey("bounded", min_ttft_ms=30_000, max_tpot_ms=100))
+    resp = keys_client.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 4},
+                            headers={**bearer(key), "x-llm-d-slo-ttft-ms": "50",
+                                     "x-llm-d-slo-tpot-ms": "500"})
+    assert resp.status_code == 202, resp.get_json()
+    assert resp.get_json()["latency_target"] == {"ttft_ms": 30_000, "tpot_ms": 100,
+                                                 "asked_ttft_ms": 50, "asked_tpot_ms": 500,
+                                                 "clamped": True}
 
 
 def test_healthz_names_the_auth_mode(client, keys_client):

@@ -1,9 +1,21 @@
-"""API keys' pure parts: the priority ceiling, who sees whose jobs, and the auth mode a bind gets."""
+"""API keys' pure parts: the priority ceiling, who sees whose jobs, the auth mode a bind gets,
+the weight and the latency-target bounds a key may have."""
+
+import dataclasses
+import json
 
 import pytest
 
 from tailguard.errors import ConfigError, OverKeyLimit
-from tailguard.gateway.api_keys import ApiKey, check_cost, digest, is_loopback, resolve_auth
+from tailguard.gateway.api_keys import (
+    ApiKey,
+    check_cost,
+    check_key,
+    digest,
+    is_loopback,
+    resolve_auth,
+)
+from tailguard.lanes.latency_targets import TargetBounds
 
 
 @pytest.mark.parametrize("ceiling,wanted,runs_as", [
@@ -66,3 +78,36 @@ def test_a_cost_above_the_whole_tokens_per_minute_is_a_400_not_a_429():
     with pytest.raises(OverKeyLimit, match="exceeds") as exc:
         check_cost(key, 101)
     assert exc.value.http_status == 400 and exc.value.field == "max_tokens"
+
+
+def test_a_key_has_weight_one_and_no_bounds_unless_given_and_old_records_read_so():
+    old = ApiKey(**{"name": "old", "requests_per_min": 5})
+    assert old.weight == 1.0 and old.bounds == TargetBounds()
+    key = ApiKey("k", weight=2.5, min_ttft_ms=200, max_tpot_ms=80, min_vllm_priority=0)
+    assert key.bounds == TargetBounds(min_ttft_ms=200, max_tpot_ms=80, min_vllm_priority=0)
+    assert ApiKey(**{**json.loads(key.record()), "id": key.id}) == key
+
+
+@pytest.mark.parametrize("changes,field", [
+    ({"weight": 0.0}, "weight"),
+    ({"weight": -1.0}, "weight"),
+    ({"weight": float("nan")}, "weight"),
+    ({"weight": float("inf")}, "weight"),
+    ({"weight": 1001.0}, "weight"),
+    ({"min_ttft_ms": 0}, "min_ttft_ms"),
+    ({"max_tpot_ms": -5}, "max_tpot_ms"),
+    ({"min_ttft_ms": 500, "max_ttft_ms": 100}, "min_ttft_ms"),
+    ({"min_tpot_ms": 50, "max_tpot_ms": 10}, "min_tpot_ms"),
+    ({"requests_per_min": 0}, "limit"),
+    ({"max_priority": "urgent"}, "max_priority"),
+    ({"name": "no spaces"}, "name"),
+])
+def test_a_key_with_a_bad_weight_or_bound_is_refused(changes, field):
+    with pytest.raises(ConfigError) as exc:
+        check_key(dataclasses.replace(ApiKey("k"), **changes))
+    assert exc.value.field == field
+
+
+def test_a_key_within_its_bounds_passes():
+    check_key(ApiKey("k", weight=0.25, min_ttft_ms=100, max_ttft_ms=100, min_tpot_ms=5,
+                     min_vllm_priority=-10))

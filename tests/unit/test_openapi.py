@@ -49,3 +49,12 @@ def test_every_4xx_is_the_error_body_of_its_api(spec):
             for status, response in op["responses"].items():
                 if status.startswith("4"):
                     assert response == {"$ref": f"#/components/responses/{family}{status}"}, path
+
+
+@pytest.mark.parametrize("path", ["/v1/jobs", "/v1/completions", "/v1/chat/completions"])
+def test_the_submitting_routes_document_the_latency_target_headers(spec, path):
+    params = {p["name"]: p for p in spec["paths"][path]["post"]["parameters"]}
+    assert set(params) == {"x-llm-d-slo-ttft-ms", "x-llm-d-slo-tpot-ms"}
+    assert all(p["in"] == "header" for p in params.values())
+    assert "wait_past_target" in params["x-llm-d-slo-ttft-ms"]["description"]
+    assert "x-slo-tpot-ms" in params["x-llm-d-slo-tpot-ms"]["description"]

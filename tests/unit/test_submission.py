@@ -8,6 +8,7 @@ import pytest
 from tailguard.errors import InvalidField
 from tailguard.gateway.job_request import JobRequest
 from tailguard.gateway.openai_request import OpenAIJob
+from tailguard.lanes.latency_targets import TargetBounds
 from tailguard.lanes.table import Lane, LaneTable
 
 LANES = LaneTable(lanes=(Lane("short", max_tokens=64, max_cost=256, default_max_tokens=16,
@@ -56,3 +57,18 @@ def test_an_openai_request_is_placed_with_vllms_count_and_granted_and_verified()
     assert (kwargs["prompt"], kwargs["sampling"]) == ("", {})
     assert kwargs["openai"]["request"]["request_id"] == "j"
     assert kwargs["openai"]["request"]["max_tokens"] == 64
+
+
+@pytest.mark.parametrize("sent,floor,applied", [
+    (-10, 0, 0),        # more urgent than the key may ask: raised to its floor
+    (5, 0, 5),
+    (-10, None, -10),   # a key without the bound
+    (None, 0, None),    # none sent: none added
+])
+def test_vllms_priority_is_bounded_by_the_key(sent, floor, applied):
+    request = {"messages": []} | ({} if sent is None else {"priority": sent})
+    job = OpenAIJob(endpoint="chat", request=request, prompt_tokens=1, vllm_max_tokens=8)
+    bounded = job.within(TargetBounds(min_vllm_priority=floor))
+    assert bounded.request.get("priority") == applied
+    native = JobRequest(prompt="hi")
+    assert native.within(TargetBounds(min_vllm_priority=0)) is native
