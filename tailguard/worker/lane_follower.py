@@ -145,7 +145,8 @@ class LaneFollower:
         """Report, read the order, carry it out if it is new; the order carried out, if any."""
         order = self.orders.order_for(self.worker)
         moved = None
-        if order is not None and order.version > self.version:
+        # another version, not only a higher one: a Redis that lost its data numbers from 1 again
+        if order is not None and order.version != self.version:
             if order.lanes == self.serving():
                 self.version = order.version
             elif order.lanes not in self.assignments:
