@@ -5,6 +5,8 @@ orders the follower carries out."""
 import threading
 import time
 
+import pytest
+
 from tailguard.jobs.lane_orders import Order
 from tailguard.worker.lane_follower import LaneFollower, RunningJobs
 
@@ -57,6 +59,7 @@ class _Orders:
     def __init__(self) -> None:
         self.order: Order | None = None
         self.moved_versions: list[int] = []
+        self.moved_from: list[tuple[str, ...]] = []
 
     def order_for(self, worker):
         return self.order
@@ -67,8 +70,9 @@ class _Orders:
     def now(self) -> float:
         return 100.0
 
-    def moved(self, worker, order, **_) -> None:
+    def moved(self, worker, order, *, from_, **_) -> None:
         self.moved_versions.append(order.version)
+        self.moved_from.append(from_)
 
 
 def _follower(orders: _Orders) -> tuple[LaneFollower, list[str]]:
@@ -100,3 +104,30 @@ def test_orders_numbered_again_by_a_redis_that_lost_its_data_are_carried_out():
     orders.order = Order(HOME, 1, 99.5)  # the controller's next decision
     assert follower.step() == orders.order and tuple(serving) == HOME
     assert orders.moved_versions == [5, 1]
+
+
+def test_a_move_whose_start_failed_starts_again_without_stopping_twice():
+    """Redis away when the new queues are to be consumed (the consumer did not confirm): the
+    next period starts them, and the move is recorded from the lanes it left."""
+    orders, calls = _Orders(), []
+    serving = list(HOME)
+
+    def start(new):
+        calls.append(("start", new))
+        if len(calls) == 2:
+            raise RuntimeError("the consumer did not confirm")
+        serving.extend(new)
+
+    def stop(old):
+        calls.append(("stop", old))
+        serving.clear()
+
+    follower = LaneFollower("w", orders, [HOME, ("short",)], serving=lambda: tuple(serving),
+                            stop=stop, start=start, running=RunningJobs(), period_s=0.1,
+                            drain_s=0.0)
+    orders.order = Order(("short",), 3, 99.0)
+    with pytest.raises(RuntimeError):
+        follower.step()
+    assert follower.step() == orders.order and serving == ["short"]
+    assert calls == [("stop", HOME), ("start", ("short",)), ("start", ("short",))]
+    assert orders.moved_versions == [3] and orders.moved_from == [HOME]
