@@ -55,7 +55,8 @@ def long_worker():
         with start_worker(app, pool="threads", concurrency=4, queues=["long", "batch"],
                           perform_ping_check=False, loglevel="WARNING", hostname=NODE,
                           shutdown_timeout=30) as w:
-            wait_for(lambda: tailguard_worker.attached(app) is not None)
+            # setup imports vLLM's engine arguments: over 20 s on a loaded 2-core host
+            wait_for(lambda: tailguard_worker.attached(app) is not None, 60, "its runtime set up")
             try:
                 yield w
             finally:
