@@ -351,6 +351,7 @@ def controller(loglevel: str) -> None:
     import logging
 
     from tailguard.control.controller import build_controller
+    from tailguard.host.procs import stop_signals
     from tailguard.lanes.table import load_lanes
     from tailguard.redis import client as redis_client
 
@@ -363,7 +364,8 @@ def controller(loglevel: str) -> None:
     click.echo(f"lane controller {ctl.owner}: every {ctl.period_s:g} s while it holds the lease",
                err=True)
     try:
-        ctl.run()
+        with stop_signals():  # SIGTERM (`tailguard up` stopping it) hands the lease over at once
+            ctl.run()
     except KeyboardInterrupt:
         pass
     finally:

@@ -114,6 +114,8 @@ class LaneFollower:
         self.moves = 0
         self._reported: tuple | None = None  # the last report written, and when
         self._reported_at = 0.0
+        #: (order version, old lanes, drain s, handed back) of a move whose start failed
+        self._stopped: tuple[int, tuple[str, ...], float, int] | None = None
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -145,7 +147,8 @@ class LaneFollower:
         """Report, read the order, carry it out if it is new; the order carried out, if any."""
         order = self.orders.order_for(self.worker)
         moved = None
-        if order is not None and order.version > self.version:
+        # another version, not only a higher one: a Redis that lost its data numbers from 1 again
+        if order is not None and order.version != self.version:
             if order.lanes == self.serving():
                 self.version = order.version
             elif order.lanes not in self.assignments:
@@ -166,13 +169,21 @@ class LaneFollower:
         return moved
 
     def move(self, order: Order) -> None:
-        old = self.serving()
-        log.info("lane order %d (%s): %s -> %s", order.version, order.reason or "-",
-                 ",".join(old), ",".join(order.lanes))
-        self._stop(old)
-        drain_s, handed_back = self.running.hand_back(
-            set(old) - set(order.lanes), self.drain_s if order.drain_s is None else order.drain_s)
+        stopped = self._stopped if self._stopped and self._stopped[0] == order.version else None
+        if stopped is None:
+            old = self.serving()
+            log.info("lane order %d (%s): %s -> %s", order.version, order.reason or "-",
+                     ",".join(old), ",".join(order.lanes))
+            self._stop(old)
+            drain_s, handed_back = self.running.hand_back(
+                set(old) - set(order.lanes),
+                self.drain_s if order.drain_s is None else order.drain_s)
+            self._stopped = (order.version, old, drain_s, handed_back)
+        else:  # its start failed (Redis away): the old lanes are stopped and drained already
+            _, old, drain_s, handed_back = stopped
+            log.info("lane order %d: starting %s again", order.version, ",".join(order.lanes))
         self._start(order.lanes)
+        self._stopped = None
         self.version = order.version
         self.moves += 1
         seconds = max(0.0, self.orders.now() - order.at)

@@ -51,11 +51,11 @@ def api_with_reaper(redis_url: str, model: str) -> Iterator[Any]:
 class Worker:
     """One `celery -A tasks worker` process in its own session (so a test can kill it and
     everything it started), pinned to one core (the long worker's, as `tailguard up` pins
-    it, unless told another)."""
+    it, unless told another); `env` on top of the test's environment."""
 
     def __init__(self, name: str, redis_url: str, model: str, log_dir: Path,
                  queues: str = "long,batch", concurrency: int | None = None,
-                 core: int = 1) -> None:
+                 core: int = 1, env: dict[str, str] | None = None) -> None:
         self.name = name
         self.log = log_dir / f"{name}.log"
         argv = [str(Path(sys.executable).parent / "celery"), "-A", "tasks", "worker", "-Q", queues,
@@ -63,7 +63,7 @@ class Worker:
         if concurrency is not None:
             argv += ["-c", str(concurrency)]
         env = {**os.environ, "TAILGUARD_MODEL": model, "TAILGUARD_REDIS_URL": redis_url,
-               "VLLM_CPU_OMP_THREADS_BIND": "1", "OMP_NUM_THREADS": "1"}
+               "VLLM_CPU_OMP_THREADS_BIND": "1", "OMP_NUM_THREADS": "1", **(env or {})}
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True,

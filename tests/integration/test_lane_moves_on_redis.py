@@ -1,9 +1,11 @@
 """Lanes that follow the load, on a real Redis with real Celery workers (no engine): a worker
 carries out its lane order with its engine untouched (queues consumed before and after, its
 prefetch, messages left on the old queue, what it advertises, the move recorded), and the lane
-controller's lease and decision on the figures Redis holds."""
+controller's lease (a `tailguard controller` process's too) and decision on the figures Redis
+holds."""
 
 import dataclasses
+import socket
 import time
 import uuid
 from contextlib import contextmanager
@@ -16,6 +18,7 @@ from waiting import wait_for
 from tailguard import settings
 from tailguard.control.controller import LaneController
 from tailguard.errors import NoLiveWorker
+from tailguard.host.procs import ChildSpec, start, tailguard_argv
 from tailguard.jobs.lane_load import LaneLoadStore
 from tailguard.jobs.lane_orders import LaneOrders, WorkerReport
 from tailguard.jobs.liveness import Liveness
@@ -52,7 +55,8 @@ def long_worker():
         with start_worker(app, pool="threads", concurrency=4, queues=["long", "batch"],
                           perform_ping_check=False, loglevel="WARNING", hostname=NODE,
                           shutdown_timeout=30) as w:
-            wait_for(lambda: tailguard_worker.attached(app) is not None)
+            # setup imports vLLM's engine arguments: over 20 s on a loaded 2-core host
+            wait_for(lambda: tailguard_worker.attached(app) is not None, 60, "its runtime set up")
             try:
                 yield w
             finally:
@@ -151,6 +155,24 @@ def test_one_controller_decides_and_another_takes_over_when_it_stops(redis_clien
     time.sleep(3 * b.period_s + 0.1)  # b died without a word: its lease lapses
     c.tick()
     assert c.holding
+
+
+def test_a_controller_process_stopped_with_sigterm_hands_its_lease_over_at_once(
+        redis_client, tmp_path):
+    """`tailguard controller` as `tailguard up` runs and stops it: SIGTERM releases the lease
+    (a waiting controller takes over within its next period, not a lease later)."""
+    orders = LaneOrders(redis_client)
+    child = start(ChildSpec("controller", tailguard_argv("controller"), cwd=ROOT,
+                            env={settings.LANES_FILE.env: str(MOVES_LANES),
+                                 settings.LANE_CONTROLLER_S.env: "0.5"}),
+                  log=tmp_path / "controller.log")
+    try:
+        owner = f"{socket.gethostname()}:{child.pid}"
+        wait_for(lambda: orders.lease_holder() == owner, 60, "the controller holding the lease")
+        assert child.stop() == 0, child.log_tail()
+        assert orders.lease_holder() is None
+    finally:
+        child.stop()
 
 
 def test_the_controller_sends_a_standby_worker_to_a_lane_with_work_and_no_worker(
