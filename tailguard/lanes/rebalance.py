@@ -12,7 +12,9 @@ One decision per tick, in this order:
    told (for at most ``move_timeout_s``), nothing else is decided.
 2. **Dwell.** No move within ``dwell_s`` of the last one, where dwell_s is the larger of
    ``min_dwell_s`` and ``dwell_per_move`` x the last move's duration: a lane has time to
-   show what its new worker changed before the next decision reads it.
+   show what its new worker changed before the next decision reads it. A ``no_worker``
+   lane does not wait for it (its queued work has no one at all; rule 4 only takes a
+   worker from lanes that keep one while they have work, so such a move cannot bounce).
 3. **A lane that misses its target receives.** A lane misses when a request of its usual
    cost is predicted to wait longer than its target (`Lane.wait_target_s`, with
    admission's own prediction: tailguard/lanes/admission.py), or when it has queued work
@@ -206,17 +208,19 @@ class RebalancePolicy:
         """At most one move for this tick (rules 1-5 of the module docstring)."""
         if self.in_flight(fleet) is not None:
             return None
-        if fleet.last_move_at is not None and fleet.now - fleet.last_move_at < self.dwell_s(fleet):
-            return None
+        dwelling = (fleet.last_move_at is not None
+                    and fleet.now - fleet.last_move_at < self.dwell_s(fleet))
         missing = sorted(((m, name) for name, lane in fleet.lanes.items()
                           if name in fleet.loads
                           and (m := self.misses(lane, fleet.loads[name])) is not None),
                          key=lambda t: (-t[0][0], t[1]))
         for (_, reason, detail), receiving in missing:
+            if dwelling and reason != NO_WORKER:
+                continue
             move = self._donor_for(receiving, reason, detail, fleet)
             if move is not None:
                 return move
-        if missing:
+        if missing or dwelling:
             return None
         return self._homecoming(fleet)
 

@@ -123,6 +123,18 @@ def test_a_lane_left_with_work_and_no_worker_gets_one_back_whatever_the_other_la
     assert (move.worker, move.to, move.reason) == ("long", ("long", "batch"), NO_WORKER)
 
 
+def test_a_lane_with_work_and_no_worker_does_not_wait_out_the_dwell():
+    away = [worker("short", SHORT_W), worker("long", LONG_W, serving=("short",))]
+    # a slow move (say Redis restarted during it) made the dwell 3 x 14.6 s
+    view = fleet(away, now=100.0, last_at=95.0, last_s=14.6,
+                 short=load(live=2, queued=0, running=1), long=load(live=0, queued=2, standby=1))
+    move = POLICY.decide(view)
+    assert (move.worker, move.to, move.reason) == ("long", ("long", "batch"), NO_WORKER)
+    # a target miss still waits for it
+    missed = fleet(QUIET, now=100.0, last_at=95.0, last_s=14.6, short=FLOOD)
+    assert POLICY.decide(missed) is None
+
+
 def test_a_worker_going_home_goes_first():
     away = [worker("short", SHORT_W, serving=("long",), told=("long",), told_at=50.0),
             worker("long", LONG_W)]
