@@ -74,7 +74,10 @@ def _on_worker_shutdown(sender=None, **_: Any) -> None:
 
 def _set_prefetch(consumer: Any, slots: int) -> None:
     """Reserve `slots` messages at most (late acks: one per job in flight), in the consumer's
-    thread; Celery's own prefetch is the pool's size."""
+    thread; Celery's own prefetch is the pool's size. Also what a broker reconnect starts the
+    consumer's QoS at again (`initial_prefetch_count`; celeryconfig turns off the reduction
+    that would otherwise grow it back to the pool's size, larger for a worker that may move)."""
+    consumer.initial_prefetch_count = slots
     consumer.qos.value = slots
     consumer.qos.update()
 

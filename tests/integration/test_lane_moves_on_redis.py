@@ -11,6 +11,7 @@ import uuid
 from contextlib import contextmanager
 
 import pytest
+import redis
 from celery.contrib.testing.worker import start_worker, test_worker_started
 from conftest import ROOT
 from waiting import wait_for
@@ -27,6 +28,7 @@ from tailguard.lanes.rebalance import NO_WORKER, RebalancePolicy
 from tailguard.lanes.table import load_lanes
 from tailguard.worker import runtime as tailguard_worker
 from tasks import app
+from tasks.worker import _set_prefetch
 
 pytestmark = pytest.mark.integration
 
@@ -47,8 +49,7 @@ def long_worker():
     def _setup(sender=None, worker=None, consumer=None, **_):
         tailguard_worker.setup(app, worker.hostname,
                                [q.name for q in consumer.task_consumer.queues], eager_engine=False)
-        consumer.qos.value = 2  # as tasks/worker.py's worker_ready does: long's batch
-        consumer.qos.update()
+        _set_prefetch(consumer, 2)  # as tasks/worker.py's worker_ready does: long's batch
 
     test_worker_started.connect(_setup, weak=False)
     try:
@@ -125,6 +126,22 @@ def test_a_worker_changes_lanes_on_its_order_with_its_engine_untouched(moves_lan
         wait_for(lambda: _queues() == ["long", "batch"], timeout=10)
         assert _prefetch() == 2
         wait_for(lambda: redis_client.llen("long") == 0)
+
+
+def test_a_broker_reconnect_keeps_the_lanes_prefetch_not_the_pools(moves_lanes, redis_client):
+    with long_worker():
+        wait_for(lambda: _queues() == ["long", "batch"], what="its own queues")
+        assert _prefetch() == 2
+        redis_client.client_kill_filter(_type="normal", skipme=True)  # the broker "goes away"
+
+        def answers() -> bool:  # our own control connections were killed too
+            try:
+                return _queues() == ["long", "batch"]
+            except redis.ConnectionError:
+                return False
+
+        wait_for(answers, timeout=30, what="it reconnected")
+        assert _prefetch() == 2  # long's batch, not the pool's 4 (sized for short)
 
 
 def test_an_order_its_entry_does_not_allow_is_ignored(moves_lanes, redis_client):
