@@ -84,7 +84,7 @@ def chat_completions():
 def _serve(endpoint: Endpoint) -> Response:
     hold_wait_slot()  # every call waits for its job, streamed or not
     gw = get_gateway()
-    job = gw.prepare_openai(endpoint, json_body())
+    job = gw.prepare_openai(endpoint, json_body(), request.headers.get(REQUEST_ID_HEADER))
     accepted = gw.submit(job, caller=g.get("api_key"))
     job_id = accepted["id"]
     headers = {"X-Tailguard-Job-Id": job_id, "X-Tailguard-Lane": accepted["lane"],
@@ -113,8 +113,8 @@ def _serve(endpoint: Endpoint) -> Response:
 @server_bp.after_request
 def _echo_request_id(response: Response) -> Response:
     """X-Request-Id echoed on every answer, errors included, as vLLM's server echoes it
-    (--enable-request-id-headers); the body's id is the job's (``chatcmpl-<job id>``), the one
-    every tailguard route knows the request by."""
+    (--enable-request-id-headers). The body's id is built from it as vLLM builds it
+    (tailguard.gateway.openai_request.OpenAIJob.base_request_id)."""
     given = request.headers.get(REQUEST_ID_HEADER)
     if given:
         response.headers[REQUEST_ID_HEADER] = given

@@ -171,7 +171,9 @@ def _schemas() -> dict[str, dict[str, Any]]:
     job_fields = {"id": {"type": "string"}, "status": {"type": "string"}, "lane": _NULLABLE_STR,
                   "priority": _NULLABLE_STR, "prompt_tokens": _NULLABLE_INT,
                   "requested_max_tokens": _NULLABLE_INT, "max_tokens": _NULLABLE_INT,
-                  "max_tokens_capped": {"type": "boolean"}}
+                  "max_tokens_capped": {"type": "boolean"},
+                  "request_id": {**_NULLABLE_STR, "description": "an OpenAI request's vLLM id "
+                                 "(the response's id: chatcmpl-<base>, cmpl-<base>)"}}
     usage = {"type": "object", "properties": {k: {"type": "integer"} for k in (
         "prompt_tokens", "completion_tokens", "total_tokens")}}
     return {

@@ -75,6 +75,9 @@ class Progress:
     engine_ttft_s: float | None = None
     #: why the host aborted it: "deadline", "cancelled", "shutdown"; None while it runs
     stopped: str | None = None
+    #: added to the id of each engine request: ids the host can abort by without touching
+    #: another request's (a caller's request_id, which vLLM's ids start from, may repeat)
+    engine_id_suffix: str = ""
 
     @property
     def completion_tokens(self) -> int:
@@ -122,10 +125,12 @@ class ObservedEngine:
                  **kwargs: Any) -> AsyncIterator[Any]:
         from vllm.sampling_params import RequestOutputKind
 
-        outputs = self._engine.generate(prompt, sampling_params, request_id, *args, **kwargs)
         progress = _PROGRESS.get()
         if progress is None:
-            return outputs
+            return self._engine.generate(prompt, sampling_params, request_id, *args, **kwargs)
+        # vLLM's serving layer builds its response from its own id, never the engine's outputs'
+        request_id += progress.engine_id_suffix
+        outputs = self._engine.generate(prompt, sampling_params, request_id, *args, **kwargs)
         delta = getattr(sampling_params, "output_kind", None) == RequestOutputKind.DELTA
         return progress.observe(outputs, request_id, delta)
 

@@ -23,6 +23,8 @@ from tailguard.sampling import INT64_MAX, INT64_MIN
 
 Endpoint = Literal["chat", "completion"]
 ENDPOINTS: tuple[Endpoint, ...] = ("chat", "completion")
+#: what vLLM's serving classes put before the base id in a response's (and its request's) id
+ID_PREFIXES: dict[Endpoint, str] = {"chat": "chatcmpl", "completion": "cmpl"}
 
 #: vLLM fields tailguard refuses on purpose, with the reason the 400 gives. Each is refused
 #: only with a value that asks for something (vLLM's default of each is accepted).
@@ -132,6 +134,22 @@ class OpenAIJob:
     #: raises InvalidField when vLLM refuses the request at this max_tokens (the grant may
     #: lower it below, say, min_tokens)
     verify: Callable[[int], None] = field(default=lambda _: None, compare=False, repr=False)
+    #: the X-Request-Id header it came with (None: none), which vLLM prefers to the body's
+    header_request_id: str | None = None
+
+    def base_request_id(self, job_id: str) -> str:
+        """The base of its vLLM ids, by vLLM's rule (``OpenAIServing._base_request_id``): the
+        X-Request-Id header, else the body's ``request_id``, else a fresh id, which here is
+        the job's (unique too, and names the request in every tailguard route)."""
+        if self.header_request_id is not None:
+            return self.header_request_id
+        given = self.request.get("request_id")
+        return given if isinstance(given, str) else job_id
+
+    def request_id(self, job_id: str) -> str:
+        """vLLM's id of it, as its serving class makes it and its response says it:
+        ``chatcmpl-<base>`` or ``cmpl-<base>``."""
+        return f"{ID_PREFIXES[self.endpoint]}-{self.base_request_id(job_id)}"
 
     # The gateway's request-kind protocol (tailguard.gateway.service.Submission):
 
@@ -146,10 +164,11 @@ class OpenAIJob:
         self.verify(placement.max_tokens)
         return placement
 
-    def record_fields(self) -> dict[str, Any]:
+    def record_fields(self, job_id: str) -> dict[str, Any]:
         """What the job record keeps of it besides its placement: the endpoint it came by
-        (its sampling is in vLLM's request, in the task's ``openai`` argument)."""
-        return {"sampling": {}, "openai": self.endpoint}
+        and vLLM's id of it, the response's ``id`` (its sampling is in vLLM's request, in the
+        task's ``openai`` argument)."""
+        return {"sampling": {}, "openai": self.endpoint, "request_id": self.request_id(job_id)}
 
     def task_kwargs(self, job_id: str, placement: Placement) -> dict[str, Any]:
         """The lane task's keyword arguments of its own: the ``openai`` argument (no prompt
@@ -174,8 +193,10 @@ def grant(placement: Placement, lane: Lane, job: OpenAIJob) -> Placement:
 
 def task_argument(job: OpenAIJob, job_id: str, placement: Placement) -> dict[str, Any]:
     """The lane task's ``openai`` keyword argument (the contract, docs/api.md): the body for
-    vLLM's serving layer with the granted max_tokens and the job id as its request id."""
-    request = {**job.request, "max_tokens": placement.max_tokens, "request_id": job_id}
+    vLLM's serving layer with the granted max_tokens and the base of its ids as its
+    ``request_id`` (`OpenAIJob.base_request_id`), from which vLLM's serving class builds them."""
+    request = {**job.request, "max_tokens": placement.max_tokens,
+               "request_id": job.base_request_id(job_id)}
     if job.endpoint == "chat" and job.request.get("max_completion_tokens") is not None:
         request["max_completion_tokens"] = placement.max_tokens
     return {"endpoint": job.endpoint, "request": request, "prompt_tokens": job.prompt_tokens,

@@ -42,6 +42,19 @@ def test_a_chat_is_vllms_response_with_the_lane_in_it(client, api):
     assert job["status"] == "succeeded" and job["result"]["text"] == chat.choices[0].message.content
 
 
+def test_the_callers_request_id_names_the_response_as_vllm_names_it(client, api):
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+        extra_headers={"X-Request-Id": "trace-42"}, extra_body={"request_id": "body-id"})
+    assert raw.parse().id == "chatcmpl-trace-42" and raw.headers["x-request-id"] == "trace-42"
+    job_id = raw.headers["x-tailguard-job-id"]
+    assert requests.get(f"{api}/v1/jobs/{job_id}", timeout=10).json()["request_id"] == \
+        "chatcmpl-trace-42"
+    chunks = list(client.completions.create(model=MODEL, prompt="hi", max_tokens=2, stream=True,
+                                            extra_body={"request_id": "body-id"}))
+    assert {c.id for c in chunks} == {"cmpl-body-id"}
+
+
 def test_an_omitted_max_tokens_is_vllms_default_capped_by_the_lane_and_said(client):
     chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
                                           extra_body={"ignore_eos": True})
