@@ -1,9 +1,9 @@
-"""The checks: 85 OpenAI requests a client sends, each with what a server must answer.
+"""The checks: 89 OpenAI requests a client sends, each with what a server must answer.
 
 Pure data and predicates, declared in order (``check``, ``check1``, ``declare_refusal``):
-routes, completions and chat, streams, messages and the chat template, tools, fields real
-clients send, sampling and output fields, what tailguard refuses on purpose and bodies no
-engine can run (last, the NaN: a server that takes one might not survive it). ``CHECKS``
+routes, ids, vLLM's metrics, completions and chat, streams, messages and the chat template,
+tools, fields real clients send, sampling and output fields, what tailguard refuses on purpose
+and bodies no engine can run (last, the NaN: a server that takes one might not survive it). ``CHECKS``
 holds them; ``by_name`` picks some.
 """
 
@@ -255,6 +255,65 @@ def _request_id(a: Answer, ctx: Context) -> str:
     in_id = "compat-rid-24" in str(body.get("id"))
     need(echoed or in_id, f"header {a.headers.get('x-request-id')!r}, id {body.get('id')!r}")
     return f"header echoed: {echoed}, in the id: {in_id}"
+
+
+@check1("request_id_header", "ids", "X-Request-Id builds the response's id: cmpl-<it>",
+        Call("completions", {"model": MODEL, "prompt": _PARIS, "max_tokens": 2,
+                             "request_id": "compat-body-31"},
+             headers={"X-Request-Id": "compat-rid-31"}))
+def _request_id_header(a: Answer, ctx: Context) -> str:
+    body = ok(a, "text_completion")
+    need(body.get("id") == "cmpl-compat-rid-31", f"id {body.get('id')!r}, not cmpl-compat-rid-31 "
+         "(the header before the body's request_id)")
+    return f"200, id {body['id']}"
+
+
+@check1("request_id_body", "ids", "the body's request_id builds a chat's id: chatcmpl-<it>",
+        chat_call(request_id="compat-body-32"))
+def _request_id_body(a: Answer, ctx: Context) -> str:
+    body = ok(a, "chat.completion")
+    need(body.get("id") == "chatcmpl-compat-body-32",
+         f"id {body.get('id')!r}, not chatcmpl-compat-body-32")
+    return f"200, id {body['id']}"
+
+
+@check1("request_id_stream", "ids", "X-Request-Id names every chunk of a stream",
+        Call("chat", {"model": MODEL, "messages": _HI, "max_tokens": 4, "stream": True},
+             headers={"X-Request-Id": "compat-rid-33"}))
+def _request_id_stream(a: Answer, ctx: Context) -> str:
+    ids = {c.get("id") for c in stream(a, "chat.completion.chunk")}
+    need(ids == {"chatcmpl-compat-rid-33"}, f"chunk ids {sorted(map(str, ids))}")
+    return f"{len(a.chunks)} chunks, id chatcmpl-compat-rid-33"
+
+
+#: the series of vLLM's own that dashboards, routers and autoscalers read
+#: (a counter's and a histogram's by the sample names Prometheus exposes)
+VLLM_METRIC_SAMPLES = (
+    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+    "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
+    "vllm:e2e_request_latency_seconds_bucket", "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total")
+
+
+def metric_labels(text: str, sample: str) -> list[dict[str, str]]:
+    """The label sets of `sample` in a Prometheus text exposition."""
+    return [dict(re.findall(r'(\w+)="([^"]*)"', m))
+            for m in re.findall(rf"^{re.escape(sample)}\{{([^}}]*)\}}", text, re.M)]
+
+
+@check1("vllm_metrics", "metrics", "vLLM's own vllm:* series where its engines are (tailguard: "
+        "each worker's port, labelled with the worker and its lanes)", Call("metrics"))
+def _vllm_metrics(a: Answer, ctx: Context) -> str:
+    need(a.status == 200 and isinstance(a.body, str), a.brief())
+    missing = [name for name in VLLM_METRIC_SAMPLES if not metric_labels(a.body, name)]
+    need(not missing, f"missing {', '.join(missing)}")
+    engines = metric_labels(a.body, "vllm:num_requests_running")
+    if ctx.side == "tailguard":  # one engine per worker: each says whose and which lanes
+        unlabelled = [e for e in engines if not (e.get("worker") and e.get("lane"))]
+        need(not unlabelled, f"a series without worker and lane: {unlabelled[:1]}")
+        return (f"{len(VLLM_METRIC_SAMPLES)} series, {len(engines)} engine(s), lanes "
+                + ", ".join(sorted(e["lane"] for e in engines)))
+    return f"{len(VLLM_METRIC_SAMPLES)} series, {len(engines)} engine(s)"
 
 
 declare_refusal("unknown_model", "routes", "a model nobody serves is vLLM's 404",
