@@ -21,10 +21,12 @@ from tailguard.lanes.placement import Placement, place, request_cost
 from tailguard.lanes.table import PRIORITY_CLASSES, Lane, LaneTable
 from tailguard.sampling import INT64_MAX, INT64_MIN
 
-Endpoint = Literal["chat", "completion"]
-ENDPOINTS: tuple[Endpoint, ...] = ("chat", "completion")
+Endpoint = Literal["chat", "completion", "responses"]
+ENDPOINTS: tuple[Endpoint, ...] = ("chat", "completion", "responses")
 #: what vLLM's serving classes put before the base id in a response's (and its request's) id
 ID_PREFIXES: dict[Endpoint, str] = {"chat": "chatcmpl", "completion": "cmpl"}
+#: what vLLM's Responses API puts before the fresh id it draws when the body gives none
+RESPONSE_ID_PREFIX = "resp_"
 
 #: vLLM fields tailguard refuses on purpose, with the reason the 400 gives. Each is refused
 #: only with a value that asks for something (vLLM's default of each is accepted).
@@ -40,6 +42,17 @@ REFUSED_FIELDS: dict[str, str] = {
                           "whole request",
     "use_beam_search": "beam search is not served: vLLM's render layer, which costs and places "
                        "a request before it is queued, does not support it",
+}
+
+#: Responses API fields that need state kept on the server between requests, refused before
+#: queueing: a request runs on whichever worker its lane has, and no worker keeps what another
+#: served (vLLM itself keeps it in its process, off unless VLLM_ENABLE_RESPONSES_API_STORE)
+RESPONSES_REFUSED: dict[str, str] = {
+    "previous_response_id": "responses are not stored here (each runs on any worker of its "
+                            "lane): send the conversation so far in `input`",
+    "store": "responses are not stored here (each runs on any worker of its lane): send "
+             "store=false, or leave it out",
+    "background": "background responses need a stored response to poll: not served",
 }
 
 #: why a completions request with several prompts is refused (vLLM would run each)
@@ -62,10 +75,12 @@ class SplitBody:
     ignored: tuple[str, ...]  # unknown top-level fields, ignored as vLLM ignores them
 
 
-def split_body(body: Any, known: Iterable[str]) -> SplitBody:
+def split_body(body: Any, known: Iterable[str],
+               refused: Mapping[str, str] = REFUSED_FIELDS) -> SplitBody:
     """Take tailguard's own field out of an OpenAI body (``priority`` as a class name; an
-    integer ``priority`` is vLLM's and stays), refuse the fields of REFUSED_FIELDS, and drop
-    the fields vLLM's request model does not know (`known`), which vLLM ignores."""
+    integer ``priority`` is vLLM's and stays), refuse the fields of `refused` (REFUSED_FIELDS,
+    and RESPONSES_REFUSED for a Responses request), and drop the fields vLLM's request model
+    does not know (`known`), which vLLM ignores."""
     if not isinstance(body, dict):
         raise InvalidField("the body must be a JSON object", field="body")
     out = dict(body)
@@ -75,7 +90,7 @@ def split_body(body: Any, known: Iterable[str]) -> SplitBody:
         if priority not in PRIORITY_CLASSES:
             raise InvalidField(f"priority must be one of {', '.join(PRIORITY_CLASSES)} (tailguard's "
                                f"class) or an integer (vLLM's), got {priority!r}", field="priority")
-    for name, reason in REFUSED_FIELDS.items():
+    for name, reason in refused.items():
         if _asks_for_something(body.get(name)):
             raise InvalidField(f"{name} is refused here: {reason}", field=name)
     names = frozenset(known)
@@ -106,7 +121,9 @@ def beyond_int64(body: Any) -> str | None:
 
 def requested_max_tokens(endpoint: Endpoint, body: Mapping[str, Any]) -> int | None:
     """The output length the client asked for, as vLLM reads it (chat: max_completion_tokens
-    before max_tokens); None when it left it to the server."""
+    before max_tokens; Responses: max_output_tokens); None when it left it to the server."""
+    if endpoint == "responses":
+        return body.get("max_output_tokens")
     if endpoint == "chat" and body.get("max_completion_tokens") is not None:
         return body["max_completion_tokens"]
     return body.get("max_tokens")
@@ -140,16 +157,20 @@ class OpenAIJob:
     def base_request_id(self, job_id: str) -> str:
         """The base of its vLLM ids, by vLLM's rule (``OpenAIServing._base_request_id``): the
         X-Request-Id header, else the body's ``request_id``, else a fresh id, which here is
-        the job's (unique too, and names the request in every tailguard route)."""
+        the job's (unique too, and names the request in every tailguard route). vLLM's
+        Responses API takes the body's id whole and no header: else ``resp_<job id>``."""
+        given = self.request.get("request_id")
+        if self.endpoint == "responses":
+            return given if isinstance(given, str) else f"{RESPONSE_ID_PREFIX}{job_id}"
         if self.header_request_id is not None:
             return self.header_request_id
-        given = self.request.get("request_id")
         return given if isinstance(given, str) else job_id
 
     def request_id(self, job_id: str) -> str:
         """vLLM's id of it, as its serving class makes it and its response says it:
-        ``chatcmpl-<base>`` or ``cmpl-<base>``."""
-        return f"{ID_PREFIXES[self.endpoint]}-{self.base_request_id(job_id)}"
+        ``chatcmpl-<base>``, ``cmpl-<base>``, or a Responses request's base itself."""
+        base = self.base_request_id(job_id)
+        return base if self.endpoint == "responses" else f"{ID_PREFIXES[self.endpoint]}-{base}"
 
     # The gateway's request-kind protocol (tailguard.gateway.service.Submission):
 
@@ -195,7 +216,8 @@ def task_argument(job: OpenAIJob, job_id: str, placement: Placement) -> dict[str
     """The lane task's ``openai`` keyword argument (the contract, docs/api.md): the body for
     vLLM's serving layer with the granted max_tokens and the base of its ids as its
     ``request_id`` (`OpenAIJob.base_request_id`), from which vLLM's serving class builds them."""
-    request = {**job.request, "max_tokens": placement.max_tokens,
+    limit = "max_output_tokens" if job.endpoint == "responses" else "max_tokens"
+    request = {**job.request, limit: placement.max_tokens,
                "request_id": job.base_request_id(job_id)}
     if job.endpoint == "chat" and job.request.get("max_completion_tokens") is not None:
         request["max_completion_tokens"] = placement.max_tokens
@@ -220,7 +242,7 @@ def text_bytes(value: Any) -> int:
 
 
 #: the body fields a prompt is rendered from (what the API's prompt byte bound weighs)
-PROMPT_FIELDS = ("prompt", "messages", "tools", "documents")
+PROMPT_FIELDS = ("prompt", "messages", "tools", "documents", "input", "instructions")
 
 
 def prompt_text_bytes(body: Mapping[str, Any]) -> int:

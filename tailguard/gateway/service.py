@@ -248,7 +248,7 @@ class Gateway:
         `header_request_id`: its X-Request-Id, which names it as vLLM's server would."""
         if self.openai is None:
             raise InvalidField("this API serves no OpenAI routes", field="body")
-        field = "messages" if endpoint == "chat" else "prompt"
+        field = {"chat": "messages", "responses": "input"}.get(endpoint, "prompt")
         job = self.openai.prepare(endpoint, body,
                                   lambda size: self._check_prompt_bytes(size, field))
         return dataclasses.replace(job, header_request_id=header_request_id)

@@ -99,3 +99,28 @@ def test_a_refused_value_is_a_400_before_any_job(client, api):
     with pytest.raises(openai.BadRequestError) as exc:
         client.completions.create(model=MODEL, prompt="hi", seed=2**70)
     assert exc.value.status_code == 400 and exc.value.response.headers.get("x-tailguard-job-id") is None
+
+
+def test_the_responses_api_through_the_lanes(client, api):
+    raw = client.responses.with_raw_response.create(
+        model=MODEL, input="Say hi.", instructions="Answer in one word.", max_output_tokens=6,
+        store=False)
+    response = raw.parse()  # the SDK's own Response type
+    assert response.object == "response" and response.status in ("completed", "incomplete")
+    assert response.id == f"resp_{raw.headers['x-tailguard-job-id']}"
+    assert raw.headers["x-tailguard-lane"] == "short" and response.usage.output_tokens <= 6
+    assert response.model_extra["tailguard"]["lane"] == "short"
+    job = requests.get(f"{api}/v1/jobs/{raw.headers['x-tailguard-job-id']}", timeout=10).json()
+    assert job["status"] == "succeeded" and job["result"]["text"] == response.output_text
+
+    events = list(client.responses.create(model=MODEL, input="Say hi.", max_output_tokens=4,
+                                          stream=True, store=False))
+    kinds = [e.type for e in events]
+    assert kinds[0] == "response.created" and kinds[-1] in ("response.completed",
+                                                            "response.incomplete")
+    final = events[-1].response
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert final.output_text == text and final.model_extra["tailguard"]["lane"] == "short"
+
+    with pytest.raises(openai.BadRequestError):  # nothing is stored here: refused, not queued
+        client.responses.create(model=MODEL, input="hi", previous_response_id="resp_x")

@@ -19,6 +19,7 @@ from tailguard.engine.serving import (
     finish_chunk,
     has_output,
     mark_final,
+    mark_response,
     payload_of,
 )
 
@@ -214,3 +215,11 @@ def test_each_engine_request_gets_the_calls_suffix_so_a_repeated_caller_id_abort
     # outside an OpenAI request (warm-up, the native path) the id is left alone
     ObservedEngine(engine).generate("p", SimpleNamespace(output_kind=None), "native-1")
     assert engine.ids[-1] == "native-1"
+
+
+@pytest.mark.parametrize(("status", "deadline", "finish"), [
+    ("completed", False, "stop"), ("incomplete", False, "length"), ("completed", True, "deadline")])
+def test_a_responses_api_response_is_marked_like_a_chats(status, deadline, finish):
+    obj = {"id": "resp_1", "object": "response", "status": status, "output": []}
+    assert mark_response(obj, EXTRA, deadline=deadline) == finish
+    assert obj["tailguard"] == {**EXTRA, "finish_reason": finish} and obj["status"] == status
