@@ -68,7 +68,7 @@ class Sender:
         body = {k: v for k, v in fill(dict(call.body or {}), ctx).items() if v is not None}
         headers = dict(call.headers)
         try:
-            if call.route in ("completions", "chat"):
+            if call.route in ("completions", "chat", "responses"):
                 return self._create(call, body, headers)
             if call.route == "models":
                 raw = self.client.models.with_raw_response.list(extra_headers=headers)
@@ -118,8 +118,8 @@ class Sender:
 
         import openai
 
-        resource = self.client.completions if call.route == "completions" else (
-            self.client.chat.completions)
+        resource = {"completions": self.client.completions, "chat": self.client.chat.completions,
+                    "responses": self.client.responses}[call.route]
         known = set(inspect.signature(resource.create).parameters) - {
             "extra_headers", "extra_query", "extra_body", "timeout"}
         kwargs = {k: v for k, v in body.items() if k in known}

@@ -124,3 +124,24 @@ def test_the_responses_api_through_the_lanes(client, api):
 
     with pytest.raises(openai.BadRequestError):  # nothing is stored here: refused, not queued
         client.responses.create(model=MODEL, input="hi", previous_response_id="resp_x")
+
+
+def test_the_conformance_checks_of_ids_metrics_and_responses_hold_here(api, workers):
+    """`tailguard conformance`'s own checks and SDK sender (its tailguard side) on these engines:
+    ids as vLLM makes them, vLLM's series on the workers' ports, the Responses API."""
+    from tailguard.conformance.catalog import by_name
+    from tailguard.conformance.check import Context, judge
+    from tailguard.conformance.sender import Sender
+
+    sender = Sender(api, metrics_urls=[f"http://127.0.0.1:{port}/metrics"
+                                       for port in workers.metrics_ports.values()])
+    ctx = Context(side="tailguard", model=MODEL)
+    try:
+        for check in by_name(["request_id_header", "request_id_body", "request_id_stream",
+                              "vllm_metrics", "responses", "responses_request_id",
+                              "responses_stream", "responses_previous_id"]):
+            result = judge(check, [sender.send(call, ctx) for call in check.calls], ctx)
+            assert result.status in ("pass", "refused"), (check.name, result.detail)
+    finally:
+        sender.close()
+    assert sender.retries == 0 and sender.would_retry == 0

@@ -66,12 +66,13 @@ def get(name):
 
 def test_the_checks_are_many_named_once_and_cover_the_issue():
     names = [c.name for c in CHECKS]
-    assert 60 <= len(names) <= 90 and len(set(names)) == len(names)
+    assert 60 <= len(names) <= 100 and len(set(names)) == len(names)
     for name in ("chat_max_tokens_omitted", "completion_max_tokens_omitted",
                  "stream_continuous_usage", "developer_role", "content_parts", "tools_choice_none",
                  "unknown_store", "nan_temperature", "seed_2_70", "min_tokens_over_max_tokens",
                  "prompt_batch", "guided_json", "models", "request_id", "tokenize", "detokenize",
-                 "request_id_header", "request_id_body", "request_id_stream", "vllm_metrics"):
+                 "request_id_header", "request_id_body", "request_id_stream", "vllm_metrics",
+                 "responses", "responses_stream", "responses_previous_id"):
         assert name in names
     assert {c.name for c in CHECKS if c.required} == {
         "nan_temperature", "seed_2_70", "min_tokens_over_max_tokens"}
@@ -194,6 +195,35 @@ def test_the_metrics_check_wants_vllms_series_and_on_tailguard_whose_they_are():
     missing = judge(c, [Answer(200, body="vllm:num_requests_running{} 0")], VLLM)
     assert missing.status == "fail" and "vllm:kv_cache_usage_perc" in missing.detail
     assert judge(c, [Answer(None, error="refused")], VLLM).status == "fail"
+
+
+def _response(text="Hi", status="completed", **extra):
+    return {"id": "resp_1", "object": "response", "status": status,
+            "output": [{"type": "message", "content": [{"type": "output_text", "text": text}]}],
+            "usage": {"input_tokens": 9, "output_tokens": 2}, **extra}
+
+
+def test_the_responses_checks():
+    assert judge(get("responses"), [Answer(200, body=_response())], VLLM).status == "pass"
+    empty = judge(get("responses"), [Answer(200, body=_response(text=""))], VLLM)
+    assert empty.status == "fail" and "no output text" in empty.detail
+    assert judge(get("responses_request_id"), [Answer(200, body=_response(id="resp_compat-34"))],
+                 TG).status == "pass"
+    events = [{"type": "response.created", "response": _response(text="")},
+              {"type": "response.output_text.delta", "delta": "H"},
+              {"type": "response.output_text.delta", "delta": "i"},
+              {"type": "response.completed", "response": _response()}]
+    lines = [line for e in events for line in (f"event: {e['type']}", f"data: {json.dumps(e)}", "")]
+    streamed = Answer(200, events=events, lines=lines)
+    assert judge(get("responses_stream"), [streamed], VLLM).status == "pass"
+    unnamed = Answer(200, events=events, lines=[ln for ln in lines if ln.startswith("data")])
+    assert "event names" in judge(get("responses_stream"), [unnamed], VLLM).detail
+    # previous_response_id: vLLM has nothing stored (404); tailguard refuses it as documented
+    c = get("responses_previous_id")
+    assert judge(c, [error(404, "Response with id 'x' not found.")], VLLM).status == "pass"
+    documented = error(400, "previous_response_id is refused here: "
+                       + REFUSAL_REASONS["previous_response_id"], param="previous_response_id")
+    assert judge(c, [documented], TG).status == "refused"
 
 
 def test_two_call_checks_compare_their_answers():
