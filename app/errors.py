@@ -43,7 +43,7 @@ from tailguard.redis.client import out_of_memory
 #: blueprints whose clients speak the OpenAI API (vLLM's server routes outside /v1 too)
 OPENAI_BLUEPRINTS = frozenset({"openai", "vllm"})
 #: their paths, for errors raised before a route matched (an unknown method, a 404)
-OPENAI_PATH_PREFIXES = ("/v1/completions", "/v1/chat/", "/v1/models")
+OPENAI_PATH_PREFIXES = ("/v1/completions", "/v1/chat/", "/v1/models", "/v1/responses")
 VLLM_PATHS = frozenset({"/health", "/version", "/tokenize", "/detokenize"})
 
 

@@ -1,5 +1,5 @@
 """OpenAI-compatible front door, as vLLM's server: /v1/completions, /v1/chat/completions,
-/v1/models, and vLLM's /health, /version, /tokenize, /detokenize.
+/v1/responses, /v1/models, and vLLM's /health, /version, /tokenize, /detokenize.
 
 A front door, not a bypass: every request is validated and rendered by vLLM's own render
 layer in this process (tailguard/gateway/openai_frontend.py), refused with a 400 there if
@@ -14,6 +14,7 @@ during a stream does not (it ends the stream with an error event).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -69,6 +70,20 @@ def completions():
     return _serve("completion")
 
 
+@bp.post("/responses")
+def responses():
+    """A response (vLLM's ResponsesRequest, OpenAI's Responses API), queued on its lane like a
+    chat; nothing is stored (previous_response_id, store and background are refused).
+    ---
+    post:
+      summary: Create a response (OpenAI Responses API)
+      requestBody: {required: true, content: {application/json: {schema: ResponsesRequest}}}
+      responses:
+        200: OpenAIResponse
+    """
+    return _serve("responses")
+
+
 @bp.post("/chat/completions")
 def chat_completions():
     """A chat completion (vLLM's ChatCompletionRequest), rendered by vLLM's chat template.
@@ -85,7 +100,7 @@ def chat_completions():
 def _serve(endpoint: Endpoint) -> Response:
     hold_wait_slot()  # every call waits for its job, streamed or not
     gw = get_gateway()
-    job = gw.prepare_openai(endpoint, json_body())
+    job = gw.prepare_openai(endpoint, json_body(), request.headers.get(REQUEST_ID_HEADER))
     accepted = gw.submit(job, caller=g.get("api_key"),
                          asked_target=parse_target_headers(request.headers))
     job_id = accepted["id"]
@@ -93,8 +108,9 @@ def _serve(endpoint: Endpoint) -> Response:
                "X-Tailguard-Max-Tokens-Capped": "true" if accepted["max_tokens_capped"] else "false",
                "X-Tailguard-Estimated-Start-S": str(accepted["estimated_start_s"])}
     if job.stream:
+        relay = _relay_events if endpoint == "responses" else _relay
         return sse_response(
-            _relay(gw, job_id, settings.SSE_HEARTBEAT_S.get(current_app.config)),
+            relay(gw, job_id, settings.SSE_HEARTBEAT_S.get(current_app.config)),
             on_disconnect=lambda: gw.cancel(job_id, reason="the client disconnected", missing_ok=True),
             headers=headers)
     lane = gw.lanes[accepted["lane"]]
@@ -115,8 +131,8 @@ def _serve(endpoint: Endpoint) -> Response:
 @server_bp.after_request
 def _echo_request_id(response: Response) -> Response:
     """X-Request-Id echoed on every answer, errors included, as vLLM's server echoes it
-    (--enable-request-id-headers); the body's id is the job's (``chatcmpl-<job id>``), the one
-    every tailguard route knows the request by."""
+    (--enable-request-id-headers). The body's id is built from it as vLLM builds it
+    (tailguard.gateway.openai_request.OpenAIJob.base_request_id)."""
     given = request.headers.get(REQUEST_ID_HEADER)
     if given:
         response.headers[REQUEST_ID_HEADER] = given
@@ -126,23 +142,40 @@ def _echo_request_id(response: Response) -> Response:
 def _relay(gw: Gateway, job_id: str, heartbeat_s: float) -> Iterator[bytes]:
     """The job's stream as vLLM sent it: each of vLLM's chunk payloads one SSE event, however
     the worker batched them into entries; then `data: [DONE]`."""
+    for payload in _payloads(gw, job_id, heartbeat_s):
+        yield payload if isinstance(payload, bytes) else sse_event(payload)
+    yield sse_event(DONE)
+
+
+def _relay_events(gw: Gateway, job_id: str, heartbeat_s: float) -> Iterator[bytes]:
+    """A Responses stream as vLLM's server frames it: each event named by its type
+    (``event: response.output_text.delta``), and no [DONE]."""
+    for payload in _payloads(gw, job_id, heartbeat_s):
+        if isinstance(payload, bytes):
+            yield payload
+        elif isinstance(payload, str):
+            yield sse_event(payload, event=json.loads(payload).get("type", "unknown"))
+        else:  # an error of ours, in vLLM's error event's shape
+            yield sse_event(payload, event="error")
+
+
+def _payloads(gw: Gateway, job_id: str, heartbeat_s: float) -> Iterator[bytes | str | dict]:
+    """The job's stream: vLLM's payloads (str) as the worker wrote them, heartbeats (bytes),
+    and an error body (dict) when the job failed or following it stopped early."""
     for event in gw.events(job_id, heartbeat_s=heartbeat_s, just_submitted=True):
         if event is None:
             yield HEARTBEAT
             continue
         if event.type == "error":  # following stopped early (Redis down too long): the job goes on
             error = event.data["error"]
-            yield sse_event(openai_error((error_class(error["code"]) or TailguardError)(
-                error["message"])))
-            break
+            yield openai_error((error_class(error["code"]) or TailguardError)(error["message"]))
+            return
         if event.type != "end":
-            for payload in event.payloads:
-                yield sse_event(payload)
+            yield from event.payloads
             continue
         if not succeeded(event.data):
-            yield sse_event(openai_error(job_error(event.data)))
-        break
-    yield sse_event(DONE)
+            yield openai_error(job_error(event.data))
+        return
 
 
 @server_bp.get("/health")

@@ -77,6 +77,13 @@ def build_spec(app: Flask) -> dict[str, Any]:
                     "X-Tailguard-Estimated-Start-S": {"schema": {"type": "number"}}},
         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Completion"}},
                     "text/event-stream": {"schema": {"$ref": "#/components/schemas/SSEEvent"}}}})
+    spec.components.response("OpenAIResponse", {
+        "description": "the response; with stream=true, its events as server-sent events, each "
+                       "named by its type (`event: response.output_text.delta`), without [DONE]",
+        "headers": {"X-Tailguard-Lane": {"schema": {"type": "string"}},
+                    "X-Tailguard-Estimated-Start-S": {"schema": {"type": "number"}}},
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Response"}},
+                    "text/event-stream": {"schema": {"$ref": "#/components/schemas/SSEEvent"}}}})
     with app.test_request_context():
         for rule in sorted(app.url_map.iter_rules(), key=lambda r: r.rule):
             if rule.endpoint == "static":
@@ -198,6 +205,8 @@ def _schemas() -> dict[str, dict[str, Any]]:
                   "priority": _NULLABLE_STR, "prompt_tokens": _NULLABLE_INT,
                   "requested_max_tokens": _NULLABLE_INT, "max_tokens": _NULLABLE_INT,
                   "max_tokens_capped": {"type": "boolean"}}
+    request_id = {**_NULLABLE_STR, "description": "an OpenAI request's vLLM id (its response's "
+                  "id: chatcmpl-<base>, cmpl-<base>, resp_...)"}
     usage = {"type": "object", "properties": {k: {"type": "integer"} for k in (
         "prompt_tokens", "completion_tokens", "total_tokens")}}
     return {
@@ -233,13 +242,25 @@ def _schemas() -> dict[str, dict[str, Any]]:
                                "properties": {"role": {"type": "string"}}}},
                            "max_completion_tokens": {"type": "integer", "minimum": 1,
                                                      "nullable": True}}},
+        "ResponsesRequest": {
+            "type": "object", "required": ["input"],
+            "description": _VLLM_BODY.format(model="ResponsesRequest") + "; previous_response_id, "
+                           "store=true and background=true are refused (nothing is stored)",
+            "properties": {**{k: v for k, v in openai_common.items() if k != "max_tokens"},
+                           "input": {"oneOf": [{"type": "string"}, {"type": "array"}]},
+                           "instructions": _NULLABLE_STR,
+                           "max_output_tokens": {"type": "integer", "minimum": 1,
+                                                 "nullable": True},
+                           "store": {"type": "boolean", "nullable": True, "enum": [False, None]},
+                           "previous_response_id": {"nullable": True, "enum": [None]}}},
         "Accepted": {"type": "object", "required": [*job_fields, "cost", "estimated_start_s"],
                      "properties": {**job_fields, "cost": {"type": "integer"},
                                     "estimated_start_s": {"type": "number"},
                                     "latency_target": {
                                         "type": "object", "description": _TARGET_ASKED}}},
-        "Job": {"type": "object", "required": [*job_fields, "result", "error", "timing"],
-                "properties": {**job_fields, "result": {
+        "Job": {"type": "object", "required": [*job_fields, "request_id", "result", "error",
+                                               "timing"],
+                "properties": {**job_fields, "request_id": request_id, "result": {
                     "type": "object", "nullable": True,
                     "description": "text, completion_tokens, finish_reason; text is null, with "
                                    "text_expired, once TAILGUARD_OUTPUT_TTL_S has passed"},
@@ -247,6 +268,10 @@ def _schemas() -> dict[str, dict[str, Any]]:
                                "worker": _NULLABLE_STR, "timing": {"type": "object"},
                                "latency_target": {"type": "object",
                                                   "description": _TARGET_OUTCOME}}},
+        "Response": {"type": "object", "required": ["id", "object", "output", "status"],
+                     "properties": {"id": {"type": "string"}, "object": {"type": "string"},
+                                    "output": {"type": "array"}, "status": {"type": "string"},
+                                    "usage": {"type": "object", "nullable": True}}},
         "Completion": {"type": "object", "required": ["id", "object", "choices", "usage"],
                        "properties": {"id": {"type": "string"}, "object": {"type": "string"},
                                       "choices": {"type": "array"}, "usage": usage}},

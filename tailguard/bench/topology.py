@@ -39,7 +39,7 @@ import json
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -282,15 +282,23 @@ class RunningTopology:
     """The processes of one topology; a context manager that always stops them."""
 
     def __init__(self, spec: TopologySpec, *, model: str, redis_url: str, workdir: Path,
-                 api_port: int, api_threads: int = 256) -> None:
+                 api_port: int, api_threads: int = 256,
+                 worker_metrics_ports: Mapping[str, int] | None = None) -> None:
         self.spec = spec
         self.model = model
         self.redis_url = redis_url
         self.workdir = Path(workdir)
         self.api_port = api_port
         self.api_threads = api_threads
+        #: a worker's metrics port, by its name (the others serve none: the bench's load
+        #: does not pay for scrapes nobody makes)
+        self.worker_metrics_ports = dict(worker_metrics_ports or {})
         self.group = Group(self.workdir)
         self._last_health: Any = None  # for the error message when it never gets healthy
+
+    @property
+    def worker_metrics_urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{port}/metrics" for port in self.worker_metrics_ports.values()]
 
     @property
     def url(self) -> str:
@@ -317,7 +325,9 @@ class RunningTopology:
             self.group.start(ChildSpec("api", tailguard_argv("api", "--port", str(self.api_port)),
                                        env=env, cpus=front))
             for w in self.spec.workers:
-                self.group.start(worker_spec(w, env, cpus=front))
+                port = self.worker_metrics_ports.get(w.name, 0)
+                self.group.start(worker_spec(
+                    w, {**env, settings.WORKER_METRICS_PORT.env: str(port)}, cpus=front))
             if self.spec.runs_controller:
                 self.group.start(ChildSpec("controller", tailguard_argv("controller"), env=env,
                                            cpus=front))

@@ -1,10 +1,10 @@
-"""The checks: 85 OpenAI requests a client sends, each with what a server must answer.
+"""The checks: 93 OpenAI requests a client sends, each with what a server must answer.
 
 Pure data and predicates, declared in order (``check``, ``check1``, ``declare_refusal``):
-routes, completions and chat, streams, messages and the chat template, tools, fields real
-clients send, sampling and output fields, what tailguard refuses on purpose and bodies no
-engine can run (last, the NaN: a server that takes one might not survive it). ``CHECKS``
-holds them; ``by_name`` picks some.
+routes, ids, vLLM's metrics, completions and chat, streams, the Responses API, messages and
+the chat template, tools, fields real clients send, sampling and output fields, what tailguard
+refuses on purpose and bodies no engine can run (last, the NaN: a server that takes one might
+not survive it). ``CHECKS`` holds them; ``by_name`` picks some.
 """
 
 from __future__ import annotations
@@ -257,6 +257,65 @@ def _request_id(a: Answer, ctx: Context) -> str:
     return f"header echoed: {echoed}, in the id: {in_id}"
 
 
+@check1("request_id_header", "ids", "X-Request-Id builds the response's id: cmpl-<it>",
+        Call("completions", {"model": MODEL, "prompt": _PARIS, "max_tokens": 2,
+                             "request_id": "compat-body-31"},
+             headers={"X-Request-Id": "compat-rid-31"}))
+def _request_id_header(a: Answer, ctx: Context) -> str:
+    body = ok(a, "text_completion")
+    need(body.get("id") == "cmpl-compat-rid-31", f"id {body.get('id')!r}, not cmpl-compat-rid-31 "
+         "(the header before the body's request_id)")
+    return f"200, id {body['id']}"
+
+
+@check1("request_id_body", "ids", "the body's request_id builds a chat's id: chatcmpl-<it>",
+        chat_call(request_id="compat-body-32"))
+def _request_id_body(a: Answer, ctx: Context) -> str:
+    body = ok(a, "chat.completion")
+    need(body.get("id") == "chatcmpl-compat-body-32",
+         f"id {body.get('id')!r}, not chatcmpl-compat-body-32")
+    return f"200, id {body['id']}"
+
+
+@check1("request_id_stream", "ids", "X-Request-Id names every chunk of a stream",
+        Call("chat", {"model": MODEL, "messages": _HI, "max_tokens": 4, "stream": True},
+             headers={"X-Request-Id": "compat-rid-33"}))
+def _request_id_stream(a: Answer, ctx: Context) -> str:
+    ids = {c.get("id") for c in stream(a, "chat.completion.chunk")}
+    need(ids == {"chatcmpl-compat-rid-33"}, f"chunk ids {sorted(map(str, ids))}")
+    return f"{len(a.chunks)} chunks, id chatcmpl-compat-rid-33"
+
+
+#: the series of vLLM's own that dashboards, routers and autoscalers read
+#: (a counter's and a histogram's by the sample names Prometheus exposes)
+VLLM_METRIC_SAMPLES = (
+    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+    "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
+    "vllm:e2e_request_latency_seconds_bucket", "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total")
+
+
+def metric_labels(text: str, sample: str) -> list[dict[str, str]]:
+    """The label sets of `sample` in a Prometheus text exposition."""
+    return [dict(re.findall(r'(\w+)="([^"]*)"', m))
+            for m in re.findall(rf"^{re.escape(sample)}\{{([^}}]*)\}}", text, re.M)]
+
+
+@check1("vllm_metrics", "metrics", "vLLM's own vllm:* series where its engines are (tailguard: "
+        "each worker's port, labelled with the worker and its lanes)", Call("metrics"))
+def _vllm_metrics(a: Answer, ctx: Context) -> str:
+    need(a.status == 200 and isinstance(a.body, str), a.brief())
+    missing = [name for name in VLLM_METRIC_SAMPLES if not metric_labels(a.body, name)]
+    need(not missing, f"missing {', '.join(missing)}")
+    engines = metric_labels(a.body, "vllm:num_requests_running")
+    if ctx.side == "tailguard":  # one engine per worker: each says whose and which lanes
+        unlabelled = [e for e in engines if not (e.get("worker") and e.get("lane"))]
+        need(not unlabelled, f"a series without worker and lane: {unlabelled[:1]}")
+        return (f"{len(VLLM_METRIC_SAMPLES)} series, {len(engines)} engine(s), lanes "
+                + ", ".join(sorted(e["lane"] for e in engines)))
+    return f"{len(VLLM_METRIC_SAMPLES)} series, {len(engines)} engine(s)"
+
+
 declare_refusal("unknown_model", "routes", "a model nobody serves is vLLM's 404",
                 cmpl(model="no-such-model"), status=404)
 
@@ -420,6 +479,63 @@ def _stream_n2(a: Answer, ctx: Context) -> str:
 declare_refusal("stream_options_without_stream", "streams",
                 "stream_options without stream is vLLM's 400",
                 cmpl(stream_options={"include_usage": True}))
+
+
+# --- the Responses API
+
+def respond(**body: Any) -> Call:
+    return Call("responses", {"model": MODEL, "input": "Say hi.", "max_output_tokens": 8,
+                              "store": False, **body})
+
+
+def response_text(response: dict[str, Any]) -> str:
+    return "".join(part.get("text") or "" for item in response.get("output") or ()
+                   for part in item.get("content") or () if part.get("type") == "output_text")
+
+
+@check1("responses", "responses", "a response with instructions and max_output_tokens",
+        respond(instructions="Answer in one word."))
+def _responses(a: Answer, ctx: Context) -> str:
+    body = ok(a, "response")
+    need(body.get("status") in ("completed", "incomplete"), f"status {body.get('status')!r}")
+    tokens = usage(body)["output_tokens"]
+    need(tokens <= 8, f"{tokens} output tokens > max_output_tokens 8")
+    need(response_text(body), "no output text")
+    return f"200, {body['status']}, {tokens} tokens"
+
+
+@check1("responses_request_id", "responses", "the body's request_id is the response's id",
+        respond(request_id="resp_compat-34"))
+def _responses_request_id(a: Answer, ctx: Context) -> str:
+    body = ok(a, "response")
+    need(body.get("id") == "resp_compat-34", f"id {body.get('id')!r}")
+    return "200, id resp_compat-34"
+
+
+@check1("responses_stream", "responses", "a streamed response: events named by their type, "
+        "created first, completed last, its deltas the final response's text",
+        respond(stream=True))
+def _responses_stream(a: Answer, ctx: Context) -> str:
+    need(a.status == 200 and a.events, a.brief())
+    events = a.chunks
+    need(len(events) == len(a.events), "a payload that is not JSON (or a [DONE])")
+    names = [line.removeprefix("event: ") for line in a.lines or () if line.startswith("event: ")]
+    need(names == [e.get("type") for e in events], "event names that are not their types")
+    need(events[0].get("type") == "response.created", f"first {events[0].get('type')!r}")
+    last = events[-1]
+    need(last.get("type") in ("response.completed", "response.incomplete"),
+         f"last {last.get('type')!r}")
+    deltas = "".join(e.get("delta") or "" for e in events
+                     if e.get("type") == "response.output_text.delta")
+    need(deltas == response_text(last["response"]), "the deltas are not the response's text")
+    return f"{len(events)} events, {last['type']}"
+
+
+@check("responses_previous_id", "responses", "previous_response_id of no stored response is "
+       "refused (vLLM: 404, nothing stored; tailguard: documented 400, nothing is stored)",
+       respond(previous_response_id="resp_compat-nothing"), refused="previous_response_id")
+def _responses_previous_id(answers: Sequence[Answer], ctx: Context) -> str:
+    return refused(answers[0], 404)
 
 
 # --- messages and the chat template

@@ -15,15 +15,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tailguard.gateway.openai_request import BATCH_REFUSED, REFUSED_FIELDS
+from tailguard.gateway.openai_request import BATCH_REFUSED, REFUSED_FIELDS, RESPONSES_REFUSED
 
 #: a documented refusal's reason, by the field the 400 names
-REFUSAL_REASONS: dict[str, str] = {**REFUSED_FIELDS, "prompt": BATCH_REFUSED}
+REFUSAL_REASONS: dict[str, str] = {**REFUSED_FIELDS, **RESPONSES_REFUSED, "prompt": BATCH_REFUSED}
 #: a tool parser is configured (TAILGUARD_OPENAI_ARGS: --enable-auto-tool-choice
 #: --tool-call-parser ...), so tool_choice "auto" can be served
 TOOL_PARSER = "tool_parser"
 
-Route = Literal["completions", "chat", "models", "get", "post", "raw"]
+Route = Literal["completions", "chat", "responses", "models", "get", "post", "raw", "metrics"]
 Status = Literal["pass", "fail", "skip", "refused"]
 
 # Placeholders in a call's body, filled per side from what the run found (Context):
@@ -37,8 +37,10 @@ SPECIAL_TEXT = "$SPECIAL_TEXT"
 @dataclass(frozen=True)
 class Call:
     """One HTTP request. `route`: an OpenAI SDK method (``completions``, ``chat``,
-    ``models``), the SDK's generic ``get``/``post`` on a path outside /v1 (``path``), or
-    ``raw``: bytes the SDK cannot send (``data``, e.g. a NaN), with the standard library."""
+    ``responses``, ``models``), the SDK's generic ``get``/``post`` on a path outside /v1 (``path``),
+    ``raw``: bytes the SDK cannot send (``data``, e.g. a NaN), with the standard library, or
+    ``metrics``: the side's Prometheus endpoints where its engines' ``vllm:*`` series are
+    (`vllm serve`'s /metrics; each tailguard worker's port), their texts joined."""
 
     route: Route
     body: Mapping[str, Any] | None = None

@@ -287,14 +287,16 @@ def _tailguard_side(cfg: ConformanceConfig, plan: _Plan) -> SideRun:
     try:
         topo = RunningTopology(plan.lanes, model=plan.model,
                                redis_url=f"redis://127.0.0.1:{redis_port}/0",
-                               workdir=plan.out / "lanes", api_port=free_port())
+                               workdir=plan.out / "lanes", api_port=free_port(),
+                               worker_metrics_ports={w.name: free_port()
+                                                     for w in plan.lanes.workers})
         try:
             log("[tailguard] starting: " + "; ".join(
                 f"{w.name} serves {','.join(w.lanes)} on {w.pin.label()}" for w in plan.lanes.workers))
             url = topo.start(cfg.start_timeout_s)
             wait_render_ready(url)
             before = finished_by_status(url)
-            sender = Sender(url)
+            sender = Sender(url, metrics_urls=topo.worker_metrics_urls)
             try:
                 ctx = context(sender, "tailguard", plan.model, plan.capabilities)
                 log(f"[tailguard] up: model {ctx.model}, context {ctx.max_model_len}")

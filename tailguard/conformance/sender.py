@@ -22,10 +22,14 @@ CALL_TIMEOUT_S = 300.0
 class Sender:
     """The official SDK against one server, every request counted by an httpx event hook."""
 
-    def __init__(self, url: str, api_key: str = "unused", timeout_s: float = CALL_TIMEOUT_S) -> None:
+    def __init__(self, url: str, api_key: str = "unused", timeout_s: float = CALL_TIMEOUT_S,
+                 metrics_urls: Sequence[str] = ()) -> None:
+        """`metrics_urls`: where the server's engines' Prometheus series are (the ``metrics``
+        route); none given: the server's own /metrics, as `vllm serve` has them."""
         import openai
 
         self.url = url.rstrip("/")
+        self.metrics_urls = list(metrics_urls) or [self.url + "/metrics"]
         self.http = openai.DefaultHttpx2Client(
             timeout=timeout_s, event_hooks={"request": [self._on_request],
                                             "response": [self._on_response]})
@@ -64,7 +68,7 @@ class Sender:
         body = {k: v for k, v in fill(dict(call.body or {}), ctx).items() if v is not None}
         headers = dict(call.headers)
         try:
-            if call.route in ("completions", "chat"):
+            if call.route in ("completions", "chat", "responses"):
                 return self._create(call, body, headers)
             if call.route == "models":
                 raw = self.client.models.with_raw_response.list(extra_headers=headers)
@@ -77,6 +81,8 @@ class Sender:
                 resp = self.client.post(self.url + call.path, body=body, cast_to=self._raw_type(),
                                         options={"headers": headers})
                 return _answer(resp.status_code, resp.headers, resp.text)
+            if call.route == "metrics":
+                return self._metrics()
             # raw: bytes the SDK will not send (NaN), on the SDK's own HTTP client
             resp = self.http.post(self.url + call.path, content=fill_text(call.data, ctx).encode(),
                                   headers={"Content-Type": "application/json", **headers})
@@ -85,6 +91,20 @@ class Sender:
             return _answer(exc.status_code, exc.response.headers, _read(exc.response))
         except openai.APIError as exc:  # no answer: connection refused, timeout
             return Answer(None, error=f"{type(exc).__name__}: {exc}")
+
+    def _metrics(self) -> Answer:
+        """Every metrics endpoint's text, joined: 200 when each answered 200, else the first
+        other status."""
+        texts, status = [], 200
+        for url in self.metrics_urls:
+            try:
+                resp = self.http.get(url)
+            except Exception as exc:  # noqa: BLE001 - no answer: the check says so
+                return Answer(None, error=f"{url}: {type(exc).__name__}: {exc}")
+            texts.append(resp.text)
+            if resp.status_code != 200 and status == 200:
+                status = resp.status_code
+        return Answer(status, body="\n".join(texts))
 
     def _raw_type(self) -> Any:
         import httpx2
@@ -98,8 +118,8 @@ class Sender:
 
         import openai
 
-        resource = self.client.completions if call.route == "completions" else (
-            self.client.chat.completions)
+        resource = {"completions": self.client.completions, "chat": self.client.chat.completions,
+                    "responses": self.client.responses}[call.route]
         known = set(inspect.signature(resource.create).parameters) - {
             "extra_headers", "extra_query", "extra_body", "timeout"}
         kwargs = {k: v for k, v in body.items() if k in known}

@@ -510,7 +510,9 @@ class EngineHost:
         calling thread.
 
         `request_id` becomes the body's ``request_id``: vLLM's response ids and the engine
-        request ids derive from it (``chatcmpl-<id>``, ``cmpl-<id>-<i>``). A streamed request's
+        request ids derive from it (``chatcmpl-<id>``, ``cmpl-<id>-<i>``); the engine's get a
+        suffix of this call's own, since a caller's id need not be unique and the host aborts
+        engine requests by id. A streamed request's
         SSE payloads go to ``on_chunks``, in order and batched as ``on_delta``'s text is in
         generate(); a non-streamed one's response body comes back in the result. ``extra``
         is what the ``tailguard`` field of the final chunks and the response says besides
@@ -527,14 +529,16 @@ class EngineHost:
         body = {**request, "request_id": request_id}
         if priority:
             body["priority"] = int(body.get("priority") or 0) + priority
-        call = Call(f"{request_id}.{next(self._ids)}", loop, want_deltas=on_chunks is not None)
-        future = loop.submit(self._openai(call, endpoint, body, deadline_s, t0, extra or {}))
+        suffix = f".{next(self._ids)}"
+        call = Call(request_id + suffix, loop, want_deltas=on_chunks is not None)
+        future = loop.submit(self._openai(call, endpoint, body, deadline_s, t0, extra or {},
+                                          Progress(engine_id_suffix=suffix)))
         return call.wait(future, deadline_s, on_first_token=on_first_token,
                          should_cancel=should_cancel, on_pieces=on_chunks)
 
     async def _openai(self, call: Call, endpoint: str, body: dict[str, Any],
                       deadline_s: float | None, t0: float,
-                      extra: dict[str, Any]) -> OpenAIResult:
+                      extra: dict[str, Any], progress: Progress) -> OpenAIResult:
         """Runs on the loop: one OpenAI request, its deadline and its cancellation."""
         engine, serving = self._engine, self._serving
         if engine is None or serving is None or self._closed:
@@ -542,7 +546,6 @@ class EngineHost:
         if engine.errored:
             raise EngineDeadError("the vLLM engine is dead")
         loop = asyncio.get_running_loop()
-        progress = Progress()
         first_at: list[float] = []
 
         def on_text() -> None:

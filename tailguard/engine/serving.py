@@ -1,7 +1,9 @@
 """vLLM's own OpenAI serving layer on one engine: what a client of an OpenAI job gets is vLLM's.
 
 An OpenAI job (its task message's ``openai``: tailguard/worker/runner.py) runs through
-``OpenAIServingChat`` or ``OpenAIServingCompletion``, with ``OpenAIServingModels`` and an
+``OpenAIServingChat``, ``OpenAIServingCompletion`` or ``OpenAIServingResponses`` (the
+Responses API: its events and response objects, marked by `mark_response`), with
+``OpenAIServingModels`` and an
 ``OnlineRenderer``, built once per engine on its loop as vLLM's api_server builds them
 (vllm/entrypoints/launchers/api_server/app_state.py, vllm/entrypoints/generate/api_router.py),
 from the frontend options of TAILGUARD_OPENAI_ARGS (tailguard/openai_args.py). The API
@@ -52,7 +54,9 @@ from tailguard.errors import EngineDeadError, EngineError, EngineRefused
 if TYPE_CHECKING:  # vLLM is imported only where an engine runs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-ENDPOINTS = ("chat", "completion")
+ENDPOINTS = ("chat", "completion", "responses")
+#: the events that end a Responses stream, each carrying the whole response
+_RESPONSE_ENDS = ("response.completed", "response.incomplete", "response.failed")
 #: how the payloads of vLLM's SSE frames start and end
 _DATA, _END = "data: ", "\n\n"
 DONE = "[DONE]"
@@ -75,6 +79,9 @@ class Progress:
     engine_ttft_s: float | None = None
     #: why the host aborted it: "deadline", "cancelled", "shutdown"; None while it runs
     stopped: str | None = None
+    #: added to the id of each engine request: ids the host can abort by without touching
+    #: another request's (a caller's request_id, which vLLM's ids start from, may repeat)
+    engine_id_suffix: str = ""
 
     @property
     def completion_tokens(self) -> int:
@@ -122,10 +129,12 @@ class ObservedEngine:
                  **kwargs: Any) -> AsyncIterator[Any]:
         from vllm.sampling_params import RequestOutputKind
 
-        outputs = self._engine.generate(prompt, sampling_params, request_id, *args, **kwargs)
         progress = _PROGRESS.get()
         if progress is None:
-            return outputs
+            return self._engine.generate(prompt, sampling_params, request_id, *args, **kwargs)
+        # vLLM's serving layer builds its response from its own id, never the engine's outputs'
+        request_id += progress.engine_id_suffix
+        outputs = self._engine.generate(prompt, sampling_params, request_id, *args, **kwargs)
         delta = getattr(sampling_params, "output_kind", None) == RequestOutputKind.DELTA
         return progress.observe(outputs, request_id, delta)
 
@@ -150,6 +159,17 @@ def mark_final(obj: dict[str, Any], extra: dict[str, Any], *, deadline: bool) ->
     if not reasons:
         return None
     finish = "deadline" if "deadline" in reasons else reasons[0]
+    obj["tailguard"] = {**extra, "finish_reason": finish}
+    return finish
+
+
+def mark_response(obj: dict[str, Any], extra: dict[str, Any], *, deadline: bool) -> str:
+    """Mark a Responses API response (vLLM's ResponsesResponse, as a dict) in place with the
+    ``tailguard`` field, as `mark_final` marks a chat's; its finish_reason: "deadline" when the
+    host aborted it at the lane's deadline, "length" when vLLM says it is incomplete (its
+    max_output_tokens), else "stop"."""
+    finish = ("deadline" if deadline else "length" if obj.get("status") == "incomplete"
+              else "stop")
     obj["tailguard"] = {**extra, "finish_reason": finish}
     return finish
 
@@ -280,11 +300,34 @@ class Outcome:
     finish_reason: str
 
 
+def _responses_serving(engine: Any, models: Any, renderer: Any, args: argparse.Namespace,
+                       request_logger: Any, chat_template: Any, reasoning_parser: str,
+                       template_kwargs: dict[str, Any]) -> Any:
+    """vLLM's OpenAIServingResponses as its init_generate_state builds it, without a tool
+    server (no built-in tools) and without a store (tailguard refuses what needs one)."""
+    from vllm.entrypoints.openai.responses.serving import OpenAIServingResponses
+
+    return OpenAIServingResponses(
+        engine, models, renderer, request_logger=request_logger, chat_template=chat_template,
+        chat_template_content_format=args.chat_template_content_format,
+        return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+        enable_auto_tools=args.enable_auto_tool_choice, tool_parser=args.tool_call_parser,
+        tool_strict_level=args.tool_strict_level, tool_server=None,
+        reasoning_parser=reasoning_parser,
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+        enable_force_include_usage=args.enable_force_include_usage,
+        enable_per_request_metrics=args.enable_per_request_metrics,
+        enable_log_outputs=args.enable_log_outputs,
+        default_chat_template_kwargs=template_kwargs)
+
+
 class OpenAIServing:
     """vLLM's serving classes on one engine (built on its loop by `build`)."""
 
-    def __init__(self, engine: AsyncLLM, chat: Any, completion: Any, models: Any) -> None:
+    def __init__(self, engine: AsyncLLM, chat: Any, completion: Any, models: Any,
+                 responses: Any = None) -> None:
         self.engine, self.chat, self.completion, self.models = engine, chat, completion, models
+        self.responses = responses
 
     @classmethod
     async def build(cls, engine: AsyncLLM, args: argparse.Namespace, model: str,
@@ -357,7 +400,9 @@ class OpenAIServing:
             enable_prompt_tokens_details=args.enable_prompt_tokens_details,
             enable_force_include_usage=args.enable_force_include_usage,
             enable_per_request_metrics=args.enable_per_request_metrics)
-        return cls(engine, chat, completion, models)
+        responses = _responses_serving(observed, models, renderer, args, request_logger,
+                                       chat_template, reasoning_parser, template_kwargs)
+        return cls(engine, chat, completion, models, responses)
 
     async def run(self, endpoint: str, body: dict[str, Any], progress: Progress,
                   extra: dict[str, Any], emit: Callable[[str], None],
@@ -378,6 +423,8 @@ class OpenAIServing:
         if endpoint not in ENDPOINTS:
             raise EngineRefused(f"unknown OpenAI endpoint {endpoint!r}", field="endpoint")
         try:
+            if endpoint == "responses":
+                return await self._respond(body, progress, extra, emit, on_text)
             if endpoint == "chat":
                 request: Any = ChatCompletionRequest.model_validate(body)
                 result = await self.chat.create_chat_completion(request)
@@ -413,6 +460,35 @@ class OpenAIServing:
             if self.engine.errored:
                 raise EngineDeadError(f"the vLLM engine is dead: {exc}") from exc
             raise self._error(create_error_response(exc).error.model_dump()) from exc
+
+    async def _respond(self, body: dict[str, Any], progress: Progress, extra: dict[str, Any],
+                       emit: Callable[[str], None], on_text: Callable[[], None]) -> Outcome:
+        """A Responses API request through vLLM's OpenAIServingResponses: the response, or each
+        event's payload (as vLLM's server serializes it) to `emit`; the response, whole or in
+        the event that ends the stream, marked (`mark_response`)."""
+        from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+        from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+
+        result = await self.responses.create_responses(ResponsesRequest.model_validate(body))
+        if isinstance(result, ErrorResponse):
+            raise _ServingError(result.error.model_dump())
+        if not hasattr(result, "__aiter__"):
+            obj = result.model_dump(mode="json", by_alias=True)
+            finish = mark_response(obj, extra, deadline=progress.stopped == "deadline")
+            return Outcome(json.dumps(obj, **_JSON), finish)
+        finish, seen_text = "stop", False
+        async for event in result:
+            payload = event.model_dump_json(indent=None, by_alias=True)
+            if event.type in _RESPONSE_ENDS:
+                obj = json.loads(payload)
+                finish = mark_response(obj["response"], extra,
+                                       deadline=progress.stopped == "deadline")
+                payload = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+            emit(payload)
+            if not seen_text and event.type.endswith(".delta"):
+                seen_text = True
+                on_text()
+        return Outcome(None, finish)
 
     def _error(self, info: dict[str, Any]) -> EngineError:
         """vLLM's error (ErrorInfo) as tailguard's: a client error is a refusal."""

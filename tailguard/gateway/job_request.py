@@ -50,7 +50,7 @@ class JobRequest:
                                field="min_tokens")
         return placement
 
-    def record_fields(self) -> dict[str, Any]:
+    def record_fields(self, job_id: str) -> dict[str, Any]:
         """What the job record keeps of it besides its placement."""
         return {"sampling": self.sampling}
 

@@ -30,6 +30,8 @@ from typing import Any
 from tailguard.errors import ConfigError, InvalidField, ModelNotFound, TailguardError, Unavailable
 from tailguard.gateway.openai_request import (
     BATCH_REFUSED,
+    REFUSED_FIELDS,
+    RESPONSES_REFUSED,
     Endpoint,
     OpenAIJob,
     prompt_text_bytes,
@@ -44,6 +46,16 @@ log = logging.getLogger("tailguard.api")
 BUILD_WAIT_S = 300.0
 #: How long a request waits for its render on the loop (~1-2 ms of CPU each).
 RENDER_WAIT_S = 60.0
+
+
+@dataclass(frozen=True)
+class _Rendered:
+    """What vLLM's render layer made of one request: its prompt's token ids, and the
+    max_tokens and n of the sampling parameters vLLM would give it."""
+
+    token_ids: list[int]
+    max_tokens: int
+    n: int = 1
 
 
 @dataclass(frozen=True)
@@ -139,8 +151,6 @@ class OpenAIFrontend:
         from vllm.config import VllmConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.entrypoints.launchers.render.app_state import init_render_app_state
-        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-        from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
         from tailguard.openai_args import frontend_args
 
@@ -163,8 +173,7 @@ class OpenAIFrontend:
                                  structured_outputs_config=engine_args.create_structured_outputs_config())
         state = State()
         await init_render_app_state(vllm_config, state, args)
-        self._fields = {endpoint: _field_names(cls) for endpoint, cls in (
-            ("chat", ChatCompletionRequest), ("completion", CompletionRequest))}
+        self._fields = {endpoint: _field_names(cls) for endpoint, cls in _request_models().items()}
         self._state = state
 
     def _run(self, coro: Any) -> Any:
@@ -183,23 +192,21 @@ class OpenAIFrontend:
         an InvalidField (or ModelNotFound) for anything vLLM would refuse, before a job
         exists. `check_prompt_bytes` (the API's byte bound) sees the prompt's size first."""
         state = self._ready()
-        split = split_body(body, self._fields[endpoint])
+        refused = {**REFUSED_FIELDS, **RESPONSES_REFUSED} if endpoint == "responses" else (
+            REFUSED_FIELDS)
+        split = split_body(body, self._fields[endpoint], refused)
         if split.ignored and self.on_ignored is not None:
             self.on_ignored(endpoint, split.ignored)
         check_prompt_bytes(prompt_text_bytes(split.body))
         request = _validated(endpoint, split.body)
-        rendered = self._run(_render(state.serving_render, endpoint, request))
+        rendered = self._run(_render(state, endpoint, request))
         if isinstance(rendered, Answer):
             raise _refusal(rendered)
-        if len(rendered) != 1:
-            raise InvalidField(f"{BATCH_REFUSED} (got {len(rendered)} prompts)", field="prompt")
-        [generate] = rendered
         renderer = state.online_renderer.renderer
         try:  # what vLLM's engine input processor checks of a prompt: token ids in the vocabulary
-            renderer.validate_token_ids(generate.token_ids, parameter="prompt")
+            renderer.validate_token_ids(rendered.token_ids, parameter="prompt")
         except Exception as exc:  # noqa: BLE001 - classified as vLLM's server classifies it
             raise _refusal(_answer(exc)) from None
-        params = generate.sampling_params
         defaults = state.serving_render.default_sampling_params
         config = state.vllm_config
         tokenizer = renderer.get_tokenizer()
@@ -217,9 +224,10 @@ class OpenAIFrontend:
                 raise _refusal(_answer(exc)) from None
 
         return OpenAIJob(
-            endpoint=endpoint, request=split.body, prompt_tokens=len(generate.token_ids),
-            vllm_max_tokens=params.max_tokens, max_tokens=requested_max_tokens(endpoint, split.body),
-            priority=split.priority, stream=bool(request.stream), n=params.n,
+            endpoint=endpoint, request=split.body, prompt_tokens=len(rendered.token_ids),
+            vllm_max_tokens=rendered.max_tokens,
+            max_tokens=requested_max_tokens(endpoint, split.body),
+            priority=split.priority, stream=bool(request.stream), n=rendered.n,
             prompt_bytes=prompt_text_bytes(split.body), verify=verify)
 
     # ---------------------------------------------------------------- vLLM's other routes
@@ -271,15 +279,22 @@ def _field_names(model: Any) -> frozenset[str]:
     return frozenset(names)
 
 
+def _request_models() -> dict[Endpoint, Any]:
+    """vLLM's pydantic request model of each endpoint."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+
+    return {"chat": ChatCompletionRequest, "completion": CompletionRequest,
+            "responses": ResponsesRequest}
+
+
 def _validated(endpoint: Endpoint, body: dict[str, Any]) -> Any:
     """`body` as vLLM's pydantic request model; InvalidField naming the field otherwise."""
     from pydantic import ValidationError
-    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
-    model = ChatCompletionRequest if endpoint == "chat" else CompletionRequest
     try:
-        return model.model_validate(body)
+        return _request_models()[endpoint].model_validate(body)
     except ValidationError as exc:
         raise _validation_error(exc) from None
     except Exception as exc:  # noqa: BLE001 - classified as vLLM's server classifies it
@@ -307,20 +322,51 @@ def _validation_error(exc: Any) -> InvalidField:
     return InvalidField("; ".join(shown) + more, field=param or "body")
 
 
-async def _render(render: Any, endpoint: Endpoint, request: Any) -> list[Any] | Answer:
-    """On the loop: vLLM's GenerateRequest(s) for `request`, or vLLM's error answer."""
+async def _render(state: Any, endpoint: Endpoint, request: Any) -> _Rendered | Answer:
+    """On the loop: what vLLM's render layer makes of `request`, or vLLM's error answer."""
     from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
     try:
-        if endpoint == "chat":
-            result = await render.render_chat_request(request)
+        if endpoint == "responses":
+            # the model check vLLM's Responses serving class makes (its render layer has it)
+            result = await state.serving_render._check_model(request)
+            result = result or await state.online_renderer.render_responses(request)
+        elif endpoint == "chat":
+            result = await state.serving_render.render_chat_request(request)
         else:
-            result = await render.render_completion_request(request)
+            result = await state.serving_render.render_completion_request(request)
     except Exception as exc:  # noqa: BLE001 - classified as vLLM's server classifies it
         return _answer(exc)
     if isinstance(result, ErrorResponse):
         return Answer(result.error.code, result.model_dump())
-    return result if isinstance(result, list) else [result]
+    if endpoint == "responses":
+        return _rendered_response(state, request, result.engine_input)
+    generates = result if isinstance(result, list) else [result]
+    if len(generates) != 1:
+        raise InvalidField(f"{BATCH_REFUSED} (got {len(generates)} prompts)", field="prompt")
+    [generate] = generates
+    return _Rendered(list(generate.token_ids), generate.sampling_params.max_tokens,
+                     generate.sampling_params.n)
+
+
+def _rendered_response(state: Any, request: Any, engine_input: Any) -> _Rendered:
+    """A Responses request's prompt and the max_tokens vLLM grants it, as
+    ``OpenAIServingResponses`` computes them (its prompt check included: a 400 on ``input``)."""
+    from vllm.entrypoints.serve.utils.api_utils import get_max_tokens
+
+    model_config = state.vllm_config.model_config
+    components = state.serving_render._extract_prompt_components(engine_input)
+    token_ids = list(components.token_ids or ())
+    if len(token_ids) >= model_config.max_model_len:
+        raise InvalidField(f"The engine prompt length {len(token_ids)} exceeds the max_model_len "
+                           f"{model_config.max_model_len}. Please reduce prompt.", field="input")
+    defaults = state.serving_render.default_sampling_params
+    override = (defaults.get("max_tokens") if model_config.generation_config not in (
+        "auto", "vllm") else getattr(model_config, "override_generation_config", {}).get(
+        "max_new_tokens"))
+    return _Rendered(token_ids, get_max_tokens(
+        model_config.max_model_len, request.max_output_tokens, len(token_ids), defaults,
+        override, truncate_prompt_tokens=-1 if request.truncation != "disabled" else None))
 
 
 async def _answered(coro: Any) -> Answer:

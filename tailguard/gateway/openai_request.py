@@ -22,8 +22,12 @@ from tailguard.lanes.placement import Placement, Prefer, place, request_cost
 from tailguard.lanes.table import PRIORITY_CLASSES, Lane, LaneTable
 from tailguard.sampling import INT64_MAX, INT64_MIN
 
-Endpoint = Literal["chat", "completion"]
-ENDPOINTS: tuple[Endpoint, ...] = ("chat", "completion")
+Endpoint = Literal["chat", "completion", "responses"]
+ENDPOINTS: tuple[Endpoint, ...] = ("chat", "completion", "responses")
+#: what vLLM's serving classes put before the base id in a response's (and its request's) id
+ID_PREFIXES: dict[Endpoint, str] = {"chat": "chatcmpl", "completion": "cmpl"}
+#: what vLLM's Responses API puts before the fresh id it draws when the body gives none
+RESPONSE_ID_PREFIX = "resp_"
 
 #: vLLM fields tailguard refuses on purpose, with the reason the 400 gives. Each is refused
 #: only with a value that asks for something (vLLM's default of each is accepted).
@@ -39,6 +43,17 @@ REFUSED_FIELDS: dict[str, str] = {
                           "whole request",
     "use_beam_search": "beam search is not served: vLLM's render layer, which costs and places "
                        "a request before it is queued, does not support it",
+}
+
+#: Responses API fields that need state kept on the server between requests, refused before
+#: queueing: a request runs on whichever worker its lane has, and no worker keeps what another
+#: served (vLLM itself keeps it in its process, off unless VLLM_ENABLE_RESPONSES_API_STORE)
+RESPONSES_REFUSED: dict[str, str] = {
+    "previous_response_id": "responses are not stored here (each runs on any worker of its "
+                            "lane): send the conversation so far in `input`",
+    "store": "responses are not stored here (each runs on any worker of its lane): send "
+             "store=false, or leave it out",
+    "background": "background responses need a stored response to poll: not served",
 }
 
 #: why a completions request with several prompts is refused (vLLM would run each)
@@ -61,10 +76,12 @@ class SplitBody:
     ignored: tuple[str, ...]  # unknown top-level fields, ignored as vLLM ignores them
 
 
-def split_body(body: Any, known: Iterable[str]) -> SplitBody:
+def split_body(body: Any, known: Iterable[str],
+               refused: Mapping[str, str] = REFUSED_FIELDS) -> SplitBody:
     """Take tailguard's own field out of an OpenAI body (``priority`` as a class name; an
-    integer ``priority`` is vLLM's and stays), refuse the fields of REFUSED_FIELDS, and drop
-    the fields vLLM's request model does not know (`known`), which vLLM ignores."""
+    integer ``priority`` is vLLM's and stays), refuse the fields of `refused` (REFUSED_FIELDS,
+    and RESPONSES_REFUSED for a Responses request), and drop the fields vLLM's request model
+    does not know (`known`), which vLLM ignores."""
     if not isinstance(body, dict):
         raise InvalidField("the body must be a JSON object", field="body")
     out = dict(body)
@@ -74,7 +91,7 @@ def split_body(body: Any, known: Iterable[str]) -> SplitBody:
         if priority not in PRIORITY_CLASSES:
             raise InvalidField(f"priority must be one of {', '.join(PRIORITY_CLASSES)} (tailguard's "
                                f"class) or an integer (vLLM's), got {priority!r}", field="priority")
-    for name, reason in REFUSED_FIELDS.items():
+    for name, reason in refused.items():
         if _asks_for_something(body.get(name)):
             raise InvalidField(f"{name} is refused here: {reason}", field=name)
     names = frozenset(known)
@@ -105,7 +122,9 @@ def beyond_int64(body: Any) -> str | None:
 
 def requested_max_tokens(endpoint: Endpoint, body: Mapping[str, Any]) -> int | None:
     """The output length the client asked for, as vLLM reads it (chat: max_completion_tokens
-    before max_tokens); None when it left it to the server."""
+    before max_tokens; Responses: max_output_tokens); None when it left it to the server."""
+    if endpoint == "responses":
+        return body.get("max_output_tokens")
     if endpoint == "chat" and body.get("max_completion_tokens") is not None:
         return body["max_completion_tokens"]
     return body.get("max_tokens")
@@ -133,6 +152,26 @@ class OpenAIJob:
     #: raises InvalidField when vLLM refuses the request at this max_tokens (the grant may
     #: lower it below, say, min_tokens)
     verify: Callable[[int], None] = field(default=lambda _: None, compare=False, repr=False)
+    #: the X-Request-Id header it came with (None: none), which vLLM prefers to the body's
+    header_request_id: str | None = None
+
+    def base_request_id(self, job_id: str) -> str:
+        """The base of its vLLM ids, by vLLM's rule (``OpenAIServing._base_request_id``): the
+        X-Request-Id header, else the body's ``request_id``, else a fresh id, which here is
+        the job's (unique too, and names the request in every tailguard route). vLLM's
+        Responses API takes the body's id whole and no header: else ``resp_<job id>``."""
+        given = self.request.get("request_id")
+        if self.endpoint == "responses":
+            return given if isinstance(given, str) else f"{RESPONSE_ID_PREFIX}{job_id}"
+        if self.header_request_id is not None:
+            return self.header_request_id
+        return given if isinstance(given, str) else job_id
+
+    def request_id(self, job_id: str) -> str:
+        """vLLM's id of it, as its serving class makes it and its response says it:
+        ``chatcmpl-<base>``, ``cmpl-<base>``, or a Responses request's base itself."""
+        base = self.base_request_id(job_id)
+        return base if self.endpoint == "responses" else f"{ID_PREFIXES[self.endpoint]}-{base}"
 
     # The gateway's request-kind protocol (tailguard.gateway.service.Submission):
 
@@ -156,10 +195,11 @@ class OpenAIJob:
         self.verify(placement.max_tokens)
         return placement
 
-    def record_fields(self) -> dict[str, Any]:
+    def record_fields(self, job_id: str) -> dict[str, Any]:
         """What the job record keeps of it besides its placement: the endpoint it came by
-        (its sampling is in vLLM's request, in the task's ``openai`` argument)."""
-        return {"sampling": {}, "openai": self.endpoint}
+        and vLLM's id of it, the response's ``id`` (its sampling is in vLLM's request, in the
+        task's ``openai`` argument)."""
+        return {"sampling": {}, "openai": self.endpoint, "request_id": self.request_id(job_id)}
 
     def task_kwargs(self, job_id: str, placement: Placement) -> dict[str, Any]:
         """The lane task's keyword arguments of its own: the ``openai`` argument (no prompt
@@ -184,8 +224,11 @@ def grant(placement: Placement, lane: Lane, job: OpenAIJob) -> Placement:
 
 def task_argument(job: OpenAIJob, job_id: str, placement: Placement) -> dict[str, Any]:
     """The lane task's ``openai`` keyword argument (the contract, docs/api.md): the body for
-    vLLM's serving layer with the granted max_tokens and the job id as its request id."""
-    request = {**job.request, "max_tokens": placement.max_tokens, "request_id": job_id}
+    vLLM's serving layer with the granted max_tokens and the base of its ids as its
+    ``request_id`` (`OpenAIJob.base_request_id`), from which vLLM's serving class builds them."""
+    limit = "max_output_tokens" if job.endpoint == "responses" else "max_tokens"
+    request = {**job.request, limit: placement.max_tokens,
+               "request_id": job.base_request_id(job_id)}
     if job.endpoint == "chat" and job.request.get("max_completion_tokens") is not None:
         request["max_completion_tokens"] = placement.max_tokens
     return {"endpoint": job.endpoint, "request": request, "prompt_tokens": job.prompt_tokens,
@@ -209,7 +252,7 @@ def text_bytes(value: Any) -> int:
 
 
 #: the body fields a prompt is rendered from (what the API's prompt byte bound weighs)
-PROMPT_FIELDS = ("prompt", "messages", "tools", "documents")
+PROMPT_FIELDS = ("prompt", "messages", "tools", "documents", "input", "instructions")
 
 
 def prompt_text_bytes(body: Mapping[str, Any]) -> int:

@@ -117,7 +117,7 @@ class Submission(Protocol):
         could never run there."""
         ...
 
-    def record_fields(self) -> dict[str, Any]:
+    def record_fields(self, job_id: str) -> dict[str, Any]:
         """What the job record keeps of it besides its placement (``sampling``, ...)."""
         ...
 
@@ -255,14 +255,17 @@ class Gateway:
             self.openai.start()
         return self.openai.status == "ready"
 
-    def prepare_openai(self, endpoint: Endpoint, body: Any) -> OpenAIJob:
+    def prepare_openai(self, endpoint: Endpoint, body: Any,
+                       header_request_id: str | None = None) -> OpenAIJob:
         """An OpenAI body validated and rendered by vLLM (its prompt past the byte bound is
-        refused before it is rendered): a 400 for anything vLLM would refuse."""
+        refused before it is rendered): a 400 for anything vLLM would refuse.
+        `header_request_id`: its X-Request-Id, which names it as vLLM's server would."""
         if self.openai is None:
             raise InvalidField("this API serves no OpenAI routes", field="body")
-        field = "messages" if endpoint == "chat" else "prompt"
-        return self.openai.prepare(endpoint, body,
-                                   lambda size: self._check_prompt_bytes(size, field))
+        field = {"chat": "messages", "responses": "input"}.get(endpoint, "prompt")
+        job = self.openai.prepare(endpoint, body,
+                                  lambda size: self._check_prompt_bytes(size, field))
+        return dataclasses.replace(job, header_request_id=header_request_id)
 
     def submit(self, req: Submission, caller: ApiKey | None = None,
                asked_target: tuple[int | None, int | None] = (None, None)) -> dict[str, Any]:
@@ -302,7 +305,7 @@ class Gateway:
             "api_key": caller.name if caller else None,
             "owner": caller.id if caller else None,  # the key whose job it is (ids are not names)
             "slo_ttft_ms": target.ttft_ms, "slo_tpot_ms": target.tpot_ms,
-            **req.record_fields(),
+            **req.record_fields(job_id),
         }
         kwargs = {"job_id": job_id, "max_tokens": placement.max_tokens,
                   "deadline_s": lane.deadline_s, **req.task_kwargs(job_id, placement)}
@@ -537,6 +540,7 @@ def render(job_id: str, job: dict[str, Any]) -> dict[str, Any]:
         "requested_max_tokens": job.get("requested_max_tokens"),
         "max_tokens": job.get("max_tokens"),
         "max_tokens_capped": job.get("max_tokens_capped", False),
+        "request_id": job.get("request_id"),
         "result": job.get("result"),
         "error": job.get("error"),
         "worker": job.get("worker"),

@@ -224,16 +224,30 @@ def output_text(client: redis.Redis, job_id: str) -> Output:
     return Output("".join(data["text"] for _, _, data in written), truncated=truncated)
 
 
+#: the Responses API's event of a piece of output text, and its output item of text
+_TEXT_DELTA, _OUTPUT_TEXT = "response.output_text.delta", "output_text"
+
+
 def choice0_text(payloads: list[str], response: str | None = None) -> str:
     """Choice 0's text of an OpenAI job: of its `response` body when it has one, else of its
-    chunk `payloads` joined (a chat's ``delta.content``, a completion's ``text``)."""
+    chunk `payloads` joined (a chat's ``delta.content``, a completion's ``text``); a
+    Responses API job's output text (its response's ``output_text`` parts, or its events'
+    text deltas)."""
     if response is not None:
-        choices = json.loads(response).get("choices") or []
+        body = json.loads(response)
+        if "output" in body and "choices" not in body:
+            return "".join(part.get("text") or "" for item in body["output"] or ()
+                           for part in item.get("content") or ()
+                           if isinstance(part, dict) and part.get("type") == _OUTPUT_TEXT)
+        choices = body.get("choices") or []
         first = next((c for c in choices if c.get("index", 0) == 0), {})
         return (first.get("message") or {}).get("content") or first.get("text") or ""
     parts = []
     for payload in payloads:
-        for choice in json.loads(payload).get("choices") or ():
+        chunk = json.loads(payload)
+        if chunk.get("type") == _TEXT_DELTA:
+            parts.append(chunk.get("delta") or "")
+        for choice in chunk.get("choices") or ():
             if choice.get("index", 0) == 0:
                 parts.append((choice.get("delta") or {}).get("content") or choice.get("text") or "")
     return "".join(parts)

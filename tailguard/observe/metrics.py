@@ -11,8 +11,10 @@ Who exports what (each process serves only what it owns; Prometheus sums):
   scrape each (the finished stream's consumer group still counts each request once).
 * each worker (`--metrics-port`, `TAILGUARD_WORKER_METRICS_PORT`) owns its engine:
   running and peak running requests, aborts, and vLLM's own `vllm:*` metrics
-  (KV-cache use, scheduler queues), which vLLM registers in the worker process;
-  a borrowing worker also what it took from other lanes (tailguard/worker/borrower.py).
+  (KV-cache use, scheduler queues, latency histograms), which vLLM registers in the worker
+  process and which are served with the worker's and its lanes' labels
+  (tailguard/observe/vllm_series.py); a borrowing worker also what it took from other lanes
+  (tailguard/worker/borrower.py).
 """
 
 from __future__ import annotations
@@ -22,7 +24,15 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import redis
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    start_http_server,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
@@ -335,17 +345,20 @@ class BorrowCollector(Collector):
 
 
 class MetricsServer:
-    """A worker's Prometheus endpoint on its own HTTP thread: `collectors`, and vLLM's own
-    `vllm:*` metrics, which vLLM registers in the process's default registry."""
+    """A worker's Prometheus endpoint on its own HTTP thread: `collectors` (a worker's include
+    vLLM's own series, relabelled: tailguard/observe/vllm_series.py) and the process's CPU,
+    memory and GC series, from a registry of its own, not the default one, where vLLM's
+    series stand without the worker's labels."""
 
     def __init__(self, port: int, addr: str, collectors: list[Collector]) -> None:
         self.port, self.addr, self.collectors = port, addr, collectors
+        self.registry = CollectorRegistry()
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR, *collectors):
+            self.registry.register(collector)
         self._server = None
 
     def start(self) -> None:
-        for collector in self.collectors:
-            REGISTRY.register(collector)
-        self._server, _ = start_http_server(self.port, addr=self.addr)
+        self._server, _ = start_http_server(self.port, addr=self.addr, registry=self.registry)
         log.info("metrics on http://%s:%d/metrics", self.addr, self.port)
 
     def stop(self) -> None:
@@ -353,5 +366,3 @@ class MetricsServer:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
-        for collector in self.collectors:
-            REGISTRY.unregister(collector)

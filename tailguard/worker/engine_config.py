@@ -58,6 +58,8 @@ def engine_config(lanes: list[Lane], borrowed: list[Lane] | None = None,
 def idle_engine_config(borrowed: list[Lane], slots: int,
                        options: Mapping[str, Any] | None = None) -> EngineConfig:
     """The idle-priority engine of a worker borrowing from `borrowed`: `slots` (B) requests,
-    the context of their largest lane, the worker's engine arguments."""
+    the context of their largest lane, the worker's engine arguments. Without vLLM's stat
+    loggers: vLLM keeps one engine's ``vllm:*`` series per process (each Prometheus stat
+    logger replaces the last), and the worker's port shows its own engine's."""
     config = engine_config(borrowed, options=options)
-    return dataclasses.replace(config, max_num_seqs=slots)
+    return dataclasses.replace(config, max_num_seqs=slots, log_stats=False)

@@ -369,8 +369,11 @@ class _OpenAIRun(_Run):
                 on_first_token()
             writer.add_chunks(payloads)
 
+        request = spec.get("request") or {}
+        # the base of vLLM's ids the API chose (the caller's, or the job id: openai_request.py)
+        base_id = request.get("request_id")
         return engine.openai(
-            job.job_id, spec.get("endpoint", ""), spec.get("request") or {},
+            base_id if isinstance(base_id, str) else job.job_id, spec.get("endpoint", ""), request,
             deadline_s=job.deadline_s,
             extra={"lane": self.record.get("lane"), "max_tokens": job.max_tokens,
                    "max_tokens_capped": bool(spec.get("capped"))},

@@ -448,14 +448,17 @@ class _Engines:
 
 def _metrics_server(runtime: WorkerRuntime) -> MetricsServer | None:
     """This worker's Prometheus endpoint (None when its port is 0: off): its engine host's
-    view and its borrowing."""
+    view, vLLM's own series labelled with its lanes as they are at each scrape (lane moves
+    change them), and its borrowing."""
     port = settings.WORKER_METRICS_PORT.get()
     if not port:
         return None
     from tailguard.observe.metrics import BorrowCollector, MetricsServer, WorkerCollector
+    from tailguard.observe.vllm_series import VllmSeriesCollector
 
     collectors: list[Collector] = [
-        WorkerCollector(runtime.hostname, lambda: engine_stats_of(runtime))]
+        WorkerCollector(runtime.hostname, lambda: engine_stats_of(runtime)),
+        VllmSeriesCollector(runtime.hostname, lambda: runtime.lane_names)]
     if runtime.borrower is not None:
         collectors.append(BorrowCollector(runtime.hostname, runtime.borrower.stats))
     return MetricsServer(port, settings.WORKER_METRICS_ADDR.get(), collectors)

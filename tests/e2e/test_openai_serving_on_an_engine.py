@@ -215,3 +215,50 @@ def test_a_refusal_by_vllms_serving_layer_is_a_400_class_error(host, fields, str
         run(host, {**chat(stream=stream), **fields})
     assert info.value.http_status == 400 and info.value.message
     assert_idle(host)
+
+
+def test_a_repeated_caller_id_cancels_only_its_own_request(host):
+    """Two requests with one caller id (vLLM's ids start from it): the host aborts engine
+    requests by id, and each call's engine ids carry a suffix of its own."""
+    import threading
+
+    other: list[OpenAIResult] = []
+    thread = threading.Thread(target=lambda: other.append(host.openai(
+        "dup", "chat", chat(max_tokens=8), 120, extra=EXTRA)))
+    thread.start()
+    cancelled = host.openai("dup", "chat", chat(max_tokens=1900), 120, extra=EXTRA,
+                            on_chunks=lambda got: None, should_cancel=lambda: True)
+    thread.join(120)
+    assert cancelled.finish_reason == "cancelled"
+    assert other and other[0].finish_reason == "length" and other[0].completion_tokens == 8
+    assert_idle(host)
+
+
+def respond(stream: bool = True, max_output_tokens: int = 8, **fields) -> dict:
+    return {"model": MODEL, "input": "Tell me about KV caches", "instructions": "Be brief.",
+            "max_output_tokens": max_output_tokens, "ignore_eos": True, "stream": stream,
+            "store": False, **fields}
+
+
+def test_a_responses_request_is_vllms_events_and_response_with_the_extra_field(host):
+    request_id, result, events, firsts = run(host, respond(), endpoint="responses")
+    types = [e["type"] for e in events]
+    # vLLM ends its stream with response.completed, the response in it saying incomplete
+    assert types[0] == "response.created" and types[-1] == "response.completed", types
+    final = events[-1]["response"]
+    assert (final["id"], final["status"]) == (request_id, "incomplete")
+    assert final["tailguard"] == {**EXTRA, "finish_reason": "length"}
+    assert result.completion_tokens == 8 and result.finish_reason == "length" and firsts
+    _, result, _, _ = run(host, respond(stream=False), endpoint="responses")
+    body = json.loads(result.response)
+    assert body["object"] == "response" and body["usage"]["output_tokens"] == 8
+    assert body["tailguard"]["finish_reason"] == "length" == result.finish_reason
+    assert_idle(host)
+
+
+def test_a_responses_stream_cut_by_its_deadline_ends_and_says_why(host):
+    _, result, events, _ = run(host, respond(max_output_tokens=1900), endpoint="responses",
+                               deadline_s=1.0)
+    assert result.finish_reason == "deadline" and result.completion_tokens < 1900
+    assert events[-1]["response"]["tailguard"]["finish_reason"] == "deadline"
+    assert_idle(host)

@@ -42,6 +42,19 @@ def test_a_chat_is_vllms_response_with_the_lane_in_it(client, api):
     assert job["status"] == "succeeded" and job["result"]["text"] == chat.choices[0].message.content
 
 
+def test_the_callers_request_id_names_the_response_as_vllm_names_it(client, api):
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+        extra_headers={"X-Request-Id": "trace-42"}, extra_body={"request_id": "body-id"})
+    assert raw.parse().id == "chatcmpl-trace-42" and raw.headers["x-request-id"] == "trace-42"
+    job_id = raw.headers["x-tailguard-job-id"]
+    assert requests.get(f"{api}/v1/jobs/{job_id}", timeout=10).json()["request_id"] == \
+        "chatcmpl-trace-42"
+    chunks = list(client.completions.create(model=MODEL, prompt="hi", max_tokens=2, stream=True,
+                                            extra_body={"request_id": "body-id"}))
+    assert {c.id for c in chunks} == {"cmpl-body-id"}
+
+
 def test_an_omitted_max_tokens_is_vllms_default_capped_by_the_lane_and_said(client):
     chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
                                           extra_body={"ignore_eos": True})
@@ -86,3 +99,49 @@ def test_a_refused_value_is_a_400_before_any_job(client, api):
     with pytest.raises(openai.BadRequestError) as exc:
         client.completions.create(model=MODEL, prompt="hi", seed=2**70)
     assert exc.value.status_code == 400 and exc.value.response.headers.get("x-tailguard-job-id") is None
+
+
+def test_the_responses_api_through_the_lanes(client, api):
+    raw = client.responses.with_raw_response.create(
+        model=MODEL, input="Say hi.", instructions="Answer in one word.", max_output_tokens=6,
+        store=False)
+    response = raw.parse()  # the SDK's own Response type
+    assert response.object == "response" and response.status in ("completed", "incomplete")
+    assert response.id == f"resp_{raw.headers['x-tailguard-job-id']}"
+    assert raw.headers["x-tailguard-lane"] == "short" and response.usage.output_tokens <= 6
+    assert response.model_extra["tailguard"]["lane"] == "short"
+    job = requests.get(f"{api}/v1/jobs/{raw.headers['x-tailguard-job-id']}", timeout=10).json()
+    assert job["status"] == "succeeded" and job["result"]["text"] == response.output_text
+
+    events = list(client.responses.create(model=MODEL, input="Say hi.", max_output_tokens=4,
+                                          stream=True, store=False))
+    kinds = [e.type for e in events]
+    assert kinds[0] == "response.created" and kinds[-1] in ("response.completed",
+                                                            "response.incomplete")
+    final = events[-1].response
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert final.output_text == text and final.model_extra["tailguard"]["lane"] == "short"
+
+    with pytest.raises(openai.BadRequestError):  # nothing is stored here: refused, not queued
+        client.responses.create(model=MODEL, input="hi", previous_response_id="resp_x")
+
+
+def test_the_conformance_checks_of_ids_metrics_and_responses_hold_here(api, workers):
+    """`tailguard conformance`'s own checks and SDK sender (its tailguard side) on these engines:
+    ids as vLLM makes them, vLLM's series on the workers' ports, the Responses API."""
+    from tailguard.conformance.catalog import by_name
+    from tailguard.conformance.check import Context, judge
+    from tailguard.conformance.sender import Sender
+
+    sender = Sender(api, metrics_urls=[f"http://127.0.0.1:{port}/metrics"
+                                       for port in workers.metrics_ports.values()])
+    ctx = Context(side="tailguard", model=MODEL)
+    try:
+        for check in by_name(["request_id_header", "request_id_body", "request_id_stream",
+                              "vllm_metrics", "responses", "responses_request_id",
+                              "responses_stream", "responses_previous_id"]):
+            result = judge(check, [sender.send(call, ctx) for call in check.calls], ctx)
+            assert result.status in ("pass", "refused"), (check.name, result.detail)
+    finally:
+        sender.close()
+    assert sender.retries == 0 and sender.would_retry == 0

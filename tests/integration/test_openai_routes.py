@@ -138,10 +138,24 @@ def test_unknown_fields_are_ignored_and_counted(client, redis_client):
         assert f'tailguard_openai_ignored_fields_total{{endpoint="chat",field="{field}"}}' in metrics
 
 
-def test_x_request_id_is_echoed(client):
-    resp = open_stream(client, "/v1/completions", {"prompt": "hi", "max_tokens": 2},
+def test_x_request_id_is_echoed_and_names_the_request_as_vllm_would(client, redis_client):
+    resp = open_stream(client, "/v1/completions", {"prompt": "hi", "max_tokens": 2,
+                                                   "request_id": "body-id"},
                        headers={"X-Request-Id": "trace-42"})
     assert resp.headers["X-Request-Id"] == "trace-42"
+    job_id = resp.headers["X-Tailguard-Job-Id"]
+    resp.close()
+    # the header wins over the body's request_id (vLLM's rule); the job id stays tailguard's
+    [(_, kwargs)] = [m for m in messages_on(redis_client, "short") if m[0]["id"] == job_id]
+    assert kwargs["openai"]["request"]["request_id"] == "trace-42"
+    assert JobStore(redis_client).get(job_id)["request_id"] == "cmpl-trace-42"
+    view = client.get(f"/v1/jobs/{job_id}").get_json()
+    assert (view["id"], view["request_id"]) == (job_id, "cmpl-trace-42")
+    # without one, the body's; without either, the job's own id
+    resp = open_stream(client, "/v1/chat/completions", {"messages": HI, "max_tokens": 2,
+                                                        "request_id": "body-id"})
+    assert JobStore(redis_client).get(resp.headers["X-Tailguard-Job-Id"])["request_id"] == \
+        "chatcmpl-body-id"
     resp.close()
     bad = client.post("/v1/completions", json={"prompt": "hi", "top_k": -5},
                       headers={"X-Request-Id": "trace-43"})

@@ -66,11 +66,13 @@ def get(name):
 
 def test_the_checks_are_many_named_once_and_cover_the_issue():
     names = [c.name for c in CHECKS]
-    assert 60 <= len(names) <= 90 and len(set(names)) == len(names)
+    assert 60 <= len(names) <= 100 and len(set(names)) == len(names)
     for name in ("chat_max_tokens_omitted", "completion_max_tokens_omitted",
                  "stream_continuous_usage", "developer_role", "content_parts", "tools_choice_none",
                  "unknown_store", "nan_temperature", "seed_2_70", "min_tokens_over_max_tokens",
-                 "prompt_batch", "guided_json", "models", "request_id", "tokenize", "detokenize"):
+                 "prompt_batch", "guided_json", "models", "request_id", "tokenize", "detokenize",
+                 "request_id_header", "request_id_body", "request_id_stream", "vllm_metrics",
+                 "responses", "responses_stream", "responses_previous_id"):
         assert name in names
     assert {c.name for c in CHECKS if c.required} == {
         "nan_temperature", "seed_2_70", "min_tokens_over_max_tokens"}
@@ -154,6 +156,74 @@ def test_stream_framing():
     assert "different ids" in judge(c, [stream_of(two_ids)], VLLM).detail
     errored = [chunks[0], {"id": "c", "object": "text_completion", "error": {"message": "x"}}]
     assert "error event" in judge(c, [stream_of(errored)], VLLM).detail
+
+
+def test_the_id_checks_want_vllms_ids():
+    header = get("request_id_header")
+    assert header.calls[0].headers == {"X-Request-Id": "compat-rid-31"}
+    assert judge(header, [completion(id="cmpl-compat-rid-31")], TG).status == "pass"
+    # the body's request_id (also sent) must lose to the header, a job id is no id of vLLM's
+    for wrong in ("cmpl-compat-body-31", "cmpl-0123abcd"):
+        assert judge(header, [completion(id=wrong)], TG).status == "fail"
+    body = get("request_id_body")
+    assert judge(body, [chat(id="chatcmpl-compat-body-32")], VLLM).status == "pass"
+    assert judge(body, [chat(id="chatcmpl-1")], VLLM).status == "fail"
+    chunk = {"id": "chatcmpl-compat-rid-33", "object": "chat.completion.chunk",
+             "choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": "length"}]}
+    assert judge(get("request_id_stream"), [stream_of([chunk])], VLLM).status == "pass"
+    other = {**chunk, "id": "chatcmpl-job"}
+    assert judge(get("request_id_stream"), [stream_of([other])], VLLM).status == "fail"
+
+
+def _exposition(labels: str) -> str:
+    from tailguard.conformance.catalog import VLLM_METRIC_SAMPLES
+
+    return "\n".join(f"{name}{{{labels}}} 1.0" for name in VLLM_METRIC_SAMPLES)
+
+
+def test_the_metrics_check_wants_vllms_series_and_on_tailguard_whose_they_are():
+    c = get("vllm_metrics")
+    assert c.calls[0].route == "metrics"
+    vllms = 'engine="0",model_name="m"'
+    assert judge(c, [Answer(200, body=_exposition(vllms))], VLLM).status == "pass"
+    # tailguard's: each worker's engine, labelled with the worker and its lanes
+    assert judge(c, [Answer(200, body=_exposition(vllms))], TG).status == "fail"
+    workers = "\n".join((_exposition(vllms + ',lane="short",worker="short@h"'),
+                         _exposition(vllms + ',lane="long,batch",worker="long@h"')))
+    r = judge(c, [Answer(200, body=workers)], TG)
+    assert r.status == "pass" and "2 engine(s), lanes long,batch, short" in r.detail
+    missing = judge(c, [Answer(200, body="vllm:num_requests_running{} 0")], VLLM)
+    assert missing.status == "fail" and "vllm:kv_cache_usage_perc" in missing.detail
+    assert judge(c, [Answer(None, error="refused")], VLLM).status == "fail"
+
+
+def _response(text="Hi", status="completed", **extra):
+    return {"id": "resp_1", "object": "response", "status": status,
+            "output": [{"type": "message", "content": [{"type": "output_text", "text": text}]}],
+            "usage": {"input_tokens": 9, "output_tokens": 2}, **extra}
+
+
+def test_the_responses_checks():
+    assert judge(get("responses"), [Answer(200, body=_response())], VLLM).status == "pass"
+    empty = judge(get("responses"), [Answer(200, body=_response(text=""))], VLLM)
+    assert empty.status == "fail" and "no output text" in empty.detail
+    assert judge(get("responses_request_id"), [Answer(200, body=_response(id="resp_compat-34"))],
+                 TG).status == "pass"
+    events = [{"type": "response.created", "response": _response(text="")},
+              {"type": "response.output_text.delta", "delta": "H"},
+              {"type": "response.output_text.delta", "delta": "i"},
+              {"type": "response.completed", "response": _response()}]
+    lines = [line for e in events for line in (f"event: {e['type']}", f"data: {json.dumps(e)}", "")]
+    streamed = Answer(200, events=events, lines=lines)
+    assert judge(get("responses_stream"), [streamed], VLLM).status == "pass"
+    unnamed = Answer(200, events=events, lines=[ln for ln in lines if ln.startswith("data")])
+    assert "event names" in judge(get("responses_stream"), [unnamed], VLLM).detail
+    # previous_response_id: vLLM has nothing stored (404); tailguard refuses it as documented
+    c = get("responses_previous_id")
+    assert judge(c, [error(404, "Response with id 'x' not found.")], VLLM).status == "pass"
+    documented = error(400, "previous_response_id is refused here: "
+                       + REFUSAL_REASONS["previous_response_id"], param="previous_response_id")
+    assert judge(c, [documented], TG).status == "refused"
 
 
 def test_two_call_checks_compare_their_answers():

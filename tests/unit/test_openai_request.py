@@ -151,7 +151,7 @@ def test_the_task_argument_is_the_contract():
     arg = task_argument(j, "0123456789abcdef0123456789abcdef", p)
     assert arg == {"endpoint": "chat", "prompt_tokens": 19, "capped": True, "request": {
         "messages": HI, "priority": 2, "max_tokens": 1500, "max_completion_tokens": 1500,
-        "request_id": "0123456789abcdef0123456789abcdef"}}
+        "request_id": "theirs"}}
     assert j.request["max_completion_tokens"] == 5000  # the job's own body is left as it was
 
 
@@ -198,3 +198,25 @@ def test_ignored_field_labels_are_bounded():
     fields = {f for _, f in samples}
     assert len(fields - {UNLISTED_FIELD}) == MAX_IGNORED_FIELD_LABELS  # store, then 63 of the f's
     assert samples[("completion", UNLISTED_FIELD)] == 11
+
+
+# --- ids as vLLM makes them (OpenAIServing._base_request_id, then chatcmpl-/cmpl-) ------------
+
+@pytest.mark.parametrize(("endpoint", "header", "body_id", "expected"), [
+    ("chat", None, None, "chatcmpl-job1"),            # vLLM: a fresh id; here the job's
+    ("chat", None, "mine", "chatcmpl-mine"),          # the body's request_id
+    ("chat", "trace-42", "mine", "chatcmpl-trace-42"),  # X-Request-Id before the body's
+    ("completion", "trace-42", None, "cmpl-trace-42"),
+    ("completion", None, "mine", "cmpl-mine"),
+    ("completion", "", "mine", "cmpl-"),              # vLLM takes any header present, even empty
+])
+def test_vllms_id_comes_from_the_header_then_the_body_then_the_job(endpoint, header, body_id,
+                                                                    expected):
+    request = {"prompt": "hi"} if body_id is None else {"prompt": "hi", "request_id": body_id}
+    j = OpenAIJob(endpoint=endpoint, request=request, prompt_tokens=3, vllm_max_tokens=16,
+                  header_request_id=header)
+    assert j.request_id("job1") == expected
+    # the worker's serving class gets the base and builds the same id from it
+    arg = task_argument(j, "job1", granted(j))
+    assert f"{'chatcmpl' if endpoint == 'chat' else 'cmpl'}-{arg['request']['request_id']}" == expected
+    assert j.record_fields("job1") == {"sampling": {}, "openai": endpoint, "request_id": expected}

@@ -11,12 +11,15 @@ from types import SimpleNamespace
 import pytest
 
 from tailguard.engine.serving import (
+    _PROGRESS,
+    ObservedEngine,
     Progress,
     _ServingError,
     _Stream,
     finish_chunk,
     has_output,
     mark_final,
+    mark_response,
     payload_of,
 )
 
@@ -186,3 +189,37 @@ def test_progress_counts_the_prompt_once_and_every_choices_tokens():
                        "cmpl-j1-1", delta=False))
     assert progress.request_ids == ["chatcmpl-j1", "cmpl-j1-1"]
     assert progress.prompt_tokens == 6 and progress.completion_tokens == 7
+
+
+def test_each_engine_request_gets_the_calls_suffix_so_a_repeated_caller_id_aborts_only_its_own():
+    class Engine:
+        def __init__(self):
+            self.ids = []
+
+        def generate(self, prompt, params, request_id, *args, **kwargs):
+            self.ids.append(request_id)
+
+            async def outputs():
+                yield request_output([output(0, [5])], finished=True)
+            return outputs()
+
+    engine, progress = Engine(), Progress(engine_id_suffix=".7")
+
+    async def one_request() -> None:
+        _PROGRESS.set(progress)
+        params = SimpleNamespace(output_kind=None)
+        [out async for out in ObservedEngine(engine).generate("p", params, "chatcmpl-trace-42")]
+
+    asyncio.run(one_request())
+    assert engine.ids == progress.request_ids == ["chatcmpl-trace-42.7"]
+    # outside an OpenAI request (warm-up, the native path) the id is left alone
+    ObservedEngine(engine).generate("p", SimpleNamespace(output_kind=None), "native-1")
+    assert engine.ids[-1] == "native-1"
+
+
+@pytest.mark.parametrize(("status", "deadline", "finish"), [
+    ("completed", False, "stop"), ("incomplete", False, "length"), ("completed", True, "deadline")])
+def test_a_responses_api_response_is_marked_like_a_chats(status, deadline, finish):
+    obj = {"id": "resp_1", "object": "response", "status": status, "output": []}
+    assert mark_response(obj, EXTRA, deadline=deadline) == finish
+    assert obj["tailguard"] == {**EXTRA, "finish_reason": finish} and obj["status"] == status

@@ -28,7 +28,7 @@ def test_a_native_request_counts_its_prompt_with_the_gateways_counter():
     placement = req.place(LANES, count, 2048)
     assert counted == [("hi", False)]
     assert (placement.lane, placement.prompt_tokens, placement.max_tokens) == ("short", 10, 8)
-    assert req.record_fields() == {"sampling": {"temperature": 0.0}}
+    assert req.record_fields("j") == {"sampling": {"temperature": 0.0}}
     assert req.task_kwargs("j", placement) == {"prompt": "hi", "sampling": {"temperature": 0.0},
                                                 "add_special_tokens": False}
     assert "add_special_tokens" not in JobRequest(prompt="hi").task_kwargs("j", placement)
@@ -52,7 +52,7 @@ def test_an_openai_request_is_placed_with_vllms_count_and_granted_and_verified()
     placement = job.place(LANES, never, 2048)
     assert (placement.lane, placement.max_tokens, placement.max_tokens_capped) == ("short", 64, True)
     assert verified == [64]
-    assert job.record_fields() == {"sampling": {}, "openai": "chat"}
+    assert job.record_fields("j") == {"sampling": {}, "openai": "chat", "request_id": "chatcmpl-j"}
     kwargs = job.task_kwargs("j", placement)
     assert (kwargs["prompt"], kwargs["sampling"]) == ("", {})
     assert kwargs["openai"]["request"]["request_id"] == "j"
