@@ -116,6 +116,11 @@ class ApiKeyStore:
         raw = self.redis.hget(keys.API_KEYS, h)
         return ApiKey(**json.loads(raw), id=h) if raw is not None else None
 
+    def by_id(self, key_id: str) -> ApiKey | None:
+        """The key whose id (its sha256) is `key_id`; None once it was revoked."""
+        raw = self.redis.hget(keys.API_KEYS, key_id)
+        return ApiKey(**json.loads(raw), id=key_id) if raw is not None else None
+
     def authenticate(self, authorization: str | None) -> ApiKey:
         """The key an ``Authorization: Bearer <key>`` header names, or Unauthenticated.
 

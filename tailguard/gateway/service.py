@@ -21,14 +21,19 @@ from typing import Any, Protocol
 import redis
 
 from tailguard.errors import (
+    EngineError,
     InvalidField,
     JobCancelled,
+    JobExpired,
     JobNotFound,
     JobStateConflict,
     NoLiveWorker,
     PromptTooLong,
     Refused,
+    ResultTimeout,
+    TailguardError,
     WaitTooLong,
+    error_class,
 )
 from tailguard.gateway.api_keys import ApiKey, ApiKeyStore, check_cost
 from tailguard.gateway.openai_request import Endpoint, OpenAIJob
@@ -40,6 +45,7 @@ from tailguard.jobs.liveness import Liveness, lane_health
 from tailguard.jobs.reaper import Reaper
 from tailguard.jobs.store import (
     CANCELLED,
+    EXPIRED,
     QUEUED,
     RUNNING,
     SUCCEEDED,
@@ -250,7 +256,8 @@ class Gateway:
         return self.openai.prepare(endpoint, body,
                                    lambda size: self._check_prompt_bytes(size, field))
 
-    def submit(self, req: Submission, caller: ApiKey | None = None) -> dict[str, Any]:
+    def submit(self, req: Submission, caller: ApiKey | None = None,
+               job_id: str | None = None) -> dict[str, Any]:
         """Check what can be checked cheaply first (the prompt's size in bytes; the caller's
         call was charged to its key already, `charge_call`), then tokenize and place it,
         refuse what could never run (min_tokens above the granted max_tokens, or for an OpenAI
@@ -272,7 +279,8 @@ class Gateway:
         lane = self.lanes[placement.lane]
         load = self.load.load(lane.name)
         wait_s = self._admit(lane, load, placement.cost, caller)
-        job_id = uuid.uuid4().hex
+        only_new = job_id is not None
+        job_id = job_id or uuid.uuid4().hex
         fields = {
             "lane": lane.name, "priority": req.priority, "prompt_tokens": placement.prompt_tokens,
             "requested_max_tokens": placement.requested_max_tokens,
@@ -286,7 +294,8 @@ class Gateway:
                   "deadline_s": lane.deadline_s, **req.task_kwargs(job_id, placement)}
         message = self.broker.build(lane.task_name, task_id=job_id, queue=lane.queue,
                                     expires_s=lane.queue_ttl_s, kwargs=kwargs)
-        self._record(job_id, fields, lane, load, placement.cost, (lane.queue, message), caller)
+        self._record(job_id, fields, lane, load, placement.cost, (lane.queue, message), caller,
+                     only_new)
         self.metrics.on_accepted(lane.name, placement.max_tokens_capped, self._key_label(caller))
         return {"id": job_id, "status": QUEUED, "lane": lane.name, "priority": req.priority,
                 "prompt_tokens": placement.prompt_tokens,
@@ -312,12 +321,13 @@ class Gateway:
         return wait_s
 
     def _record(self, job_id: str, fields: dict[str, Any], lane: Lane, load: LaneLoad, cost: int,
-                message: tuple[str, str], caller: ApiKey | None) -> None:
+                message: tuple[str, str], caller: ApiKey | None, only_new: bool = False) -> None:
         """The record and the lane's message in one step: a worker never runs an unknown job,
         and no record waits for a message that was never sent."""
         try:
             self.store.create(job_id, fields, queue_ttl_s=lane.queue_ttl_s,
-                              limits=self.admission.limits(lane, load), message=message)
+                              limits=self.admission.limits(lane, load), message=message,
+                              only_new=only_new)
         except BacklogMoved as moved:
             # Other requests took the room this one was admitted into: decide again on the
             # lane as it is now (it raises, with the Retry-After that load gives).
@@ -509,6 +519,24 @@ def render(job_id: str, job: dict[str, Any]) -> dict[str, Any]:
 def succeeded(job: Mapping[str, Any]) -> bool:
     """Whether a job (its record, or its end event's data) ended with its result."""
     return job["status"] == SUCCEEDED
+
+
+#: how a job that ended in this state failed, when its record names no known code
+_STATE_ERRORS: dict[str, type[TailguardError]] = {EXPIRED: JobExpired, CANCELLED: JobCancelled}
+
+
+def job_error(job: Mapping[str, Any]) -> TailguardError:
+    """The error a caller waiting for a job that did not succeed gets (status and code with it).
+
+    A terminal job maps through the code in its record (else through its state);
+    a job still queued or running when the caller stopped waiting is a ResultTimeout.
+    """
+    status = job["status"]
+    if status not in TERMINAL:
+        return ResultTimeout(f"no result within the lane's time budget (the job is {status})")
+    error = job.get("error") or {}
+    cls = error_class(error.get("code")) or _STATE_ERRORS.get(status, EngineError)
+    return cls(error.get("message") or f"the request ended {status}")
 
 
 def check_event_id(after: str) -> None:
