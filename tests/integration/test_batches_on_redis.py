@@ -138,6 +138,20 @@ def test_files_are_uploaded_listed_read_and_deleted(client, app, tmp_path):
     assert bad.status_code == 400 and bad.get_json()["error"]["param"] == "purpose"
 
 
+def test_an_upload_may_be_larger_than_a_request_body_up_to_the_batch_limit(client, app):
+    """POST /v1/files alone takes bodies past TAILGUARD_MAX_BODY_BYTES (1 MiB), up to a batch
+    file's limit; a larger file is a 413."""
+    big = b'{"pad": "' + b"x" * (2 << 20) + b'"}\n'
+    assert upload(client, big)["bytes"] == len(big)
+    app.config[settings.BATCH_MAX_FILE_BYTES.env] = 1 << 20
+    try:
+        resp = client.post("/v1/files", data={"purpose": "batch", "file": (io.BytesIO(big), "a")},
+                           content_type="multipart/form-data")
+    finally:
+        app.config[settings.BATCH_MAX_FILE_BYTES.env] = settings.BATCH_MAX_FILE_BYTES.default
+    assert resp.status_code == 413 and resp.get_json()["error"]["code"] == "body_too_large"
+
+
 def test_a_malformed_file_fails_at_validating_with_errors(client, app, model):
     data = chat_lines(model, 3) + b"not json\n" + chat_lines(model, 1)  # req-0 twice, too
     batch = create(client, upload(client, data)["id"])
