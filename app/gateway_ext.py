@@ -195,6 +195,7 @@ def build_gateway(config: Mapping[str, Any]) -> Gateway:
 def build_batches(config: Mapping[str, Any], gateway: Gateway) -> tuple[BatchService, BatchFeeder]:
     """The Batch API's service and feeder, on the gateway's Redis, from the app's config."""
     from tailguard.batches.contents import Contents
+    from tailguard.batches.metrics import BatchCollector
     from tailguard.batches.store import BatchStore
 
     location = settings.BATCH_STORAGE.get(config) or str(settings.home() / "batch-files")
@@ -205,4 +206,8 @@ def build_batches(config: Mapping[str, Any], gateway: Gateway) -> tuple[BatchSer
     feeder = BatchFeeder(store, gateway, lines_in_flight=settings.BATCH_LINES_IN_FLIGHT.get(config),
                          period_s=settings.BATCH_FEED_S.get(config), max_lines=max_lines,
                          max_file_bytes=max_bytes)
+    try:
+        gateway.metrics.registry.register(BatchCollector(store.redis))
+    except ValueError:  # registered by a Batch API built before on this gateway (tests rebuild it)
+        pass
     return BatchService(store, max_bytes), feeder

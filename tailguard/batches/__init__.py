@@ -6,7 +6,7 @@ contents live (``contents``: a local directory or an fsspec URL), file and batch
 Redis (``store``), what the API's views ask (``service``) and the feeder (``feeder``: a
 thread in each API process, one at a time holding a Redis lease, that queues a bounded number
 of each batch's lines on the batch lane through the gateway's one submit path and writes the
-output and error files).
-May import: ``tailguard.gateway``, ``tailguard.jobs``, ``tailguard.redis``, ``errors``,
-``settings``.
+output and error files), and its figures in /metrics (``metrics``).
+May import: ``tailguard.gateway``, ``tailguard.jobs``, ``tailguard.observe``, ``tailguard.redis``,
+``errors``, ``settings``.
 """

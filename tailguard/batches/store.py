@@ -51,6 +51,7 @@ class BatchStore:
                  data: bytes, expires_at: int | None = None) -> dict[str, Any]:
         """Store the contents, then the record (a record never names missing contents)."""
         self.contents.put(file_id, data)
+        before = self.redis.hget(keys.file_key(file_id), "bytes")  # a result file written again
         order = self._order()
         record = {"id": file_id, "bytes": len(data), "created_at": int(order),
                   "filename": filename, "purpose": purpose, "owner": owner or "",
@@ -61,6 +62,7 @@ class BatchStore:
             pipe.zadd(index, {file_id: order})
         if expires_at is not None:
             pipe.zadd(keys.FILES_EXPIRING, {file_id: expires_at})
+        pipe.incrby(keys.FILES_BYTES, len(data) - int(before or 0))
         pipe.execute()
         return record
 
@@ -84,15 +86,17 @@ class BatchStore:
         for index in {keys.files_key(None), keys.files_key(record.get("owner") or None)}:
             pipe.zrem(index, file_id)
         pipe.zrem(keys.FILES_EXPIRING, file_id)
-        pipe.execute()
+        deleted = pipe.execute()[0]
+        if deleted and record.get("bytes"):
+            self.redis.decrby(keys.FILES_BYTES, int(record["bytes"]))
         self.contents.delete(file_id)
 
     def delete_expired_files(self) -> int:
         """Delete the files whose time is up (batch outputs); how many."""
         due = self.redis.zrangebyscore(keys.FILES_EXPIRING, "-inf", self.now())
         for raw in due:
-            record = decode(self.redis.hgetall(keys.file_key(_text(raw)))) or {"id": _text(raw)}
-            self.delete_file({"id": _text(raw), **record})
+            record = decode(self.redis.hgetall(keys.file_key(_text(raw))))
+            self.delete_file({**record, "id": _text(raw)})
         return len(due)
 
     def file_page(self, owner: str | None, after: str | None,
@@ -137,9 +141,13 @@ class BatchStore:
 
     def set_status(self, batch_id: str, from_: set[str] | frozenset[str], to: str,
                    fields: Mapping[str, Any] | None = None) -> bool:
-        """Move the batch to `to` if it is in one of `from_`, stamping ``<to>_at``."""
-        return bool(self._set_status([keys.batch_key(batch_id)], **{
+        """Move the batch to `to` if it is in one of `from_`, stamping ``<to>_at``; an end
+        is counted (``keys.BATCHES_ENDED``) once, by the move that made it."""
+        moved = bool(self._set_status([keys.batch_key(batch_id)], **{
             "from": sorted(from_), "to": to, "fields": encode(fields or {})}))
+        if moved and to in ENDED:
+            self.redis.hincrby(keys.BATCHES_ENDED, to, 1)
+        return moved
 
     def set_fields(self, batch_id: str, fields: Mapping[str, Any]) -> None:
         self.redis.hset(keys.batch_key(batch_id), mapping=encode(fields))

@@ -155,6 +155,9 @@ def files_key(owner: str | None) -> str:
     return f"{PREFIX}:files" + ("" if owner is None else f":of:{owner}")
 
 
+FILES_BYTES = f"{PREFIX}:files:bytes"
+"""Integer: the bytes of every Batch API file stored (what /metrics reports)."""
+
 FILES_EXPIRING = f"{PREFIX}:files:expiring"
 """Sorted set of files that expire (batch outputs), scored by expires_at: the feeder deletes them."""
 
@@ -183,6 +186,9 @@ def batches_key(owner: str | None) -> str:
 
 BATCHES_ACTIVE = f"{PREFIX}:batches:active"
 """Set of the batches not yet ended: what the feeder works through, level-triggered."""
+
+BATCHES_ENDED = f"{PREFIX}:batches:ended"
+"""Hash: end status (completed, failed, expired, cancelled) -> batches that ended so."""
 
 BATCH_FEEDER_LEASE = f"{PREFIX}:batches:feeder:lease"
 """String: which API process runs the batch feeder now, until its lease lapses."""

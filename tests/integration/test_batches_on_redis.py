@@ -186,6 +186,12 @@ def test_a_batch_runs_every_line_once_and_writes_its_files(client, app, model, r
     output_file = client.get(f"/v1/files/{done.output_file_id}").get_json()
     assert output_file["purpose"] == "batch_output" and output_file["expires_at"]
     assert not redis_client.sismember(keys.BATCHES_ACTIVE, batch["id"])
+    metrics = client.get("/metrics").get_data(as_text=True)
+    assert 'tailguard_batches_ended_total{status="completed"} 1.0' in metrics
+    assert "tailguard_batch_lines_in_flight 0.0" in metrics
+    stored = sum(client.get(f"/v1/files/{f}").get_json()["bytes"]
+                 for f in (batch["input_file_id"], done.output_file_id, done.error_file_id))
+    assert f"tailguard_batch_files_bytes {float(stored)}" in metrics
 
 
 def test_a_new_feeder_resumes_a_batch_without_running_a_line_twice(client, app, model,
