@@ -250,6 +250,24 @@ def test_past_its_window_a_batch_expires_with_what_finished(client, app, model, 
     assert redis_client.hget(keys.job_key(line_job_id(batch["id"], 2)), "status") == b"cancelled"
 
 
+def test_the_cli_lists_shows_and_cancels_batches(client, app, model, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from tailguard.cli import main
+
+    monkeypatch.setenv(settings.BATCH_STORAGE.env, str(tmp_path / "files"))
+    batch_id = create(client, upload(client, chat_lines(model, 2))["id"])["id"]
+    runner = CliRunner()
+    listed = runner.invoke(main, ["batches", "list"])
+    assert listed.exit_code == 0 and f"{batch_id}  validating  0+0/0" in listed.output
+    shown = runner.invoke(main, ["batches", "show", batch_id])
+    assert shown.exit_code == 0 and json.loads(shown.output)["id"] == batch_id
+    assert runner.invoke(main, ["batches", "cancel", batch_id]).output.strip() == (
+        f"batch {batch_id} cancelling")
+    missing = runner.invoke(main, ["batches", "show", "batch_" + "0" * 32])
+    assert missing.exit_code != 0 and "no batch" in missing.output
+
+
 def test_batches_are_listed_with_openais_cursor(client, app, model):
     file_id = upload(client, chat_lines(model, 1))["id"]
     ids = [create(client, file_id)["id"] for _ in range(3)]
