@@ -210,4 +210,6 @@ def build_batches(config: Mapping[str, Any], gateway: Gateway) -> tuple[BatchSer
         gateway.metrics.registry.register(BatchCollector(store.redis))
     except ValueError:  # registered by a Batch API built before on this gateway (tests rebuild it)
         pass
-    return BatchService(store, max_bytes), feeder
+    return BatchService(store, max_bytes, gateway.store.storage,
+                        max_bytes_per_key=settings.BATCH_MAX_BYTES_PER_KEY.get(config),
+                        max_running_per_key=settings.BATCH_MAX_RUNNING_PER_KEY.get(config)), feeder

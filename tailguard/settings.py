@@ -341,6 +341,14 @@ BATCH_OUTPUT_TTL_S = Setting(
     "TAILGUARD_BATCH_OUTPUT_TTL_S", 30 * 86400, int,
     "How long a batch's output and error files are kept after it ends, in seconds (OpenAI keeps "
     "them 30 days); input files stay until deleted.")
+BATCH_MAX_BYTES_PER_KEY = Setting(
+    "TAILGUARD_BATCH_MAX_BYTES_PER_KEY", 0, int,
+    "Most bytes of Batch API files (inputs and outputs) one API key may store; past it an upload "
+    "is a 429 quota_exceeded. 0: no bound but the disk's.")
+BATCH_MAX_RUNNING_PER_KEY = Setting(
+    "TAILGUARD_BATCH_MAX_RUNNING_PER_KEY", 20, int,
+    "Most batches one API key may have not yet ended; creating another is a 429 quota_exceeded. "
+    "0: no bound.")
 BATCH_LINES_IN_FLIGHT = Setting(
     "TAILGUARD_BATCH_LINES_IN_FLIGHT", 16, int,
     "Most lines of one batch queued or running at once: the feeder queues more as they end, so "

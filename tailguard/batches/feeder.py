@@ -149,7 +149,12 @@ class BatchFeeder:
         start = self._turn % len(active) if active else 0
         lane_open = True
         for batch_id in active[start:] + active[:start]:
-            lane_open = self.step(batch_id, now, lane_open)
+            try:
+                lane_open = self.step(batch_id, now, lane_open)
+            except redis.RedisError:
+                raise
+            except Exception:  # one batch's bug must not hold up the others
+                log.exception("batch %s: the feeder's step failed", batch_id)
         return True
 
     def step(self, batch_id: str, now: int, lane_open: bool) -> bool:

@@ -34,7 +34,7 @@ class BatchCollector(Collector):
                 pipe.hlen(keys.batch_lines_key(batch_id, "pending"))
             replies = pipe.execute()
             ended = self.client.hgetall(keys.BATCHES_ENDED)
-            stored = int(self.client.get(keys.FILES_BYTES) or 0)
+            stored = int(self.client.get(keys.files_bytes_key(None)) or 0)
         except redis.RedisError:
             return  # no sample beats a wrong one
         statuses = Counter(_text(s) for s in replies[::2] if s is not None)

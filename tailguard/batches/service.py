@@ -23,8 +23,15 @@ from tailguard.batches.objects import (
     page,
 )
 from tailguard.batches.store import BatchStore
-from tailguard.errors import BodyTooLarge, InvalidField, JobNotFound, JobStateConflict
+from tailguard.errors import (
+    BodyTooLarge,
+    InvalidField,
+    JobNotFound,
+    JobStateConflict,
+    QuotaExceeded,
+)
 from tailguard.gateway.api_keys import ApiKey
+from tailguard.jobs.storage import StorageWatch
 
 #: OpenAI's page sizes: files up to 10,000 (default 10,000), batches up to 100 (default 20)
 FILE_PAGE, FILE_PAGE_MAX, BATCH_PAGE, BATCH_PAGE_MAX = 10000, 10000, 20, 100
@@ -55,6 +62,15 @@ def page_limit(raw: str | None, default: int, most: int) -> int:
 class BatchService:
     store: BatchStore
     max_file_bytes: int
+    #: Redis's room (tailguard.jobs.storage): nothing new is stored past its high-water mark
+    storage: StorageWatch | None = None
+    #: a key's most stored file bytes and batches not yet ended (0: no bound)
+    max_bytes_per_key: int = 0
+    max_running_per_key: int = 0
+
+    def _check_storage(self) -> None:
+        if self.storage is not None:
+            self.storage.check()  # StorageFull (503)
 
     # -- files ---------------------------------------------------------------------------
 
@@ -63,10 +79,17 @@ class BatchService:
         if purpose != PURPOSE_INPUT:
             raise InvalidField(f"purpose must be {PURPOSE_INPUT!r}: this API keeps batch input "
                                "files only", field="purpose")
+        self._check_storage()
         if len(data) > self.max_file_bytes:
             raise BodyTooLarge(f"the file has {len(data)} bytes, more than the "
                                f"{self.max_file_bytes} taken (TAILGUARD_BATCH_MAX_FILE_BYTES)",
                                field="file")
+        if caller is not None and self.max_bytes_per_key and (
+                stored := self.store.stored_bytes(caller.id)) + len(data) > self.max_bytes_per_key:
+            raise QuotaExceeded(f"key {caller.name!r} stores {stored} bytes of files; this one "
+                                f"would pass its {self.max_bytes_per_key} "
+                                "(TAILGUARD_BATCH_MAX_BYTES_PER_KEY): delete files first",
+                                field="file", retry_after_s=60)
         record = self.store.add_file(new_file_id(), filename=filename or "upload.jsonl",
                                      purpose=purpose, owner=caller.id if caller else None, data=data)
         return file_object(record)
@@ -119,6 +142,11 @@ class BatchService:
         if source["purpose"] != PURPOSE_INPUT:
             raise InvalidField(f"file {input_file_id} has purpose {source['purpose']!r}, not "
                                f"{PURPOSE_INPUT!r}", field="input_file_id")
+        self._check_storage()
+        if caller is not None and self.max_running_per_key and (
+                self.store.running_of(caller.id) >= self.max_running_per_key):
+            raise QuotaExceeded(f"key {caller.name!r} has {self.max_running_per_key} batches not "
+                                "yet ended (TAILGUARD_BATCH_MAX_RUNNING_PER_KEY)", retry_after_s=60)
         now = self.store.now()
         record = {"id": new_batch_id(), "endpoint": endpoint, "input_file_id": input_file_id,
                   "completion_window": window, "status": VALIDATING, "created_at": now,

@@ -62,7 +62,8 @@ class BatchStore:
             pipe.zadd(index, {file_id: order})
         if expires_at is not None:
             pipe.zadd(keys.FILES_EXPIRING, {file_id: expires_at})
-        pipe.incrby(keys.FILES_BYTES, len(data) - int(before or 0))
+        for total in {keys.files_bytes_key(None), keys.files_bytes_key(owner or None)}:
+            pipe.incrby(total, len(data) - int(before or 0))
         pipe.execute()
         return record
 
@@ -88,7 +89,8 @@ class BatchStore:
         pipe.zrem(keys.FILES_EXPIRING, file_id)
         deleted = pipe.execute()[0]
         if deleted and record.get("bytes"):
-            self.redis.decrby(keys.FILES_BYTES, int(record["bytes"]))
+            for total in {keys.files_bytes_key(None), keys.files_bytes_key(record.get("owner") or None)}:
+                self.redis.decrby(total, int(record["bytes"]))
         self.contents.delete(file_id)
 
     def delete_expired_files(self) -> int:
@@ -104,6 +106,10 @@ class BatchStore:
         ids, has_more = self._page(keys.files_key(owner), after, limit)
         records = [r for r in (self.file(i) for i in ids) if r is not None]
         return [file_object(r) for r in records], has_more
+
+    def stored_bytes(self, owner: str | None) -> int:
+        """The bytes of the files of `owner` (None: of every file)."""
+        return int(self.redis.get(keys.files_bytes_key(owner)) or 0)
 
     # -- batches -------------------------------------------------------------------------
 
@@ -138,6 +144,13 @@ class BatchStore:
 
     def active(self) -> list[str]:
         return sorted(_text(b) for b in self.redis.smembers(keys.BATCHES_ACTIVE))
+
+    def running_of(self, owner: str) -> int:
+        """How many of the batches not yet ended are `owner`'s."""
+        pipe = self.redis.pipeline()
+        for batch_id in self.active():
+            pipe.hget(keys.batch_key(batch_id), "owner")
+        return sum(1 for o in pipe.execute() if o is not None and _text(o) == owner)
 
     def set_status(self, batch_id: str, from_: set[str] | frozenset[str], to: str,
                    fields: Mapping[str, Any] | None = None) -> bool:

@@ -155,8 +155,9 @@ def files_key(owner: str | None) -> str:
     return f"{PREFIX}:files" + ("" if owner is None else f":of:{owner}")
 
 
-FILES_BYTES = f"{PREFIX}:files:bytes"
-"""Integer: the bytes of every Batch API file stored (what /metrics reports)."""
+def files_bytes_key(owner: str | None) -> str:
+    """Integer: the bytes of the Batch API files of one API key (None: of every file)."""
+    return f"{PREFIX}:files:bytes" + ("" if owner is None else f":of:{owner}")
 
 FILES_EXPIRING = f"{PREFIX}:files:expiring"
 """Sorted set of files that expire (batch outputs), scored by expires_at: the feeder deletes them."""

@@ -300,3 +300,32 @@ def test_another_keys_files_and_batches_are_404s(keys_app, redis_client, tmp_pat
     assert client.get("/v1/batches", headers=b).get_json()["data"] == []
     assert [x["id"] for x in client.get("/v1/batches", headers=ops).get_json()["data"]] == [batch_id]
     keys_app.extensions.pop(BATCHES_EXTENSION, None)
+
+
+def test_a_keys_stored_bytes_and_running_batches_are_bounded(keys_app, redis_client, tmp_path,
+                                                             model):
+    keys_app.config[settings.BATCH_STORAGE.env] = str(tmp_path / "files")
+    keys_app.config[settings.BATCH_MAX_BYTES_PER_KEY.env] = 600
+    keys_app.config[settings.BATCH_MAX_RUNNING_PER_KEY.env] = 1
+    keys_app.extensions.pop(BATCHES_EXTENSION, None)
+    try:
+        store = ApiKeyStore(redis_client)
+        a, b = ({"Authorization": f"Bearer {store.add(ApiKey(name))}"} for name in ("a", "b"))
+        client = keys_app.test_client()
+        data = chat_lines(model, 2)
+        assert len(data) * 2 > 600 >= len(data)
+        file_id = upload(client, data, a)["id"]
+        over = client.post("/v1/files", data={"purpose": "batch", "file": (io.BytesIO(data), "x")},
+                           content_type="multipart/form-data", headers=a)
+        assert over.status_code == 429 and over.get_json()["error"]["code"] == "quota_exceeded"
+        upload(client, data, b)  # another key's room is its own
+        create(client, file_id, a)
+        again = client.post("/v1/batches", json={"input_file_id": file_id, "completion_window": "24h",
+                                                 "endpoint": "/v1/chat/completions"}, headers=a)
+        assert again.status_code == 429 and "Retry-After" in again.headers
+        assert client.delete(f"/v1/files/{file_id}", headers=a).status_code == 200
+        assert upload(client, data, a)["bytes"] == len(data)  # deleting gave the room back
+    finally:
+        for setting in (settings.BATCH_MAX_BYTES_PER_KEY, settings.BATCH_MAX_RUNNING_PER_KEY):
+            keys_app.config[setting.env] = setting.default
+        keys_app.extensions.pop(BATCHES_EXTENSION, None)
