@@ -13,7 +13,9 @@ start (round-robin), and for each:
   MAX_ATTEMPTS times;
 - ``in_progress``: queues its next lines until TAILGUARD_BATCH_LINES_IN_FLIGHT are queued
   or running, each through the gateway's one submit path as a synchronous OpenAI request is
-  (validated and rendered by vLLM, costed, capped, admitted), placed as ``batch``; a lane
+  (validated and rendered by vLLM, costed, capped, admitted; its cost drawn from the key's
+  batch tokens bucket, of its tokens/min, apart from its other requests'), placed as
+  ``batch``; a lane
   that refuses (429, 503) stops the tick's feeding: the lane's backlog bounds the batches.
   A body the render layer refuses is the line's error line. Each line's job id is
   deterministic (``lines.line_job_id``) and created only if absent: a line queued twice runs
@@ -74,7 +76,7 @@ from tailguard.errors import (
     Unavailable,
     WorkerLost,
 )
-from tailguard.gateway.api_keys import ApiKey
+from tailguard.gateway.api_keys import BATCH_TOKENS, ApiKey
 from tailguard.gateway.openai_errors import openai_error
 from tailguard.gateway.service import Gateway, job_error, succeeded
 from tailguard.jobs.store import TERMINAL
@@ -279,7 +281,8 @@ class BatchFeeder:
             job = self.gateway.prepare_openai(ENDPOINTS[record["endpoint"]], line.body)
             if job.stream:
                 raise InvalidField("stream is not served in a batch", field="stream")
-            self.gateway.submit(dataclasses.replace(job, priority="batch"), caller, job_id=job_id)
+            self.gateway.submit(dataclasses.replace(job, priority="batch"), caller, job_id=job_id,
+                                token_bucket=BATCH_TOKENS)
         except (Refused, Unavailable):
             return None
         except JobStateConflict:

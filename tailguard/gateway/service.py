@@ -35,7 +35,7 @@ from tailguard.errors import (
     WaitTooLong,
     error_class,
 )
-from tailguard.gateway.api_keys import ApiKey, ApiKeyStore, check_cost
+from tailguard.gateway.api_keys import TOKENS, ApiKey, ApiKeyStore, check_cost
 from tailguard.gateway.openai_request import Endpoint, OpenAIJob
 from tailguard.gateway.wait_slots import WaitSlots
 from tailguard.jobs.finished import FinishedConsumer, JobEnds
@@ -256,8 +256,8 @@ class Gateway:
         return self.openai.prepare(endpoint, body,
                                    lambda size: self._check_prompt_bytes(size, field))
 
-    def submit(self, req: Submission, caller: ApiKey | None = None,
-               job_id: str | None = None) -> dict[str, Any]:
+    def submit(self, req: Submission, caller: ApiKey | None = None, job_id: str | None = None,
+               token_bucket: str = TOKENS) -> dict[str, Any]:
         """Check what can be checked cheaply first (the prompt's size in bytes; the caller's
         call was charged to its key already, `charge_call`), then tokenize and place it,
         refuse what could never run (min_tokens above the granted max_tokens, or for an OpenAI
@@ -269,6 +269,11 @@ class Gateway:
         Returns the 202 body; raises Refused (429) or NoLiveWorker (503), counted per lane
         and per key, or StorageFull (503) before anything else while Redis is past its
         high-water mark. A key's priority ceiling lowers the request's class before placement.
+
+        `job_id`: the job's id chosen by the caller (a batch line's, deterministic), the job
+        then created only if no job has it (JobStateConflict otherwise); by default a new one.
+        `token_bucket`: which of the key's tokens buckets its cost is charged to
+        (tailguard.gateway.api_keys: TOKENS, or a batch line's BATCH_TOKENS).
         """
         self.store.storage.check()  # StorageFull (503): Redis is past its high-water mark
         if caller is not None:
@@ -278,7 +283,7 @@ class Gateway:
             check_cost(caller, placement.cost)
         lane = self.lanes[placement.lane]
         load = self.load.load(lane.name)
-        wait_s = self._admit(lane, load, placement.cost, caller)
+        wait_s = self._admit(lane, load, placement.cost, caller, token_bucket)
         only_new = job_id is not None
         job_id = job_id or uuid.uuid4().hex
         fields = {
@@ -304,7 +309,8 @@ class Gateway:
                 "max_tokens_capped": placement.max_tokens_capped, "cost": placement.cost,
                 "estimated_start_s": round(wait_s, 3)}
 
-    def _admit(self, lane: Lane, load: LaneLoad, cost: int, caller: ApiKey | None) -> float:
+    def _admit(self, lane: Lane, load: LaneLoad, cost: int, caller: ApiKey | None,
+               token_bucket: str = TOKENS) -> float:
         """Admit a request of `cost` on `lane` as `load` has it, then charge its cost to the
         caller's key: its predicted wait, or the refusal (counted)."""
         try:
@@ -314,7 +320,7 @@ class Gateway:
             raise
         if caller is not None:
             try:
-                self.api_keys.take_tokens(caller, cost)
+                self.api_keys.take_tokens(caller, cost, token_bucket)
             except Refused as exc:
                 self.metrics.on_refused(lane.name, exc.code, self._key_label(caller))
                 raise

@@ -329,3 +329,27 @@ def test_a_keys_stored_bytes_and_running_batches_are_bounded(keys_app, redis_cli
         for setting in (settings.BATCH_MAX_BYTES_PER_KEY, settings.BATCH_MAX_RUNNING_PER_KEY):
             keys_app.config[setting.env] = setting.default
         keys_app.extensions.pop(BATCHES_EXTENSION, None)
+
+
+def test_a_keys_batch_lines_draw_on_a_tokens_bucket_of_their_own(keys_app, redis_client, tmp_path,
+                                                                 model):
+    """A batch of a key with a tokens/min charges its lines to the key's batch_tokens bucket:
+    its interactive tokens bucket stays whole."""
+    keys_app.config[settings.BATCH_STORAGE.env] = str(tmp_path / "files")
+    keys_app.extensions.pop(BATCHES_EXTENSION, None)
+    try:
+        store = ApiKeyStore(redis_client)
+        secret = store.add(ApiKey("a", tokens_per_min=100_000))
+        key = store.lookup(secret)
+        client = keys_app.test_client()
+        headers = {"Authorization": f"Bearer {secret}"}
+        batch = create(client, upload(client, chat_lines(model, 3), headers)["id"], headers)
+        feeder = feeder_of(keys_app)
+        feeder.tick()
+        assert len(feeder.store.pending(batch["id"])) == 3
+        buckets = redis_client.hgetall(keys.api_key_bucket_key(key.id))
+        assert b"batch_tokens:level" in buckets and b"tokens:level" not in buckets
+        job = redis_client.hgetall(keys.job_key(line_job_id(batch["id"], 0)))
+        assert job[b"owner"] == key.id.encode() and job[b"api_key"] == b"a"
+    finally:
+        keys_app.extensions.pop(BATCHES_EXTENSION, None)
