@@ -215,6 +215,29 @@ def test_a_new_feeder_resumes_a_batch_without_running_a_line_twice(client, app, 
         x["custom_id"].split("-")[1])) for x in out)
 
 
+def test_a_line_whose_worker_was_lost_runs_again_under_a_new_job_id(client, app, model):
+    """A job that ended without running to its end (worker_lost, expired in its queue) is the
+    lane's trouble, not the line's: queued again as its next attempt, at most MAX_ATTEMPTS."""
+    from tailguard.batches.feeder import MAX_ATTEMPTS
+
+    batch = create(client, upload(client, chat_lines(model, 2))["id"])
+    feeder = feeder_of(app)
+    jobs = feeder.gateway.store
+    feeder.tick()
+    for attempt in range(MAX_ATTEMPTS):
+        job_id = line_job_id(batch["id"], 0, attempt)
+        assert jobs.start(job_id, "doomed").started
+        jobs.transition(job_id, {RUNNING}, "failed", {"error": {"code": "worker_lost",
+                                                                "message": "gone"}})
+        feeder.tick()
+    done = drive(app, client, batch["id"], feeder)
+    [line0] = [x for x in read_file(client, done["error_file_id"])]
+    assert line0["custom_id"] == "req-0" and line0["response"]["status_code"] == 500
+    assert line0["response"]["request_id"] == line_job_id(batch["id"], 0, MAX_ATTEMPTS - 1)
+    assert line0["response"]["body"]["error"]["code"] == "worker_lost"
+    assert [x["custom_id"] for x in read_file(client, done["output_file_id"])] == ["req-1"]
+
+
 def test_cancel_stops_queuing_and_ends_cancelled_with_partial_output(client, app, model):
     n = 12
     batch = create(client, upload(client, chat_lines(model, n))["id"])
