@@ -383,6 +383,7 @@ def stats(window: str, top: int, as_json: bool) -> None:
 
     import redis as redis_lib
 
+    from tailguard.batches.metrics import read_figures
     from tailguard.jobs.lane_orders import LaneOrders
     from tailguard.jobs.liveness import Liveness
     from tailguard.lanes.table import load_lanes
@@ -409,13 +410,16 @@ def stats(window: str, top: int, as_json: bool) -> None:
     orders = LaneOrders(client)
     assignment = orders.assignment(liveness.alive_workers())
     moves = orders.recent_moves(top)
+    batches = read_figures(client)  # now, not over the window
     if as_json:
         click.echo(json.dumps({**result.to_dict(), "workers_per_host": per_host,
-                               "lane_assignment": assignment, "lane_moves": moves}, indent=2))
+                               "lane_assignment": assignment, "lane_moves": moves,
+                               "batches": batches.to_dict()}, indent=2))
     else:
         click.echo(result.render() + "\n\nlive workers now, per host: " + "; ".join(
             f"{lane} " + (", ".join(f"{host} {n}" for host, n in hosts.items()) or "none")
-            for lane, hosts in per_host.items()) + render_lane_moves(assignment, moves))
+            for lane, hosts in per_host.items()) + render_lane_moves(assignment, moves)
+            + "\n" + batches.render())
 
 
 @main.command()

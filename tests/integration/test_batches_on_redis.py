@@ -283,6 +283,10 @@ def test_the_cli_lists_shows_and_cancels_batches(client, app, model, tmp_path, m
     runner = CliRunner()
     listed = runner.invoke(main, ["batches", "list"])
     assert listed.exit_code == 0 and f"{batch_id}  validating  0+0/0" in listed.output
+    stats = runner.invoke(main, ["stats", "--json"])
+    assert stats.exit_code == 0, stats.output
+    assert json.loads(stats.output)["batches"]["running"] == {"validating": 1}
+    assert "batches now: validating 1; lines in flight 0" in runner.invoke(main, ["stats"]).output
     shown = runner.invoke(main, ["batches", "show", batch_id])
     assert shown.exit_code == 0 and json.loads(shown.output)["id"] == batch_id
     assert runner.invoke(main, ["batches", "cancel", batch_id]).output.strip() == (
