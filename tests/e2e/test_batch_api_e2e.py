@@ -32,7 +32,14 @@ def api(api_url):
 
 @pytest.fixture(scope="module")
 def client(api):
-    return openai.OpenAI(base_url=api + "/v1", api_key="unused", max_retries=0, timeout=120)
+    """The official client; the files this module made are deleted after it (the session's API
+    keeps them under its state directory)."""
+    client = openai.OpenAI(base_url=api + "/v1", api_key="unused", max_retries=0, timeout=120)
+    before = {f.id for f in client.files.list()}
+    yield client
+    for f in client.files.list():
+        if f.id not in before:
+            client.files.delete(f.id)
 
 
 def request_line(i: int, url: str, body: dict) -> dict:
@@ -130,3 +137,6 @@ def test_cancel_mid_batch_ends_cancelled_with_partial_output(client, workers, ap
     assert {x["error"]["code"] for x in errors} == {"batch_cancelled"}
     assert len({x["custom_id"] for x in out + errors}) == LINES
     assert requests.get(f"{api}/v1/files/file-{'0' * 32}", timeout=10).status_code == 404
+    assert client.files.delete(done.error_file_id).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(done.error_file_id)
