@@ -18,7 +18,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     """Build the API. Nothing connects, loads or starts here: the gateway is built on first
     use, and the process's background threads start with `app.gateway_ext.start_gateway`.
     `test_config` overrides any setting (app/config.py)."""
-    from app import auth, config, errors, gateway_ext, health, jobs, openai_api, openapi
+    from app import auth, batches, config, errors, gateway_ext, health, jobs, openai_api, openapi
 
     app = Flask(__name__)
     config.init_app(app, test_config)
@@ -26,6 +26,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     gateway_ext.init_app(app)
     errors.register(app)
     auth.init_app(app)
-    for blueprint in (jobs.bp, openai_api.bp, openai_api.server_bp, health.bp, openapi.bp):
+    for blueprint in (jobs.bp, openai_api.bp, openai_api.server_bp, batches.bp, health.bp,
+                      openapi.bp):
         app.register_blueprint(blueprint)
     return app

@@ -21,7 +21,10 @@ APP_SETTINGS = (settings.REDIS_URL, settings.REDIS_SENTINEL_MASTER, settings.RED
                 settings.WORKER_HEARTBEAT_S, settings.REDELIVER_AFTER_S,
                 settings.REDIS_SOCKET_TIMEOUT_S, settings.API_AUTH, settings.API_OPEN,
                 settings.API_TRUSTED_HOSTS, settings.API_READ_TIMEOUT_S, settings.MAX_WAITS_PER_KEY,
-                settings.MAX_PROMPT_BYTES, settings.METRICS_KEY_NAMES, settings.OPENAI_ARGS)
+                settings.MAX_PROMPT_BYTES, settings.METRICS_KEY_NAMES, settings.OPENAI_ARGS,
+                settings.BATCH_STORAGE, settings.BATCH_MAX_LINES, settings.BATCH_MAX_FILE_BYTES,
+                settings.BATCH_OUTPUT_TTL_S, settings.BATCH_LINES_IN_FLIGHT, settings.BATCH_FEED_S,
+                settings.BATCH_MAX_BYTES_PER_KEY, settings.BATCH_MAX_RUNNING_PER_KEY)
 
 
 def init_app(app: Flask, test_config: Mapping[str, Any] | None = None) -> None:

@@ -3,8 +3,9 @@
 Every error body is JSON. The native API answers
 {"error": {"code": <stable code>, "message": ..., "field"?: ...}}; the OpenAI-compatible
 routes answer OpenAI's shape {"error": {"message", "type", "param", "code"}} with the
-same status and code. Codes and statuses come from the tailguard.errors tree, a job
-that did not succeed included (``job_error``); a Redis outage is a 503 with
+same status and code (tailguard/gateway/openai_errors.py). Codes and statuses come from
+the tailguard.errors tree, a job that did not succeed included (``job_error`` in
+tailguard/gateway/service.py); a Redis outage is a 503 with
 Retry-After (every Redis call is bounded by TAILGUARD_REDIS_SOCKET_TIMEOUT_S); anything
 unexpected is logged here and answered with a 500 that carries no traceback.
 """
@@ -12,7 +13,6 @@ unexpected is logged here and answered with a 500 that carries no traceback.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import redis
 from flask import Flask, Response, jsonify, request
@@ -23,27 +23,23 @@ from app.gateway_ext import built_gateway
 from tailguard.errors import (
     BodyTooLarge,
     BrokerUnavailable,
-    EngineError,
-    JobCancelled,
-    JobExpired,
     JobNotFound,
     Refused,
     RequestError,
-    ResultTimeout,
     StorageFull,
     TailguardError,
     Unauthenticated,
     Unavailable,
     UnsupportedMediaType,
-    error_class,
 )
-from tailguard.jobs.store import CANCELLED, EXPIRED, TERMINAL
+from tailguard.gateway.openai_errors import error_body, openai_error_type
 from tailguard.redis.client import out_of_memory
 
 #: blueprints whose clients speak the OpenAI API (vLLM's server routes outside /v1 too)
-OPENAI_BLUEPRINTS = frozenset({"openai", "vllm"})
+OPENAI_BLUEPRINTS = frozenset({"openai", "vllm", "batches"})
 #: their paths, for errors raised before a route matched (an unknown method, a 404)
-OPENAI_PATH_PREFIXES = ("/v1/completions", "/v1/chat/", "/v1/models", "/v1/responses")
+OPENAI_PATH_PREFIXES = ("/v1/completions", "/v1/chat/", "/v1/models", "/v1/responses",
+                        "/v1/files", "/v1/batches")
 VLLM_PATHS = frozenset({"/health", "/version", "/tokenize", "/detokenize"})
 
 
@@ -57,53 +53,6 @@ log = logging.getLogger("tailguard.api")
 #: codes of the HTTP errors Flask raises itself (unknown route, wrong method, ...)
 HTTP_CODES = {400: RequestError.code, 404: JobNotFound.code, 405: "method_not_allowed",
                413: BodyTooLarge.code, 415: UnsupportedMediaType.code}
-
-#: how a job that ended in this state failed, when its record names no known code
-_STATE_ERRORS: dict[str, type[TailguardError]] = {EXPIRED: JobExpired, CANCELLED: JobCancelled}
-
-
-def job_error(job: dict[str, Any]) -> TailguardError:
-    """The error a caller waiting for a job that did not succeed gets (status and code with it).
-
-    A terminal job maps through the code in its record (else through its state);
-    a job still queued or running when the caller stopped waiting is a ResultTimeout.
-    """
-    status = job["status"]
-    if status not in TERMINAL:
-        return ResultTimeout(f"no result within the lane's time budget (the job is {status})")
-    error = job.get("error") or {}
-    cls = error_class(error.get("code")) or _STATE_ERRORS.get(status, EngineError)
-    return cls(error.get("message") or f"the request ended {status}")
-
-
-def openai_error_type(status: int) -> str:
-    """The OpenAI ``error.type`` for an HTTP status.
-
-    OpenAI spells client errors "invalid_request_error", including an unknown
-    model (404, code "model_not_found") and conflicts; it does not use vLLM's
-    class-like names ("NotFoundError"). The openai client picks its exception
-    class from the status alone, so the type is for humans and dashboards.
-    """
-    if status == 401:
-        return "authentication_error"
-    if status == 403:
-        return "permission_error"
-    if status == 429:
-        return "rate_limit_error"
-    if status >= 500:
-        return "server_error"
-    return "invalid_request_error"
-
-
-def error_body(message: str, *, type: str, param: str | None, code: str | int | None) -> dict:
-    """``{"error": {message, type, param, code}}``, the OpenAI error shape."""
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
-
-
-def openai_error(err: TailguardError) -> dict:
-    """The OpenAI error body of a tree member: also what a failed OpenAI stream sends last."""
-    return error_body(err.message, type=openai_error_type(err.http_status), param=err.field,
-                      code=err.code)
 
 
 def error_response(status: int, code: str, message: str, field: str | None = None, *,

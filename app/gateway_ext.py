@@ -14,6 +14,8 @@ from typing import Any
 from flask import Flask, current_app
 
 from tailguard import settings
+from tailguard.batches.feeder import BatchFeeder
+from tailguard.batches.service import BatchService
 from tailguard.errors import ConfigError
 from tailguard.gateway.service import Gateway
 
@@ -22,6 +24,8 @@ from tailguard.gateway.service import Gateway
 PROMPT_BYTES_PER_TOKEN = 32
 #: the Gateway's name in app.extensions
 EXTENSION = "tailguard"
+#: the Batch API's (its service and feeder) in app.extensions
+BATCHES_EXTENSION = "tailguard.batches"
 
 _gateway_lock = threading.Lock()
 
@@ -44,6 +48,23 @@ def get_gateway() -> Gateway:
     return gw
 
 
+def get_batches() -> BatchService:
+    """The app's Batch API service, built once per app (with its feeder) from its config."""
+    return _batches(current_app)[0]
+
+
+def _batches(app: Flask) -> tuple[BatchService, BatchFeeder]:
+    built = app.extensions.get(BATCHES_EXTENSION)
+    if built is None:
+        with app.app_context():
+            gateway = get_gateway()
+        with _gateway_lock:
+            built = app.extensions.get(BATCHES_EXTENSION)
+            if built is None:
+                built = app.extensions[BATCHES_EXTENSION] = build_batches(app.config, gateway)
+    return built
+
+
 def built_gateway(app: Flask) -> Gateway | None:
     """The app's Gateway if it was built already (never builds one: Redis may be down)."""
     return app.extensions.get(EXTENSION)
@@ -51,10 +72,11 @@ def built_gateway(app: Flask) -> Gateway | None:
 
 def start_gateway(app: Flask) -> Gateway:
     """Start the API process's own background work, once, when the process starts (gunicorn's
-    post_worker_init hook, app/gunicorn_hooks.py): Gateway.start."""
+    post_worker_init hook, app/gunicorn_hooks.py): Gateway.start, and the batch feeder."""
     with app.app_context():
         gateway = get_gateway()
     gateway.start()
+    _batches(app)[1].start()
     return gateway
 
 
@@ -168,3 +190,26 @@ def build_gateway(config: Mapping[str, Any]) -> Gateway:
                    consume_finished=config["TAILGUARD_CONSUME_FINISHED"], reaper=reaper,
                    # resolved by app.auth when the app was made (open, or keys unless set)
                    auth_mode=settings.API_AUTH.get(config) or None)
+
+
+def build_batches(config: Mapping[str, Any], gateway: Gateway) -> tuple[BatchService, BatchFeeder]:
+    """The Batch API's service and feeder, on the gateway's Redis, from the app's config."""
+    from tailguard.batches.contents import Contents
+    from tailguard.batches.metrics import BatchCollector
+    from tailguard.batches.store import BatchStore
+
+    location = settings.BATCH_STORAGE.get(config) or str(settings.home() / "batch-files")
+    store = BatchStore(gateway.store.redis, Contents(location),
+                       output_ttl_s=settings.BATCH_OUTPUT_TTL_S.get(config))
+    max_lines = settings.BATCH_MAX_LINES.get(config)
+    max_bytes = settings.BATCH_MAX_FILE_BYTES.get(config)
+    feeder = BatchFeeder(store, gateway, lines_in_flight=settings.BATCH_LINES_IN_FLIGHT.get(config),
+                         period_s=settings.BATCH_FEED_S.get(config), max_lines=max_lines,
+                         max_file_bytes=max_bytes)
+    try:
+        gateway.metrics.registry.register(BatchCollector(store.redis))
+    except ValueError:  # registered by a Batch API built before on this gateway (tests rebuild it)
+        pass
+    return BatchService(store, max_bytes, gateway.store.storage,
+                        max_bytes_per_key=settings.BATCH_MAX_BYTES_PER_KEY.get(config),
+                        max_running_per_key=settings.BATCH_MAX_RUNNING_PER_KEY.get(config)), feeder

@@ -22,13 +22,14 @@ from flask import Blueprint, Response, current_app, g, jsonify, request
 
 from app.auth import hold_wait_slot
 from app.body import json_body
-from app.errors import exception_response, job_error, openai_error
+from app.errors import exception_response
 from app.gateway_ext import get_gateway
 from app.sse import DONE, HEARTBEAT, client_connected, sse_event, sse_response
 from tailguard import settings
 from tailguard.errors import InternalJobError, InvalidField, TailguardError, error_class
+from tailguard.gateway.openai_errors import openai_error
 from tailguard.gateway.openai_request import Endpoint
-from tailguard.gateway.service import Gateway, succeeded
+from tailguard.gateway.service import Gateway, job_error, succeeded
 from tailguard.gateway.target_headers import parse_target_headers
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")

@@ -27,7 +27,7 @@ from tailguard.bench.report import render_text
 from tailguard.bench.run import BenchConfig, run_bench
 from tailguard.bench.topology import TopologyError
 from tailguard.conformance.run import COMPAT, ConformanceConfig, run_conformance
-from tailguard.errors import ConfigError
+from tailguard.errors import ConfigError, TailguardError
 from tailguard.host.procs import become, console_script
 from tailguard.plan.command import plan
 
@@ -135,11 +135,10 @@ def _renamed(value: str | None, old: str, new: str) -> str | None:
     return value
 
 
-def _key_store():
-    """The API keys of the configured Redis (ConfigError when it does not answer)."""
+def _redis_client():
+    """A client of the configured Redis, once it answers (ConfigError when it does not)."""
     import redis as redis_lib
 
-    from tailguard.gateway.api_keys import ApiKeyStore
     from tailguard.redis.client import connect
 
     url = settings.redis_url()
@@ -149,7 +148,14 @@ def _key_store():
     except (redis_lib.RedisError, ValueError) as exc:
         raise ConfigError(f"Redis at {settings.redact_url(url)} does not answer: "
                           f"{_redacted_error(exc, url)}", field=settings.REDIS_URL.env) from None
-    return ApiKeyStore(client)
+    return client
+
+
+def _key_store():
+    """The API keys of the configured Redis (ConfigError when it does not answer)."""
+    from tailguard.gateway.api_keys import ApiKeyStore
+
+    return ApiKeyStore(_redis_client())
 
 
 def _redacted_error(exc: Exception, url: str) -> str:
@@ -302,6 +308,62 @@ def keys_revoke(name: str) -> None:
     click.echo(f"key {name!r} revoked")
 
 
+@main.group()
+def batches() -> None:
+    """Batches of the OpenAI Batch API (/v1/batches), every key's, as Redis holds them."""
+
+
+def _batch_service():
+    """What the API's views ask, as an admin key sees it (every key's batches)."""
+    from tailguard.batches.contents import Contents
+    from tailguard.batches.service import BatchService
+    from tailguard.batches.store import BatchStore
+
+    location = settings.BATCH_STORAGE.get() or str(settings.home() / "batch-files")
+    store = BatchStore(_redis_client(), Contents(location),
+                       output_ttl_s=settings.BATCH_OUTPUT_TTL_S.get())
+    return BatchService(store, settings.BATCH_MAX_FILE_BYTES.get())
+
+
+@batches.command("list")
+@click.option("--limit", type=click.IntRange(1, 100), default=20, show_default=True)
+def batches_list(limit: int) -> None:
+    """The latest batches, newest first: status, lines completed+failed/total, endpoint."""
+    try:
+        found = _batch_service().batches(None, None, str(limit))["data"]
+    except TailguardError as exc:
+        raise click.ClickException(exc.message) from None
+    if not found:
+        click.echo("no batches")
+    for b in found:
+        counts = b["request_counts"]
+        click.echo(f"{b['id']}  {b['status']:<11} {counts['completed']}+{counts['failed']}"
+                   f"/{counts['total']}  {b['endpoint']}")
+
+
+@batches.command("show")
+@click.argument("batch_id")
+def batches_show(batch_id: str) -> None:
+    """The batch as GET /v1/batches/BATCH_ID answers it (JSON)."""
+    import json
+
+    try:
+        click.echo(json.dumps(_batch_service().batch(batch_id, None), indent=2))
+    except TailguardError as exc:
+        raise click.ClickException(exc.message) from None
+
+
+@batches.command("cancel")
+@click.argument("batch_id")
+def batches_cancel(batch_id: str) -> None:
+    """Stop queuing the batch's lines; it ends cancelled once its lines in flight finish."""
+    try:
+        batch = _batch_service().cancel(batch_id, None)
+    except TailguardError as exc:
+        raise click.ClickException(exc.message) from None
+    click.echo(f"batch {batch_id} {batch['status']}")
+
+
 @main.command()
 @click.option("--port", type=int,
               help=f"default: ${settings.FLOWER_PORT.env} or {settings.FLOWER_PORT.default}")
@@ -382,6 +444,7 @@ def stats(window: str, top: int, as_json: bool) -> None:
 
     import redis as redis_lib
 
+    from tailguard.batches.metrics import read_figures
     from tailguard.jobs.lane_orders import LaneOrders
     from tailguard.jobs.liveness import Liveness
     from tailguard.lanes.table import load_lanes
@@ -408,13 +471,16 @@ def stats(window: str, top: int, as_json: bool) -> None:
     orders = LaneOrders(client)
     assignment = orders.assignment(liveness.alive_workers())
     moves = orders.recent_moves(top)
+    batches = read_figures(client)  # now, not over the window
     if as_json:
         click.echo(json.dumps({**result.to_dict(), "workers_per_host": per_host,
-                               "lane_assignment": assignment, "lane_moves": moves}, indent=2))
+                               "lane_assignment": assignment, "lane_moves": moves,
+                               "batches": batches.to_dict()}, indent=2))
     else:
         click.echo(result.render() + "\n\nlive workers now, per host: " + "; ".join(
             f"{lane} " + (", ".join(f"{host} {n}" for host, n in hosts.items()) or "none")
-            for lane, hosts in per_host.items()) + render_lane_moves(assignment, moves))
+            for lane, hosts in per_host.items()) + render_lane_moves(assignment, moves)
+            + "\n" + batches.render())
 
 
 @main.command()

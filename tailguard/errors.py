@@ -23,7 +23,8 @@ one place (``app/errors.py``); workers map them to a terminal job state.
     │   ├── OverFairShare               over_fair_share        429  lane full, the key over its share of it
     │   ├── WaitPastTarget              wait_past_target       429  predicted wait > the request's TTFT target
     │   ├── RateLimited                 rate_limited           429  the API key's per-minute limit
-    │   └── TooManyWaits                too_many_waits         429  the key holds its most waits/streams open
+    │   ├── TooManyWaits                too_many_waits         429  the key holds its most waits/streams open
+    │   └── QuotaExceeded               quota_exceeded         429  the key's Batch API files or batches
     ├── JobNotFound                     not_found              404  unknown (or expired-from-storage) id
     │   └── ModelNotFound               model_not_found        404  `model` names a model we do not serve
     ├── JobStateConflict                conflict               409  e.g. cancelling a finished job
@@ -185,6 +186,14 @@ class TooManyWaits(Refused):
     calls open in this API process: each holds an API thread."""
 
     code = "too_many_waits"
+
+
+class QuotaExceeded(Refused):
+    """The key stores as many Batch API file bytes (TAILGUARD_BATCH_MAX_BYTES_PER_KEY) or runs as
+    many batches (TAILGUARD_BATCH_MAX_RUNNING_PER_KEY) as it may: room comes back as its batches
+    end and its files are deleted or expire."""
+
+    code = "quota_exceeded"
 
 
 class JobNotFound(TailguardError):

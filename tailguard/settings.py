@@ -324,6 +324,39 @@ MOVE_DRAIN_S = Setting(
 LANE_FOLLOW_S = Setting(
     "TAILGUARD_LANE_FOLLOW_S", 0.25, float,
     "How often a worker reads its lane order and reports what it serves.")
+BATCH_STORAGE = Setting(
+    "TAILGUARD_BATCH_STORAGE", "", str,
+    "Where the Batch API keeps file contents (uploads, outputs, error files): a directory, or an "
+    "fsspec URL (s3://bucket/prefix, or any filesystem fsspec opens) that every API host shares. "
+    "Empty: $TAILGUARD_HOME/batch-files on this host (directory 0700, files 0600).")
+BATCH_MAX_LINES = Setting(
+    "TAILGUARD_BATCH_MAX_LINES", 50000, int,
+    "Most request lines in one batch's input file (OpenAI's limit); more fails the batch at "
+    "validating.")
+BATCH_MAX_FILE_BYTES = Setting(
+    "TAILGUARD_BATCH_MAX_FILE_BYTES", 200 * 1024 * 1024, int,
+    "Largest file POST /v1/files takes, in bytes (OpenAI's batch limit, 200 MB); a larger upload "
+    "is a 413, and a batch whose input is larger fails at validating.")
+BATCH_OUTPUT_TTL_S = Setting(
+    "TAILGUARD_BATCH_OUTPUT_TTL_S", 30 * 86400, int,
+    "How long a batch's output and error files are kept after it ends, in seconds (OpenAI keeps "
+    "them 30 days); input files stay until deleted.")
+BATCH_MAX_BYTES_PER_KEY = Setting(
+    "TAILGUARD_BATCH_MAX_BYTES_PER_KEY", 0, int,
+    "Most bytes of Batch API files (inputs and outputs) one API key may store; past it an upload "
+    "is a 429 quota_exceeded. 0: no bound but the disk's.")
+BATCH_MAX_RUNNING_PER_KEY = Setting(
+    "TAILGUARD_BATCH_MAX_RUNNING_PER_KEY", 20, int,
+    "Most batches one API key may have not yet ended; creating another is a 429 quota_exceeded. "
+    "0: no bound.")
+BATCH_LINES_IN_FLIGHT = Setting(
+    "TAILGUARD_BATCH_LINES_IN_FLIGHT", 16, int,
+    "Most lines of one batch queued or running at once: the feeder queues more as they end, so "
+    "one batch never fills Redis or the batch lane's backlog, and batches take turns.")
+BATCH_FEED_S = Setting(
+    "TAILGUARD_BATCH_FEED_S", 0.5, float,
+    "How often the batch feeder (a thread in each API process; one holds its Redis lease) "
+    "collects finished lines and queues the next ones; its lease lapses after 10x this.")
 REQUEST_LOG = Setting(
     "TAILGUARD_REQUEST_LOG", "", str,
     "File for the request log (one JSON line per finished request). Empty: the API's stdout.")

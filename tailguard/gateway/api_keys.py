@@ -8,7 +8,8 @@ keys mode an empty key set means every /v1/ call is a 401 saying how to make a k
 
 Each key may carry a requests/min and a tokens/min limit (token buckets in one
 Lua script, so every API process draws from the same ones; every /v1/ call takes
-one request, a submission also its cost in tokens, prompt + max_tokens), a priority
+one request, a submission also its cost in tokens, prompt + max_tokens; Batch API lines
+draw on a tokens bucket of their own of the same size), a priority
 ceiling (a ``batch`` key's interactive requests are placed as batch), the admin
 flag (an admin key sees and cancels every key's jobs; any other key only its own),
 a weight (its share of a lane against the other keys' when the lane is contended:
@@ -35,6 +36,9 @@ from tailguard.lanes.latency_targets import TargetBounds
 from tailguard.lanes.table import PRIORITY_CLASSES
 from tailguard.redis import keys, lua
 
+#: the token buckets a submission draws on: every request's, and the Batch API lines' own (each
+#: of the key's tokens/min: a day's batch leaves the key's interactive tokens/min whole)
+TOKENS, BATCH_TOKENS = "tokens", "batch_tokens"
 #: what every key starts with, so a leaked one is recognisable (and greppable)
 KEY_PREFIX = "tg-"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -149,6 +153,11 @@ class ApiKeyStore:
         raw = self.redis.hget(keys.API_KEYS, h)
         return ApiKey(**json.loads(raw), id=h) if raw is not None else None
 
+    def by_id(self, key_id: str) -> ApiKey | None:
+        """The key whose id (its sha256) is `key_id`; None once it was revoked."""
+        raw = self.redis.hget(keys.API_KEYS, key_id)
+        return ApiKey(**json.loads(raw), id=key_id) if raw is not None else None
+
     def authenticate(self, authorization: str | None) -> ApiKey:
         """The key an ``Authorization: Bearer <key>`` header names, or Unauthenticated.
 
@@ -173,12 +182,13 @@ class ApiKeyStore:
         if key.requests_per_min is not None:
             self._draw(key, "requests", key.requests_per_min, 1)
 
-    def take_tokens(self, key: ApiKey, cost: int) -> None:
+    def take_tokens(self, key: ApiKey, cost: int, bucket: str = TOKENS) -> None:
         """Charge a submission of `cost` tokens to the key's tokens per minute (`check_cost`
-        first), or raise RateLimited when the bucket is short now."""
+        first), or raise RateLimited when the bucket is short now. `bucket`: TOKENS, or
+        BATCH_TOKENS for a Batch API line, a bucket of the same size of its own."""
         if key.tokens_per_min is not None:
             check_cost(key, cost)
-            self._draw(key, "tokens", key.tokens_per_min, cost)
+            self._draw(key, bucket, key.tokens_per_min, cost)
 
     def _draw(self, key: ApiKey, bucket: str, per_min: int, take: int) -> None:
         taken, wait = self._take([keys.api_key_bucket_key(key.id)], buckets=[

@@ -22,16 +22,21 @@ from typing import Any, Protocol
 import redis
 
 from tailguard.errors import (
+    EngineError,
     InvalidField,
     JobCancelled,
+    JobExpired,
     JobNotFound,
     JobStateConflict,
     NoLiveWorker,
     PromptTooLong,
     Refused,
+    ResultTimeout,
+    TailguardError,
     WaitTooLong,
+    error_class,
 )
-from tailguard.gateway.api_keys import ApiKey, ApiKeyStore, check_cost
+from tailguard.gateway.api_keys import TOKENS, ApiKey, ApiKeyStore, check_cost
 from tailguard.gateway.openai_request import Endpoint, OpenAIJob
 from tailguard.gateway.wait_slots import WaitSlots
 from tailguard.jobs.finished import FinishedConsumer, JobEnds
@@ -41,6 +46,7 @@ from tailguard.jobs.liveness import Liveness, lane_health
 from tailguard.jobs.reaper import Reaper
 from tailguard.jobs.store import (
     CANCELLED,
+    EXPIRED,
     QUEUED,
     RUNNING,
     SUCCEEDED,
@@ -268,7 +274,8 @@ class Gateway:
         return dataclasses.replace(job, header_request_id=header_request_id)
 
     def submit(self, req: Submission, caller: ApiKey | None = None,
-               asked_target: tuple[int | None, int | None] = (None, None)) -> dict[str, Any]:
+               asked_target: tuple[int | None, int | None] = (None, None),
+               job_id: str | None = None, token_bucket: str = TOKENS) -> dict[str, Any]:
         """Check what can be checked cheaply first (the prompt's size in bytes; the caller's
         call was charged to its key already, `charge_call`), then tokenize and place it,
         refuse what could never run (min_tokens above the granted max_tokens, or for an OpenAI
@@ -282,6 +289,11 @@ class Gateway:
         high-water mark. A key's priority ceiling lowers the request's class before placement;
         `asked_target` (the ttft and tpot ms its headers ask for: latency_targets) is clamped
         into the key's bounds, and a TTFT target the lane's predicted wait misses is a 429.
+
+        `job_id`: the job's id chosen by the caller (a batch line's, deterministic), the job
+        then created only if no job has it (JobStateConflict otherwise); by default a new one.
+        `token_bucket`: which of the key's tokens buckets its cost is charged to
+        (tailguard.gateway.api_keys: TOKENS, or a batch line's BATCH_TOKENS).
         """
         self.store.storage.check()  # StorageFull (503): Redis is past its high-water mark
         target = clamp_target(*asked_target, caller.bounds if caller else TargetBounds())
@@ -295,8 +307,9 @@ class Gateway:
             check_cost(caller, placement.cost)
         lane = self.lanes[placement.lane]
         load = loads.get(lane.name) or self.load.load(lane.name)
-        wait_s = self._admit(lane, load, placement.cost, caller, target)
-        job_id = uuid.uuid4().hex
+        wait_s = self._admit(lane, load, placement.cost, caller, target, token_bucket)
+        only_new = job_id is not None
+        job_id = job_id or uuid.uuid4().hex
         fields = {
             "lane": lane.name, "priority": req.priority, "prompt_tokens": placement.prompt_tokens,
             "requested_max_tokens": placement.requested_max_tokens,
@@ -311,7 +324,8 @@ class Gateway:
                   "deadline_s": lane.deadline_s, **req.task_kwargs(job_id, placement)}
         message = self.broker.build(lane.task_name, task_id=job_id, queue=lane.queue,
                                     expires_s=lane.queue_ttl_s, kwargs=kwargs)
-        self._record(job_id, fields, lane, load, placement.cost, (lane.queue, message), caller)
+        self._record(job_id, fields, lane, load, placement.cost, (lane.queue, message), caller,
+                     only_new)
         self.metrics.on_accepted(lane.name, placement.max_tokens_capped, self._key_label(caller))
         return {"id": job_id, "status": QUEUED, "lane": lane.name, "priority": req.priority,
                 "prompt_tokens": placement.prompt_tokens,
@@ -334,10 +348,10 @@ class Gateway:
                 / self.admission.service_rate(lane, load))
 
     def _admit(self, lane: Lane, load: LaneLoad, cost: int, caller: ApiKey | None,
-               target: LatencyTarget) -> float:
+               target: LatencyTarget, token_bucket: str = TOKENS) -> float:
         """Admit a request of `cost` on `lane` as `load` has it, and its TTFT target on the
-        wait predicted, then charge its cost to the caller's key: its predicted wait, or the
-        refusal (counted)."""
+        wait predicted, then charge its cost to the caller's key (its `token_bucket`): its
+        predicted wait, or the refusal (counted)."""
         try:
             wait_s = self.admission.admit(lane, load, cost)
             admit_target(target, lane.name, wait_s)
@@ -346,19 +360,20 @@ class Gateway:
             raise
         if caller is not None:
             try:
-                self.api_keys.take_tokens(caller, cost)
+                self.api_keys.take_tokens(caller, cost, token_bucket)
             except Refused as exc:
                 self.metrics.on_refused(lane.name, exc.code, self._key_label(caller))
                 raise
         return wait_s
 
     def _record(self, job_id: str, fields: dict[str, Any], lane: Lane, load: LaneLoad, cost: int,
-                message: tuple[str, str], caller: ApiKey | None) -> None:
+                message: tuple[str, str], caller: ApiKey | None, only_new: bool = False) -> None:
         """The record and the lane's message in one step: a worker never runs an unknown job,
         and no record waits for a message that was never sent."""
         try:
             self.store.create(job_id, fields, queue_ttl_s=lane.queue_ttl_s,
-                              limits=self.admission.limits(lane, load), message=message)
+                              limits=self.admission.limits(lane, load), message=message,
+                              only_new=only_new)
         except BacklogMoved as moved:
             # Other requests took the room this one was admitted into: decide again on the
             # lane as it is now (it raises, with the Retry-After that load gives).
@@ -553,6 +568,24 @@ def render(job_id: str, job: dict[str, Any]) -> dict[str, Any]:
 def succeeded(job: Mapping[str, Any]) -> bool:
     """Whether a job (its record, or its end event's data) ended with its result."""
     return job["status"] == SUCCEEDED
+
+
+#: how a job that ended in this state failed, when its record names no known code
+_STATE_ERRORS: dict[str, type[TailguardError]] = {EXPIRED: JobExpired, CANCELLED: JobCancelled}
+
+
+def job_error(job: Mapping[str, Any]) -> TailguardError:
+    """The error a caller waiting for a job that did not succeed gets (status and code with it).
+
+    A terminal job maps through the code in its record (else through its state);
+    a job still queued or running when the caller stopped waiting is a ResultTimeout.
+    """
+    status = job["status"]
+    if status not in TERMINAL:
+        return ResultTimeout(f"no result within the lane's time budget (the job is {status})")
+    error = job.get("error") or {}
+    cls = error_class(error.get("code")) or _STATE_ERRORS.get(status, EngineError)
+    return cls(error.get("message") or f"the request ended {status}")
 
 
 def check_event_id(after: str) -> None:

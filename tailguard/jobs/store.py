@@ -43,7 +43,7 @@ from typing import Any
 import redis
 
 from tailguard import settings
-from tailguard.errors import ConfigError, JobExpired, WorkerLost
+from tailguard.errors import ConfigError, JobExpired, JobStateConflict, WorkerLost
 from tailguard.jobs.storage import StorageWatch
 from tailguard.lanes.admission import BacklogLimits, LaneLoad
 from tailguard.redis import keys, lua
@@ -141,7 +141,7 @@ class JobStore:
 
     def create(self, job_id: str, fields: dict[str, Any], queue_ttl_s: float,
                limits: BacklogLimits | None = None,
-               message: tuple[str, str] | None = None) -> float:
+               message: tuple[str, str] | None = None, only_new: bool = False) -> float:
         """Store a new queued job and count its cost in its lane's backlog (tailguard.jobs.lane_load);
         returns submitted_at and sets expires_at (Redis clock). With `message` (a queue's
         list, its task message: tailguard.jobs.task_message), push the message too, in the same
@@ -150,7 +150,8 @@ class JobStore:
         With `limits`, only while the lane is still within them, in the same atomic step:
         admission decided on the lane's load read a moment earlier, and a burst of requests
         on other API threads may each have seen the same empty lane. Past a limit nothing is
-        stored and BacklogMoved says what the lane's figures are now.
+        stored and BacklogMoved says what the lane's figures are now. With `only_new`, a job
+        that exists already is left as it is: JobStateConflict.
         """
         lane = fields["lane"]
         extra = {} if limits is None else {k: v for k, v in (
@@ -161,11 +162,15 @@ class JobStore:
         if message is not None:
             queue, extra["message"] = message
             script_keys.append(queue)
+        if only_new:
+            extra["only_new"] = True
         reply = self._create(
             script_keys, ttl_s=self.ttl_s, queue_ttl_s=queue_ttl_s, cost=int(fields.get("cost") or 0),
             fields=_encode(fields), **extra)
         if isinstance(reply, list):
             raise BacklogMoved(*(int(n) for n in reply))
+        if reply in (b"exists", "exists"):
+            raise JobStateConflict(f"job {job_id} exists already")
         return float(reply)
 
     def transition(self, job_id: str, from_states: set[str] | frozenset[str], to: str,

@@ -124,3 +124,72 @@ as it starts: `tailguard keys add` reads it to say when a new key is asked for b
 def api_key_bucket_key(digest: str) -> str:
     """Hash of one API key's token buckets (requests, tokens): level and when last filled."""
     return f"{PREFIX}:apikey:{digest}:bucket"
+
+
+# -- the Batch API (tailguard/batches/) ---------------------------------------------------
+
+_FILE_ID_RE = re.compile(r"^file-[0-9a-f]{32}$")
+_BATCH_ID_RE = re.compile(r"^batch_[0-9a-f]{32}$")
+
+
+def is_file_id(file_id: str) -> bool:
+    """Batch API file ids are ``file-`` + 32 hex; anything else never reaches Redis."""
+    return bool(_FILE_ID_RE.match(file_id))
+
+
+def is_batch_id(batch_id: str) -> bool:
+    """Batch ids are ``batch_`` + 32 hex; anything else never reaches Redis."""
+    return bool(_BATCH_ID_RE.match(batch_id))
+
+
+def file_key(file_id: str) -> str:
+    """Hash of one Batch API file's metadata (its contents are in the batch storage)."""
+    if not is_file_id(file_id):
+        raise ValueError(f"not a file id: {file_id!r}")
+    return f"{PREFIX}:file:{file_id}"
+
+
+def files_key(owner: str | None) -> str:
+    """Sorted set of the files of one API key (None: every file), scored by when each was
+    made (Redis clock, microseconds)."""
+    return f"{PREFIX}:files" + ("" if owner is None else f":of:{owner}")
+
+
+def files_bytes_key(owner: str | None) -> str:
+    """Integer: the bytes of the Batch API files of one API key (None: of every file)."""
+    return f"{PREFIX}:files:bytes" + ("" if owner is None else f":of:{owner}")
+
+FILES_EXPIRING = f"{PREFIX}:files:expiring"
+"""Sorted set of files that expire (batch outputs), scored by expires_at: the feeder deletes them."""
+
+
+def batch_key(batch_id: str) -> str:
+    """Hash of one batch: its public fields, its owner and the feeder's cursor."""
+    if not is_batch_id(batch_id):
+        raise ValueError(f"not a batch id: {batch_id!r}")
+    return f"{PREFIX}:batch:{batch_id}"
+
+
+def batch_lines_key(batch_id: str, part: str) -> str:
+    """A batch's line state while it runs: ``pending`` (hash: line index -> its attempt, queued
+    or running), ``retry`` (set of line indices to queue again), ``output`` and ``errors``
+    (hashes: line index -> its output or error file line)."""
+    if part not in ("pending", "retry", "output", "errors"):
+        raise ValueError(f"not a batch line state: {part!r}")
+    return batch_key(batch_id) + ":" + part
+
+
+def batches_key(owner: str | None) -> str:
+    """Sorted set of the batches of one API key (None: every batch), scored by when each was
+    made (Redis clock, microseconds)."""
+    return f"{PREFIX}:batches" + ("" if owner is None else f":of:{owner}")
+
+
+BATCHES_ACTIVE = f"{PREFIX}:batches:active"
+"""Set of the batches not yet ended: what the feeder works through, level-triggered."""
+
+BATCHES_ENDED = f"{PREFIX}:batches:ended"
+"""Hash: end status (completed, failed, expired, cancelled) -> batches that ended so."""
+
+BATCH_FEEDER_LEASE = f"{PREFIX}:batches:feeder:lease"
+"""String: which API process runs the batch feeder now, until its lease lapses."""

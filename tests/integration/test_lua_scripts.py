@@ -17,7 +17,8 @@ SCRIPTS = {"create_job": ("clock", "lane_counts", "create_job"),
            "live_members": ("clock", "live_members"),
            "record_stats": ("record_stats",), "lane_load": ("clock", "lane_counts", "live_count", "lane_load"),
            "record_served": ("record_served",), "take_tokens": ("clock", "take_tokens"),
-           "append_delta": ("append_delta",), "hold_lease": ("hold_lease",)}
+           "append_delta": ("append_delta",), "hold_lease": ("hold_lease",),
+           "set_batch_status": ("clock", "set_batch_status")}
 
 
 def test_every_script_file_is_listed_here():
@@ -42,6 +43,34 @@ def test_a_terminal_transition_ends_both_streams_in_one_step(redis_client):
     assert store.get(job_id)["prompt"] == "你好"
     assert redis_client.xlen(keys.FINISHED_STREAM) == 1
     assert redis_client.xlen(keys.job_stream_key(job_id)) == 1
+
+
+def test_a_job_created_only_if_new_leaves_an_existing_one_as_it_is(redis_client):
+    from tailguard.errors import JobStateConflict
+    from tailguard.jobs.store import RUNNING
+
+    store = JobStore(redis_client)
+    job_id = "ef" * 16
+    store.create(job_id, {"lane": "batch", "cost": 10}, queue_ttl_s=60, only_new=True)
+    store.transition(job_id, {QUEUED}, RUNNING, {"worker": "long@h"})
+    with pytest.raises(JobStateConflict):
+        store.create(job_id, {"lane": "batch", "cost": 10}, queue_ttl_s=60, only_new=True)
+    assert store.get(job_id)["status"] == RUNNING
+
+
+def test_a_batch_moves_only_from_the_statuses_named(redis_client):
+    from tailguard.redis import lua
+
+    script = lua.Script(redis_client, "clock", "set_batch_status")
+    key = keys.batch_key("batch_" + "a" * 32)
+    redis_client.hset(key, "status", "in_progress")
+    assert script([key], **{"from": ["validating"], "to": "failed", "fields": {}}) == 0
+    assert script([key], **{"from": ["in_progress"], "to": "cancelling", "fields": {"x": "1"}}) == 1
+    got = redis_client.hgetall(key)
+    assert got[b"status"] == b"cancelling" and got[b"x"] == b"1"
+    assert abs(int(got[b"cancelling_at"]) - int(redis_client.time()[0])) <= 1
+    assert script([keys.batch_key("batch_" + "b" * 32)], **{"from": ["in_progress"], "to": "x",
+                                                           "fields": {}}) == 0
 
 
 def test_a_reclaimed_job_is_queued_again_with_a_fresh_queue_ttl_and_its_cost_back(redis_client):

@@ -5,13 +5,7 @@ import json
 import pytest
 from flask import Flask
 
-from app.errors import (
-    error_response,
-    exception_response,
-    job_error,
-    openai_error,
-    openai_error_type,
-)
+from app.errors import error_response, exception_response
 from tailguard import errors
 from tailguard.errors import (
     EngineError,
@@ -25,6 +19,8 @@ from tailguard.errors import (
     Unavailable,
     error_class,
 )
+from tailguard.gateway.openai_errors import openai_error, openai_error_type
+from tailguard.gateway.service import job_error
 from tailguard.jobs.store import CANCELLED, EXPIRED, FAILED, QUEUED, RUNNING
 
 

@@ -39,6 +39,7 @@ ALLOWED: dict[str, set[str]] = {
     "worker": {"engine", "jobs", "lanes", "model", "observe", "host", "redis"},
     "launch": {"host", "lanes", "model", "redis"},
     "control": {"jobs", "lanes", "redis"},
+    "batches": {"gateway", "jobs", "observe", "redis"},
     # tools: anything of the product, and only the CLI imports them
     "bench": {"redis", "host", "lanes", "model", "engine", "jobs", "observe", "gateway",
               "worker", "launch", "plan"},
@@ -52,6 +53,7 @@ FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
     "model": {"redis", "celery", "kombu", "flask", "vllm"},  # the demo builder needs torch
     "gateway": {"celery", "torch"},
     "jobs": {"vllm", "torch", "flask"},
+    "batches": {"celery", "kombu", "flask", "vllm", "torch"},
     "host": {"celery", "kombu", "flask", "vllm", "torch", "transformers"},
 }
 TOOLS = {"bench", "plan", "conformance"}
@@ -170,21 +172,22 @@ APP_VIEW_IMPORTS = {"app.gateway_ext", "app.auth", "app.body", "app.errors", "ap
 APP_ALLOWED: dict[str, set[str]] = {
     # the composition root: settings, the one error mapping, the gateway, auth, blueprints
     "app": {"app.config", "app.errors", "app.gateway_ext", "app.auth", "app.jobs", "app.health",
-            "app.openai_api", "app.openapi"},
+            "app.openai_api", "app.openapi", "app.batches"},
     "app.config": set(),
     # builds the Gateway whole from the product's packages (the one module of app/ that does)
     "app.gateway_ext": {"tailguard.gateway", "tailguard.jobs", "tailguard.lanes", "tailguard.model",
-                        "tailguard.observe", "tailguard.redis"},
+                        "tailguard.observe", "tailguard.redis", "tailguard.batches"},
     "app.gunicorn_hooks": {"app.gateway_ext"},
     "app.auth": {"app.gateway_ext", "tailguard.gateway"},
     "app.body": set(),
     "app.sse": set(),
-    # the error mapping reads a job's end state and Redis's out-of-memory reply
-    "app.errors": {"app.gateway_ext", "tailguard.jobs.store", "tailguard.redis.client"},
+    # the error mapping: OpenAI's error shape, and Redis's out-of-memory reply
+    "app.errors": {"app.gateway_ext", "tailguard.gateway.openai_errors", "tailguard.redis.client"},
     # the views
     "app.jobs": APP_VIEW_IMPORTS,
     "app.health": APP_VIEW_IMPORTS,
     "app.openai_api": APP_VIEW_IMPORTS,
+    "app.batches": APP_VIEW_IMPORTS,
     "app.openapi": APP_VIEW_IMPORTS | {"tailguard.lanes.table"},  # the spec lists the priority classes
 }
 

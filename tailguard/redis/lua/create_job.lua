@@ -4,11 +4,14 @@
 -- ARGV[1] JSON {ttl_s, queue_ttl_s, cost, fields: {name: string value},
 --               optional slots, max_wait_tokens, max_backlog_after: admission's limits,
 --               optional message: the job's Celery task message (tailguard/jobs/task_message.py),
---               pushed onto KEYS[5] with the record: one exists exactly when the other does}
+--               pushed onto KEYS[5] with the record: one exists exactly when the other does,
+--               optional only_new: store nothing when the job exists (a batch line's job id
+--               is deterministic: a line queued again finds its job instead of running twice)}
 -- -> submitted_at (expires_at = submitted_at + queue_ttl_s); or, when the lane is past a
 --    limit (requests admitted meanwhile by other API threads), {backlog, queued, running}
---    and nothing stored
+--    and nothing stored; 'exists' when only_new and the job exists
 local a = cjson.decode(ARGV[1])
+if a.only_new and redis.call('EXISTS', KEYS[1]) == 1 then return 'exists' end
 local backlog, queued, running = lane_counts(KEYS[2], KEYS[3], KEYS[4])
 local refuse = a.max_backlog_after and math.max(0, backlog) + a.cost > a.max_backlog_after
 if a.max_wait_tokens and not refuse then
