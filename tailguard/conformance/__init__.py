@@ -1,6 +1,6 @@
 """`tailguard conformance`: the same OpenAI requests against `vllm serve` and tailguard, compared.
 
-Not a load: 93 checks, each a few HTTP calls and a predicate on the answers, sent one at a
+Not a load: 94 checks, each a few HTTP calls and a predicate on the answers, sent one at a
 time with the official ``openai`` SDK to vLLM's own OpenAI server and then to tailguard's
 lanes on the same model and cores; tailguard must pass what vLLM passes but its documented
 refusals, fail no job after queueing, and give the SDK nothing to retry.

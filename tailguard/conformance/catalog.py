@@ -531,6 +531,20 @@ def _responses_stream(a: Answer, ctx: Context) -> str:
     return f"{len(events)} events, {last['type']}"
 
 
+@check1("responses_tools_auto", "responses", "a response with a function tool defined, "
+        "tool_choice auto (the tool parser decides): completed, any call named and JSON",
+        respond(max_output_tokens=40, tool_choice="auto", tools=[
+            {"type": "function", **WEATHER_TOOL["function"]}]), needs=TOOL_PARSER)
+def _responses_tools(a: Answer, ctx: Context) -> str:
+    body = ok(a, "response")
+    need(body.get("status") in ("completed", "incomplete"), f"status {body.get('status')!r}")
+    calls = [item for item in body.get("output") or () if item.get("type") == "function_call"]
+    for call in calls:
+        need(call.get("name") == "get_weather", f"called {call.get('name')!r}")
+        json.loads(call.get("arguments") or "{}")
+    return f"200, {body['status']}, {len(calls)} tool call(s)"
+
+
 @check("responses_previous_id", "responses", "previous_response_id of no stored response is "
        "refused (vLLM: 404, nothing stored; tailguard: documented 400, nothing is stored)",
        respond(previous_response_id="resp_compat-nothing"), refused="previous_response_id")
