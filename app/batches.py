@@ -47,6 +47,7 @@ def list_files():
       summary: List files (OpenAI)
       responses:
         200: {description: a page of files, content: {application/json: {schema: {type: object}}}}
+        400: OpenAI400
     """
     return jsonify(get_batches().files(g.get("api_key"), request.args.get("after"),
                                        request.args.get("limit"), request.args.get("purpose")))
@@ -60,6 +61,7 @@ def get_file(file_id: str):
       summary: Retrieve a file (OpenAI)
       responses:
         200: {description: the file, content: {application/json: {schema: {type: object}}}}
+        404: OpenAI404
     """
     return jsonify(get_batches().file(file_id, g.get("api_key")))
 
@@ -72,6 +74,7 @@ def delete_file(file_id: str):
       summary: Delete a file (OpenAI)
       responses:
         200: {description: "{id, object, deleted}", content: {application/json: {schema: {type: object}}}}
+        404: OpenAI404
     """
     return jsonify(get_batches().delete_file(file_id, g.get("api_key")))
 
@@ -84,6 +87,7 @@ def file_content(file_id: str):
       summary: Retrieve a file's contents (OpenAI)
       responses:
         200: {description: the bytes, content: {application/octet-stream: {schema: {type: string}}}}
+        404: OpenAI404
     """
     return Response(get_batches().content(file_id, g.get("api_key")),
                     mimetype="application/octet-stream")
@@ -111,6 +115,7 @@ def list_batches():
       summary: List batches (OpenAI)
       responses:
         200: {description: a page of batches, content: {application/json: {schema: {type: object}}}}
+        400: OpenAI400
     """
     return jsonify(get_batches().batches(g.get("api_key"), request.args.get("after"),
                                          request.args.get("limit")))
@@ -124,6 +129,7 @@ def get_batch(batch_id: str):
       summary: Retrieve a batch (OpenAI)
       responses:
         200: {description: the batch, content: {application/json: {schema: {type: object}}}}
+        404: OpenAI404
     """
     return jsonify(get_batches().batch(batch_id, g.get("api_key")))
 
@@ -136,5 +142,7 @@ def cancel_batch(batch_id: str):
       summary: Cancel a batch (OpenAI)
       responses:
         200: {description: the batch, content: {application/json: {schema: {type: object}}}}
+        404: OpenAI404
+        409: OpenAI409
     """
     return jsonify(get_batches().cancel(batch_id, g.get("api_key")))

@@ -97,7 +97,8 @@ SUBMITTING_ENDPOINTS = frozenset({"jobs.submit", "openai.completions", "openai.c
 
 
 def _target_header(names: tuple[str, ...], what: str) -> dict[str, Any]:
-    return {"in": "header", "name": names[0], "schema": {"type": "number", "exclusiveMinimum": 0},
+    return {"in": "header", "name": names[0], "schema": {"type": "number", "minimum": 0,
+                                                          "exclusiveMinimum": True},
             "description": f"{what} (alias {names[1]})"}
 
 

@@ -128,9 +128,9 @@ class BatchService:
         if not isinstance(body, dict):
             raise InvalidField("the body must be a JSON object", field="body")
         endpoint, window = body.get("endpoint"), body.get("completion_window")
-        if endpoint not in ENDPOINTS:
+        if not isinstance(endpoint, str) or endpoint not in ENDPOINTS:
             raise InvalidField(f"endpoint must be one of {', '.join(ENDPOINTS)}", field="endpoint")
-        if window not in COMPLETION_WINDOWS:
+        if not isinstance(window, str) or window not in COMPLETION_WINDOWS:
             raise InvalidField(f"completion_window must be one of {', '.join(COMPLETION_WINDOWS)}",
                                field="completion_window")
         if (why := check_metadata(body.get("metadata"))) is not None:

@@ -79,11 +79,11 @@ def test_a_long_job_is_handed_back_when_its_worker_moves_and_continues_on_one_st
 
     wait_for(lambda: queues() == ["short"], what="the long worker consuming short")
     short = wait_job(api, submit(api, prompt="meanwhile", max_tokens=8, ignore_eos=True),
-                     workers.check)
+                     workers.check_alive)
     assert short["status"] == "succeeded"
 
     orders.tell(LONG, HOME_LANES, from_=("short",), reason=HOME, detail="e2e")
-    done = wait_job(api, long_id, workers.check)
+    done = wait_job(api, long_id, workers.check_alive)
     assert done["status"] == "succeeded", done
     assert done["worker"] == LONG
     assert done["result"]["completion_tokens"] == LONG_TOKENS  # the rest, not all again
@@ -105,7 +105,7 @@ def test_the_controller_sends_the_long_worker_to_a_flooded_short_lane_and_home(
     assert move is not None and (move.worker, move.to, move.reason) == \
         (LONG, ("short",), TARGET_MISSED), move
     wait_for(lambda: _serving(orders, ("short",)), timeout=30, what="the move to short")
-    done = [wait_job(api, i, workers.check) for i in ids]
+    done = [wait_job(api, i, workers.check_alive) for i in ids]
     assert [d["status"] for d in done] == ["succeeded"] * len(ids)
     assert LONG in {d["worker"] for d in done}, "the moved worker served none of the flood"
 

@@ -163,6 +163,17 @@ def test_a_malformed_file_fails_at_validating_with_errors(client, app, model):
     assert codes == {("invalid_json_line", 4), ("duplicate_custom_id", 5)}
 
 
+@pytest.mark.parametrize("field, value", [("endpoint", ["/v1/completions"]),
+                                          ("completion_window", {"24h": True}),
+                                          ("input_file_id", 7), ("metadata", ["a"])])
+def test_a_create_body_of_the_wrong_types_is_a_400_naming_the_field(client, field, value):
+    body = {"input_file_id": "file-x", "endpoint": "/v1/completions",
+            "completion_window": "24h", field: value}
+    resp = client.post("/v1/batches", json=body)
+    assert resp.status_code == 400, resp.get_json()
+    assert resp.get_json()["error"]["param"] == field
+
+
 def test_a_batch_runs_every_line_once_and_writes_its_files(client, app, model, redis_client):
     n = 10
     batch = create(client, upload(client, chat_lines(model, n, bad={7}))["id"])
