@@ -123,6 +123,7 @@ def api(port: int | None, host: str | None, old_bind: str | None) -> None:
             # connections past this wait unaccepted: room for every thread, plus idle keep-alives
             "--worker-connections", str(2 * settings.API_THREADS.get()),
             "--workers", "1", "--timeout", "120", "--access-logfile", "-",
+            "--keep-alive", str(settings.API_KEEPALIVE_S.get()),
             "--config", "python:app.gunicorn_hooks", "app:create_app()"],
            env={**served.env(), settings.API_AUTH.env: mode})
 

@@ -130,6 +130,12 @@ API_THREADS = Setting(
     "gunicorn gthread threads of the API. Every open SSE stream, long-poll (?wait=) and waiting "
     "OpenAI call holds one (and a Redis connection), so this bounds how many can be open before "
     "submits and /healthz queue behind them.")
+API_KEEPALIVE_S = Setting(
+    "TAILGUARD_API_KEEPALIVE_S", 15, int,
+    "How long the API keeps an idle HTTP keep-alive connection open (gunicorn's --keep-alive). "
+    "Longer than clients' own idle expiry (httpx and so the openai SDK: 5 s), so that the "
+    "client closes an idle connection first: a server that closes it first races the client's "
+    "next request on it, which then fails with no response. 0: a connection per request.")
 #: the API's authentication modes (TAILGUARD_API_AUTH)
 AUTH_KEYS, AUTH_OPEN = "keys", "open"
 

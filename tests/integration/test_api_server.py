@@ -1,8 +1,9 @@
 """The API as `tailguard api` serves it (gunicorn gthread, keys mode), with no worker: a client
 that stalls while sending its request is dropped (TAILGUARD_API_READ_TIMEOUT_S) and frees its
 thread; the official openai client sending a value vLLM refuses gets a 400 and does not retry
-(gunicorn's access log counts the requests the server saw); it names its auth mode in its first
-line, /healthz and Redis."""
+(gunicorn's access log counts the requests the server saw); an idle keep-alive connection
+stays open past a polling client's pause; it names its auth mode in its first line, /healthz
+and Redis."""
 
 from __future__ import annotations
 
@@ -134,6 +135,21 @@ def test_a_body_that_stalls_is_a_408(server, key):
     body.close()
     assert got.startswith(b"HTTP/1.1 408"), got[:300]
     assert b"request_timeout" in got
+
+
+def test_an_idle_keep_alive_connection_outlives_gunicorns_default_2_s(server):
+    """A client that polls every few seconds on one connection (httpx keeps it 5 s) must not
+    find it closed by the server as its next request goes out: that request gets no response."""
+    _, port, _ = server
+    conn = socket.create_connection(("127.0.0.1", port), timeout=30)
+    request = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    conn.sendall(request)
+    assert answer(conn).split(b" ")[1] in (b"200", b"503")
+    time.sleep(3)  # idle past gunicorn's default --keep-alive, within httpx's 5 s
+    conn.sendall(request)
+    again = answer(conn)
+    conn.close()
+    assert again.split(b" ")[1:2] in ([b"200"], [b"503"]), again[:200]
 
 
 def test_the_served_api_names_its_auth_mode_first_in_healthz_and_in_redis(server,
