@@ -80,7 +80,8 @@ from tailguard.gateway.api_keys import BATCH_TOKENS, ApiKey
 from tailguard.gateway.openai_errors import openai_error
 from tailguard.gateway.service import Gateway, job_error, succeeded
 from tailguard.jobs.store import TERMINAL
-from tailguard.redis import keys, lua
+from tailguard.redis import keys
+from tailguard.redis.lease import Lease
 
 log = logging.getLogger("tailguard.batches")
 
@@ -110,7 +111,7 @@ class BatchFeeder:
         self.lines_in_flight, self.period_s = lines_in_flight, period_s
         self.max_lines, self.max_file_bytes = max_lines, max_file_bytes
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{id(self)}"
-        self._lease = lua.Script(store.redis, "hold_lease")
+        self._lease = Lease(store.redis, keys.BATCH_FEEDER_LEASE)
         self._lines: dict[str, list[InputLine]] = {}  # batch id -> its parsed input, while it runs
         self._turn = 0
         self._next_sweep = 0
@@ -122,9 +123,14 @@ class BatchFeeder:
         self._thread.start()
 
     def close(self) -> None:
+        """Stop its thread and give up the lease, so another process feeds at once."""
         self._stopping.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        try:
+            self._lease.release(self.owner)
+        except redis.RedisError:
+            pass  # it lapses by itself
 
     def run(self) -> None:
         while not self._stopping.is_set():
@@ -138,8 +144,7 @@ class BatchFeeder:
 
     def tick(self) -> bool:
         """One pass over the batches if this process holds the lease; whether it does."""
-        if not self._lease([keys.BATCH_FEEDER_LEASE], owner=self.owner,
-                           ttl_ms=max(1000, int(LEASE_PERIODS * self.period_s * 1000))):
+        if not self._lease.hold(self.owner, max(1.0, LEASE_PERIODS * self.period_s)):
             self._lines.clear()  # another process feeds: its view, not this cache, is current
             return False
         now = self.store.now()

@@ -55,7 +55,7 @@ class LaneController:
         if self._thread is not None:
             self._thread.join(timeout=5)
         try:
-            self.orders.release_lease(self.owner)
+            self.orders.lease.release(self.owner)
         except redis.RedisError:
             pass
 
@@ -93,7 +93,7 @@ class LaneController:
 
     def tick(self) -> Move | None:
         """Decide once if this process holds the lease; the move ordered, if any."""
-        held = self.orders.hold_lease(self.owner, LEASE_PERIODS * self.period_s)
+        held = self.orders.lease.hold(self.owner, LEASE_PERIODS * self.period_s)
         if held != self.holding:
             log.info("%s the lane controller's lease", "holding" if held else "lost")
             self.holding = held

@@ -19,7 +19,8 @@ from typing import Any
 
 import redis
 
-from tailguard.redis import keys, lua
+from tailguard.redis import keys
+from tailguard.redis.lease import Lease
 
 #: Upper bounds (seconds) of the move-duration histogram's buckets (Prometheus style, +Inf last).
 MOVE_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -84,7 +85,8 @@ class LaneOrders:
 
     def __init__(self, client: redis.Redis) -> None:
         self.redis = client
-        self._lease = lua.Script(client, "hold_lease")
+        #: the lane controller's: one controller process at a time decides
+        self.lease = Lease(client, keys.LANE_CONTROLLER_LEASE)
 
     def now(self) -> float:
         """The Redis clock, which every process here agrees on."""
@@ -123,19 +125,6 @@ class LaneOrders:
         pipe.execute()
 
     # --- the controller's side ----------------------------------------------------------
-
-    def hold_lease(self, owner: str, ttl_s: float) -> bool:
-        """Take or renew the controller's lease; whether `owner` is the controller now."""
-        return bool(self._lease([keys.LANE_CONTROLLER_LEASE], owner=owner,
-                                ttl_ms=max(1, int(ttl_s * 1000))))
-
-    def release_lease(self, owner: str) -> None:
-        if _text(self.redis.get(keys.LANE_CONTROLLER_LEASE) or b"") == owner:
-            self.redis.delete(keys.LANE_CONTROLLER_LEASE)
-
-    def lease_holder(self) -> str | None:
-        holder = self.redis.get(keys.LANE_CONTROLLER_LEASE)
-        return _text(holder) if holder else None
 
     def reports(self) -> dict[str, WorkerReport]:
         return {_text(w): WorkerReport.from_json(_text(w), raw)

@@ -52,7 +52,8 @@ from typing import Any
 from tailguard.errors import MessageLost
 from tailguard.jobs.store import FAILED, QUEUED, TERMINAL, JobStore
 from tailguard.lanes.table import Lane
-from tailguard.redis import keys, lua
+from tailguard.redis import keys
+from tailguard.redis.lease import Lease
 
 log = logging.getLogger("tailguard.redeliver")
 
@@ -84,15 +85,14 @@ class Redeliverer:
         self.confirm_s = confirm_s
         self.lease_s = lease_s if lease_s is not None else max(LEASE_MIN_S, 3 * confirm_s)
         self.owner = f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
-        self._lease = lua.Script(store.redis, "hold_lease")
+        self._lease = Lease(store.redis, keys.REDELIVER_LEASE)
         self._connection: Any = None
         self._suspects: dict[str, float] = {}  # job id -> when a pass first found it nowhere
         self._deliveries: dict[str, Delivery] = {}  # delivery tag -> what its message names
 
     def holds_lease(self) -> bool:
         """Take or renew the lease; whether this Redeliverer runs the passes now."""
-        return bool(self._lease([keys.REDELIVER_LEASE], owner=self.owner,
-                                ttl_ms=max(1, int(self.lease_s * 1000))))
+        return self._lease.hold(self.owner, self.lease_s)
 
     def run_once(self) -> list[str]:
         """One pass; returns the ids of the jobs whose message it put back on a queue (the

@@ -16,6 +16,12 @@ and the fault once the worker has withdrawn long. The jobs still running after t
 handed back to long, so long has queued work and no worker until the controller sends the
 worker home (`no_worker`); a move with nothing handed back ends with the worker going home
 once short is quiet (`home`). Figures print as FAULT-FIGURE lines (`-s`).
+
+Last, with the controllers stopped, kill -9 of the worker itself mid-move (it shares this
+module's engine start rather than starting one more): the jobs it ran end once (as the reaper
+or their own end says), and the worker, started again with its usual `-Q long,batch`, carries
+out the order it never finished (orders are level-triggered: nothing is sent again), serves
+the lane it was told, then goes home when told and serves long again.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import pytest
 from conftest import ROOT
 from fault_system import System, figure
 from fault_workers import (
+    START_TIMEOUT_S,
     Worker,
     api_with_reaper,
     finished_jobs,
@@ -84,7 +91,7 @@ class Controllers:
         while len(self.alive()) < count:
             self.start()
         holder = wait_for(lambda: next((c for c in self.alive()
-                                        if orders.lease_holder() == owner(c)), None),
+                                        if orders.lease.holder() == owner(c)), None),
                           60, "a controller holding the lease")
         return holder, [c for c in self.alive() if c is not holder]
 
@@ -108,7 +115,7 @@ def deployment(tmp_path_factory, tiny_model):
                                settings.LANE_CONTROLLER_S.env: str(PERIOD_S),
                                settings.LANE_DWELL_S.env: "1",
                                settings.LANE_HOME_AFTER_S.env: "5"}, data)
-    worker = None
+    worker, workers = None, []
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(settings.LANES_FILE.env, str(MOVES_LANES))  # the in-process API's lanes
         system.start_redis()
@@ -117,17 +124,18 @@ def deployment(tmp_path_factory, tiny_model):
             api = next(api_gen)
             worker = Worker("mover", url, tiny_model, data, env=lanes)
             wait_serving(api, worker)
-            yield system, api, worker, controllers
+            workers = [worker]
+            yield system, api, workers, controllers
         finally:
-            if worker is not None:
-                worker.stop()
+            for started in ([worker] if worker is not None else []) + workers[1:]:
+                started.stop()
             controllers.stop()
             next(api_gen, None)
             system.stop()
 
 
-def _move_in_flight(api, client, orders: LaneOrders, worker: Worker,
-                    detail: str) -> tuple[list[str], Order]:
+def _move_in_flight(api, client, orders: LaneOrders, worker: Worker, detail: str,
+                    drain_s: float = DRAIN_S) -> tuple[list[str], Order]:
     """Two long jobs streaming on the worker at home, then its order to short: returns once
     it has withdrawn long and drains (the move begun, not done)."""
     wait_for(lambda: _report(orders, HOME), 90, "the worker at home")
@@ -136,7 +144,7 @@ def _move_in_flight(api, client, orders: LaneOrders, worker: Worker,
     for job_id in ids:
         wait_streaming(client, job_id)
     order = orders.tell(NODE, ("short",), from_=HOME, reason="test", detail=detail,
-                        drain_s=DRAIN_S)
+                        drain_s=drain_s)
     wait_for(lambda: lane_workers(api, "long") == 0, what="long withdrawn")
     assert _report(orders, HOME)  # not carried out yet: the drain runs
     return ids, order
@@ -195,7 +203,7 @@ def _entry(move: dict) -> tuple[int, ...]:
 
 
 def test_redis_restarted_from_its_aof_mid_move(deployment):
-    system, api, worker, controllers = deployment
+    system, api, (worker, *_), controllers = deployment
     client = system.client()
     orders = LaneOrders(client)
     controllers.ready(orders)
@@ -212,15 +220,15 @@ def test_redis_restarted_from_its_aof_mid_move(deployment):
 
 
 def test_the_lease_holder_stopped_mid_move_sigterm(deployment):
-    system, api, worker, controllers = deployment
+    system, api, (worker, *_), controllers = deployment
     client = system.client()
     orders = LaneOrders(client)
     holder, waiting = controllers.ready(orders)
     ids, order = _move_in_flight(api, client, orders, worker, "holder SIGTERM")
     assert holder.stop() is not None  # SIGTERM; returns once it exited
     stopped = time.monotonic()
-    assert orders.lease_holder() != owner(holder)  # a clean stop hands the lease over at once
-    new = wait_for(lambda: orders.lease_holder(), PERIOD_S + SLACK_S, "another holder")
+    assert orders.lease.holder() != owner(holder)  # a clean stop hands the lease over at once
+    new = wait_for(lambda: orders.lease.holder(), PERIOD_S + SLACK_S, "another holder")
     took_s = time.monotonic() - stopped
     assert new in {owner(c) for c in waiting}
     seen = _converged(api, client, orders, worker, ids, order)
@@ -229,17 +237,64 @@ def test_the_lease_holder_stopped_mid_move_sigterm(deployment):
 
 
 def test_the_lease_holder_killed_mid_move(deployment):
-    system, api, worker, controllers = deployment
+    system, api, (worker, *_), controllers = deployment
     client = system.client()
     orders = LaneOrders(client)
     holder, waiting = controllers.ready(orders)
     ids, order = _move_in_flight(api, client, orders, worker, "holder kill -9")
     holder.kill()
     killed = time.monotonic()
-    new = wait_for(lambda: orders.lease_holder() != owner(holder) and orders.lease_holder(),
+    new = wait_for(lambda: orders.lease.holder() != owner(holder) and orders.lease.holder(),
                    LEASE_S + PERIOD_S + SLACK_S, "another holder once the lease lapsed")
     took_s = time.monotonic() - killed
     assert new in {owner(c) for c in waiting}
     seen = _converged(api, client, orders, worker, ids, order)
     figure(fault="kill -9 the lane controller's holder mid-move", takeover_s=round(took_s, 2),
            lease_s=LEASE_S, **seen)
+
+
+def test_kill_9_of_the_worker_mid_move_every_job_ends_once_and_it_converges(deployment,
+                                                                            tiny_model):
+    """The module's last case: it ends the module's worker."""
+    system, api, workers, controllers = deployment
+    controllers.stop()  # the orders here are the test's alone
+    client = system.client()
+    store, orders = JobStore(client), LaneOrders(client)
+    worker = workers[0]
+    # a drain longer than the test: the worker dies with its jobs running, mid-move
+    ids, order = _move_in_flight(api, client, orders, worker, "worker kill -9", drain_s=60)
+    worker.kill()
+
+    wait_for(lambda: all(store.status(j) in TERMINAL for j in ids), 60, "its jobs ended")
+    assert {j: Counter(finished_jobs(client))[j] for j in ids} == {j: 1 for j in ids}
+    ended = Counter(store.status(j) for j in ids)
+    worker.stop()  # the engine-core orphan too
+
+    logs = system.logs / "again"
+    logs.mkdir()
+    again = Worker("mover", f"redis://127.0.0.1:{system.redis_port}/0", tiny_model, logs,
+                   env={settings.LANES_FILE.env: str(MOVES_LANES)})
+    workers.append(again)
+    wait_for(lambda: _report_version(orders, ("short",), order.version), START_TIMEOUT_S,
+             "the restarted worker carrying out its order")
+    wait_serving(api, again, lane="short")  # advertised once its new engine is warm
+    assert lane_workers(api, "long") == 0
+    short = submit(api, max_tokens=16)  # within short's cap: the mover serves it
+    wait_for(lambda: store.status(short) in TERMINAL, 120, "a short job served")
+    assert (store.status(short), store.get(short)["worker"]) == ("succeeded", NODE)
+
+    orders.tell(NODE, HOME, from_=("short",), reason="home", detail="fault test")
+    wait_for(lambda: _report(orders, HOME), 60, "home again")
+    wait_serving(api, again)
+    long = submit(api, max_tokens=100)  # above short's cap: lane long
+    wait_for(lambda: store.status(long) in TERMINAL, 120, "a long job served")
+    assert store.status(long) == "succeeded"
+    assert {j: Counter(finished_jobs(client))[j] for j in [*ids, short, long]} == {
+        j: 1 for j in [*ids, short, long]}
+    figure(fault="kill -9 the moving worker mid-move, restart it", ended=dict(ended),
+           order=order.version)
+
+
+def _report_version(orders: LaneOrders, lanes: tuple[str, ...], version: int) -> bool:
+    report = orders.reports().get(NODE)
+    return report is not None and report.serving == lanes and report.version == version

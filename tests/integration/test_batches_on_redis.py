@@ -226,6 +226,15 @@ def test_a_new_feeder_resumes_a_batch_without_running_a_line_twice(client, app, 
         x["custom_id"].split("-")[1])) for x in out)
 
 
+def test_a_feeder_that_stops_hands_its_lease_over_at_once(app, redis_client):
+    first, second = feeder_of(app, "stops"), feeder_of(app, "replaces")
+    assert first.tick() and not second.tick()
+    first.close()  # as the API process stops: its lease would otherwise last 10 periods
+    assert second.tick()
+    first.close()  # a second close leaves the new holder's lease alone
+    assert redis_client.get(keys.BATCH_FEEDER_LEASE) == b"replaces"
+
+
 def test_a_line_whose_worker_was_lost_runs_again_under_a_new_job_id(client, app, model):
     """A job that ended without running to its end (worker_lost, expired in its queue) is the
     lane's trouble, not the line's: queued again as its next attempt, at most MAX_ATTEMPTS."""

@@ -185,9 +185,9 @@ def test_a_controller_process_stopped_with_sigterm_hands_its_lease_over_at_once(
                   log=tmp_path / "controller.log")
     try:
         owner = f"{socket.gethostname()}:{child.pid}"
-        wait_for(lambda: orders.lease_holder() == owner, 60, "the controller holding the lease")
+        wait_for(lambda: orders.lease.holder() == owner, 60, "the controller holding the lease")
         assert child.stop() == 0, child.log_tail()
-        assert orders.lease_holder() is None
+        assert orders.lease.holder() is None
     finally:
         child.stop()
 

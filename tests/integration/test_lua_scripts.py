@@ -18,6 +18,7 @@ SCRIPTS = {"create_job": ("clock", "lane_counts", "create_job"),
            "record_stats": ("record_stats",), "lane_load": ("clock", "lane_counts", "live_count", "lane_load"),
            "record_served": ("record_served",), "take_tokens": ("clock", "take_tokens"),
            "append_delta": ("append_delta",), "hold_lease": ("hold_lease",),
+           "release_lease": ("release_lease",),
            "set_batch_status": ("clock", "set_batch_status")}
 
 
@@ -163,15 +164,19 @@ def test_a_write_after_the_end_neither_lands_nor_stretches_the_stream_s_ttl(redi
     assert redis_client.ttl(keys.job_stream_key(job_id)) <= 60
 
 
-def test_the_lease_has_one_holder_until_it_lapses(redis_client):
+def test_the_lease_has_one_holder_until_it_lapses_or_is_released(redis_client):
     import time
 
-    from tailguard.redis import lua
+    from tailguard.redis.lease import Lease
 
-    lease = lua.Script(redis_client, "hold_lease")
-    assert lease([keys.REDELIVER_LEASE], owner="a", ttl_ms=200) == 1
-    assert lease([keys.REDELIVER_LEASE], owner="b", ttl_ms=200) == 0
-    assert lease([keys.REDELIVER_LEASE], owner="a", ttl_ms=200) == 1  # renewed
+    lease = Lease(redis_client, keys.REDELIVER_LEASE)
+    assert lease.hold("a", 0.2) and lease.holder() == "a"
+    assert not lease.hold("b", 0.2)
+    assert lease.hold("a", 0.2)  # renewed
     time.sleep(0.3)
-    assert lease([keys.REDELIVER_LEASE], owner="b", ttl_ms=200) == 1
+    assert lease.hold("b", 0.2)
+    assert not lease.release("a")  # lost meanwhile: its successor's is kept
+    assert lease.holder() == "b"
+    assert lease.release("b") and lease.holder() is None
+    assert lease.hold("a", 0.2)  # at once, not after a lapse
 
