@@ -66,8 +66,11 @@ class System:
     def start_api(self) -> None:
         self.api = start(ChildSpec("api", tailguard_argv("api", "--port", str(self.api_port)),
                                    env=self.env, cwd=ROOT), log=self.logs / "api.log", append=True)
-        or_fail(lambda: wait_until(lambda: http_status(self.url + "/v1/lanes") == 200,
-                                   [self.api], 60, "API up"), cleanup=self.api.stop)
+        # up, and vLLM's render layer built (/health): an OpenAI call before it waits for the
+        # build, which a loaded machine can make longer than a fault test's HTTP timeout
+        or_fail(lambda: wait_until(lambda: http_status(self.url + "/health") == 200,
+                                   [self.api], 300, "API up, its OpenAI routes ready"),
+                cleanup=self.api.stop)
 
     def start_worker(self) -> None:
         spec = worker_spec("short", engine_pin(0), "-l", "INFO", env=self.env)
