@@ -46,6 +46,9 @@ START_TIMEOUT_S = 300
 #: How long /healthz may stay degraded while every worker process is alive (a heartbeat
 #: late on a busy machine) before the check fails.
 HEALTH_GRACE_S = 10
+#: vLLM's OpenAI options of the session's workers and served API: a tool parser, as a deployment
+#: serving tool calls runs (pythonic: the tiny model's tokenizer has no special tool tokens)
+OPENAI_ARGS = "--enable-auto-tool-choice --tool-call-parser pythonic"
 #: How vLLM names its processes (`VLLM::EngineCore`, as /proc/<pid>/stat shows it).
 VLLM_COMM = "VLLM::"
 
@@ -115,7 +118,8 @@ class Workers:
 def workers(tiny_model, redis_server, api_app, tmp_path_factory):
     group = Group(tmp_path_factory.mktemp("worker-logs"))
     ports = {"short": free_port(), "long": free_port()}
-    env = {settings.MODEL.env: tiny_model, settings.WORKER_HEARTBEAT_S.env: "1"}
+    env = {settings.MODEL.env: tiny_model, settings.WORKER_HEARTBEAT_S.env: "1",
+           settings.OPENAI_ARGS.env: OPENAI_ARGS}
     ws = Workers(group, api_app.test_client(), ports)
 
     def start_all() -> None:
@@ -227,7 +231,8 @@ def api_url(workers, tiny_model, redis_server, tmp_path_factory):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     child = serve(ChildSpec("api", tailguard_argv("api", "--port", str(port)),
-                            env={settings.MODEL.env: tiny_model}),
+                            env={settings.MODEL.env: tiny_model,
+                                 settings.OPENAI_ARGS.env: OPENAI_ARGS}),
                   tmp_path_factory.mktemp("api-log"), lambda: http_status(url + "/healthz") == 200)
     yield url
     child.stop()

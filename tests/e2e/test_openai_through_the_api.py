@@ -5,10 +5,12 @@ visible in the body (tests/e2e_fixtures.py's session workers and API)."""
 from __future__ import annotations
 
 import asyncio
+import shlex
 
 import openai
 import pytest
 import requests
+from e2e_fixtures import OPENAI_ARGS
 from e2e_support import wait_openai_ready
 
 pytestmark = pytest.mark.e2e
@@ -126,20 +128,42 @@ def test_the_responses_api_through_the_lanes(client, api):
         client.responses.create(model=MODEL, input="hi", previous_response_id="resp_x")
 
 
+def test_a_response_with_a_function_tool_defined(client):
+    """With a tool parser on the API and the workers (tests/e2e_fixtures.py): the render layer
+    takes tool_choice "auto" and the worker's vLLM parses the output for calls. Random weights
+    write no call the parser finds: text comes back, as the SDK's own types."""
+    weather = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                              "required": ["city"]}}
+    raw = client.responses.with_raw_response.create(
+        model=MODEL, input="What is the weather in Paris?", tools=[weather], tool_choice="auto",
+        max_output_tokens=8, store=False)
+    response = raw.parse()
+    assert response.status in ("completed", "incomplete") and response.tool_choice == "auto"
+    assert [t.name for t in response.tools] == ["get_weather"]
+    assert raw.headers["x-tailguard-lane"] == "short"  # its cost's lane, as without tools
+    assert response.output and {item.type for item in response.output} <= {"message",
+                                                                           "function_call"}
+    assert response.usage.output_tokens <= 8
+
+
 def test_the_conformance_checks_of_ids_metrics_and_responses_hold_here(api, workers):
     """`tailguard conformance`'s own checks and SDK sender (its tailguard side) on these engines:
     ids as vLLM makes them, vLLM's series on the workers' ports, the Responses API."""
     from tailguard.conformance.catalog import by_name
     from tailguard.conformance.check import Context, judge
+    from tailguard.conformance.run import capabilities_of
     from tailguard.conformance.sender import Sender
 
     sender = Sender(api, metrics_urls=[f"http://127.0.0.1:{port}/metrics"
                                        for port in workers.metrics_ports.values()])
-    ctx = Context(side="tailguard", model=MODEL)
+    ctx = Context(side="tailguard", model=MODEL,
+                  capabilities=capabilities_of(shlex.split(OPENAI_ARGS)))
     try:
         for check in by_name(["request_id_header", "request_id_body", "request_id_stream",
                               "vllm_metrics", "responses", "responses_request_id",
-                              "responses_stream", "responses_previous_id"]):
+                              "responses_stream", "responses_previous_id",
+                              "responses_tools_auto", "tools_choice_auto"]):
             result = judge(check, [sender.send(call, ctx) for call in check.calls], ctx)
             assert result.status in ("pass", "refused"), (check.name, result.detail)
     finally:
