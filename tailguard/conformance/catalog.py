@@ -638,7 +638,7 @@ def _tool_call(a: Answer) -> str:
     fn = calls[0]["function"]
     need(fn["name"] == "get_weather", f"called {fn['name']!r}")
     args = json.loads(fn["arguments"])
-    need(args.get("unit") in ("c", "f"), f"arguments {fn['arguments']!r}")
+    need(isinstance(args, dict) and args.get("unit") in ("c", "f"), f"arguments {fn['arguments']!r}")
     return f"200, {fn['name']}({fn['arguments']})"
 
 

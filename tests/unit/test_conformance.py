@@ -113,6 +113,24 @@ def test_judge_passes_fails_and_says_what_it_saw():
     assert r.status == "fail" and "unexpected answer" in r.detail
 
 
+def test_a_tool_call_needs_an_object_of_arguments():
+    def called(arguments: str) -> Answer:
+        return Answer(200, body={
+            "object": "chat.completion", "model": "m", "id": "chatcmpl-1",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {
+                "role": "assistant", "content": "", "tool_calls": [{
+                    "id": "c1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": arguments}}]}}]})
+
+    ctx = Context(**{**VLLM.__dict__, "capabilities": capabilities_of(
+        ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"])})
+    named = get("tools_choice_named")
+    assert judge(named, [called('{"unit": "c"}')], ctx).status == "pass"
+    # a JSON string where the object goes (seen from tailguard's worker): a plain failure
+    r = judge(named, [called('"dogs"')], ctx)
+    assert (r.status, r.detail) == ("fail", """arguments '"dogs"'""")
+
+
 def test_a_documented_refusal_counts_only_on_tailguard_and_only_as_documented():
     c = get("guided_json")
     documented = error(400, f"guided_json is refused here: {REFUSED_FIELDS['guided_json']}",
