@@ -91,6 +91,16 @@ def test_up_serves_the_default_model_on_the_ports_it_was_given(tmp_path, default
         answer = resp.json()["choices"][0]["message"]["content"]
         print(f"ANSWER {answer!r}")
         assert "Paris" in answer, answer
+        # the Responses API through the official SDK, parsed by its own types
+        import openai
+
+        client = openai.OpenAI(base_url=api + "/v1", api_key="unused", max_retries=0, timeout=180)
+        response = client.responses.create(
+            model=bundled.SERVED_NAME, input="What is the capital of France?", temperature=0,
+            instructions="Answer in one word.", max_output_tokens=16, store=False)
+        assert response.status in ("completed", "incomplete"), response
+        assert response.model_extra["tailguard"]["lane"] == "chat"  # its one lane here
+        print(f"RESPONSE {response.output_text!r}")
 
         user, _, password = (home / "flower.auth").read_text().strip().partition(":")
         assert status(f"http://127.0.0.1:{flower_port}/") == 401  # Flower is behind its auth
