@@ -115,19 +115,18 @@ def deployment(tmp_path_factory, tiny_model):
                                settings.LANE_CONTROLLER_S.env: str(PERIOD_S),
                                settings.LANE_DWELL_S.env: "1",
                                settings.LANE_HOME_AFTER_S.env: "5"}, data)
-    worker, workers = None, []
+    workers: list[Worker] = []  # the module's worker first; a test may add the one it restarts
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(settings.LANES_FILE.env, str(MOVES_LANES))  # the in-process API's lanes
         system.start_redis()
         api_gen = api_with_reaper(url, tiny_model)
         try:
             api = next(api_gen)
-            worker = Worker("mover", url, tiny_model, data, env=lanes)
-            wait_serving(api, worker)
-            workers = [worker]
+            workers.append(Worker("mover", url, tiny_model, data, env=lanes))
+            wait_serving(api, workers[0])
             yield system, api, workers, controllers
         finally:
-            for started in ([worker] if worker is not None else []) + workers[1:]:
+            for started in workers:
                 started.stop()
             controllers.stop()
             next(api_gen, None)
