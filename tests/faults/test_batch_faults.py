@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
 import socket
 import time
 
@@ -61,6 +63,19 @@ def line_jobs(store: JobStore, batch_id: str) -> list[dict]:
     return out
 
 
+def freeze_running(worker: Worker, node: str, store: JobStore, batch_id: str) -> bool:
+    """Stop the worker (SIGSTOP) and say whether a line is running on it; thaw it if none.
+    Frozen, it cannot finish the line between the look and the kill, so the kill lands
+    mid-line on any machine, however fast its lines run."""
+    os.kill(worker.proc.pid, signal.SIGSTOP)
+    if any(j["status"] == RUNNING and j.get("worker") == node
+           for j in line_jobs(store, batch_id)):
+        return True
+    os.kill(worker.proc.pid, signal.SIGCONT)
+    time.sleep(0.2)
+    return False
+
+
 def test_kill_9_of_a_worker_and_an_api_restart_mid_batch(system, tiny_model, tmp_path):
     client = openai.OpenAI(base_url=system.url + "/v1", api_key="unused", max_retries=0,
                            timeout=60)
@@ -82,10 +97,9 @@ def test_kill_9_of_a_worker_and_an_api_restart_mid_batch(system, tiny_model, tmp
 
         wait_for(lambda: client.batches.retrieve(batch.id).request_counts.completed
                  >= DONE_BEFORE, 300, f"{DONE_BEFORE} lines done")
-        wait_for(lambda: any(j["status"] == RUNNING and j.get("worker") == doomed_node
-                             for j in line_jobs(store, batch.id)), 60,
+        wait_for(lambda: freeze_running(doomed, doomed_node, store, batch.id), 120,
                  "a line running on the worker to be killed")
-        doomed.kill()
+        doomed.kill()  # SIGKILL ends a stopped process too
         killed_at = time.monotonic()
         system.api.stop()  # SIGTERM, as `tailguard up` stops it: the feeder thread goes with it
         system.start_api()
