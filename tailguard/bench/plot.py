@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tailguard.bench.loadgen import REFUSED, Sample
 from tailguard.bench.report import METRICS, OVERLOAD_P99_MAX
-from tailguard.bench.workload import OVERLOAD, WINDOWS
+from tailguard.bench.workload import BATCH, OVERLOAD, WINDOWS, WITH_BATCH
 from tailguard.plan.sim import percentile
 
 #: Per topology; any other (each tuned run) takes matplotlib's next colour (COLORS.get: None).
@@ -56,17 +56,20 @@ def make_plot(report: dict, samples: dict[str, dict[str, list[Sample]]], path: P
     mname = METRICS[metric]
     short = report["workload"]["short_class"]
     classes = report["workload"]["classes"]
+    # each topology's phases drawn: the mixed load solid, its comparison dashed
+    other, other_label = ((WITH_BATCH, " (beside the batch)") if report["workload"]["name"] == BATCH
+                          else ("baseline", " (no long traffic)"))
     fig, axes = plt.subplots(1, len(classes) + 1, figsize=(5.2 * (len(classes) + 1), 4.4))
     for ax, cls in zip(axes, classes):
         for topo, phases in samples.items():
-            for phase, style in (("mixed", "-"), ("baseline", "--")):
+            for phase, style in (("mixed", "-"), (other, "--")):
                 vals = sorted(getattr(s, metric) for s in phases.get(phase, [])
                               if s.cls == cls and s.ok and getattr(s, metric) is not None)
                 if not vals:
                     continue
                 ys = [0.0] + [(i + 1) / len(vals) for i in range(len(vals))]
                 vals = [vals[0]] + vals
-                label = f"{topo}" + (" (no long traffic)" if phase == "baseline" else "")
+                label = f"{topo}" + (other_label if phase == other else "")
                 ax.step(vals, ys, style, where="post", color=COLORS.get(topo), label=label)
         ax.axhline(0.99, color="grey", lw=0.6, ls=":")
         ax.set_xscale("log")
@@ -80,12 +83,12 @@ def make_plot(report: dict, samples: dict[str, dict[str, list[Sample]]], path: P
     duration = report["workload"]["params"].get("duration_s") or 60
     window = max(5.0, duration / 6)
     for topo, phases in samples.items():
-        for phase, style in (("mixed", "-"), ("baseline", "--")):
+        for phase, style in (("mixed", "-"), (other, "--")):
             pts = rolling_p99([s for s in phases.get(phase, []) if s.cls == short], metric, window)
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker=".",
                         color=COLORS.get(topo),
-                        label=f"{topo}" + (" (no long traffic)" if phase == "baseline" else ""))
+                        label=f"{topo}" + (other_label if phase == other else ""))
     ax.set_yscale("log")
     plain_log(ax.yaxis)
     ax.set_xlabel("time into the phase (s)")

@@ -37,13 +37,13 @@ from tailguard.bench.lane_moves import describe as describe_moves
 from tailguard.bench.loadgen import REFUSED, Sample
 from tailguard.bench.topology import STATIC
 from tailguard.bench.tuned import is_tuned, tuned_figures
-from tailguard.bench.workload import BURST, OVERLOAD, SHIFT, WINDOWS, split_shift
+from tailguard.bench.workload import BATCH, BURST, OVERLOAD, SHIFT, WINDOWS, WITH_BATCH, split_shift
 from tailguard.plan.sim import percentile
 
 METRICS = {"queued_s": "queue wait", "ttft_s": "TTFT", "e2e_s": "end-to-end"}
 OVERHEAD = "overhead"  # the phase (and workload) that measures the gateway against direct
 PROBE = "probe"  # the overload workload's saturation probe of the short lane
-PHASES = ("baseline", "mixed", OVERHEAD, PROBE, *WINDOWS)
+PHASES = ("baseline", "mixed", OVERHEAD, PROBE, WITH_BATCH, *WINDOWS)
 
 #: Targets (issue 4), on the short class's P99 of the chosen metric.
 LOAD_MIN_INTERFERENCE = 3.0  # shared short P99 >= 3x its no-long baseline: a load worth testing
@@ -72,6 +72,10 @@ E2E_OVERHEAD_P50_MAX = 0.05  # a share of direct's end-to-end P50
 #: reference window's; a short request after the burst counts as recovered when it is accepted,
 #: succeeds and takes at most this factor of the reference P99 too.
 OVERLOAD_P99_MAX = 1.5
+#: Issue 34's targets: the interactive short P99 beside a batch within this of the same load
+#: without it, and the batch's output at least this share of the capacity left idle.
+BATCH_P99_MAX = 1.1
+BATCH_SHARE_MIN = 0.7
 #: The probe's first share of its time is ramp-up: its capacity counts what finished after it.
 PROBE_RAMP_SHARE = 1 / 3
 #: A request sent this much later than due means the load generator fell behind.
@@ -685,6 +689,27 @@ def _overload_lines(report: dict, line: Callable[..., None]) -> None:
              + ")", info=True)
 
 
+def _batch_lines(report: dict, line: Callable[..., None]) -> None:
+    """Issue 34's lines, per topology (the lanes one: the batch lane is its)."""
+    for topo, b in report["batch"].items():
+        line(f"batch_capacity_{topo}", None,
+             f"{topo}: the batch alone: {_fmt_tok(b['capacity_tok_s'])} output tok/s over "
+             f"{b['probe_s']:g} s; the mixed load alone took {_fmt_tok(b['interactive_tok_s'])} "
+             f"tok/s of it ({', '.join(b['shared_lanes'])} requests): "
+             f"{_fmt_tok(b['idle_capacity_tok_s'])} tok/s left idle", info=True)
+        v = b["short_p99_ratio"]
+        line(f"batch_short_p99_{topo}", None if v is None else v <= BATCH_P99_MAX,
+             f"{topo}: short P99 beside the batch {_fmt_s(b['short_p99_with_batch_s'])} <= "
+             f"{BATCH_P99_MAX:g}x without it {_fmt_s(b['short_p99_without_batch_s'])}: ratio "
+             f"{_fmt_x(v)}", "short requests that succeeded in both phases")
+        share = b["share_of_idle"]
+        line(f"batch_share_{topo}", None if share is None else share >= BATCH_SHARE_MIN,
+             f"{topo}: the batch beside the load: {_fmt_tok(b['batch_tok_s'])} output tok/s = "
+             f"{_fmt_pct(share)} of the capacity left idle (target >= {BATCH_SHARE_MIN:.0%}); "
+             f"{b['lines_done_with_load']} of {b['lines']} lines done, then cancelled "
+             f"({b['status_after_cancel']})", "the batch alone and beside the load")
+
+
 def targets(report: dict) -> list[dict[str, Any]]:
     """The issue's PASS/FAIL lines (SKIP when a number they need was not measured)."""
     out: list[dict[str, Any]] = []
@@ -700,6 +725,8 @@ def targets(report: dict) -> list[dict[str, Any]]:
         return out
     if report["workload"]["name"] == OVERHEAD:
         _overhead_lines(report["overhead"], line)
+    elif report["workload"]["name"] == BATCH:
+        _batch_lines(report, line)
     else:
         _isolation_lines(report, line)
         _serving_lines(report, line)
@@ -769,6 +796,9 @@ def build_report(*, config: dict[str, Any], workload: dict[str, Any],
                                 ((topologies.get(name) or {}).get("host") or {})
                                 .get("mixed", {}).get("lane_moves"))
             for name, phases in samples.items()}
+    if workload["name"] == BATCH:
+        report["batch"] = {name: topologies[name]["batch"] for name in samples
+                           if (topologies.get(name) or {}).get("batch")}
     if workload["name"] == OVERLOAD:
         report["overload"] = {name: overload_figures(phases, workload["short_class"],
                                                      workload["params"])
@@ -848,7 +878,7 @@ def render_text(report: dict) -> str:
     short, long = report["workload"]["short_class"], report["workload"]["long_class"]
     head = [f"workload: {report['workload']['params']['described']}"] \
         if report["workload"]["params"].get("described") else []
-    if report["workload"]["name"] in (OVERHEAD, OVERLOAD):
+    if report["workload"]["name"] in (OVERHEAD, OVERLOAD, BATCH):
         lines = [*head, render_tables(report)]
     else:
         lines = [*head, render_tables(report),

@@ -28,6 +28,14 @@ from typing import TYPE_CHECKING, Any
 
 from tailguard import settings
 from tailguard.bench.azure_trace import TRACES, trace_workload
+from tailguard.bench.batch_load import (
+    TERMINAL,
+    BatchRun,
+    batch_file,
+    figures,
+    interactive_tok_s,
+    lines_per_s,
+)
 from tailguard.bench.exactly_once import check as check_exactly_once
 from tailguard.bench.exactly_once import finished_counts
 from tailguard.bench.goodput import DEFAULT_LONG_SLO, DEFAULT_SHORT_SLO, Slo, parse_slo, slo_text
@@ -57,15 +65,18 @@ from tailguard.bench.topology import (
 )
 from tailguard.bench.tuned import DEFAULT_SWEEP, is_tuned, parse_sweep, sweep_text
 from tailguard.bench.workload import (
+    BATCH,
     BURST,
     OVERLOAD,
     SHIFT,
     SHIFT_LONG_SHARES,
     SHIFT_WINDOW_S,
     SHORT,
+    WITH_BATCH,
     BenchRequest,
     Workload,
     add_burst,
+    batch_workload,
     burst_workload,
     jsonl_workload,
     mixed_workload,
@@ -81,7 +92,7 @@ if TYPE_CHECKING:
     from tailguard.host.procs import Child
     from tailguard.lanes.table import LaneTable
 
-WORKLOADS = ("seed", "mixed", "overhead", OVERLOAD, BURST, SHIFT, *TRACES)
+WORKLOADS = ("seed", "mixed", "overhead", OVERLOAD, BURST, SHIFT, BATCH, *TRACES)
 
 
 @dataclass(frozen=True)
@@ -132,7 +143,10 @@ class BenchConfig:
                  "--burst-size long ones all at --burst-at), shift (the mixed load on one "
                  "timeline of --shift-window s windows, each with its --shift-long-shares share "
                  "of --rate long: short-heavy, long-heavy, short-heavy again; --duration does "
-                 "not apply), compat (deprecated: runs `tailguard conformance`; no load options "
+                 "not apply), batch (the mixed load, then the same again beside a Batch API "
+                 "batch of >= --batch-lines short completion lines; lanes topology only; the "
+                 "batch's capacity alone is measured first, for --batch-probe s), "
+                 "compat (deprecated: runs `tailguard conformance`; no load options "
                  "apply), azure-conv, azure-code, azure-mix "
                  "(the Azure LLM inference traces 2023, CC BY 4.0: a window of --rate x --duration "
                  "requests from --trace-start, lengths x --token-scale, classes by the lanes "
@@ -208,6 +222,13 @@ class BenchConfig:
         15.0, "overload: seconds of the probe that measures the short lane's capacity (closed "
               "loop, 2 x its batch slots in flight; what finished in its last 2/3, per second)",
         flag="--probe")
+    batch_lines: int = option(
+        1000, "batch: lines of the batch beside the second phase (more when the batch lane "
+              "would finish them before the phase ends)")
+    batch_tokens: int = option(64, "batch: output tokens of each line (ignore_eos)")
+    batch_probe_s: float = option(
+        30.0, "batch: seconds over which the batch alone is timed, from its first line done",
+        flag="--batch-probe")
     metric: str = option("e2e_s", "the latency whose P99 the targets compare",
                          choices=("e2e", "ttft"), parse=_metric, text=_metric_choice)
     compat_checks: tuple[str, ...] | None = option(
@@ -272,6 +293,13 @@ def _workload(cfg: BenchConfig, count_tokens: Callable[[str], int] | None,
                               long_prompt_tokens=cfg.long_prompt_tokens,
                               long_tokens=cfg.long_tokens, count_tokens=count_tokens,
                               max_requests=cfg.max_requests)
+    if cfg.workload == BATCH:
+        return batch_workload(cfg.rate, cfg.long_share, cfg.duration_s or 60.0, cfg.seed,
+                              lines=cfg.batch_lines, line_tokens=cfg.batch_tokens,
+                              short_tokens=cfg.short_tokens,
+                              long_prompt_tokens=cfg.long_prompt_tokens,
+                              long_tokens=cfg.long_tokens, count_tokens=count_tokens,
+                              max_requests=cfg.max_requests)
     if cfg.workload == "seed":
         return seed_workload(cfg.rate, cfg.duration_s or 60.0, cfg.seed, cfg.max_requests)
     if cfg.workload == "mixed":
@@ -299,12 +327,14 @@ def _workload(cfg: BenchConfig, count_tokens: Callable[[str], int] | None,
 def phases_of(workload: Workload, baseline: bool) -> dict[str, Workload]:
     """`baseline` (the short class alone, when there is long traffic to compare with), `mixed`;
     the overhead workload is its own one phase; the overload workload's phases are the windows
-    of its one timeline."""
+    of its one timeline; the batch workload's, the mixed load without and with the batch."""
     if workload.name == OVERHEAD:
         return {OVERHEAD: workload}
     if workload.name == OVERLOAD:
         return {w: replace(workload, requests=tuple(rs))
                 for w, rs in split_windows(workload.requests, workload.params).items()}
+    if workload.name == BATCH:
+        return {"mixed": workload, WITH_BATCH: workload}
     out = {}
     if baseline and workload.short_class and len(workload.classes) > 1:
         out["baseline"] = workload.only([workload.short_class])
@@ -470,6 +500,79 @@ def _overload(client: Client, topo: str, workload: Workload, table: LaneTable, l
     return workload
 
 
+def _batch(client: Client, topo: str, spec: TopologySpec, run: _Run, cfg: BenchConfig,
+           info: dict[str, Any], samples: dict[str, list[Sample]], redis_url: str | None) -> None:
+    """The batch workload on one topology: the batch alone (its capacity), the mixed load
+    alone, then the mixed load beside a batch big enough to outlast it. Fills `samples`
+    (mixed, with_batch) and `info["batch"]` (batch_load.figures)."""
+    from tailguard.plan.sim import percentile
+
+    batch_lane = next((lane.name for lane in run.table if lane.priority == "batch"), None)
+    serving = [w for w in spec.workers if batch_lane in w.lanes]
+    if not serving:
+        raise ValueError("--workload batch needs a lane of priority 'batch' that a worker "
+                         "serves (the shipped lanes file's `batch`, on the long workers)")
+    # what keeps the batch lane's workers from it: the interactive lanes they also serve
+    shared = sorted({lane for w in serving for lane in w.lanes if lane != batch_lane})
+    wl, tokens = run.workload, cfg.batch_tokens
+    prompt = next(r.prompt for r in wl.requests if r.cls == wl.short_class)
+    duration = wl.params["duration_s"]
+
+    def started(lines: int, what: str) -> BatchRun:
+        b = BatchRun(client, batch_file(lines, prompt, tokens, client.model), lines=lines)
+        log(f"[{topo}/{what}] batch {b.batch_id}: {lines} lines of {tokens} tokens")
+        b.wait(lambda p: bool(p.points) and p.points[-1][1] > 0, cfg.start_timeout_s,
+               "line done")
+        return b
+
+    time.sleep(cfg.pause_s)
+    probe = started(cfg.batch_lines, "batch-alone")
+    try:
+        t0 = time.perf_counter()
+        probe.wait(lambda p: p.status in TERMINAL or p.points[-1][0] >= t0 + cfg.batch_probe_s,
+                   cfg.batch_probe_s + 120, "end of the probe")
+        t1 = min(probe.progress.points[-1][0], t0 + cfg.batch_probe_s)
+        capacity_lines = lines_per_s(probe.progress, t0, t1)
+    finally:
+        probe.cancel()
+    capacity = None if capacity_lines is None else capacity_lines * tokens
+    log(f"[{topo}/batch-alone] {'n/a' if capacity is None else f'{capacity:.0f}'} output "
+        f"tok/s over {t1 - t0:.1f} s, on {len(serving)} worker(s) serving {batch_lane}")
+    _settle(topo)
+    start = time.perf_counter() + cfg.pause_s + 0.1  # as _timed_phase and run_phase start
+    samples["mixed"] = _timed_phase(client, topo, "mixed", wl, cfg, info["host"], redis_url)
+    interactive = interactive_tok_s(samples["mixed"], shared, time.perf_counter() - start)
+    # enough lines to outlast the phase (its drain included) at the batch's full speed, within
+    # what a batch takes
+    lines = min(settings.BATCH_MAX_LINES.get(), max(
+        cfg.batch_lines, round((capacity_lines or 0) * (duration + cfg.drain_s) * 1.5)))
+    beside = started(lines, WITH_BATCH)
+    try:
+        start = time.perf_counter() + cfg.pause_s + 0.1
+        samples[WITH_BATCH] = _timed_phase(client, topo, WITH_BATCH, wl, cfg, info["host"],
+                                           redis_url)
+        end = time.perf_counter()
+        beside.wait(lambda p: p.status in TERMINAL or p.points[-1][0] >= end, 30,
+                    "read after the phase")
+        rate = lines_per_s(beside.progress, start, end)  # over the phase, as `interactive`
+        done = beside.progress.points[-1][1]
+    finally:
+        beside.cancel()
+
+    def short_p99(phase: str) -> float | None:
+        return percentile([getattr(s, cfg.metric) for s in samples[phase]
+                           if s.cls == wl.short_class and s.ok
+                           and getattr(s, cfg.metric) is not None], 99)
+
+    info["batch"] = {
+        **figures(short_p99_alone=short_p99("mixed"), short_p99_with=short_p99(WITH_BATCH),
+                  capacity_tok_s=capacity, interactive=interactive,
+                  with_load_tok_s=None if rate is None else rate * tokens,
+                  lines=lines, tokens_per_line=tokens),
+        "batch_lane": batch_lane, "shared_lanes": shared, "probe_s": round(t1 - t0, 1),
+        "lines_done_with_load": done, "status_after_cancel": beside.progress.status}
+
+
 def log(msg: str) -> None:
     print(f"tailguard bench: {msg}", file=sys.stderr, flush=True)
 
@@ -589,8 +692,8 @@ def _specs(cfg: BenchConfig, workload: Workload, table: LaneTable, lanes_topo: T
     direct = direct_spec(pin, replaced, table, max_model_len=limit,
                          dtype=serving_dtype(model, settings.DTYPE.get()),
                          cpus=tuple(cores) if kind == "cpu" else ())
-    # overload tests admission, which only the lanes topology has
-    wanted = ("lanes",) if workload.name == OVERLOAD else cfg.topologies
+    # overload tests admission, batch the batch lane: only the lanes topology has them
+    wanted = ("lanes",) if workload.name in (OVERLOAD, BATCH) else cfg.topologies
     specs: dict[str, TopologySpec | DirectSpec] = {
         "shared": shared_spec(table, engines=engines, kind=kind, cores=cores),
         "lanes": lanes_topo, STATIC: static_spec(lanes_topo), DIRECT: direct,
@@ -734,6 +837,10 @@ def _measure_topology(cfg: BenchConfig, name: str, spec: TopologySpec | DirectSp
                                  run.count_tokens, cfg, info, samples, spec.workers_per_lane(),
                                  redis_url)
         run.phases = phases_of(run.workload, cfg.baseline)
+        return samples
+    if run.workload.name == BATCH:
+        assert isinstance(spec, TopologySpec)
+        _batch(client, name, spec, run, cfg, info, samples, redis_url)
         return samples
     for phase, wl in run.phases.items():
         samples[phase] = _timed_phase(client, name, phase, wl, cfg, info["host"], redis_url)

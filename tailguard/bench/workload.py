@@ -21,6 +21,9 @@
   short-heavy, long-heavy, short-heavy again (what lanes that follow the load must
   follow; a static partition is sized for one mix only). The report gives each
   window's figures (`split_shift`).
+* ``batch``: the mixed load twice, without and then with a Batch API batch of short
+  completion lines running beside it (``batch_load``): what offline work on the batch lane
+  costs the interactive tail, and how much of the idle capacity it fills.
 * ``azure-conv``, ``azure-code``, ``azure-mix``: the Azure LLM inference traces
   2023 (``azure_trace``), their lengths scaled and arrivals stretched to the host,
   classes by the lanes file's own rule.
@@ -123,6 +126,25 @@ def mixed_workload(rate: float, long_share: float, duration_s: float, seed: int 
                            "seed": seed, "short_rate": rate * (1 - long_share),
                            "long_rate": rate * long_share, "short_tokens": short_tokens,
                            "long_prompt_tokens": long_prompt_tokens, "long_tokens": long_tokens})
+
+
+BATCH = "batch"
+#: The batch workload's second phase: the same interactive requests with the batch beside them.
+WITH_BATCH = "with_batch"
+
+
+def batch_workload(rate: float, long_share: float, duration_s: float, seed: int = 0, *,
+                   lines: int, line_tokens: int, **mixed: Any) -> Workload:
+    """The mixed load (`mixed_workload`'s arguments), to be sent twice: alone, then beside a
+    batch of at least `lines` completion lines of `line_tokens` output tokens each."""
+    if lines < 1 or line_tokens < 1:
+        raise ValueError("batch: --batch-lines and --batch-tokens must be >= 1")
+    wl = mixed_workload(rate, long_share, duration_s, seed, **mixed)
+    return replace(wl, name=BATCH, params={
+        **wl.params, "batch_lines": lines, "batch_line_tokens": line_tokens,
+        "described": f"batch: the mixed load ({rate:g} req/s, {long_share:.0%} long) for "
+                     f"{duration_s:g} s without, then with, a batch of >= {lines} lines of "
+                     f"{line_tokens} output tokens"})
 
 
 BURST = "burst"
