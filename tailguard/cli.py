@@ -439,7 +439,10 @@ def controller(loglevel: str) -> None:
 @click.option("--window", default="15m", show_default=True, help="how far back: 90s, 15m, 2h, 1d")
 @click.option("--top", default=10, show_default=True, help="how many slowest requests to list")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def stats(window: str, top: int, as_json: bool) -> None:
+@click.option("--by", "by", type=click.Choice(["lane", "key"]), default="lane", show_default=True,
+              help="key: per API key (keys mode): requests, latency, refusals by code, and its "
+                   "share of each lane's output tokens")
+def stats(window: str, top: int, as_json: bool, by: str) -> None:
     """Per-lane latency and length distributions, and the slowest requests, from Redis."""
     import json
 
@@ -449,7 +452,7 @@ def stats(window: str, top: int, as_json: bool) -> None:
     from tailguard.jobs.lane_orders import LaneOrders
     from tailguard.jobs.liveness import Liveness
     from tailguard.lanes.table import load_lanes
-    from tailguard.observe.stats import StatsStore, parse_window, render_lane_moves
+    from tailguard.observe.stats import StatsStore, parse_window, render_keys, render_lane_moves
     from tailguard.redis.client import connect
 
     try:
@@ -466,7 +469,17 @@ def stats(window: str, top: int, as_json: bool) -> None:
                                    f"{message}") from None
     now = now_s + now_us / 1e6
     names = load_lanes().names
-    result = StatsStore(client).window(names, now - seconds, now, top=top)
+    store = StatsStore(client)
+    result = store.window(names, now - seconds, now, top=top)
+    if by == "key":
+        by_key = store.keys_window(now - seconds, now)
+        if as_json:
+            click.echo(json.dumps({"window": {"start": now - seconds, "end": now},
+                                   "keys": {n: k.to_dict(result.lanes) for n, k in by_key.items()}},
+                                  indent=2))
+        else:
+            click.echo(render_keys(by_key, result.lanes))
+        return
     liveness = Liveness(client)
     per_host = liveness.live_workers_per_host(names)  # now, not over the window
     orders = LaneOrders(client)

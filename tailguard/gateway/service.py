@@ -362,7 +362,7 @@ class Gateway:
             try:
                 self.api_keys.take_tokens(caller, cost, token_bucket)
             except Refused as exc:
-                self.metrics.on_refused(lane.name, exc.code, self._key_label(caller))
+                self._count_key_refusal(lane.name, exc, caller)
                 raise
         return wait_s
 
@@ -391,7 +391,13 @@ class Gateway:
         """A lane's refusal (`at`: the Redis clock of the load it was decided on), in /metrics
         and in `tailguard stats`."""
         self.metrics.on_refused(lane, exc.code, self._key_label(caller))
-        self.stats.record_refused(lane, exc.code, at)
+        self.stats.record_refused(lane, exc.code, at, key=None if caller is None else caller.name)
+
+    def _count_key_refusal(self, lane: str | None, exc: Refused, caller: ApiKey) -> None:
+        """A refusal of the caller's key's own limits (not the lane's), in /metrics and in
+        `tailguard stats --by key`."""
+        self.metrics.on_refused(lane, exc.code, self._key_label(caller))
+        self.stats.record_refused(None, exc.code, key=caller.name)
 
     def _key_label(self, caller: ApiKey | None) -> str | None:
         return None if caller is None else self.metrics.key_label(caller.name, caller.id)
@@ -416,7 +422,7 @@ class Gateway:
         try:
             self.api_keys.take_request(caller)
         except Refused as exc:
-            self.metrics.on_refused(None, exc.code, self._key_label(caller))
+            self._count_key_refusal(None, exc, caller)
             raise
 
     def hold_wait(self, caller: ApiKey | None) -> Callable[[], None]:
@@ -427,7 +433,7 @@ class Gateway:
         try:
             return self.wait_slots.take(caller.id, caller.name)
         except Refused as exc:
-            self.metrics.on_refused(None, exc.code, self._key_label(caller))
+            self._count_key_refusal(None, exc, caller)
             raise
 
     def check_owner(self, job_id: str, caller: ApiKey | None) -> None:

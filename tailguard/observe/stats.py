@@ -5,7 +5,9 @@ then what the slowest requests have in common. Each finished request is added
 to per-minute, per-lane histograms (tailguard.observe.sketch) kept in Redis for
 `retention_s`; a time window's figures are those minutes merged. Memory is
 bounded: a few dozen counters per metric per lane per minute, plus the K
-slowest requests of each minute.
+slowest requests of each minute. A request of an API key (keys mode) is added to
+its key's minute as well, with the output tokens the key was served per lane and
+its refusals by code: `tailguard stats --by key`.
 """
 
 from __future__ import annotations
@@ -52,26 +54,39 @@ class StatsStore:
             if value is not None:
                 metrics[name] = [repr(float(value)), bucket_of(float(value), unit)]
         args: dict[str, Any] = {"ttl_s": self.retention_s, "status": r.status, "metrics": metrics}
+        if r.api_key is not None:
+            args["key"] = {"name": r.api_key, "lane": lane, "tokens": r.completion_tokens or 0}
         if r.e2e_s is not None:
             member = json.dumps({"id": r.id, "lane": lane, "status": r.status,
                                  "prompt_tokens": r.prompt_tokens, "output_tokens": r.completion_tokens,
                                  "queued_s": r.queued_s, "ttft_s": r.ttft_s, "e2e_s": r.e2e_s,
                                  "worker": r.worker}, separators=(",", ":"))
             args["slow"] = {"member": member, "score": r.e2e_s, "keep": SLOW_PER_MINUTE}
-        self._record([keys.stats_key(minute, lane), keys.slow_key(minute)], **args)
+        name = r.api_key or ""  # unused without a key: the script reads KEYS[3:] only with one
+        self._record([keys.stats_key(minute, lane), keys.slow_key(minute),
+                      keys.key_stats_key(minute, name), keys.key_stats_names_key(minute)], **args)
 
-    def record_refused(self, lane: str, code: str, at: float | None = None) -> None:
-        """Count one request the lane refused at admission in the minute of `at` (the Redis
-        clock as admission read the lane's load; read here when not given). One round trip:
-        a refusal is what a burst makes many of, on the front end's core."""
+    def record_refused(self, lane: str | None, code: str, at: float | None = None,
+                       key: str | None = None) -> None:
+        """Count one request refused in the minute of `at` (the Redis clock as admission read
+        the lane's load; read here when not given): for its lane when refused at a lane's
+        admission, and for its API key's name when it has one. One round trip: a refusal is
+        what a burst makes many of, on the front end's core."""
         if at is None:
             secs, _micros = self.client.time()
             at = float(secs)
-        key = keys.stats_key(int(at) // 60, lane)
+        minute = int(at) // 60
         pipe = self.client.pipeline(transaction=False)
-        pipe.hincrby(key, f"refused:{code}", 1)
-        pipe.expire(key, self.retention_s)
-        pipe.execute()
+        hashes = ([keys.stats_key(minute, lane)] if lane is not None else []) + (
+            [keys.key_stats_key(minute, key)] if key is not None else [])
+        for h in hashes:
+            pipe.hincrby(h, f"refused:{code}", 1)
+            pipe.expire(h, self.retention_s)
+        if key is not None:
+            pipe.sadd(keys.key_stats_names_key(minute), key)
+            pipe.expire(keys.key_stats_names_key(minute), self.retention_s)
+        if hashes:
+            pipe.execute()
 
     def window(self, lanes: list[str], start: float, end: float, *, top: int = 10) -> Window:
         """Merge the minutes overlapping [start, end] (Redis-clock seconds)."""
@@ -92,6 +107,24 @@ class StatsStore:
         slow = [json.loads(x) for reply in replies[i:] for x in reply]
         slow.sort(key=lambda s: s["e2e_s"], reverse=True)
         return Window(start=start, end=end, lanes=per_lane, slowest=slow[:top])
+
+    def keys_window(self, start: float, end: float) -> dict[str, KeyStats]:
+        """Each API key's figures over the minutes overlapping [start, end], by name."""
+        minutes = range(int(start // 60), int(end // 60) + 1)
+        pipe = self.client.pipeline(transaction=False)
+        for m in minutes:
+            pipe.smembers(keys.key_stats_names_key(m))
+        names = [sorted(n.decode() if isinstance(n, bytes) else n for n in reply)
+                 for reply in pipe.execute()]
+        for m, ns in zip(minutes, names):
+            for n in ns:
+                pipe.hgetall(keys.key_stats_key(m, n))
+        replies = iter(pipe.execute())
+        out: dict[str, KeyStats] = {}
+        for ns in names:
+            for n in ns:
+                out.setdefault(n, KeyStats(n)).add_minute(next(replies))
+        return dict(sorted(out.items()))
 
 
 @dataclass
@@ -134,6 +167,55 @@ class LaneStats:
                 h.min = float(v)
         for name, h in minute.items():
             self.metrics[name].merge(h)
+
+
+@dataclass
+class KeyStats(LaneStats):
+    """One API key's figures (`lane` holds its name), with the output tokens it was served on
+    each lane."""
+
+    served: dict[str, int] = field(default_factory=dict)
+
+    def add_minute(self, raw: dict) -> None:
+        super().add_minute(raw)
+        for k, v in (raw or {}).items():
+            k = k.decode() if isinstance(k, bytes) else k
+            if k.startswith("served:"):
+                self.served[k[7:]] = self.served.get(k[7:], 0) + int(v)
+
+    def shares(self, lanes: dict[str, LaneStats]) -> dict[str, float | None]:
+        """Of each lane's output tokens in the window, the share this key was served."""
+        out: dict[str, float | None] = {}
+        for lane, tokens in self.served.items():
+            total = lanes[lane].metrics["output_tokens"].total if lane in lanes else 0
+            out[lane] = tokens / total if total else None
+        return out
+
+    def to_dict(self, lanes: dict[str, LaneStats]) -> dict[str, Any]:
+        return {"count": self.count, "statuses": self.statuses, "refused": self.refused,
+                "served_output_tokens": self.served, "share_of_lane": self.shares(lanes),
+                **{name: h.summary() for name, h in self.metrics.items()}}
+
+
+def render_keys(by_key: dict[str, KeyStats], lanes: dict[str, LaneStats]) -> str:
+    """`tailguard stats --by key`: per API key, its requests, latency, refusals by code and
+    share of each lane's service (output tokens) in the window."""
+    if not by_key:
+        return ("tailguard stats --by key: no request of an API key in the window (in open mode "
+                "requests have no key: TAILGUARD_API_AUTH=keys)")
+    out = [f"tailguard stats --by key: {len(by_key)} keys, "
+           f"{sum(s.count for s in by_key.values())} finished requests in the window", "",
+           f"{'key':<16}{'n':>6}{'ok':>6}{'fail':>5} | e2e p50 / p99     | ttft p99 | "
+           "refused | share of each lane's output tokens"]
+    for name, s in by_key.items():
+        e2e = s.metrics["e2e_s"]
+        refused = ", ".join(f"{c} {n}" for c, n in sorted(s.refused.items())) or "-"
+        shares = ", ".join(f"{lane} {_pct(v)}" for lane, v in sorted(s.shares(lanes).items())) or "-"
+        out.append(f"{name:<16}{s.count:>6}{s.statuses.get('succeeded', 0):>6}"
+                   f"{s.statuses.get('failed', 0):>5} | {_fmt(e2e.percentile(50))} / "
+                   f"{_fmt(e2e.percentile(99))} | {_fmt(s.metrics['ttft_s'].percentile(99)):>8} | "
+                   f"{refused} | {shares}")
+    return "\n".join(out)
 
 
 @dataclass

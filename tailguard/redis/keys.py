@@ -87,6 +87,17 @@ def stats_key(minute: int, lane: str) -> str:
     return f"{PREFIX}:stats:{minute}:{lane}"
 
 
+def key_stats_key(minute: int, name: str) -> str:
+    """Hash of one API key's histograms for one minute (as stats_key's), with the output tokens
+    it was served per lane (``served:{lane}``) and its refusals."""
+    return f"{PREFIX}:keystats:{minute}:{name}"
+
+
+def key_stats_names_key(minute: int) -> str:
+    """Set of the API key names with a key_stats_key hash in that minute."""
+    return f"{PREFIX}:keystats:{minute}"
+
+
 def slow_key(minute: int) -> str:
     """Sorted set of that minute's slowest requests, scored by e2e latency."""
     return f"{PREFIX}:slow:{minute}"

@@ -17,6 +17,7 @@ from tailguard.gateway.api_keys import ApiKey, ApiKeyStore
 from tailguard.gateway.wait_slots import WaitSlots
 from tailguard.jobs.finished import FinishedConsumer
 from tailguard.jobs.store import QUEUED, RUNNING, SUCCEEDED, JobStore
+from tailguard.observe.stats import StatsStore
 from tailguard.redis import keys
 
 pytestmark = pytest.mark.integration
@@ -98,6 +99,10 @@ def test_requests_per_minute_is_a_429_with_retry_after(keys_client, store):
     metrics = keys_client.get("/metrics").get_data(as_text=True)
     # labelled by the key's id as `tailguard keys list` shows it, not by its name
     assert sample(metrics, "tailguard_api_key_requests_total", key=slow_id, result="accepted") >= 2
+    # `tailguard stats --by key` names it (Redis, read by operators, not scraped)
+    now = float(store.redis.time()[0])
+    by_key = StatsStore(store.redis).keys_window(now - 60, now)
+    assert by_key["slow"].refused == {"rate_limited": 1} and "other" not in by_key
     assert sample(metrics, "tailguard_api_key_requests_total", key=slow_id,
                   result="rate_limited") >= 1
     assert 'key="slow"' not in metrics and "other" not in metrics

@@ -160,12 +160,51 @@ def test_entries_pending_on_a_dead_consumer_are_claimed(redis_client, client):
     assert redis_client.xpending(keys.FINISHED_STREAM, GROUP)["pending"] == 0
 
 
-def record(i, lane, e2e, queued=0.0, prompt=10, out=20, status="succeeded", at=1_800_000_000.0):
+def record(i, lane, e2e, queued=0.0, prompt=10, out=20, status="succeeded", at=1_800_000_000.0,
+           api_key=None):
     return FinishedRequest(
         id=f"{i:032x}", lane=lane, priority="interactive", status=status, prompt_tokens=prompt,
         requested_max_tokens=out, max_tokens=out, max_tokens_capped=False, completion_tokens=out,
         finish_reason="length", queued_s=queued, ttft_s=queued + 0.01, e2e_s=e2e,
-        engine_s=e2e - queued, tpot_s=0.01, worker="w", error=None, finished_at=at)
+        engine_s=e2e - queued, tpot_s=0.01, worker="w", error=None, finished_at=at,
+        api_key=api_key)
+
+
+def test_stats_by_key_split_each_lanes_service_and_count_refusals(redis_client, redis_server):
+    now = float(redis_client.time()[0])
+    stats = StatsStore(redis_client)
+    # the flood: 30 short requests of 20 tokens; the quiet key: 10 short and 2 long of 500
+    for i in range(30):
+        stats.record(record(i, "short", e2e=1.0, at=now, api_key="flood"))
+    for i in range(10):
+        stats.record(record(100 + i, "short", e2e=0.2, at=now, api_key="quiet"))
+    for i in range(2):
+        stats.record(record(200 + i, "long", e2e=9.0, out=500, at=now, api_key="quiet"))
+    stats.record(record(300, "short", e2e=0.1, at=now))  # open mode: no key, lanes only
+    for _ in range(3):
+        stats.record_refused("short", "over_fair_share", now, key="flood")
+    stats.record_refused(None, "rate_limited", now, key="flood")  # the key's own limit
+    by_key = stats.keys_window(now - 60, now)
+    lanes = stats.window(["short", "long"], now - 60, now).lanes
+    assert list(by_key) == ["flood", "quiet"]
+    flood, quiet = by_key["flood"], by_key["quiet"]
+    assert (flood.count, quiet.count) == (30, 12)
+    assert flood.refused == {"over_fair_share": 3, "rate_limited": 1} and quiet.refused == {}
+    assert lanes["short"].refused == {"over_fair_share": 3}  # a key's own limit is not the lane's
+    assert flood.served == {"short": 600} and quiet.served == {"short": 200, "long": 1000}
+    assert flood.shares(lanes) == {"short": pytest.approx(600 / 820)}  # 820: the open one's too
+    assert quiet.shares(lanes) == {"short": pytest.approx(200 / 820), "long": 1.0}
+    assert quiet.metrics["e2e_s"].percentile(50) == pytest.approx(0.2, rel=0.05)
+    env = {**os.environ, "TAILGUARD_REDIS_URL": redis_server}
+    run = lambda *a: subprocess.run([sys.executable, "-m", "tailguard.cli", "stats", *a], cwd=ROOT,
+                                    env=env, capture_output=True, text=True, check=True).stdout
+    out = json.loads(run("--by", "key", "--json"))["keys"]
+    assert out["flood"]["refused"] == {"over_fair_share": 3, "rate_limited": 1}
+    assert out["quiet"]["share_of_lane"]["long"] == 1.0
+    text = run("--by", "key")
+    assert "2 keys, 42 finished requests" in text
+    line = next(ln for ln in text.splitlines() if ln.startswith("flood"))
+    assert "over_fair_share 3, rate_limited 1" in line and "short 73%" in line
 
 
 def test_stats_math_against_known_data(redis_client):
