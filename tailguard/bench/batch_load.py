@@ -4,17 +4,19 @@ API (`/v1/files`, `/v1/batches`) while the interactive load runs, and its progre
 What it measures (issue 34): the interactive short P99 with and without the batch, and the
 batch's output tokens/s as a share of the capacity the interactive load leaves idle, where
 
-* the capacity is the output tokens/s of the batch lane's workers with the batch alone on them
-  (a batch alone, measured in the same run), and
-* what the interactive load leaves idle is that capacity minus the output tokens/s the
-  interactive load itself took on those workers (`interactive_tok_s`: its requests of the lanes
-  they also serve). Engines batch continuously, so batch lines run beside long requests rather
-  than in the gaps between them: the spare is in tokens per second, not in idle seconds. The
-  interactive requests' prefill is left out of what they take, so the idle capacity is an upper
-  bound and the share a lower one.
+* the capacity is the output tokens/s of the batch lane's workers with a batch alone on them
+  (measured in the same run, all their slots full of lines), and
+* what the interactive load leaves idle is that capacity times the share of those workers'
+  slot-time the `mixed` phase left free for the batch lane (`idle_slot_share`): nothing while
+  one of their interactive lanes (`long`) has a job queued (the batch lane is served only while
+  they have none), else their slots not running an interactive job. Slot-time is valued at the
+  batch's own rate per slot with all slots full. Both approximations err toward a higher share:
+  a long job borrowed by another worker counts as taking one of their slots, and on a CPU host a
+  step's cost grows with its batch, so a line in a small batch runs faster than the full-batch
+  rate per slot (on a GPU, the second is small).
 
 Lines are completions with `ignore_eos`, so each line done is exactly its `max_tokens` of
-output. `batch_file`, `lines_per_s`, `interactive_tok_s` and `figures` are pure; `BatchRun`
+output. `batch_file`, `lines_per_s`, `idle_slot_share` and `figures` are pure; `BatchRun`
 talks to the API.
 """
 
@@ -74,23 +76,42 @@ def lines_per_s(progress: Progress, start: float, end: float) -> float | None:
     return None if a is None or b is None or end <= start else (b - a) / (end - start)
 
 
-def interactive_tok_s(samples: Iterable[Sample], lanes: Iterable[str], wall_s: float) -> float:
-    """Output tokens/s of the requests of `lanes` over a phase of `wall_s` seconds."""
+def idle_slot_share(samples: Iterable[Sample], lanes: Iterable[str], slots: int,
+                    start_s: float, end_s: float) -> float:
+    """The share of `slots` x [start_s, end_s] (phase seconds) that the requests of `lanes` left
+    to the batch lane: at each instant none while one of them is queued, else the slots that
+    none of them runs. Each request is queued from its submission to its start on a worker
+    (`queued_s`), then runs until its last token."""
     wanted = set(lanes)
-    tokens = sum(s.completion_tokens or 0 for s in samples if s.lane in wanted and s.ok)
-    return tokens / wall_s if wall_s > 0 else 0.0
+    events: list[tuple[float, int, int]] = []  # (time, change in queued, change in running)
+    for s in samples:
+        if s.lane not in wanted or s.sent_s is None or s.e2e_s is None:
+            continue
+        queued_at = s.sent_s + (s.submit_delay_s or 0.0)
+        started_at = queued_at + (s.queued_s or 0.0)
+        events += [(queued_at, 1, 0), (started_at, -1, 1), (s.sent_s + s.e2e_s, 0, -1)]
+    if end_s <= start_s or slots < 1:
+        return 0.0
+    idle, queued, running, t = 0.0, 0, 0, start_s
+    for when, dq, dr in sorted(events) + [(end_s, 0, 0)]:
+        now = min(max(when, start_s), end_s)
+        if now > t and queued == 0:
+            idle += (now - t) * max(0, slots - running) / slots
+        t = max(t, now)
+        queued, running = queued + dq, running + dr
+    return idle / (end_s - start_s)
 
 
 def figures(*, short_p99_alone: float | None, short_p99_with: float | None,
-            capacity_tok_s: float | None, interactive: float, with_load_tok_s: float | None,
+            capacity_tok_s: float | None, idle: float, with_load_tok_s: float | None,
             lines: int, tokens_per_line: int) -> dict[str, Any]:
     """The batch workload's report figures (the ratios None where a figure is missing)."""
-    idle_tok_s = None if capacity_tok_s is None else max(0.0, capacity_tok_s - interactive)
+    idle_tok_s = None if capacity_tok_s is None else capacity_tok_s * idle
     return {
         "short_p99_without_batch_s": short_p99_alone, "short_p99_with_batch_s": short_p99_with,
         "short_p99_ratio": (None if not short_p99_alone or short_p99_with is None
                             else short_p99_with / short_p99_alone),
-        "capacity_tok_s": capacity_tok_s, "interactive_tok_s": interactive,
+        "capacity_tok_s": capacity_tok_s, "idle_slot_share": idle,
         "idle_capacity_tok_s": idle_tok_s,
         "batch_tok_s": with_load_tok_s,
         "share_of_idle": (None if not idle_tok_s or with_load_tok_s is None
@@ -191,5 +212,5 @@ class BatchRun:
         self._thread.join(10)
 
 
-__all__ = ["BatchRun", "Progress", "batch_file", "completed_at", "figures", "interactive_tok_s",
+__all__ = ["BatchRun", "Progress", "batch_file", "completed_at", "figures", "idle_slot_share",
            "lines_per_s"]

@@ -694,8 +694,9 @@ def _batch_lines(report: dict, line: Callable[..., None]) -> None:
     for topo, b in report["batch"].items():
         line(f"batch_capacity_{topo}", None,
              f"{topo}: the batch alone: {_fmt_tok(b['capacity_tok_s'])} output tok/s over "
-             f"{b['probe_s']:g} s; the mixed load alone took {_fmt_tok(b['interactive_tok_s'])} "
-             f"tok/s of it ({', '.join(b['shared_lanes'])} requests): "
+             f"{b['probe_s']:g} s; the mixed load alone left {b['idle_slot_share']:.1%} of "
+             f"their {b['slots']} slots' time to the batch lane (no "
+             f"{', '.join(b['shared_lanes'])} job queued, slots not running one): "
              f"{_fmt_tok(b['idle_capacity_tok_s'])} tok/s left idle", info=True)
         v = b["short_p99_ratio"]
         line(f"batch_short_p99_{topo}", None if v is None else v <= BATCH_P99_MAX,

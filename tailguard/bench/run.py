@@ -33,7 +33,7 @@ from tailguard.bench.batch_load import (
     BatchRun,
     batch_file,
     figures,
-    interactive_tok_s,
+    idle_slot_share,
     lines_per_s,
 )
 from tailguard.bench.exactly_once import check as check_exactly_once
@@ -512,8 +512,11 @@ def _batch(client: Client, topo: str, spec: TopologySpec, run: _Run, cfg: BenchC
     if not serving:
         raise ValueError("--workload batch needs a lane of priority 'batch' that a worker "
                          "serves (the shipped lanes file's `batch`, on the long workers)")
-    # what keeps the batch lane's workers from it: the interactive lanes they also serve
+    # what keeps the batch lane's workers from it: the interactive lanes they also serve, on
+    # their engines' slots
     shared = sorted({lane for w in serving for lane in w.lanes if lane != batch_lane})
+    slots = sum(max(lane.max_num_seqs for lane in run.table if lane.name in w.lanes)
+                for w in serving)
     wl, tokens = run.workload, cfg.batch_tokens
     prompt = next(r.prompt for r in wl.requests if r.cls == wl.short_class)
     duration = wl.params["duration_s"]
@@ -541,7 +544,7 @@ def _batch(client: Client, topo: str, spec: TopologySpec, run: _Run, cfg: BenchC
     _settle(topo)
     start = time.perf_counter() + cfg.pause_s + 0.1  # as _timed_phase and run_phase start
     samples["mixed"] = _timed_phase(client, topo, "mixed", wl, cfg, info["host"], redis_url)
-    interactive = interactive_tok_s(samples["mixed"], shared, time.perf_counter() - start)
+    idle = idle_slot_share(samples["mixed"], shared, slots, 0.0, time.perf_counter() - start)
     # enough lines to outlast the phase (its drain included) at the batch's full speed, within
     # what a batch takes
     lines = min(settings.BATCH_MAX_LINES.get(), max(
@@ -554,7 +557,7 @@ def _batch(client: Client, topo: str, spec: TopologySpec, run: _Run, cfg: BenchC
         end = time.perf_counter()
         beside.wait(lambda p: p.status in TERMINAL or p.points[-1][0] >= end, 30,
                     "read after the phase")
-        rate = lines_per_s(beside.progress, start, end)  # over the phase, as `interactive`
+        rate = lines_per_s(beside.progress, start, end)  # over the phase, as `idle`
         done = beside.progress.points[-1][1]
     finally:
         beside.cancel()
@@ -566,10 +569,11 @@ def _batch(client: Client, topo: str, spec: TopologySpec, run: _Run, cfg: BenchC
 
     info["batch"] = {
         **figures(short_p99_alone=short_p99("mixed"), short_p99_with=short_p99(WITH_BATCH),
-                  capacity_tok_s=capacity, interactive=interactive,
+                  capacity_tok_s=capacity, idle=idle,
                   with_load_tok_s=None if rate is None else rate * tokens,
                   lines=lines, tokens_per_line=tokens),
-        "batch_lane": batch_lane, "shared_lanes": shared, "probe_s": round(t1 - t0, 1),
+        "batch_lane": batch_lane, "shared_lanes": shared, "slots": slots,
+        "probe_s": round(t1 - t0, 1),
         "lines_done_with_load": done, "status_after_cancel": beside.progress.status}
 
 

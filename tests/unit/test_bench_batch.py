@@ -11,7 +11,7 @@ from tailguard.bench.batch_load import (
     batch_file,
     completed_at,
     figures,
-    interactive_tok_s,
+    idle_slot_share,
     lines_per_s,
 )
 from tailguard.bench.loadgen import Sample
@@ -43,28 +43,32 @@ def test_lines_done_are_interpolated_between_reads():
     assert lines_per_s(ended, 10.0, 20.0) == pytest.approx(10.0)
 
 
-def ran(lane, tokens, ok=True):
-    return Sample(lane, tokens, 0.0, sent_s=0.0, e2e_s=1.0, lane=lane, ok=ok,
-                  completion_tokens=tokens)
+def ran(lane, sent, queued, e2e):
+    return Sample(lane, 64, sent, sent_s=sent, queued_s=queued, e2e_s=e2e, lane=lane, ok=True)
 
 
-def test_the_interactive_load_takes_the_output_tokens_of_the_lanes_the_batch_shares():
-    samples = [ran(LONG, 512), ran(LONG, 512), ran(SHORT, 64),  # short: another worker's lane
-               ran(LONG, 100, ok=False)]  # failed: counted nowhere
-    assert interactive_tok_s(samples, [LONG], 64.0) == pytest.approx(16.0)
-    assert interactive_tok_s(samples, ["batch"], 64.0) == 0.0
-    assert interactive_tok_s(samples, [LONG], 0.0) == 0.0
+def test_the_idle_slot_share_is_none_while_a_job_is_queued_else_the_free_slots():
+    # 2 slots, a 100 s phase: a long job runs 0-40; a second is queued 10-40, runs 40-60
+    samples = [ran(LONG, 0.0, 0.0, 40.0), ran(LONG, 10.0, 30.0, 50.0),
+               ran(SHORT, 0.0, 50.0, 100.0),  # another lane: not counted
+               Sample(LONG, 64, 70.0, sent_s=70.0, lane=LONG)]  # never ended: no span
+    # 0-10: 1 of 2 free (10 slot-s); 10-40: queued (0); 40-60: 1 free (20); 60-100: 2 free (80)
+    assert idle_slot_share(samples, [LONG], 2, 0.0, 100.0) == pytest.approx(110 / 200)
+    assert idle_slot_share(samples, ["batch"], 2, 0.0, 100.0) == 1.0
+    assert idle_slot_share(samples, [LONG], 2, 50.0, 100.0) == pytest.approx(90 / 100)
+    assert idle_slot_share([ran(LONG, 0.0, 0.0, 500.0)], [LONG], 1, 0.0, 100.0) == 0.0
+    assert idle_slot_share(samples, [LONG], 2, 10.0, 10.0) == 0.0
 
 
 def test_figures_are_ratios_of_what_was_measured():
-    f = figures(short_p99_alone=0.5, short_p99_with=0.55, capacity_tok_s=400.0, interactive=200.0,
+    f = figures(short_p99_alone=0.5, short_p99_with=0.55, capacity_tok_s=400.0, idle=0.5,
                 with_load_tok_s=150.0, lines=1000, tokens_per_line=64)
     assert f["short_p99_ratio"] == pytest.approx(1.1)
     assert f["idle_capacity_tok_s"] == 200.0 and f["share_of_idle"] == pytest.approx(0.75)
-    f = figures(short_p99_alone=None, short_p99_with=0.5, capacity_tok_s=None, interactive=0.0,
+    f = figures(short_p99_alone=None, short_p99_with=0.5, capacity_tok_s=None, idle=0.0,
                 with_load_tok_s=None, lines=1000, tokens_per_line=64)
     assert f["short_p99_ratio"] is None and f["share_of_idle"] is None
-    f = figures(short_p99_alone=0.5, short_p99_with=0.5, capacity_tok_s=100.0, interactive=300.0,
+    f = figures(short_p99_alone=0.5, short_p99_with=0.5, capacity_tok_s=100.0, idle=0.0,
                 with_load_tok_s=50.0, lines=1000, tokens_per_line=64)
     assert f["idle_capacity_tok_s"] == 0.0 and f["share_of_idle"] is None  # nothing left idle
 
@@ -92,10 +96,11 @@ def batch_run(with_p99, share):
     alone = [done(i, 0.5) for i in range(20)] + [done(1, 20.0, LONG)]
     beside = [done(i, 0.5) for i in range(19)] + [done(19, with_p99)] + [done(1, 20.0, LONG)]
     info = {"batch": {**figures(short_p99_alone=0.5, short_p99_with=with_p99,
-                                capacity_tok_s=400.0, interactive=200.0,
+                                capacity_tok_s=400.0, idle=0.5,
                                 with_load_tok_s=200.0 * share,
                                 lines=1000, tokens_per_line=64),
-                      "batch_lane": "batch", "shared_lanes": ["long"], "probe_s": 30.0,
+                      "batch_lane": "batch", "shared_lanes": ["long"], "slots": 8,
+                      "probe_s": 30.0,
                       "lines_done_with_load": 300, "status_after_cancel": "cancelled"}}
     wl = batch_workload(2.5, 0.2, 60.0, lines=1000, line_tokens=64)
     samples = {"lanes": {"mixed": alone, WITH_BATCH: beside}}
@@ -117,8 +122,8 @@ def test_batch_lines_pass_and_fail_on_their_targets():
         ("INFO", "PASS", "PASS")
     lines = {t["name"]: t["line"] for t in r["targets"]}
     assert "80.0% of the capacity left idle" in lines["batch_share_lanes"]
-    assert "took 200.0 tok/s of it (long requests): 200.0 tok/s left idle" in \
-        lines["batch_capacity_lanes"]
+    assert "left 50.0% of their 8 slots' time to the batch lane (no long job queued, slots not " \
+        "running one): 200.0 tok/s left idle" in lines["batch_capacity_lanes"]
     text = render_text(r)
     assert "| lanes | with_batch | short |" in text and "lanes / shared" not in text
     json.dumps(r)
