@@ -155,18 +155,7 @@ class BatchRun:
 
     def _request(self, method: str, path: str, body: bytes | None = None,
                  content_type: str | None = None) -> tuple[int, Any]:
-        conn = http.client.HTTPConnection(self._client.host, self._client.port, timeout=60)
-        try:
-            conn.request(method, path, body=body,
-                         headers={"content-type": content_type} if content_type else {})
-            resp = conn.getresponse()
-            raw = resp.read()
-            try:
-                return resp.status, json.loads(raw)
-            except ValueError:
-                return resp.status, raw.decode(errors="replace")
-        finally:
-            conn.close()
+        return self._client.request_json(method, path, body, content_type, timeout=60)
 
     def _follow(self) -> None:
         while not self._stop.is_set():

@@ -119,9 +119,16 @@ class Client:
         return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
 
     def get_json(self, path: str, timeout: float = 30.0) -> tuple[int, Any]:
+        return self.request_json("GET", path, timeout=timeout)
+
+    def request_json(self, method: str, path: str, body: bytes | None = None,
+                     content_type: str | None = None,
+                     timeout: float = 30.0) -> tuple[int, Any]:
+        """(status, the body as JSON, else as text) of one request."""
         conn = self._conn(timeout)
         try:
-            conn.request("GET", path)
+            conn.request(method, path, body=body,
+                         headers={"content-type": content_type} if content_type else {})
             resp = conn.getresponse()
             body = resp.read()
             try:
