@@ -235,7 +235,7 @@ class NoLiveWorker(Unavailable):
 class StorageFull(Unavailable):
     """Redis holds more than TAILGUARD_REDIS_HIGH_WATER of its maxmemory: no new job until
     finished ones expire, so the jobs already accepted finish and heartbeats keep writing in
-    the room left (tailguard/jobs/storage.py)."""
+    the room left (tailguard/jobs/redis_memory.py)."""
 
     code = "storage_full"
     retry_after_s = 10  # records expire continuously: room comes back within seconds under load

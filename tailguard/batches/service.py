@@ -31,7 +31,7 @@ from tailguard.errors import (
     QuotaExceeded,
 )
 from tailguard.gateway.api_keys import ApiKey
-from tailguard.jobs.storage import StorageWatch
+from tailguard.jobs.redis_memory import StorageWatch
 
 #: OpenAI's page sizes: files up to 10,000 (default 10,000), batches up to 100 (default 20)
 FILE_PAGE, FILE_PAGE_MAX, BATCH_PAGE, BATCH_PAGE_MAX = 10000, 10000, 20, 100
@@ -62,7 +62,7 @@ def page_limit(raw: str | None, default: int, most: int) -> int:
 class BatchService:
     store: BatchStore
     max_file_bytes: int
-    #: Redis's room (tailguard.jobs.storage): nothing new is stored past its high-water mark
+    #: Redis's room (tailguard.jobs.redis_memory): nothing new is stored past its high-water mark
     storage: StorageWatch | None = None
     #: a key's most stored file bytes and batches not yet ended (0: no bound)
     max_bytes_per_key: int = 0

@@ -58,7 +58,7 @@ from tailguard.lanes.table import (
     engine_settings_for,
     parse_lanes,
 )
-from tailguard.launch.placement import place_workers
+from tailguard.launch.worker_placement import place_workers
 from tailguard.plan.search import SHARED_LANE, shared_lane
 
 DIRECT = "direct"

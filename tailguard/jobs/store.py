@@ -44,7 +44,7 @@ import redis
 
 from tailguard import settings
 from tailguard.errors import ConfigError, JobExpired, JobStateConflict, WorkerLost
-from tailguard.jobs.storage import StorageWatch
+from tailguard.jobs.redis_memory import StorageWatch
 from tailguard.lanes.admission import BacklogLimits, LaneLoad
 from tailguard.redis import keys, lua
 

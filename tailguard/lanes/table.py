@@ -110,7 +110,7 @@ class WorkerSpec:
     name: str
     lanes: tuple[str, ...]
     #: the GPUs of its engine, numbered as the process sees them (vLLM's numbering, within
-    #: CUDA_VISIBLE_DEVICES); None: placed by tailguard/launch/placement.py
+    #: CUDA_VISIBLE_DEVICES); None: placed by tailguard/launch/worker_placement.py
     devices: tuple[int, ...] | None = None
     #: how many such workers: an integer, or FILL
     replicas: int | str = 1

@@ -45,7 +45,7 @@ from tailguard.host.procs import (
     worker_spec,
 )
 from tailguard.lanes.table import LaneTable, lanes_file_for_host, load_lanes
-from tailguard.launch.placement import Placement, plan_workers
+from tailguard.launch.worker_placement import Placement, plan_workers
 
 #: Worker i's metrics port is this + i unless TAILGUARD_WORKER_METRICS_PORT says another base
 #: (or 0: off).

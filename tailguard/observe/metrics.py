@@ -41,7 +41,7 @@ from tailguard.errors import RateLimited
 from tailguard.jobs.finished import FinishedRequest
 from tailguard.jobs.lane_orders import MOVE_BUCKETS_S, LaneOrders
 from tailguard.jobs.liveness import Liveness
-from tailguard.jobs.storage import StorageWatch
+from tailguard.jobs.redis_memory import StorageWatch
 from tailguard.lanes.borrowing import BorrowStats
 
 log = logging.getLogger("tailguard.metrics")
@@ -149,7 +149,7 @@ class StorageCollector(Collector):
     """Redis's memory and keys, read when scraped, named as redis_exporter names them
     (``redis_memory_used_bytes``, ``redis_db_keys{db}``...) under the tailguard_ prefix, and
     the high-water mark past which submissions answer 503 storage_full
-    (tailguard/jobs/storage.py)."""
+    (tailguard/jobs/redis_memory.py)."""
 
     def __init__(self, storage: StorageWatch) -> None:
         self.storage = storage

@@ -80,6 +80,7 @@ def test_another_keys_file_and_batch_are_404s_to_the_sdk(keys_app, secrets, work
         assert a.files.content(source.id).text.strip() == json.dumps(line)
     finally:
         a.batches.cancel(batch.id)
+        a.files.delete(source.id)  # stored under the checkout's state directory
 
 
 def wait_job(http, secret: str, job_id: str) -> dict:

@@ -1,4 +1,4 @@
-"""Bounded storage on a real Redis (tailguard/jobs/storage.py, tailguard/jobs/stream.py): one
+"""Bounded storage on a real Redis (tailguard/jobs/redis_memory.py, tailguard/jobs/stream.py): one
 copy of each output, kept for its own TTL; past the high-water mark submissions answer 503
 storage_full while an accepted job finishes and heartbeats write; room again, submissions resume.
 
@@ -20,7 +20,7 @@ from tailguard import settings
 from tailguard.engine.host import GenerationResult
 from tailguard.host.redis_server import free_port, start_redis
 from tailguard.jobs.liveness import Liveness
-from tailguard.jobs.storage import StorageWatch
+from tailguard.jobs.redis_memory import StorageWatch
 from tailguard.jobs.stream import DeltaWriter
 from tailguard.redis import keys
 from tailguard.worker.runner import GenerationJob, JobRunner

@@ -223,7 +223,7 @@ def test_the_cpu_host_lanes_file_is_the_packaged_one_with_a_smaller_short_lane()
         [packaged[n] for n in packaged.names if n != "short"]
     # the same workers on the 2-core CPU host it was measured on (the packaged file's
     # replicas = "fill" is one worker there; it only differs on a GPU host)
-    from tailguard.launch.placement import place_workers
+    from tailguard.launch.worker_placement import place_workers
 
     def on_the_cpu_host(table):
         return [(w.name, w.spec.lanes, w.spec.borrow, w.spec.engine, w.pin)

@@ -6,7 +6,7 @@ import redis
 
 from tailguard import settings
 from tailguard.errors import ConfigError
-from tailguard.jobs.storage import Memory, high_water_bytes
+from tailguard.jobs.redis_memory import Memory, high_water_bytes
 from tailguard.jobs.store import JobStore, without_text
 from tailguard.redis.client import out_of_memory
 

@@ -10,7 +10,7 @@ import pytest
 from tailguard.errors import ConfigError
 from tailguard.host.devices import parse_visible, visible_gpus
 from tailguard.lanes.table import WorkerSpec, default_lanes_path, load_lanes, parse_lanes
-from tailguard.launch.placement import place_workers
+from tailguard.launch.worker_placement import place_workers
 
 TWO = (WorkerSpec("short", ("short",)), WorkerSpec("long", ("long", "batch")))
 LANES = """
@@ -241,7 +241,7 @@ def test_up_checks_the_engine_tables_against_vllm_before_it_places_anything(tmp_
     closest name; without an engine table vLLM is not even imported."""
     import importlib.util
 
-    from tailguard.launch.placement import plan_workers
+    from tailguard.launch.worker_placement import plan_workers
 
     assert [w.name for w in plan_workers(load_lanes(default_lanes_path()), "cpu").workers] == \
         ["short", "long"]
