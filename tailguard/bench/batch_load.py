@@ -49,11 +49,10 @@ def batch_file(lines: int, prompt: str, max_tokens: int, model: str) -> bytes:
 
 @dataclass
 class Progress:
-    """Lines done over time: (perf_counter, completed, failed) as read from the API."""
+    """Lines done over time: (perf_counter, completed) as read from the API."""
 
-    points: list[tuple[float, int, int]] = field(default_factory=list)
+    points: list[tuple[float, int]] = field(default_factory=list)
     status: str = "validating"
-    total: int = 0
 
 
 def completed_at(progress: Progress, t: float) -> float | None:
@@ -64,7 +63,7 @@ def completed_at(progress: Progress, t: float) -> float | None:
         return float(pts[-1][1])
     if not pts or t < pts[0][0] or t > pts[-1][0]:
         return None
-    for (t0, c0, _), (t1, c1, _) in zip(pts, pts[1:]):
+    for (t0, c0), (t1, c1) in zip(pts, pts[1:]):
         if t0 <= t <= t1:
             return c0 if t1 == t0 else c0 + (c1 - c0) * (t - t0) / (t1 - t0)
     return float(pts[-1][1])
@@ -123,9 +122,9 @@ class BatchRun:
     """One batch on the API at `client`: uploaded, created and followed by a thread of its own
     (POLL_S) until it ends or `stop`; `cancel` asks it to stop and waits for its end."""
 
-    def __init__(self, client: Client, data: bytes, *, lines: int) -> None:
+    def __init__(self, client: Client, data: bytes) -> None:
         self._client = client
-        self.progress = Progress(total=lines)
+        self.progress = Progress()
         file_id = self._upload(data)
         status, body = self._post_json("/v1/batches", {
             "input_file_id": file_id, "endpoint": "/v1/completions",
@@ -144,18 +143,15 @@ class BatchRun:
                 f"batch\r\n--{boundary}\r\ncontent-disposition: form-data; name=\"file\"; "
                 f"filename=\"bench.jsonl\"\r\ncontent-type: application/jsonl\r\n\r\n"
                 ).encode() + data + f"\r\n--{boundary}--\r\n".encode()
-        status, reply = self._request("POST", "/v1/files", body,
-                                      f"multipart/form-data; boundary={boundary}")
+        status, reply = self._client.request_json(
+            "POST", "/v1/files", body, f"multipart/form-data; boundary={boundary}", timeout=60)
         if status != 200:
             raise RuntimeError(f"POST /v1/files: HTTP {status}: {reply}")
         return reply["id"]
 
     def _post_json(self, path: str, payload: dict[str, Any]) -> tuple[int, Any]:
-        return self._request("POST", path, json.dumps(payload).encode(), "application/json")
-
-    def _request(self, method: str, path: str, body: bytes | None = None,
-                 content_type: str | None = None) -> tuple[int, Any]:
-        return self._client.request_json(method, path, body, content_type, timeout=60)
+        return self._client.request_json("POST", path, json.dumps(payload).encode(),
+                                         "application/json", timeout=60)
 
     def _follow(self) -> None:
         while not self._stop.is_set():
@@ -165,8 +161,8 @@ class BatchRun:
                 status, body = 0, None
             if status == 200 and isinstance(body, dict):
                 counts = body.get("request_counts") or {}
-                self.progress.points.append((time.perf_counter(), int(counts.get("completed", 0)),
-                                             int(counts.get("failed", 0))))
+                self.progress.points.append((time.perf_counter(),
+                                             int(counts.get("completed", 0))))
                 self.progress.status = body["status"]
                 if body["status"] in TERMINAL:
                     return
@@ -195,10 +191,6 @@ class BatchRun:
         if self._thread.is_alive():
             self._stop.set()
             raise RuntimeError(f"batch {self.batch_id} not ended {timeout_s:g} s after its cancel")
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
 
 
 __all__ = ["BatchRun", "Progress", "batch_file", "completed_at", "figures", "idle_slot_share",

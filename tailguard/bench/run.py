@@ -505,6 +505,7 @@ def _batch(client: Client, topo: str, spec: TopologySpec, run: _Run, cfg: BenchC
     """The batch workload on one topology: the batch alone (its capacity), the mixed load
     alone, then the mixed load beside a batch big enough to outlast it. Fills `samples`
     (mixed, with_batch) and `info["batch"]` (batch_load.figures)."""
+    from tailguard.lanes.table import slots_for
     from tailguard.plan.sim import percentile
 
     batch_lane = next((lane.name for lane in run.table if lane.priority == "batch"), None)
@@ -515,14 +516,13 @@ def _batch(client: Client, topo: str, spec: TopologySpec, run: _Run, cfg: BenchC
     # what keeps the batch lane's workers from it: the interactive lanes they also serve, on
     # their engines' slots
     shared = sorted({lane for w in serving for lane in w.lanes if lane != batch_lane})
-    slots = sum(max(lane.max_num_seqs for lane in run.table if lane.name in w.lanes)
-                for w in serving)
+    slots = sum(slots_for([lane for lane in run.table if lane.name in w.lanes]) for w in serving)
     wl, tokens = run.workload, cfg.batch_tokens
     prompt = next(r.prompt for r in wl.requests if r.cls == wl.short_class)
     duration = wl.params["duration_s"]
 
     def started(lines: int, what: str) -> BatchRun:
-        b = BatchRun(client, batch_file(lines, prompt, tokens, client.model), lines=lines)
+        b = BatchRun(client, batch_file(lines, prompt, tokens, client.model))
         log(f"[{topo}/{what}] batch {b.batch_id}: {lines} lines of {tokens} tokens")
         b.wait(lambda p: bool(p.points) and p.points[-1][1] > 0, cfg.start_timeout_s,
                "line done")

@@ -29,7 +29,7 @@ def test_the_batch_file_is_one_the_batch_api_takes_each_line_exactly_its_tokens(
 
 
 def progress(*points, status="in_progress"):
-    return Progress(points=[(t, c, 0) for t, c in points], status=status, total=100)
+    return Progress(points=list(points), status=status)
 
 
 def test_lines_done_are_interpolated_between_reads():
