@@ -189,7 +189,8 @@ def build_gateway(config: Mapping[str, Any]) -> Gateway:
                    model=model, finished=finished,
                    consume_finished=config["TAILGUARD_CONSUME_FINISHED"], reaper=reaper,
                    # resolved by app.auth when the app was made (open, or keys unless set)
-                   auth_mode=settings.API_AUTH.get(config) or None)
+                   auth_mode=settings.API_AUTH.get(config) or None,
+                   fair_share=settings.FAIR_SHARE.get(config))
 
 
 def build_batches(config: Mapping[str, Any], gateway: Gateway) -> tuple[BatchService, BatchFeeder]:

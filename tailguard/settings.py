@@ -310,6 +310,12 @@ ADMIT_WITHOUT_WORKER = Setting(
     "TAILGUARD_ADMIT_WITHOUT_WORKER", False, _bool,
     "Queue requests for a lane no live worker serves (they wait up to queue_ttl_s for one to "
     "come) instead of answering 503 no_live_worker.")
+FAIR_SHARE = Setting(
+    "TAILGUARD_FAIR_SHARE", True, _bool,
+    "In keys mode, dispatch each lane's queued requests in fair order by API key (virtual token "
+    "counters, weighted by each key's weight; docs/lanes.md) and, when a lane must refuse, "
+    "refuse the keys over their fair share of it first (429 over_fair_share). Off: arrival "
+    "order. Open mode has one caller, so arrival order.")
 LANE_CONTROLLER_S = Setting(
     "TAILGUARD_LANE_CONTROLLER_S", 1.0, float,
     "How often the lane controller (`tailguard controller`, started by `tailguard up`) reads the "

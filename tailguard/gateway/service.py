@@ -52,6 +52,7 @@ from tailguard.jobs.store import (
     SUCCEEDED,
     TERMINAL,
     BacklogMoved,
+    FairHold,
     JobStore,
     timing,
 )
@@ -157,7 +158,8 @@ class Gateway:
                  max_prompt_bytes: int | None = None, max_waits_per_key: int = 0,
                  openai: OpenAIRenderer | None = None, model: str | None = None,
                  finished: FinishedConsumer | None = None, consume_finished: bool = True,
-                 reaper: Reaper | None = None, auth_mode: str | None = None) -> None:
+                 reaper: Reaper | None = None, auth_mode: str | None = None,
+                 fair_share: bool = True) -> None:
         self.lanes = lanes
         self.store = store
         self.counter = counter
@@ -167,6 +169,9 @@ class Gateway:
         #: the authentication mode the app serves (open or keys): /healthz reports it, and
         #: `start` records it in Redis for `tailguard keys add`
         self.auth_mode = auth_mode
+        #: dispatch and refuse in fair order by key (tailguard/lanes/fair_share.py) where
+        #: callers have keys; arrival order otherwise
+        self.fair_share = fair_share
         self.metrics = metrics or GatewayMetrics(lanes.names)
         self.admission = admission or AdmissionPolicy()
         self.load = load or LaneLoadStore(store.redis)
@@ -307,7 +312,8 @@ class Gateway:
             check_cost(caller, placement.cost)
         lane = self.lanes[placement.lane]
         load = loads.get(lane.name) or self.load.load(lane.name)
-        wait_s = self._admit(lane, load, placement.cost, caller, target, token_bucket)
+        fair = self._fair_hold(caller)
+        wait_s = self._admit(lane, load, placement.cost, caller, target, token_bucket, fair)
         only_new = job_id is not None
         job_id = job_id or uuid.uuid4().hex
         fields = {
@@ -325,7 +331,7 @@ class Gateway:
         message = self.broker.build(lane.task_name, task_id=job_id, queue=lane.queue,
                                     expires_s=lane.queue_ttl_s, kwargs=kwargs)
         self._record(job_id, fields, lane, load, placement.cost, (lane.queue, message), caller,
-                     only_new)
+                     only_new, fair)
         self.metrics.on_accepted(lane.name, placement.max_tokens_capped, self._key_label(caller))
         return {"id": job_id, "status": QUEUED, "lane": lane.name, "priority": req.priority,
                 "prompt_tokens": placement.prompt_tokens,
@@ -347,13 +353,30 @@ class Gateway:
         return (self.admission.wait_tokens(lane, load, placement.cost)
                 / self.admission.service_rate(lane, load))
 
+    def _fair_hold(self, caller: ApiKey | None) -> FairHold | None:
+        """The caller's place in fair order, where lanes dispatch in it (keys mode)."""
+        if not self.fair_share or caller is None:
+            return None
+        return FairHold(caller.name, caller.weight)
+
+    def _admission_decision(self, lane: Lane, load: LaneLoad, cost: int,
+                            fair: FairHold | None) -> float:
+        """The predicted wait, or admission's refusal: the fair rule for a fair hold (the keys'
+        held work read now), arrival order's otherwise."""
+        if fair is None:
+            return self.admission.admit(lane, load, cost)
+        backlogs, weights = self.store.held_backlogs(lane.name)
+        return self.admission.admit_fairly(lane, load, cost, fair.key, backlogs,
+                                           {**weights, fair.key: fair.weight})
+
     def _admit(self, lane: Lane, load: LaneLoad, cost: int, caller: ApiKey | None,
-               target: LatencyTarget, token_bucket: str = TOKENS) -> float:
-        """Admit a request of `cost` on `lane` as `load` has it, and its TTFT target on the
-        wait predicted, then charge its cost to the caller's key (its `token_bucket`): its
-        predicted wait, or the refusal (counted)."""
+               target: LatencyTarget, token_bucket: str = TOKENS,
+               fair: FairHold | None = None) -> float:
+        """Admit a request of `cost` on `lane` as `load` has it (in fair order with `fair`),
+        and its TTFT target on the wait predicted, then charge its cost to the caller's key
+        (its `token_bucket`): its predicted wait, or the refusal (counted)."""
         try:
-            wait_s = self.admission.admit(lane, load, cost)
+            wait_s = self._admission_decision(lane, load, cost, fair)
             admit_target(target, lane.name, wait_s)
         except (Refused, NoLiveWorker) as exc:
             self._count_refusal(lane.name, exc, caller, load.now)
@@ -367,19 +390,21 @@ class Gateway:
         return wait_s
 
     def _record(self, job_id: str, fields: dict[str, Any], lane: Lane, load: LaneLoad, cost: int,
-                message: tuple[str, str], caller: ApiKey | None, only_new: bool = False) -> None:
+                message: tuple[str, str], caller: ApiKey | None, only_new: bool = False,
+                fair: FairHold | None = None) -> None:
         """The record and the lane's message in one step: a worker never runs an unknown job,
-        and no record waits for a message that was never sent."""
+        and no record waits for a message that was never sent (with `fair`, it waits held in
+        its key's list until its turn: tailguard/redis/lua/fair_release.lua)."""
         try:
             self.store.create(job_id, fields, queue_ttl_s=lane.queue_ttl_s,
                               limits=self.admission.limits(lane, load), message=message,
-                              only_new=only_new)
+                              only_new=only_new, fair=fair)
         except BacklogMoved as moved:
             # Other requests took the room this one was admitted into: decide again on the
             # lane as it is now (it raises, with the Retry-After that load gives).
             load = moved.moved(load)
             try:
-                self.admission.admit(lane, load, cost)
+                self._admission_decision(lane, load, cost, fair)
                 raise WaitTooLong(f"lane {lane.name!r} filled up meanwhile", retry_after_s=1,
                                   lane=lane.name) from None
             except (Refused, NoLiveWorker) as exc:

@@ -37,6 +37,9 @@ kombu's index of deliveries by score, so only those older than ``after_s`` are
 candidates, and reads a candidate's message (which holds the prompt) once: its job id and
 queue are kept for later passes, which then read only the job's state. The lanes' lists
 and the other deliveries are read only when a lane's counts say a message may be missing.
+A job held in fair order (tailguard/redis/lua/fair_release.lua) has its message in its key's
+held list: counted as found; and each pass releases what fits of the held jobs, the backstop
+for a slot freed without a job transition.
 """
 
 from __future__ import annotations
@@ -134,6 +137,10 @@ class Redeliverer:
                 client.pipeline().zrem(qos.unacked_index_key, tag) \
                     .hdel(qos.unacked_key, tag).execute()
         self._fail_lost(client, qos)
+        for lane in self.lanes:
+            # a slot freed without a job's transition (a worker skipped a cancelled job's
+            # message) releases a fair lane's held jobs here, within a pass
+            self.store.release_held(lane.name)
         return restored
 
     def _read_deliveries(self, client: Any, qos: Any, tags: Iterable[str]) -> dict[str, Delivery]:
@@ -160,7 +167,9 @@ class Redeliverer:
             # members "<cost> <job key>" scored by expires_at = submitted_at + queue_ttl_s
             old = {_text(m).split(" ", 1)[1] for m in self.store.redis.zrangebyscore(
                 keys.lane_queued_key(lane.name), now_s, now_s + lane.queue_ttl_s - self.after_s)}
-            listed_count = client.llen(lane.queue)
+            # a fair lane's jobs held in front of its queue have their messages there
+            held = self.store.held_jobs(lane.name)
+            listed_count = client.llen(lane.queue) + len(held)
             if len(old) <= listed_count + in_flight:
                 continue  # every old job may still have its message: nothing to look for
             if unacked is None:
@@ -168,7 +177,7 @@ class Redeliverer:
             delivered = unacked.get(lane.queue, set())
             if len(old) <= listed_count + len(delivered):
                 continue
-            listed = {_task_id(raw)[0] for raw in client.lrange(lane.queue, 0, -1)}
+            listed = {_task_id(raw)[0] for raw in client.lrange(lane.queue, 0, -1)} | set(held)
             nowhere |= {keys.job_id_of(k) for k in old} - listed - delivered
         mono = time.monotonic()
         earlier = self._suspects

@@ -126,8 +126,9 @@ class JobStore:
         self.worker_lost_grace_s = worker_lost_grace_s
         #: whether Redis has room for new jobs (the API checks it before a submission)
         self.storage = storage or StorageWatch(client)
-        self._create = lua.Script(client, "clock", "lane_counts", "create_job")
-        self._transition = lua.Script(client, "clock", "transition_job")
+        self._create = lua.Script(client, "clock", "lane_counts", "fair_release", "create_job")
+        self._transition = lua.Script(client, "clock", "fair_release", "transition_job")
+        self._release_held = lua.Script(client, "clock", "fair_release", "release_held")
 
     @classmethod
     def from_settings(cls, client: redis.Redis, config: Mapping[str, Any] | None = None) -> JobStore:
@@ -141,7 +142,8 @@ class JobStore:
 
     def create(self, job_id: str, fields: dict[str, Any], queue_ttl_s: float,
                limits: BacklogLimits | None = None,
-               message: tuple[str, str] | None = None, only_new: bool = False) -> float:
+               message: tuple[str, str] | None = None, only_new: bool = False,
+               fair: FairHold | None = None) -> float:
         """Store a new queued job and count its cost in its lane's backlog (tailguard.jobs.lane_load);
         returns submitted_at and sets expires_at (Redis clock). With `message` (a queue's
         list, its task message: tailguard.jobs.task_message), push the message too, in the same
@@ -152,6 +154,11 @@ class JobStore:
         on other API threads may each have seen the same empty lane. Past a limit nothing is
         stored and BacklogMoved says what the lane's figures are now. With `only_new`, a job
         that exists already is left as it is: JobStateConflict.
+
+        With `fair` (and `message`), the lane dispatches in fair order by key: the message is
+        held in its key's list and released onto the queue in counter order as slots free
+        (tailguard/redis/lua/fair_release.lua), and past `limits` a key within its fair share
+        is still admitted (AdmissionPolicy.admit_fairly's rule).
         """
         lane = fields["lane"]
         extra = {} if limits is None else {k: v for k, v in (
@@ -164,6 +171,9 @@ class JobStore:
             script_keys.append(queue)
         if only_new:
             extra["only_new"] = True
+        if fair is not None and message is not None:
+            extra["fair"] = {"patterns": keys.FAIR_KEY_PATTERNS, "lane": lane, "key": fair.key,
+                             "weight": fair.weight}
         reply = self._create(
             script_keys, ttl_s=self.ttl_s, queue_ttl_s=queue_ttl_s, cost=int(fields.get("cost") or 0),
             fields=_encode(fields), **extra)
@@ -202,7 +212,8 @@ class JobStore:
              keys.RUNNING_JOBS],
             **{"from": sorted(from_states), "to": to, "fields": _encode(fields),
                "stream_maxlen": self.stream_maxlen, "finished_maxlen": FINISHED_STREAM_MAXLEN,
-               "lane_keys": _LANE_KEY_PATTERNS, "worker_lost_grace_s": self.worker_lost_grace_s,
+               "lane_keys": _LANE_KEY_PATTERNS, "fair": keys.FAIR_KEY_PATTERNS,
+               "worker_lost_grace_s": self.worker_lost_grace_s,
                **extra})
         state = reply[1]
         if isinstance(state, bytes):
@@ -225,6 +236,31 @@ class JobStore:
         """A running job back to queued (reclaimed): a fresh queue TTL from now, its cost back
         in its lane's backlog, `fields` (the resume point) set, as transition() answers."""
         return self.transition(job_id, {RUNNING}, QUEUED, fields)
+
+    def held_backlogs(self, lane: str) -> tuple[dict[str, int], dict[str, float]]:
+        """A fair lane's held work: the cost tokens each API key has held on it, and the keys'
+        weights as their jobs carried them (admission's `backlogs` and `weights`)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(keys.lane_held_tokens_key(lane))
+        pipe.hgetall(keys.lane_weights_key(lane))
+        tokens, weights = pipe.execute()
+        return ({_text(k): int(v) for k, v in tokens.items()},
+                {_text(k): float(v) for k, v in weights.items()})
+
+    def held_jobs(self, lane: str) -> list[str]:
+        """The ids of the jobs held on a fair lane, not yet released onto its queue."""
+        names = [_text(k) for k in self.redis.hkeys(keys.lane_held_tokens_key(lane))]
+        pipe = self.redis.pipeline(transaction=False)
+        for name in names:
+            pipe.lrange(keys.lane_held_key(lane, name), 0, -1)
+        held = []
+        for entries in pipe.execute() if names else []:
+            held += [keys.job_id_of(_text(e).split(" ", 2)[1]) for e in entries]
+        return held
+
+    def release_held(self, lane: str) -> int:
+        """Release what fits of a fair lane's held jobs onto its queue now; how many."""
+        return int(self._release_held([], fair=keys.FAIR_KEY_PATTERNS, lane=lane))
 
     def running(self) -> dict[str, str]:
         """Every running job's id -> the worker running it."""
@@ -266,6 +302,19 @@ class JobStore:
         else:
             return job
         return self.get(job_id) if moved else job
+
+
+@dataclasses.dataclass(frozen=True)
+class FairHold:
+    """A job's place in its lane's fair order: the API key it is charged to and the key's
+    weight (tailguard/lanes/fair_share.py)."""
+
+    key: str
+    weight: float = 1.0
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,6 +43,7 @@ from tailguard.jobs.lane_orders import MOVE_BUCKETS_S, LaneOrders
 from tailguard.jobs.liveness import Liveness
 from tailguard.jobs.redis_memory import StorageWatch
 from tailguard.lanes.borrowing import BorrowStats
+from tailguard.redis import keys
 
 log = logging.getLogger("tailguard.metrics")
 
@@ -74,12 +75,20 @@ def metric_name(name: str) -> str:
     return f"{PREFIX}_{name}"
 
 
-def queue_depth(client: redis.Redis, lane_queue: str) -> int:
-    """Messages waiting in a lane's queue, all priority sub-queues together."""
+def queue_depth(client: redis.Redis, lane_queue: str, lane: str | None = None) -> int:
+    """Messages waiting in a lane's queue, all priority sub-queues together, and those held in
+    front of it in fair order by key (`lane`'s held lists: tailguard/redis/lua/fair_release.lua)."""
     pipe = client.pipeline(transaction=False)
     for suffix in _PRIORITY_SUFFIXES:
         pipe.llen(lane_queue + suffix)
-    return sum(pipe.execute())
+    depth = sum(pipe.execute())
+    if lane is None:
+        return depth
+    held = [k.decode() if isinstance(k, bytes) else k
+            for k in client.hkeys(keys.lane_held_tokens_key(lane))]
+    for name in held:
+        pipe.llen(keys.lane_held_key(lane, name))
+    return depth + (sum(pipe.execute()) if held else 0)
 
 
 class QueueDepthCollector(Collector):
@@ -90,11 +99,12 @@ class QueueDepthCollector(Collector):
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         family = GaugeMetricFamily(metric_name("queue_depth"),
-                                   "Requests waiting in the lane's queue (all priorities)",
+                                   "Requests waiting in the lane's queue (all priorities, "
+                                   "and held in fair order)",
                                    labels=["lane"])
         try:
             for lane in self.lanes:
-                family.add_metric([lane], queue_depth(self.client, lane))
+                family.add_metric([lane], queue_depth(self.client, lane, lane))
         except redis.RedisError:
             return  # no sample beats a wrong one; /healthz reports the outage
         yield family

@@ -119,6 +119,41 @@ def lane_running_key(lane: str) -> str:
     return f"{PREFIX}:lane:{lane}:running"
 
 
+def lane_fair_key(lane: str) -> str:
+    """Hash of a lane that dispatches in fair order by key (tailguard/lanes/fair_share.py):
+    ``queue`` (its Celery list), ``slots`` (its batch slots as admission last counted them),
+    ``last_served`` (the key released last)."""
+    return f"{PREFIX}:lane:{lane}:fair"
+
+
+def lane_held_key(lane: str, key: str) -> str:
+    """List of one API key's jobs held in front of a fair lane's Celery list, oldest first:
+    entries ``<cost> <job key> <task message>``."""
+    return f"{PREFIX}:lane:{lane}:held:{key}"
+
+
+def lane_held_tokens_key(lane: str) -> str:
+    """Hash: API key -> the cost tokens of its jobs held on the lane (a field per key with jobs
+    held: the keys backlogged in fair order)."""
+    return f"{PREFIX}:lane:{lane}:held-tokens"
+
+
+def lane_counters_key(lane: str) -> str:
+    """Hash: API key -> its virtual token counter on the lane (cost tokens released / weight)."""
+    return f"{PREFIX}:lane:{lane}:counters"
+
+
+def lane_weights_key(lane: str) -> str:
+    """Hash: API key -> its weight, as its latest job on the lane carried it."""
+    return f"{PREFIX}:lane:{lane}:weights"
+
+
+#: the fair-order keys of a lane as the Lua steps build them (%s: the lane; held: then the key)
+FAIR_KEY_PATTERNS = {"fair": lane_fair_key("%s"), "held": lane_held_key("%s", "%s"),
+                     "tokens": lane_held_tokens_key("%s"), "counters": lane_counters_key("%s"),
+                     "weights": lane_weights_key("%s"), "running": lane_running_key("%s")}
+
+
 def lane_served_key(lane: str) -> str:
     """Hash of cost tokens served per second (field: the Redis-clock second) over the rate window."""
     return f"{PREFIX}:lane:{lane}:served"

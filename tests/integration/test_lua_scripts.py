@@ -10,9 +10,10 @@ pytestmark = pytest.mark.integration
 
 # what each script is run as (the preludes first: clock where the script stamps times,
 # lane_counts where it reads a lane's load, live_count where it counts live workers)
-PRELUDES = {"clock", "lane_counts", "live_count"}
-SCRIPTS = {"create_job": ("clock", "lane_counts", "create_job"),
-           "transition_job": ("clock", "transition_job"),
+PRELUDES = {"clock", "lane_counts", "live_count", "fair_release"}
+SCRIPTS = {"create_job": ("clock", "lane_counts", "fair_release", "create_job"),
+           "transition_job": ("clock", "fair_release", "transition_job"),
+           "release_held": ("clock", "fair_release", "release_held"),
            "heartbeat": ("clock", "heartbeat"), "live_workers": ("clock", "live_count", "live_workers"),
            "live_members": ("clock", "live_members"),
            "record_stats": ("record_stats",), "lane_load": ("clock", "lane_counts", "live_count", "lane_load"),

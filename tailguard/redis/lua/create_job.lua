@@ -6,7 +6,11 @@
 --               optional message: the job's Celery task message (tailguard/jobs/task_message.py),
 --               pushed onto KEYS[5] with the record: one exists exactly when the other does,
 --               optional only_new: store nothing when the job exists (a batch line's job id
---               is deterministic: a line queued again finds its job instead of running twice)}
+--               is deterministic: a line queued again finds its job instead of running twice),
+--               optional fair: {patterns: keys.FAIR_KEY_PATTERNS, lane, key, weight}: the lane
+--               dispatches in fair order by key (fair_release.lua): the message is held in
+--               the key's list and released in counter order, and a request past admission's
+--               limits is still admitted within its key's fair share (admit_fairly)}
 -- -> submitted_at (expires_at = submitted_at + queue_ttl_s); or, when the lane is past a
 --    limit (requests admitted meanwhile by other API threads), {backlog, queued, running}
 --    and nothing stored; 'exists' when only_new and the job exists
@@ -24,6 +28,27 @@ if a.max_wait_tokens and not refuse then
     refuse = work > a.max_wait_tokens
   end
 end
+if refuse and a.fair then
+  -- AdmissionPolicy.admit_fairly (tailguard/lanes/admission.py): a key within its weighted share
+  -- of what the lane may hold is admitted while another key has work held, up to twice the bound
+  local f = a.fair
+  local held = redis.call('HGETALL', string.format(f.patterns.tokens, f.lane))
+  local mine, weights, others = 0, f.weight, false
+  for i = 1, #held, 2 do
+    local n = tonumber(held[i + 1])
+    if held[i] == f.key then mine = n
+    elseif n > 0 then
+      others = true
+      weights = weights + tonumber(redis.call('HGET', string.format(f.patterns.weights, f.lane),
+                                              held[i]) or '1')
+    end
+  end
+  local capacity = math.min(a.max_backlog_after or math.huge, a.max_wait_tokens or math.huge)
+  if others and mine + a.cost <= capacity * f.weight / weights
+     and not (a.max_backlog_after and math.max(0, backlog) + a.cost > 2 * a.max_backlog_after) then
+    refuse = false
+  end
+end
 if refuse then return {backlog, queued, running} end
 local expires = now + a.queue_ttl_s
 redis.call('HSET', KEYS[1], 'status', 'queued', 'submitted_at', string.format('%.6f', now),
@@ -34,8 +59,13 @@ redis.call('EXPIRE', KEYS[1], a.ttl_s)
 -- leaves the backlog anyway; both keys outlive the last member.
 redis.call('ZADD', KEYS[2], expires, a.cost .. ' ' .. KEYS[1])
 redis.call('INCRBY', KEYS[3], a.cost)
-if a.message then redis.call('LPUSH', KEYS[5], a.message) end
 local keep = math.ceil(a.queue_ttl_s) + 60
+if a.message and a.fair then
+  fair_hold(a.fair.patterns, a.fair.lane, a.fair.key, a.fair.weight, KEYS[5], a.slots or 1, keep,
+            a.cost, KEYS[1], a.message)
+elseif a.message then
+  redis.call('LPUSH', KEYS[5], a.message)
+end
 for i = 2, 3 do
   if redis.call('TTL', KEYS[i]) < keep then redis.call('EXPIRE', KEYS[i], keep) end
 end

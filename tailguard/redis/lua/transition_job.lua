@@ -27,6 +27,10 @@
 --                                    from now
 --   worker_lost_grace_s              with lane_keys: a running job lapses from its lane's
 --                                    running zset this long past now + its deadline_s
+--   fair                             with lane_keys: keys.FAIR_KEY_PATTERNS: a job of a lane
+--                                    that dispatches in fair order moved, so a slot or a place
+--                                    in its Celery list may have freed: release held jobs
+--                                    (fair_release.lua)
 -- }
 -- -> {1, previous state[, the job's fields as HGETALL lists them]} when moved;
 --    {0, current state} when not (false if no such job); {0, current state, 'overdue'} when
@@ -89,6 +93,7 @@ elseif cur == 'running' then
   redis.call('HDEL', KEYS[4], KEYS[1])
   if lane then redis.call('ZREM', string.format(a.lane_keys.running, lane), KEYS[1]) end
 end
+if lane and a.fair then fair_release(a.fair, lane) end
 if a.end_event then
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', a.stream_maxlen, '*', 'type', 'end', 'data', a.end_event)
   redis.call('HDEL', KEYS[1], 'resume_text')

@@ -1,0 +1,119 @@
+"""Fair order by key on a real Redis: the Lua steps that hold a fair lane's messages per key and
+release them onto its Celery list in virtual-token-counter order (tailguard/redis/lua/
+fair_release.lua), driven here by the same store calls a worker makes (start, then an end), so
+every release is the one a real worker's transition triggers. The system with real workers and
+engines: tests/e2e/test_fair_share_e2e.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tailguard.jobs.store import QUEUED, RUNNING, SUCCEEDED, FairHold, JobStore
+from tailguard.lanes.admission import BacklogLimits
+from tailguard.redis import keys
+
+pytestmark = pytest.mark.integration
+
+LANE, QUEUE, SLOTS, COST = "short", "short", 4, 100
+
+
+@pytest.fixture
+def store(redis_client):
+    return JobStore(redis_client)
+
+
+def submit(store: JobStore, key: str, n: int, weight: float = 1.0, cost: int = COST,
+           limits: BacklogLimits | None = None) -> list[str]:
+    ids = []
+    for _ in range(n):
+        job_id = __import__("uuid").uuid4().hex
+        message = json.dumps({"headers": {"id": job_id}, "key": key})
+        store.create(job_id, {"lane": LANE, "cost": cost, "api_key": key}, queue_ttl_s=60,
+                     limits=limits or BacklogLimits(slots=SLOTS), message=(QUEUE, message),
+                     fair=FairHold(key, weight))
+        ids.append(job_id)
+    return ids
+
+
+def take(store: JobStore) -> tuple[str, str] | None:
+    """A worker's next message (the list's far end, as BRPOP takes it): (job id, key)."""
+    raw = store.redis.rpop(QUEUE)
+    if raw is None:
+        return None
+    message = json.loads(raw)
+    return message["headers"]["id"], message["key"]
+
+
+def serve(store: JobStore, n: int) -> list[str]:
+    """Run `n` jobs one at a time as a worker does (start, then succeed): the keys served."""
+    served = []
+    for _ in range(n):
+        job_id, key = take(store)
+        assert store.start(job_id, "w1@host").started
+        assert store.transition(job_id, {RUNNING}, SUCCEEDED, {})[0]
+        served.append(key)
+    return served
+
+
+def test_a_key_alone_gets_the_whole_lane_and_the_list_stays_as_deep_as_the_free_slots(store):
+    ids = submit(store, "flood", 10)
+    assert store.redis.llen(QUEUE) == SLOTS
+    assert len(store.held_jobs(LANE)) == 10 - SLOTS
+    assert serve(store, 10) == ["flood"] * 10  # work-conserving: nothing idles while it has work
+    assert store.redis.llen(QUEUE) == 0 and store.held_jobs(LANE) == []
+    assert all(store.get(i)["status"] == SUCCEEDED for i in ids)
+
+
+def test_a_quiet_key_is_served_at_the_next_free_slot_not_behind_the_flood(store):
+    submit(store, "flood", 40)
+    serve(store, 6)
+    quiet = submit(store, "quiet", 2)
+    assert set(quiet) <= set(store.held_jobs(LANE))  # the list is full: it waits for a slot
+    # The 4 in the list are the flood's, released before the quiet key came; then the two keys
+    # alternate (the quiet one lifted level with the flood's counter; ties go by name), so the
+    # quiet key's two wait behind two of the flood's 30 held jobs, not behind all of them.
+    order = serve(store, 10)
+    assert order[:SLOTS] == ["flood"] * SLOTS
+    assert order[SLOTS:SLOTS + 4] == ["flood", "quiet", "flood", "quiet"], order
+
+
+def test_weights_two_to_one_give_two_to_one_service_while_both_are_backlogged(store):
+    submit(store, "heavy", 60, weight=2.0)
+    submit(store, "light", 60, weight=1.0)
+    order = serve(store, 60)[SLOTS:]  # past what was released before both were held
+    assert abs(order.count("heavy") - 2 * order.count("light")) <= 2, order
+
+
+def test_a_cancelled_held_job_is_dropped_at_release_and_never_reaches_the_queue(store):
+    ids = submit(store, "flood", SLOTS + 2)
+    assert store.transition(ids[-1], {QUEUED}, "cancelled", {})[0]
+    served = [take(store)[0] for _ in range(SLOTS)]
+    assert store.release_held(LANE) == 1  # the backstop release (no transition freed a slot)
+    assert take(store)[0] == ids[-2] and take(store) is None
+    assert ids[-1] not in served and store.held_jobs(LANE) == []
+
+
+def test_a_returning_key_is_lifted_to_the_least_backlogged_counter_not_left_below_it(store):
+    submit(store, "early", 1)
+    serve(store, 1)  # early's counter is 100, then it goes quiet
+    submit(store, "flood", 30)
+    serve(store, 20)
+    submit(store, "early", 10)
+    counters = {k.decode(): float(v) for k, v in
+                store.redis.hgetall(keys.lane_counters_key(LANE)).items()}
+    # early did not keep its old, low counter to starve the flood with: it starts level with it
+    assert counters["early"] >= counters["flood"] - COST
+
+
+def test_past_the_lane_limits_a_key_within_its_share_is_admitted_and_one_over_it_refused(store):
+    from tailguard.jobs.store import BacklogMoved
+
+    limits = BacklogLimits(slots=SLOTS, after=2000)  # the lane holds 2,000 cost tokens
+    submit(store, "flood", 20, limits=limits)  # the bound: 20 x 100
+    with pytest.raises(BacklogMoved):
+        submit(store, "flood", 1, limits=limits)  # alone: arrival order's refusal
+    submit(store, "quiet", 5, limits=limits)  # within half of 2,000 while the flood holds more
+    with pytest.raises(BacklogMoved):
+        submit(store, "flood", 1, limits=limits)  # over its share: refused
