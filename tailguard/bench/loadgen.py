@@ -38,6 +38,8 @@ TERMINAL = frozenset({"succeeded", "failed", "expired", "cancelled"})
 CLIENT_FAILURES = frozenset({"http_error", "client_error", "timeout"})
 #: The API answered 429: refused at admission, nothing queued (not a failure of the system).
 REFUSED = "refused"
+#: How often `settle` asks again for a job's state refused with 429 (the key's waits are full).
+SETTLE_TRIES = 30
 #: Socket read timeout: the API sends an SSE heartbeat every ~2 s, so silence this long is a fault.
 #: A plain vLLM server sends nothing while a request waits in its queue: against it a stream
 #: may be silent until the phase's deadline (an overloaded engine is slow, not broken).
@@ -106,7 +108,8 @@ class Client:
     class's vLLM `priorities` (loopback only: a benchmark must not load anyone else)."""
 
     def __init__(self, url: str, model: str, *, jobs: bool = True,
-                 priorities: dict[str, int] | None = None):
+                 priorities: dict[str, int] | None = None,
+                 api_keys: dict[str, str] | None = None, api_key: str | None = None):
         parts = urlsplit(url)
         if parts.hostname not in ("127.0.0.1", "localhost", "::1"):
             raise ValueError(f"the benchmark only drives a local system, not {url}")
@@ -114,21 +117,30 @@ class Client:
         self.model = model
         self.jobs = jobs
         self.priorities = priorities or {}
+        #: the API key each class's requests are sent with (an API in keys mode), and the one
+        #: for everything else
+        self.api_keys = api_keys or {}
+        self.api_key = api_key
+
+    def _auth(self, cls: str | None = None) -> dict[str, str]:
+        secret = self.api_keys.get(cls or "", self.api_key)
+        return {"Authorization": f"Bearer {secret}"} if secret else {}
 
     def _conn(self, timeout: float = READ_TIMEOUT_S) -> http.client.HTTPConnection:
         return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
 
-    def get_json(self, path: str, timeout: float = 30.0) -> tuple[int, Any]:
-        return self.request_json("GET", path, timeout=timeout)
+    def get_json(self, path: str, timeout: float = 30.0, cls: str | None = None) -> tuple[int, Any]:
+        return self.request_json("GET", path, timeout=timeout, cls=cls)
 
     def request_json(self, method: str, path: str, body: bytes | None = None,
                      content_type: str | None = None,
-                     timeout: float = 30.0) -> tuple[int, Any]:
-        """(status, the body as JSON, else as text) of one request."""
+                     timeout: float = 30.0, cls: str | None = None) -> tuple[int, Any]:
+        """(status, the body as JSON, else as text) of one request (with `cls`'s API key)."""
         conn = self._conn(timeout)
         try:
             conn.request(method, path, body=body,
-                         headers={"content-type": content_type} if content_type else {})
+                         headers={**({"content-type": content_type} if content_type else {}),
+                                  **self._auth(cls)})
             resp = conn.getresponse()
             body = resp.read()
             try:
@@ -155,7 +167,7 @@ class Client:
         done = False
         try:
             conn.request("POST", "/v1/completions", body=body,
-                         headers={"content-type": "application/json"})
+                         headers={"content-type": "application/json", **self._auth(req.cls)})
             resp = conn.getresponse()
             sample.http_status = resp.status
             if resp.status == 429:
@@ -245,8 +257,14 @@ class Client:
     def settle(self, sample: Sample, wait_s: float = 0) -> None:
         """Read the job's final state and queue wait from /v1/jobs/<id>."""
         try:
-            code, job = self.get_json(f"/v1/jobs/{sample.job_id}?wait={wait_s:g}",
-                                      timeout=wait_s + 30)
+            for _ in range(SETTLE_TRIES):
+                code, job = self.get_json(f"/v1/jobs/{sample.job_id}?wait={wait_s:g}",
+                                          timeout=wait_s + 30, cls=sample.cls)
+                if code != 429:
+                    break
+                # the key holds its most open waits (TAILGUARD_MAX_WAITS_PER_KEY): its own
+                # streams, a flood's; read again once one has ended
+                time.sleep(1.0)
         except (OSError, http.client.HTTPException) as exc:
             sample.error = sample.error or f"job status: {type(exc).__name__}: {exc}"
             return
@@ -343,9 +361,9 @@ def closed_loop(client: Client, request: BenchRequest, *, concurrency: int, dura
     return sorted(out, key=lambda s: s.arrival_s)
 
 
-def served_model_name(url: str) -> str:
+def served_model_name(url: str, api_key: str | None = None) -> str:
     """The `model` name the API answers to (its first /v1/models entry)."""
-    code, body = Client(url, "").get_json("/v1/models")
+    code, body = Client(url, "", api_key=api_key).get_json("/v1/models")
     if code != 200:
         raise RuntimeError(f"GET /v1/models answered {code}: {body}")
     return body["data"][0]["id"]

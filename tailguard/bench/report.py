@@ -37,13 +37,27 @@ from tailguard.bench.lane_moves import describe as describe_moves
 from tailguard.bench.loadgen import REFUSED, Sample
 from tailguard.bench.topology import STATIC
 from tailguard.bench.tuned import is_tuned, tuned_figures
-from tailguard.bench.workload import BATCH, BURST, OVERLOAD, SHIFT, WINDOWS, WITH_BATCH, split_shift
+from tailguard.bench.workload import (
+    A_ALONE,
+    ARRIVAL_ORDER,
+    BATCH,
+    BURST,
+    FAIR,
+    OVERLOAD,
+    SHIFT,
+    TENANT_A,
+    TENANT_B,
+    TENANTS,
+    WINDOWS,
+    WITH_BATCH,
+    split_shift,
+)
 from tailguard.plan.sim import percentile
 
 METRICS = {"queued_s": "queue wait", "ttft_s": "TTFT", "e2e_s": "end-to-end"}
 OVERHEAD = "overhead"  # the phase (and workload) that measures the gateway against direct
 PROBE = "probe"  # the overload workload's saturation probe of the short lane
-PHASES = ("baseline", "mixed", OVERHEAD, PROBE, WITH_BATCH, *WINDOWS)
+PHASES = ("baseline", "mixed", OVERHEAD, PROBE, WITH_BATCH, *WINDOWS, A_ALONE, FAIR, ARRIVAL_ORDER)
 
 #: Targets (issue 4), on the short class's P99 of the chosen metric.
 LOAD_MIN_INTERFERENCE = 3.0  # shared short P99 >= 3x its no-long baseline: a load worth testing
@@ -76,6 +90,9 @@ OVERLOAD_P99_MAX = 1.5
 #: without it, and the batch's output at least this share of the capacity left idle.
 BATCH_P99_MAX = 1.1
 BATCH_SHARE_MIN = 0.7
+#: Issue 35's target: key A's short P99 beside key B's flood, in fair order, within this of A's
+#: alone (and A refused nothing)
+TENANT_P99_MAX = 1.3
 #: The probe's first share of its time is ramp-up: its capacity counts what finished after it.
 PROBE_RAMP_SHARE = 1 / 3
 #: A request sent this much later than due means the load generator fell behind.
@@ -689,6 +706,79 @@ def _overload_lines(report: dict, line: Callable[..., None]) -> None:
              + ")", info=True)
 
 
+def tenants_figures(by_phase: dict[str, list[Sample]], metric: str) -> dict[str, Any]:
+    """Issue 35's figures: key A's P99 (`metric`) and refusals alone, beside B's flood in fair
+    order and in arrival order; what B was served and how it was refused."""
+    def of(phase: str, cls: str) -> list[Sample]:
+        return [s for s in by_phase.get(phase, []) if s.cls == cls]
+
+    def p99(ss: list[Sample]) -> float | None:
+        return percentile((getattr(s, metric) for s in ss if s.ok
+                           and getattr(s, metric) is not None), 99)
+
+    alone = p99(of(A_ALONE, TENANT_A))
+    out: dict[str, Any] = {"metric": metric, "a_alone_p99_s": alone,
+                           "a_alone_refused": sum(s.status == REFUSED for s in of(A_ALONE, TENANT_A))}
+    for phase in (FAIR, ARRIVAL_ORDER):
+        a, b = of(phase, TENANT_A), of(phase, TENANT_B)
+        refused_b = [s for s in b if s.status == REFUSED]
+        codes: dict[str, int] = {}
+        for s in refused_b:
+            codes[s.refusal or "?"] = codes.get(s.refusal or "?", 0) + 1
+        out[phase] = {
+            "a_sent": len(a), "a_ok": sum(s.ok for s in a),
+            "a_refused": sum(s.status == REFUSED for s in a),
+            "a_p99_s": p99(a), "a_p99_over_alone": _ratio(p99(a), alone),
+            "b_sent": len(b), "b_ok": sum(s.ok for s in b), "b_refused": len(refused_b),
+            "b_refusals": codes,
+            "b_refused_with_retry_after": sum(s.retry_after_s is not None for s in refused_b),
+            "b_not_ok_otherwise": sum(1 for s in b if not s.ok and s.status != REFUSED),
+            "b_p99_s": p99(b),
+            # where A's time went: the lane (queue wait) or the front end (sent -> stored)
+            "a_queued_p99_s": _p99_of(a, "queued_s"),
+            "a_submit_delay_p99_s": _p99_of(a, "submit_delay_s")}
+    out["a_alone_queued_p99_s"] = _p99_of(of(A_ALONE, TENANT_A), "queued_s")
+    out["a_alone_submit_delay_p99_s"] = _p99_of(of(A_ALONE, TENANT_A), "submit_delay_s")
+    return out
+
+
+def _p99_of(samples: list[Sample], field: str) -> float | None:
+    return percentile((getattr(s, field) for s in samples
+                       if s.ok and getattr(s, field) is not None), 99)
+
+
+def _tenants_lines(report: dict, line: Callable[..., None]) -> None:
+    """Issue 35's lines, per topology: A's tail and refusals beside B's flood in fair order,
+    B's refusals; arrival order's figures for comparison."""
+    for topo, f in report["tenants"].items():
+        fair, fifo = f[FAIR], f[ARRIVAL_ORDER]
+        v = fair["a_p99_over_alone"]
+        line(f"tenant_a_p99_{topo}", None if v is None else v <= TENANT_P99_MAX,
+             f"{topo}: key A's P99 beside B's flood (fair order) {_fmt_s(fair['a_p99_s'])} <= "
+             f"{TENANT_P99_MAX:g}x A alone {_fmt_s(f['a_alone_p99_s'])}: ratio {_fmt_x(v)}",
+             "the a_alone and fair phases")
+        line(f"tenant_a_refused_{topo}", fair["a_refused"] == 0,
+             f"{topo}: key A refused {fair['a_refused']} of {fair['a_sent']} beside the flood "
+             f"(fair order)")
+        line(f"tenant_b_refused_{topo}",
+             fair["b_refused"] > 0 and fair["b_refused_with_retry_after"] == fair["b_refused"],
+             f"{topo}: key B refused {fair['b_refused']} of {fair['b_sent']}, each 429 with "
+             f"Retry-After: {fair['b_refused_with_retry_after']} (codes {fair['b_refusals']}); "
+             f"served {fair['b_ok']}")
+        line(f"tenant_a_where_{topo}", None,
+             f"{topo}: key A's queue wait P99 alone {_fmt_s(f['a_alone_queued_p99_s'])}, fair "
+             f"{_fmt_s(fair['a_queued_p99_s'])}, arrival order {_fmt_s(fifo['a_queued_p99_s'])}; "
+             f"sent -> stored by the API (the front end) P99 alone "
+             f"{_fmt_s(f['a_alone_submit_delay_p99_s'])}, fair "
+             f"{_fmt_s(fair['a_submit_delay_p99_s'])}, arrival order "
+             f"{_fmt_s(fifo['a_submit_delay_p99_s'])}", info=True)
+        line(f"tenant_arrival_order_{topo}", None,
+             f"{topo}: the same in arrival order (fair share off): key A's P99 "
+             f"{_fmt_s(fifo['a_p99_s'])} = {_fmt_x(fifo['a_p99_over_alone'])} A alone, A refused "
+             f"{fifo['a_refused']} of {fifo['a_sent']}; B refused {fifo['b_refused']} "
+             f"{fifo['b_refusals']}, served {fifo['b_ok']}", info=True)
+
+
 def _batch_lines(report: dict, line: Callable[..., None]) -> None:
     """Issue 34's lines, per topology (the lanes one: the batch lane is its)."""
     for topo, b in report["batch"].items():
@@ -728,6 +818,8 @@ def targets(report: dict) -> list[dict[str, Any]]:
         _overhead_lines(report["overhead"], line)
     elif report["workload"]["name"] == BATCH:
         _batch_lines(report, line)
+    elif report["workload"]["name"] == TENANTS:
+        _tenants_lines(report, line)
     else:
         _isolation_lines(report, line)
         _serving_lines(report, line)
@@ -745,7 +837,9 @@ def targets(report: dict) -> list[dict[str, Any]]:
     for topo, t in report["topologies"].items():
         errors, refused = total(t, "errors"), total(t, "refused")
         accepted, finished = total(t, "accepted"), total(t, "finished")
-        line(f"no_errors_{topo}", errors == refused == 0 and accepted == finished,
+        # the tenants workload's flood is meant to be refused (its own lines count it)
+        allowed = refused if report["workload"]["name"] == TENANTS else 0
+        line(f"no_errors_{topo}", errors == 0 and refused == allowed and accepted == finished,
              f"{topo}: {errors} errors, {refused} refused at admission, "
              f"accepted {accepted} = finished {finished}"
              + ("" if accepted == finished else f" ({accepted - finished} lost)"))
@@ -800,6 +894,9 @@ def build_report(*, config: dict[str, Any], workload: dict[str, Any],
     if workload["name"] == BATCH:
         report["batch"] = {name: topologies[name]["batch"] for name in samples
                            if (topologies.get(name) or {}).get("batch")}
+    if workload["name"] == TENANTS:
+        report["tenants"] = {name: tenants_figures(phases, config["metric"])
+                             for name, phases in samples.items()}
     if workload["name"] == OVERLOAD:
         report["overload"] = {name: overload_figures(phases, workload["short_class"],
                                                      workload["params"])
@@ -879,7 +976,7 @@ def render_text(report: dict) -> str:
     short, long = report["workload"]["short_class"], report["workload"]["long_class"]
     head = [f"workload: {report['workload']['params']['described']}"] \
         if report["workload"]["params"].get("described") else []
-    if report["workload"]["name"] in (OVERHEAD, OVERLOAD, BATCH):
+    if report["workload"]["name"] in (OVERHEAD, OVERLOAD, BATCH, TENANTS):
         lines = [*head, render_tables(report)]
     else:
         lines = [*head, render_tables(report),

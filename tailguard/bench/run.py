@@ -65,17 +65,24 @@ from tailguard.bench.topology import (
 )
 from tailguard.bench.tuned import DEFAULT_SWEEP, is_tuned, parse_sweep, sweep_text
 from tailguard.bench.workload import (
+    A_ALONE,
+    ARRIVAL_ORDER,
     BATCH,
     BURST,
+    FAIR,
     OVERLOAD,
     SHIFT,
     SHIFT_LONG_SHARES,
     SHIFT_WINDOW_S,
     SHORT,
+    TENANT_A,
+    TENANT_B,
+    TENANTS,
     WITH_BATCH,
     BenchRequest,
     Workload,
     add_burst,
+    add_flood,
     batch_workload,
     burst_workload,
     jsonl_workload,
@@ -85,6 +92,7 @@ from tailguard.bench.workload import (
     seed_workload,
     shift_workload,
     split_windows,
+    tenants_workload,
 )
 from tailguard.plan.synthetic import CHARS_PER_TOKEN
 
@@ -92,7 +100,7 @@ if TYPE_CHECKING:
     from tailguard.host.procs import Child
     from tailguard.lanes.table import LaneTable
 
-WORKLOADS = ("seed", "mixed", "overhead", OVERLOAD, BURST, SHIFT, BATCH, *TRACES)
+WORKLOADS = ("seed", "mixed", "overhead", OVERLOAD, BURST, SHIFT, BATCH, TENANTS, *TRACES)
 
 
 @dataclass(frozen=True)
@@ -214,7 +222,8 @@ class BenchConfig:
     goodput_long: Slo = option(DEFAULT_LONG_SLO, "goodput: every other class's SLO",
                                parse=parse_slo, text=slo_text)
     overload_factor: float = option(
-        3.0, "overload: the short rate in the burst, as a multiple of the short lane's capacity")
+        3.0, "overload: the short rate in the burst, as a multiple of the short lane's capacity "
+             "(tenants: key B's flood)")
     burst_s: float = option(60.0, "overload: seconds of the burst", flag="--burst")
     recovery_s: float = option(60.0, "overload: seconds of the mixed load after the burst",
                                flag="--recovery")
@@ -300,6 +309,10 @@ def _workload(cfg: BenchConfig, count_tokens: Callable[[str], int] | None,
                               long_prompt_tokens=cfg.long_prompt_tokens,
                               long_tokens=cfg.long_tokens, count_tokens=count_tokens,
                               max_requests=cfg.max_requests)
+    if cfg.workload == TENANTS:
+        return tenants_workload(cfg.rate, cfg.duration_s or 60.0, cfg.seed,
+                                factor=cfg.overload_factor, short_tokens=cfg.short_tokens,
+                                max_requests=cfg.max_requests)
     if cfg.workload == "seed":
         return seed_workload(cfg.rate, cfg.duration_s or 60.0, cfg.seed, cfg.max_requests)
     if cfg.workload == "mixed":
@@ -335,6 +348,8 @@ def phases_of(workload: Workload, baseline: bool) -> dict[str, Workload]:
                 for w, rs in split_windows(workload.requests, workload.params).items()}
     if workload.name == BATCH:
         return {"mixed": workload, WITH_BATCH: workload}
+    if workload.name == TENANTS:
+        return {A_ALONE: workload.only([TENANT_A]), FAIR: workload, ARRIVAL_ORDER: workload}
     out = {}
     if baseline and workload.short_class and len(workload.classes) > 1:
         out["baseline"] = workload.only([workload.short_class])
@@ -577,6 +592,65 @@ def _batch(client: Client, topo: str, spec: TopologySpec, run: _Run, cfg: BenchC
         "lines_done_with_load": done, "status_after_cancel": beside.progress.status}
 
 
+def _tenant_keys(redis_url: str) -> dict[str, str]:
+    """Key A's and key B's secrets, made in the topology's Redis (one key per class)."""
+    import redis as redis_lib
+
+    from tailguard.gateway.api_keys import ApiKey, ApiKeyStore
+
+    client = redis_lib.Redis.from_url(redis_url)
+    try:
+        store = ApiKeyStore(client)
+        return {cls: store.add(ApiKey(cls)) for cls in (TENANT_A, TENANT_B)}
+    finally:
+        client.close()
+
+
+def _tenants(client: Client, topo: str, running: RunningTopology | RunningDirect, run: _Run,
+             cfg: BenchConfig, info: dict[str, Any], samples: dict[str, list[Sample]],
+             workers_per_lane: dict[str, int]) -> None:
+    """The tenants workload on one topology: the short lane's capacity (a probe sent as key A),
+    A alone, A beside B's flood (`overload_factor` x that capacity) in fair order, then the
+    same through a second API with fair share off, in front of the same Redis and workers."""
+    from tailguard.host.redis_server import free_port
+    from tailguard.lanes.placement import place
+
+    assert isinstance(running, RunningTopology)
+    first = run.workload.requests[0]
+    prompt_tokens = (run.count_tokens(first.prompt) if run.count_tokens
+                     else round(len(first.prompt) / CHARS_PER_TOKEN))
+    lane_name = place(list(run.table), priority="interactive", prompt_tokens=prompt_tokens,
+                      requested_max_tokens=first.max_tokens, model_max_len=run.limit).lane
+    lane = next(l for l in run.table if l.name == lane_name)
+    senders = 2 * lane.max_num_seqs * workers_per_lane.get(lane_name, 1)
+    time.sleep(cfg.pause_s)
+    log(f"[{topo}/{PROBE}] {senders} closed-loop senders of key A's short requests for "
+        f"{cfg.probe_s:g} s (lane {lane_name!r})")
+    watch = Watch()
+    samples[PROBE] = closed_loop(client, replace(first, arrival_s=0.0), concurrency=senders,
+                                 duration_s=cfg.probe_s, drain_s=cfg.drain_s)
+    info["host"][PROBE] = watch.stop()
+    capacity = capacity_rps(samples[PROBE], cfg.probe_s)
+    if not capacity:
+        raise ValueError(f"the probe finished no short request in {cfg.probe_s:g} s "
+                         "(a longer --probe?)")
+    info[PROBE] = {"lane": lane_name, "concurrency": senders, "duration_s": cfg.probe_s,
+                   "capacity_rps": capacity}
+    run.workload = add_flood(run.workload, capacity)
+    run.phases = phases_of(run.workload, cfg.baseline)
+    log(f"[{topo}/{PROBE}] capacity {capacity:.2f} req/s; key A sends "
+        f"{run.workload.params['rate']:g} req/s, key B {run.workload.params['flood_rate']:.2f}")
+    _settle(topo)
+    for phase in (A_ALONE, FAIR):
+        samples[phase] = _timed_phase(client, topo, phase, run.phases[phase], cfg, info["host"],
+                                      running.redis_url)
+        _settle(topo)
+    url = running.start_api(free_port(), {settings.FAIR_SHARE.env: "0"}, "api-arrival-order")
+    fifo = Client(url, client.model, api_keys=client.api_keys, api_key=client.api_key)
+    samples[ARRIVAL_ORDER] = _timed_phase(fifo, topo, ARRIVAL_ORDER, run.phases[ARRIVAL_ORDER],
+                                          cfg, info["host"], running.redis_url)
+
+
 def log(msg: str) -> None:
     print(f"tailguard bench: {msg}", file=sys.stderr, flush=True)
 
@@ -697,7 +771,7 @@ def _specs(cfg: BenchConfig, workload: Workload, table: LaneTable, lanes_topo: T
                          dtype=serving_dtype(model, settings.DTYPE.get()),
                          cpus=tuple(cores) if kind == "cpu" else ())
     # overload tests admission, batch the batch lane: only the lanes topology has them
-    wanted = ("lanes",) if workload.name in (OVERLOAD, BATCH) else cfg.topologies
+    wanted = ("lanes",) if workload.name in (OVERLOAD, BATCH, TENANTS) else cfg.topologies
     specs: dict[str, TopologySpec | DirectSpec] = {
         "shared": shared_spec(table, engines=engines, kind=kind, cores=cores),
         "lanes": lanes_topo, STATIC: static_spec(lanes_topo), DIRECT: direct,
@@ -795,7 +869,10 @@ def _measure(cfg: BenchConfig, specs: dict[str, TopologySpec | DirectSpec], run:
                 topo = RunningTopology(spec, model=run.model,
                                        redis_url=f"redis://127.0.0.1:{redis_port}/{db}",
                                        workdir=run.out / name, api_port=free_port(),
-                                       api_threads=cfg.max_in_flight + 16)
+                                       api_threads=cfg.max_in_flight + 16,
+                                       # tenants: two API keys, so the API in keys mode
+                                       env={settings.API_AUTH.env: settings.AUTH_KEYS}
+                                       if run.workload.name == TENANTS else None)
             started.append(topo)
             try:
                 url = topo.start(cfg.start_timeout_s)
@@ -826,8 +903,10 @@ def _measure_topology(cfg: BenchConfig, name: str, spec: TopologySpec | DirectSp
     """One topology, up at `url`: warm it, wait for the previous one to be gone (`stopping`),
     then its phases (the overload workload: the probe, then its timeline); fills `info`."""
     direct = isinstance(spec, DirectSpec)
-    client = Client(url, served_model_name(url), jobs=not direct,
-                    priorities=class_priorities(run.workload.classes) if direct else None)
+    secrets = _tenant_keys(topo.redis_url) if run.workload.name == TENANTS else {}
+    client = Client(url, served_model_name(url, secrets.get(TENANT_A)), jobs=not direct,
+                    priorities=class_priorities(run.workload.classes) if direct else None,
+                    api_keys=secrets, api_key=secrets.get(TENANT_A))
     log(f"[{name}] up in {info['startup_s']:.0f} s; warming up")
     _warm(client, run.workload, cfg.warmup, len(spec.workers))
     _settle(name)
@@ -845,6 +924,9 @@ def _measure_topology(cfg: BenchConfig, name: str, spec: TopologySpec | DirectSp
     if run.workload.name == BATCH:
         assert isinstance(spec, TopologySpec)
         _batch(client, name, spec, run, cfg, info, samples, redis_url)
+        return samples
+    if run.workload.name == TENANTS:
+        _tenants(client, name, topo, run, cfg, info, samples, spec.workers_per_lane())
         return samples
     for phase, wl in run.phases.items():
         samples[phase] = _timed_phase(client, name, phase, wl, cfg, info["host"], redis_url)

@@ -283,8 +283,12 @@ class RunningTopology:
 
     def __init__(self, spec: TopologySpec, *, model: str, redis_url: str, workdir: Path,
                  api_port: int, api_threads: int = 256,
-                 worker_metrics_ports: Mapping[str, int] | None = None) -> None:
+                 worker_metrics_ports: Mapping[str, int] | None = None,
+                 env: Mapping[str, str] | None = None) -> None:
         self.spec = spec
+        #: settings every process of it gets besides the topology's own (the tenants
+        #: workload: the API in keys mode)
+        self.extra_env = dict(env or {})
         self.model = model
         self.redis_url = redis_url
         self.workdir = Path(workdir)
@@ -309,7 +313,26 @@ class RunningTopology:
                 settings.LANES_FILE.env: str(self.workdir / "lanes.toml"),
                 settings.API_THREADS.env: str(self.api_threads),
                 settings.WORKER_HEARTBEAT_S.env: "1", settings.WORKER_METRICS_PORT.env: "0",
-                "PYTHONUNBUFFERED": "1", **frontend_env(self.spec.frontend)}
+                "PYTHONUNBUFFERED": "1", **frontend_env(self.spec.frontend), **self.extra_env}
+
+    def start_api(self, port: int, env: Mapping[str, str], name: str, timeout_s: float = 120.0) -> str:
+        """Another API process in front of the same Redis and workers, with `env` on top of
+        the topology's (the tenants workload's arrival-order API); its URL once it answers."""
+        url = f"http://127.0.0.1:{port}"
+        self.group.start(ChildSpec(name, tailguard_argv("api", "--port", str(port)),
+                                   env={**self._env(), **env}, cpus=self.spec.frontend))
+
+        def answers() -> bool:
+            try:
+                with urllib.request.urlopen(url + "/healthz", timeout=5):
+                    return True
+            except urllib.error.HTTPError:
+                return True  # degraded is an answer
+            except OSError:
+                return False
+
+        self.group.wait_until(answers, timeout_s, f"API {name} answering")
+        return url
 
     def start(self, timeout_s: float = 600.0) -> str:
         """Start the API and the workers; return the API URL once every engine is up.

@@ -236,6 +236,44 @@ def add_burst(workload: Workload, capacity_rps: float) -> Workload:
                            "burst_short_rate": p["short_rate"] + extra})
 
 
+TENANTS = "tenants"
+#: the tenants workload's two API keys' classes: A sends its usual short load, B floods
+TENANT_A, TENANT_B = "tenant-a", "tenant-b"
+#: its phases: A alone, then A beside B's flood in fair order by key, then the same in arrival
+#: order (an API with fair share off, on the same workers)
+A_ALONE, FAIR, ARRIVAL_ORDER = "a_alone", "fair", "arrival_order"
+
+
+def tenants_workload(rate: float, duration_s: float, seed: int = 0, *, factor: float = 3.0,
+                     short_tokens: int = 64, max_requests: int | None = None) -> Workload:
+    """Key A's short requests at `rate` for `duration_s`; key B's flood (`factor` x the short
+    lane's capacity) is added once that is measured (`add_flood`)."""
+    if rate <= 0 or factor <= 0:
+        raise ValueError("tenants: --rate and --overload-factor must be > 0")
+    rng = class_stream(seed, TENANT_A)
+    requests = [BenchRequest(TENANT_A, rng.choice(SEED_PROMPTS), short_tokens, t)
+                for t in poisson_arrivals(rate, duration_s, rng)]
+    return _finish(TENANTS, requests, max_requests, short_class=TENANT_A, long_class=None,
+                   params={"rate": rate, "duration_s": duration_s, "seed": seed,
+                           "factor": factor, "short_tokens": short_tokens,
+                           "described": f"tenants: key A's short requests at {rate:g} req/s for "
+                                        f"{duration_s:g} s, alone, then beside key B's at "
+                                        f"{factor:g}x the short lane's capacity, in fair order "
+                                        f"and in arrival order"})
+
+
+def add_flood(workload: Workload, capacity_rps: float) -> Workload:
+    """`workload` (A's requests) plus key B's short requests at `factor` x `capacity_rps`."""
+    p = workload.params
+    rng = class_stream(p["seed"], TENANT_B)
+    flood = [BenchRequest(TENANT_B, rng.choice(SEED_PROMPTS), p["short_tokens"], t)
+             for t in poisson_arrivals(p["factor"] * capacity_rps, p["duration_s"], rng)]
+    return _finish(workload.name, list(workload.requests) + flood, None,
+                   short_class=TENANT_A, long_class=None,
+                   params={**p, "capacity_rps": capacity_rps,
+                           "flood_rate": p["factor"] * capacity_rps})
+
+
 SHIFT = "shift"
 #: shift's long share of --rate in each window: short-heavy, long-heavy, short-heavy again.
 #: On 2 cores and the small demo model (--rate 2.5): 0.125 long/s in the short-heavy windows,

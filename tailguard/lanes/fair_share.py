@@ -90,6 +90,10 @@ class FairQueue(Generic[T]):
         self.counters.charge(key, cost)
         return key, item, cost
 
+    def queues(self) -> list[deque[tuple[T, int]]]:
+        """Each key's queued (item, cost), oldest first."""
+        return list(self._queues.values())
+
     def backlogged(self) -> list[str]:
         return [k for k, q in self._queues.items() if q]
 

@@ -95,6 +95,11 @@ def _target(text: str) -> tuple[str, float]:
               help="with --compare-follow: the trace's requests per second per GPU, each a run")
 @click.option("--token-scale", type=float, default=1.0, show_default=True,
               help="with --compare-follow: the trace's prompt and output tokens x this")
+@click.option("--by-key", is_flag=True,
+              help="each --class is one API key's traffic: the lanes dispatch in fair order by "
+                   "key, as the API does in keys mode (docs/lanes.md, fair share by key)")
+@click.option("--weight", "weight_specs", multiple=True, metavar="CLASS=W",
+              help="with --by-key: that key's weight (default 1), as `tailguard keys add --weight`")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | None,
          frontend_cores: str, step_model: Path | None, frontend_report: Path | None,
@@ -102,7 +107,7 @@ def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | Non
          lanes_file: Path | None, topology_name: str, target_specs: tuple[str, ...], max_queue_s: float,
          borrow_on: str | None, engines: int | None, split: str | None, duration: float, seed: int,
          validate: bool, compare_gpus: str | None, per_gpu: str, token_scale: float,
-         as_json: bool) -> None:
+         by_key: bool, weight_specs: tuple[str, ...], as_json: bool) -> None:
     """How many engines each lane needs: a simulation of the lanes and of continuously
     batching engines whose step time comes from `--profile`."""
     given = click.get_current_context().get_parameter_source
@@ -139,6 +144,9 @@ def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | Non
     if not classes:
         raise click.UsageError("give the workload: --class ... (repeat) or --workload FILE")
     classes = [c.scaled(scale) for c in classes]
+    fair = _weights(weight_specs, classes) if by_key else None
+    if weight_specs and not by_key:
+        raise click.UsageError("--weight needs --by-key")
     targets = Targets(dict(_target(t) for t in target_specs), max_queue_s)
     lanes, groups = topology(table, topology_name, borrow_on=borrow_on)
     fleet = sum(int(x) for x in split.split(",") if x.strip().isdigit()) if split else engines
@@ -151,7 +159,8 @@ def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | Non
             raise click.BadParameter(f"{len(groups)} counts >= 1 wanted", param_hint="--split")
         needed = None
     else:
-        found = [least_engines(classes, lanes, g, model, targets, duration_s=duration, seed=seed)
+        found = [least_engines(classes, lanes, g, model, targets, duration_s=duration, seed=seed,
+                               fair=fair)
                  for g in groups]
         if None in found:
             raise click.ClickException("no engine count meets the targets (a target below what "
@@ -160,13 +169,30 @@ def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | Non
         counts = split_fleet(needed, engines) if engines else needed
     try:
         result = evaluate(classes, lanes, [replace(g, count=n) for g, n in zip(groups, counts)],
-                          model, targets, duration_s=duration, seed=seed)
+                          model, targets, duration_s=duration, seed=seed, fair=fair)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     if as_json:
         click.echo(json.dumps(_to_dict(result, needed, engines), indent=2))
     else:
         click.echo(_render(result, needed, engines, targets))
+
+
+def _weights(specs: tuple[str, ...], classes: list[ClassLoad]) -> dict[str, float]:
+    """--weight CLASS=W, each naming a class (an API key's traffic), W > 0."""
+    names = {c.name for c in classes}
+    out: dict[str, float] = {}
+    for text in specs:
+        name, _, value = text.partition("=")
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = 0.0
+        if name not in names or not weight > 0:
+            raise click.BadParameter(f"{text!r}: CLASS=W with a --class name and W > 0",
+                                     param_hint="--weight")
+        out[name] = weight
+    return out
 
 
 def _compare(model: StepModel, gpus_text: str, lanes_file: Path | None, per_gpu_text: str,

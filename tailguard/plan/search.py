@@ -21,7 +21,7 @@ handful of requests.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from tailguard.lanes.borrowing import resolve
@@ -99,13 +99,15 @@ class Plan:
 
 def evaluate(classes: Sequence[ClassLoad], lanes: Sequence[Lane], groups: Sequence[EngineGroup],
              model: StepModel, targets: Targets, *, duration_s: float,
-             seed: int = 0) -> Plan:
+             seed: int = 0, fair: Mapping[str, float] | None = None) -> Plan:
     """Simulate `groups` (each scaled down to SIM_ENGINES, see the module docstring); if
-    one borrows, all together as they are (borrowing couples them), at most SIM_ENGINES."""
+    one borrows, all together as they are (borrowing couples them), at most SIM_ENGINES.
+    `fair`: each class one API key's traffic, in fair order with these weights (`simulate`)."""
     if any(g.borrow.lanes for g in groups):
         if sum(g.count for g in groups) > SIM_ENGINES:
             raise ValueError(f"borrowing is simulated for at most {SIM_ENGINES} engines in all")
-        sim = simulate(classes, lanes, groups, model, duration_s=duration_s, seed=seed)
+        sim = simulate(classes, lanes, groups, model, duration_s=duration_s, seed=seed,
+                       fair=fair)
         results = {name: r for name, r in sim.items() if r.n}
         return Plan(tuple(groups), results, all(targets.met_by(r) for r in results.values()))
     results: dict[str, ClassResult] = {}
@@ -113,7 +115,8 @@ def evaluate(classes: Sequence[ClassLoad], lanes: Sequence[Lane], groups: Sequen
         factor = min(SIM_ENGINES, g.count) / g.count
         scaled = [c.scaled(factor) for c in classes]
         sub = simulate(scaled, lanes, [replace(g, count=min(SIM_ENGINES, g.count))], model,
-                       duration_s=duration_s * _stretch(scaled, duration_s, factor), seed=seed)
+                       duration_s=duration_s * _stretch(scaled, duration_s, factor), seed=seed,
+                       fair=fair)
         for name, r in sub.items():
             if r.n:
                 results[name] = replace(r, tokens_per_s=r.tokens_per_s / factor)
@@ -128,14 +131,14 @@ def _stretch(classes: Sequence[ClassLoad], duration_s: float, factor: float) -> 
 
 def least_engines(classes: Sequence[ClassLoad], lanes: Sequence[Lane], group: EngineGroup,
                   model: StepModel, targets: Targets, *, duration_s: float,
-                  seed: int = 0) -> int | None:
+                  seed: int = 0, fair: Mapping[str, float] | None = None) -> int | None:
     """The fewest engines `group` needs to meet `targets` (None: not within MAX_ENGINES),
     sized alone: what it would borrow from other groups is not credited."""
     alone = replace(group, borrow=NO_BORROWING)
 
     def ok(n: int) -> bool:
         return evaluate(classes, lanes, [replace(alone, count=n)], model, targets,
-                        duration_s=duration_s, seed=seed).met
+                        duration_s=duration_s, seed=seed, fair=fair).met
 
     hi = 1
     while not ok(hi):

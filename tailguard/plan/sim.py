@@ -85,7 +85,7 @@ import itertools
 import math
 import random
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,6 +93,7 @@ from tailguard import settings
 from tailguard.errors import NoLaneForRequest, PromptTooLong
 from tailguard.lanes.admission import AdmissionPolicy, LaneLoad
 from tailguard.lanes.borrowing import BorrowPolicy, EngineLoad, may_borrow, reclaim_count, youngest
+from tailguard.lanes.fair_share import FairQueue
 from tailguard.lanes.placement import place, request_cost
 from tailguard.lanes.rebalance import FleetView, Move, QuietClock, RebalancePolicy, WorkerView
 from tailguard.lanes.table import Lane, slots_for
@@ -239,19 +240,22 @@ class ClassResult:
 def simulate(classes: Sequence[ClassLoad], lanes: Sequence[Lane], groups: Sequence[EngineGroup],
              model: StepModel, *, duration_s: float, seed: int = 0,
              arrivals: Sequence[tuple[float, str, int, int]] | None = None,
-             follow: Follow | None = None) -> dict[str, ClassResult]:
+             follow: Follow | None = None,
+             fair: Mapping[str, float] | None = None) -> dict[str, ClassResult]:
     """Run `duration_s` of arrivals to completion; per-class results.
 
     `arrivals`, (time, class name, prompt tokens, max_tokens), replays a given request
     list (a bench run's) instead of drawing Poisson arrivals and lengths from `classes`.
     `follow`: the lane controller moves engines between lanes (module docstring).
+    `fair`: each class is one API key's traffic, dispatched in fair order by key with these
+    weights (a class not named: 1), as the API does in keys mode (tailguard/lanes/fair_share.py).
 
     Requests placed on a lane no group serves are left out (not counted), so one lane
     group can be simulated alone: lanes that share no engine interact only through
     ``neighbour_slowdown`` (then among the engines simulated) and borrowing (a group
     borrowing from a lane no group serves borrows nothing).
     """
-    sim = Simulation(classes, lanes, groups, model, seed=seed, follow=follow)
+    sim = Simulation(classes, lanes, groups, model, seed=seed, follow=follow, fair=fair)
     if arrivals is None:
         sim.draw_arrivals(duration_s)
     else:
@@ -268,7 +272,7 @@ class Simulation:
 
     def __init__(self, classes: Sequence[ClassLoad], lanes: Sequence[Lane],
                  groups: Sequence[EngineGroup], model: StepModel, *, seed: int = 0,
-                 follow: Follow | None = None) -> None:
+                 follow: Follow | None = None, fair: Mapping[str, float] | None = None) -> None:
         self.classes = classes
         self.lanes = lanes  # in the table's order, as `place` takes them
         self.model = model
@@ -295,6 +299,10 @@ class Simulation:
         self.last_move_at: float | None = None
         self.queues: dict[str, list[_Req]] = {name: [] for name in self.by_name}  # FIFO
         self.heads = {name: 0 for name in self.by_name}  # where each queue's head is
+        #: with `fair` (each class one API key's traffic, its weight; absent: 1), each lane's
+        #: queue is a FairQueue, dispatched in virtual-token-counter order as the API's Redis
+        #: steps release it (tailguard/lanes/fair_share.py: the same code)
+        self.fair = None if fair is None else {name: FairQueue(fair) for name in self.by_name}
         self.events: list[tuple[float, int, str, Any]] = []
         self._seq = itertools.count()  # ties in time: first scheduled, first applied
         self._rids = itertools.count()
@@ -375,11 +383,28 @@ class Simulation:
     # -- queues
 
     def queued(self, name: str) -> int:
+        if self.fair is not None:
+            return len(self.fair[name])
         return len(self.queues[name]) - self.heads[name]
 
+    def queued_reqs(self, name: str) -> list[_Req]:
+        if self.fair is not None:
+            return [r for q in self.fair[name].queues() for r, _ in q]
+        return self.queues[name][self.heads[name]:]
+
     def pop(self, name: str, t: float) -> _Req | None:
-        """The head of lane `name`'s queue still within its TTL (the expired ones end)."""
-        q, ttl = self.queues[name], self.by_name[name].queue_ttl_s
+        """The head of lane `name`'s queue still within its TTL (the expired ones end); in fair
+        order, the oldest request of the key with the least counter."""
+        ttl = self.by_name[name].queue_ttl_s
+        if self.fair is not None:
+            while (item := self.fair[name].pop()) is not None:
+                r = item[1]
+                if t - r.queued_at > ttl:
+                    self.finish(r, r.queued_at + ttl, "expired")
+                else:
+                    return r
+            return None
+        q = self.queues[name]
         while self.heads[name] < len(q):
             r = q[self.heads[name]]
             self.heads[name] += 1
@@ -394,6 +419,8 @@ class Simulation:
         free = [e for e in self.serving[r.lane] if len(e.reqs) < e.slots]
         if free:
             self.take(self.rng.choice(free), r, t)
+        elif self.fair is not None:
+            self.fair[r.lane].push(r.cls, r, request_cost(r.prompt, r.max_tokens))
         else:
             self.queues[r.lane].append(r)
 
@@ -558,7 +585,7 @@ class Simulation:
     def waiting(self, t: float) -> bool:
         """Whether a queued request is still within its TTL at `t` (then the controller keeps
         deciding: it may bring its lane a worker); once none is, the queues' rest expires."""
-        left = [r for name in self.queues for r in self.queues[name][self.heads[name]:]]
+        left = [r for name in self.queues for r in self.queued_reqs(name)]
         if any(t - r.queued_at <= self.by_name[r.lane].queue_ttl_s for r in left):
             return True
         for name in self.queues:
@@ -589,7 +616,7 @@ class Simulation:
         served = self.served[name]
         while served and served[0][0] <= t - window:
             served.popleft()
-        queued = self.queues[name][self.heads[name]:]
+        queued = self.queued_reqs(name)
         return LaneLoad(
             backlog_tokens=sum(request_cost(r.prompt, r.max_tokens) for r in queued),
             queued_jobs=len(queued),

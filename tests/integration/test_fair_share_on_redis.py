@@ -117,3 +117,49 @@ def test_past_the_lane_limits_a_key_within_its_share_is_admitted_and_one_over_it
     submit(store, "quiet", 5, limits=limits)  # within half of 2,000 while the flood holds more
     with pytest.raises(BacklogMoved):
         submit(store, "flood", 1, limits=limits)  # over its share: refused
+
+
+@pytest.fixture(scope="module")
+def fair_app(tiny_model, redis_server, tmp_path_factory):
+    """Keys mode, no worker: short promises 10 s at 40 tokens/s (4 slots x 10), so it holds
+    about 400 cost tokens of waiting work; what is accepted stays queued."""
+    from conftest import TEST_LANES
+    from test_admission_on_redis import make_app
+
+    from tailguard import settings
+
+    path = tmp_path_factory.mktemp("fair-lanes") / "lanes.toml"
+    path.write_text(TEST_LANES.read_text().replace("dedicated = true",
+                                                   "dedicated = true\nmax_wait_s = 10", 1))
+    return make_app(tiny_model, redis_server, path, TAILGUARD_ADMIT_WITHOUT_WORKER=True,
+                    **{settings.API_AUTH.env: settings.AUTH_KEYS})
+
+
+def test_a_full_lane_refuses_the_key_over_its_share_and_admits_the_one_within_it(
+        fair_app, redis_client):
+    from tailguard.gateway.api_keys import ApiKey, ApiKeyStore
+
+    secrets = {name: ApiKeyStore(redis_client).add(ApiKey(name)) for name in ("flood", "quiet")}
+    api = fair_app.test_client()
+
+    def post(name):
+        return api.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 60},
+                        headers={"Authorization": f"Bearer {secrets[name]}"})
+
+    flood = 0
+    while (resp := post("flood")).status_code == 202:
+        flood += 1
+        assert flood < 40, "the lane never filled"
+    # alone, the flood is refused as arrival order refuses it
+    assert resp.status_code == 429 and resp.get_json()["error"]["code"] == "wait_too_long"
+    # the quiet key is admitted past the lane's limit: it holds nothing, under half of it
+    quiet = post("quiet")
+    assert quiet.status_code == 202, quiet.get_json()
+    assert quiet.get_json()["estimated_start_s"] <= 10  # its wait in fair order keeps the promise
+    again = post("flood")
+    assert again.status_code == 429, again.get_json()
+    assert again.get_json()["error"]["code"] == "over_fair_share"
+    assert int(again.headers["Retry-After"]) >= 1
+    assert "holds more than its share" in again.get_json()["error"]["message"]
+    held = JobStore(redis_client).held_backlogs("short")[0]
+    assert set(held) == {"flood", "quiet"} and held["flood"] > held["quiet"] > 0

@@ -2,6 +2,7 @@
 slowed by the share it takes (tailguard/plan/sim.py, "Front end")."""
 
 import dataclasses
+import json
 
 import pytest
 
@@ -150,3 +151,21 @@ def test_plan_frontend_from_writes_the_fit_into_the_step_model(tmp_path):
     m = StepModel.load(tmp_path / "step.json")
     assert (m.frontend_s_per_request, m.frontend_s_per_token) == pytest.approx((0.02, 4e-4))
     assert (m.a_s, m.source["frontend_points"]["lanes/mixed"][:2]) == (CPU.a_s, [251, 38912])
+
+
+def test_plan_by_key_runs_the_fair_order_and_checks_its_weights(tmp_path):
+    from click.testing import CliRunner
+
+    from tailguard.cli import main
+
+    CPU.save(tmp_path / "step.json")
+    base = ["plan", "--step-model", str(tmp_path / "step.json"), "--class", "team-a:1:30:32",
+            "--class", "team-b:6:30:32", "--split", "1,1", "--duration", "30", "--json"]
+    ok = CliRunner().invoke(main, [*base, "--by-key", "--weight", "team-a=2"])
+    assert ok.exit_code == 0, ok.output
+    assert {"team-a", "team-b"} <= set(json.loads(ok.output)["classes"])
+    for bad, says in ((["--weight", "team-a=2"], "--weight needs --by-key"),
+                      (["--by-key", "--weight", "nobody=2"], "CLASS=W"),
+                      (["--by-key", "--weight", "team-a=0"], "CLASS=W")):
+        result = CliRunner().invoke(main, [*base, *bad])
+        assert result.exit_code == 2 and says in result.output, result.output

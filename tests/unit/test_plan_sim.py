@@ -97,3 +97,36 @@ def test_a_suspended_step_resumes_with_what_it_had_left_and_its_old_end_is_void(
     assert not e.suspended and e.end == pytest.approx(5.75)
     s.step_ended(e.end, e, e.version)
     assert e.reqs[0].out == 1
+
+
+def _fair_sim(fair):
+    lane = Lane(name="only", max_tokens=100000, deadline_s=1e9, queue_ttl_s=1e9,
+                max_model_len=1 << 20, max_num_seqs=1)
+    classes = [ClassLoad(n, 0.0, Lengths.fixed(1), Lengths.fixed(1)) for n in ("flood", "quiet")]
+    s = Simulation(classes, [lane], [EngineGroup(("only",), 1, 1)], MODEL, fair=fair)
+    return s, {c.name: c for c in classes}
+
+
+@pytest.mark.parametrize("fair, quiet_after", [(None, 10), ({}, 1)])
+def test_by_key_a_quiet_keys_request_is_dispatched_next_not_behind_the_flood(fair, quiet_after):
+    """The same queue (one slot, 10 of the flood's waiting, then one of the quiet key's): in
+    arrival order it goes last; by key (`tailguard plan --by-key`) it is lifted level with the
+    flood and goes out after at most one more of it."""
+    s, c = _fair_sim(fair)
+    for i in range(11):
+        s.arrive(0.01 * i, c["flood"], 3, 5)  # the first runs, 10 wait
+    s.arrive(0.5, c["quiet"], 3, 5)
+    order = [s.pop("only", 1.0).cls for _ in range(11)]
+    assert order.index("quiet") <= quiet_after and order.count("flood") == 10
+    if fair is None:
+        assert order[-1] == "quiet"
+
+
+def test_by_key_weights_share_the_dispatches_two_to_one():
+    s, c = _fair_sim({"flood": 2.0})
+    s.arrive(0.0, c["flood"], 3, 5)  # runs
+    for i in range(30):
+        s.arrive(0.01 * i, c["flood"], 3, 5)
+        s.arrive(0.01 * i, c["quiet"], 3, 5)
+    order = [s.pop("only", 1.0).cls for _ in range(30)]
+    assert abs(order.count("flood") - 2 * order.count("quiet")) <= 2, order
