@@ -365,9 +365,9 @@ class Gateway:
         held work read now), arrival order's otherwise."""
         if fair is None:
             return self.admission.admit(lane, load, cost)
-        backlogs, weights = self.store.held_backlogs(lane.name)
-        return self.admission.admit_fairly(lane, load, cost, fair.key, backlogs,
-                                           {**weights, fair.key: fair.weight})
+        held = self.store.held_work(lane.name)
+        return self.admission.admit_fairly(lane, load, cost, fair.key, held.tokens,
+                                           {**held.weights, fair.key: fair.weight}, held.counters)
 
     def _admit(self, lane: Lane, load: LaneLoad, cost: int, caller: ApiKey | None,
                target: LatencyTarget, token_bucket: str = TOKENS,

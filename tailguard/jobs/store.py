@@ -237,15 +237,16 @@ class JobStore:
         in its lane's backlog, `fields` (the resume point) set, as transition() answers."""
         return self.transition(job_id, {RUNNING}, QUEUED, fields)
 
-    def held_backlogs(self, lane: str) -> tuple[dict[str, int], dict[str, float]]:
-        """A fair lane's held work: the cost tokens each API key has held on it, and the keys'
-        weights as their jobs carried them (admission's `backlogs` and `weights`)."""
+    def held_work(self, lane: str) -> HeldWork:
+        """A fair lane's held work, the keys' weights and counters, as admission reads them."""
         pipe = self.redis.pipeline(transaction=False)
         pipe.hgetall(keys.lane_held_tokens_key(lane))
         pipe.hgetall(keys.lane_weights_key(lane))
-        tokens, weights = pipe.execute()
-        return ({_text(k): int(v) for k, v in tokens.items()},
-                {_text(k): float(v) for k, v in weights.items()})
+        pipe.hgetall(keys.lane_counters_key(lane))
+        tokens, weights, counters = pipe.execute()
+        return HeldWork({_text(k): int(v) for k, v in tokens.items()},
+                        {_text(k): float(v) for k, v in weights.items()},
+                        {_text(k): float(v) for k, v in counters.items()})
 
     def held_jobs(self, lane: str) -> list[str]:
         """The ids of the jobs held on a fair lane, not yet released onto its queue."""
@@ -311,6 +312,16 @@ class FairHold:
 
     key: str
     weight: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldWork:
+    """A fair lane's held work (AdmissionPolicy.admit_fairly's figures): the cost tokens each
+    API key has held on it, the keys' weights as their jobs carried them, their counters."""
+
+    tokens: dict[str, int]
+    weights: dict[str, float]
+    counters: dict[str, float]
 
 
 def _text(value: bytes | str) -> str:

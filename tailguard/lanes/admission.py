@@ -42,7 +42,8 @@ the race is decided again on those.
 
 Where the lane dispatches in fair order by key (tailguard/lanes/fair_share.py), admission is
 fair too (``admit_fairly``): when the rule above refuses, a key holding more than its weighted
-share of what the lane may hold is refused (429 ``over_fair_share``); one within its share is
+share of what the lane may hold is refused (429 ``over_fair_share``), unless counter order serves
+it next (it was served less than every other key with work queued); one within its share is
 admitted with the wait it has in fair order (within the promise: its share and what the others
 are served meanwhile fill at most what the lane holds), and may take the lane past
 ``max_backlog_tokens``, never past twice it: the room beyond is held by keys over their share,
@@ -57,7 +58,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tailguard.errors import LaneFull, NoLiveWorker, OverFairShare, WaitTooLong
-from tailguard.lanes.fair_share import fair_share, weight_of, work_ahead
+from tailguard.lanes.fair_share import fair_share, served_next, weight_of, work_ahead
 from tailguard.lanes.table import Lane
 
 
@@ -154,15 +155,18 @@ class AdmissionPolicy:
         return within_promise if bound is None else min(bound, within_promise)
 
     def admit_fairly(self, lane: Lane, load: LaneLoad, cost: int, key: str,
-                     backlogs: Mapping[str, int], weights: Mapping[str, float]) -> float:
+                     backlogs: Mapping[str, int], weights: Mapping[str, float],
+                     counters: Mapping[str, float] | None = None) -> float:
         """`admit`, for a lane that dispatches in fair order: `backlogs` the cost tokens each key
-        has queued on it, `weights` the keys' weights (tailguard/lanes/fair_share.py).
+        has queued on it, `weights` the keys' weights, `counters` their virtual token counters
+        (tailguard/lanes/fair_share.py).
 
         When `admit` refuses, OverFairShare if `key` would hold more than its share while another
-        key has work queued (alone, it is refused as `admit` refuses it; Retry-After: until its
-        backlog drains to its share at its share of the rate); within its share it is admitted
-        with the wait it has in fair order, unless the lane would pass twice its backlog bound
-        (then `admit`'s refusal)."""
+        key has work queued, unless counter order serves it next (`served_next`: it has been
+        served less than every other backlogged key by more than it has queued); alone, it is
+        refused as `admit` refuses it (Retry-After: until its backlog drains to its share at its
+        share of the rate). Otherwise it is admitted with the wait it has in fair order, unless
+        the lane would pass twice its backlog bound (then `admit`'s refusal)."""
         try:
             return self.admit(lane, load, cost)
         except (LaneFull, WaitTooLong):
@@ -172,7 +176,8 @@ class AdmissionPolicy:
             share = fair_share(key, capacity, backlogs, weights)
             held = max(0, backlogs.get(key, 0)) + cost
             rate = self.service_rate(lane, load)
-            if held > share:
+            first = served_next(key, backlogs, weights, counters or {})
+            if held > share and not first:
                 share_rate = rate * share / capacity if capacity > 0 else rate
                 raise OverFairShare(
                     f"lane {lane.name!r} is full and key {key!r} holds more than its share of it "
@@ -183,15 +188,17 @@ class AdmissionPolicy:
                 raise
             # within its share, what is dispatched before it in fair order fills at most what
             # the lane holds (capacity_tokens): its wait is within the promise
-            ahead = self._ahead_in_fair_order(load, key, backlogs, weights)
+            ahead = self._ahead_in_fair_order(load, key, backlogs, weights, first)
             return self.wait_tokens(lane, ahead, cost) / rate
 
     @staticmethod
     def _ahead_in_fair_order(load: LaneLoad, key: str, backlogs: Mapping[str, int],
-                             weights: Mapping[str, float]) -> LaneLoad:
+                             weights: Mapping[str, float], first: bool = False) -> LaneLoad:
         """`load` with only the queued work dispatched before `key`'s new request in fair order
-        (its jobs in proportion: they are not counted per key)."""
+        (its jobs in proportion: they are not counted per key); `first`: counter order serves
+        the key next, so only its own queued work is ahead."""
         total = max(0, load.backlog_tokens)
-        ahead = min(total, work_ahead(key, backlogs, weights))
+        own = max(0, backlogs.get(key, 0))
+        ahead = min(total, own if first else work_ahead(key, backlogs, weights))
         jobs = math.ceil(max(0, load.queued_jobs) * ahead / total) if total else 0
         return dataclasses.replace(load, backlog_tokens=round(ahead), queued_jobs=jobs)

@@ -13,7 +13,8 @@ backlogged, their service divided by their weights differs by at most twice the 
 cost / weight of one request.
 
 When a lane must refuse (admission), it refuses the keys above their weighted share of what
-the lane may hold first (`fair_share`, tailguard/lanes/admission.py's ``admit_fairly``);
+the lane may hold first (`fair_share`, tailguard/lanes/admission.py's ``admit_fairly``), unless
+counter order serves the key next (`served_next`);
 `work_ahead` estimates what a key's new request waits for in this order.
 """
 
@@ -111,6 +112,21 @@ def fair_share(key: str, capacity: float, backlogs: Mapping[str, int],
     queued (`backlogs`: cost tokens per key) and itself."""
     active = {k for k, b in backlogs.items() if b > 0} | {key}
     return capacity * weight_of(key, weights) / sum(weight_of(k, weights) for k in active)
+
+
+def served_next(key: str, backlogs: Mapping[str, int], weights: Mapping[str, float],
+                counters: Mapping[str, float]) -> bool:
+    """Whether counter order dispatches a new job of `key` before any more of the other
+    backlogged keys' work: its counter, once charged for what it already has queued, is still
+    at most theirs (a key with nothing queued is lifted to their least first). A key served less
+    than the others so far, by more than what it has queued, goes next: refusing it as over its
+    share would refuse the key the lane serves next."""
+    others = [counters.get(k, 0.0) for k, b in backlogs.items() if k != key and b > 0]
+    if not others:
+        return False
+    own = max(0, backlogs.get(key, 0))
+    mine = counters.get(key, 0.0) if own else max(counters.get(key, 0.0), min(others))
+    return mine + own / weight_of(key, weights) <= min(others)
 
 
 def work_ahead(key: str, backlogs: Mapping[str, int], weights: Mapping[str, float]) -> float:

@@ -161,5 +161,5 @@ def test_a_full_lane_refuses_the_key_over_its_share_and_admits_the_one_within_it
     assert again.get_json()["error"]["code"] == "over_fair_share"
     assert int(again.headers["Retry-After"]) >= 1
     assert "holds more than its share" in again.get_json()["error"]["message"]
-    held = JobStore(redis_client).held_backlogs("short")[0]
+    held = JobStore(redis_client).held_work("short").tokens
     assert set(held) == {"flood", "quiet"} and held["flood"] > held["quiet"] > 0

@@ -13,6 +13,7 @@ from tailguard.lanes.fair_share import (
     FairQueue,
     VirtualTokenCounters,
     fair_share,
+    served_next,
     work_ahead,
 )
 from tailguard.lanes.table import Lane
@@ -205,3 +206,30 @@ def test_fair_admission_refuses(lane_load, key, backlogs, weights, error, retry_
 def test_fair_admission_without_a_live_worker_is_still_a_503():
     with pytest.raises(NoLiveWorker):
         POLICY.admit_fairly(LANE, load(workers=0), 100, "a", {}, {})
+
+
+@pytest.mark.parametrize("key,backlogs,counters,weights,nxt", [
+    ("a", {"a": 100, "b": 1000}, {"a": 500, "b": 700}, {}, True),   # 500 + 100 <= 700
+    ("a", {"a": 300, "b": 1000}, {"a": 500, "b": 700}, {}, False),  # 500 + 300 > 700
+    ("a", {"a": 300, "b": 1000}, {"a": 500, "b": 700}, {"a": 2.0}, True),  # 500 + 150
+    ("a", {"b": 1000}, {"a": 0, "b": 700}, {}, True),    # returning: lifted to 700, nothing held
+    ("a", {"b": 1000}, {"a": 900, "b": 700}, {}, False),  # never lowered: 900 > 700
+    ("a", {"a": 100}, {"a": 0}, {}, False),               # alone: nobody to go before
+    ("a", {"a": 100, "b": 0}, {"a": 0, "b": 50}, {}, False),  # b has nothing queued
+])
+def test_served_next_is_a_counter_still_at_most_the_others_once_charged(key, backlogs, counters,
+                                                                        weights, nxt):
+    assert served_next(key, backlogs, weights, counters) is nxt
+
+
+def test_a_key_over_its_share_that_counter_order_serves_next_is_admitted_not_refused():
+    """The flood's refusal above (b over its share, 1240 of 600), except that b was served less
+    than a by more than it holds: b's new job goes out next, so it is admitted, with only its own
+    queued work ahead of it: 1140 of the 1240 (12 of the 13 jobs, none beyond the 4 busy slots)
+    and one slot's worth, 1240 tokens at 40 tokens/s."""
+    full = load(backlog=1240, queued=13, running=4)
+    with pytest.raises(OverFairShare):
+        POLICY.admit_fairly(LANE, full, 100, "b", {"a": 100, "b": 1140}, {}, {"a": 0, "b": 0})
+    wait = POLICY.admit_fairly(LANE, full, 100, "b", {"a": 100, "b": 1140}, {},
+                               {"a": 5000, "b": 3000})
+    assert wait == pytest.approx(31.0)

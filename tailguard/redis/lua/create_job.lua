@@ -29,24 +29,30 @@ if a.max_wait_tokens and not refuse then
   end
 end
 if refuse and a.fair then
-  -- AdmissionPolicy.admit_fairly (tailguard/lanes/admission.py): a key within its weighted share
-  -- of what the lane may hold is admitted while another key has work held, up to twice the bound
+  -- AdmissionPolicy.admit_fairly (tailguard/lanes/admission.py): while another key has work
+  -- held, a key within its weighted share of what the lane may hold, or one that counter order
+  -- serves next (fair_share.served_next), is admitted, up to twice the bound
   local f = a.fair
   local held = redis.call('HGETALL', string.format(f.patterns.tokens, f.lane))
-  local mine, weights, others = 0, f.weight, false
+  local counters = string.format(f.patterns.counters, f.lane)
+  local mine, weights, least = 0, f.weight, nil
   for i = 1, #held, 2 do
     local n = tonumber(held[i + 1])
     if held[i] == f.key then mine = n
     elseif n > 0 then
-      others = true
       weights = weights + tonumber(redis.call('HGET', string.format(f.patterns.weights, f.lane),
                                               held[i]) or '1')
+      local c = tonumber(redis.call('HGET', counters, held[i]) or '0')
+      if not least or c < least then least = c end
     end
   end
   local capacity = math.min(a.max_backlog_after or math.huge, a.max_wait_tokens or math.huge)
-  if others and mine + a.cost <= capacity * f.weight / weights
-     and not (a.max_backlog_after and math.max(0, backlog) + a.cost > 2 * a.max_backlog_after) then
-    refuse = false
+  if least and not (a.max_backlog_after and math.max(0, backlog) + a.cost > 2 * a.max_backlog_after) then
+    local counter = tonumber(redis.call('HGET', counters, f.key) or '0')
+    if mine <= 0 then counter = math.max(counter, least) end
+    if mine + a.cost <= capacity * f.weight / weights or counter + mine / f.weight <= least then
+      refuse = false
+    end
   end
 end
 if refuse then return {backlog, queued, running} end
