@@ -28,6 +28,7 @@ from tailguard.errors import (
     JobExpired,
     JobNotFound,
     JobStateConflict,
+    LaneFull,
     NoLiveWorker,
     PromptTooLong,
     Refused,
@@ -365,6 +366,10 @@ class Gateway:
         held work read now), arrival order's otherwise."""
         if fair is None:
             return self.admission.admit(lane, load, cost)
+        try:
+            return self.admission.admit(lane, load, cost)
+        except (LaneFull, WaitTooLong):
+            pass  # only a lane past its limits needs the keys' held work (a Redis round trip)
         held = self.store.held_work(lane.name)
         return self.admission.admit_fairly(lane, load, cost, fair.key, held.tokens,
                                            {**held.weights, fair.key: fair.weight}, held.counters)

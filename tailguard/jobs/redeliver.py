@@ -168,8 +168,7 @@ class Redeliverer:
             old = {_text(m).split(" ", 1)[1] for m in self.store.redis.zrangebyscore(
                 keys.lane_queued_key(lane.name), now_s, now_s + lane.queue_ttl_s - self.after_s)}
             # a fair lane's jobs held in front of its queue have their messages there
-            held = self.store.held_jobs(lane.name)
-            listed_count = client.llen(lane.queue) + len(held)
+            listed_count = client.llen(lane.queue) + self.store.held_count(lane.name)
             if len(old) <= listed_count + in_flight:
                 continue  # every old job may still have its message: nothing to look for
             if unacked is None:
@@ -177,7 +176,8 @@ class Redeliverer:
             delivered = unacked.get(lane.queue, set())
             if len(old) <= listed_count + len(delivered):
                 continue
-            listed = {_task_id(raw)[0] for raw in client.lrange(lane.queue, 0, -1)} | set(held)
+            listed = ({_task_id(raw)[0] for raw in client.lrange(lane.queue, 0, -1)}
+                      | set(self.store.held_jobs(lane.name)))
             nowhere |= {keys.job_id_of(k) for k in old} - listed - delivered
         mono = time.monotonic()
         earlier = self._suspects

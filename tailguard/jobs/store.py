@@ -259,6 +259,10 @@ class JobStore:
             held += [keys.job_id_of(_text(e).split(" ", 2)[1]) for e in entries]
         return held
 
+    def held_count(self, lane: str) -> int:
+        """How many jobs are held on a fair lane (without reading them)."""
+        return held_count(self.redis, lane)
+
     def release_held(self, lane: str) -> int:
         """Release what fits of a fair lane's held jobs onto its queue now; how many."""
         return int(self._release_held([], fair=keys.FAIR_KEY_PATTERNS, lane=lane))
@@ -322,6 +326,15 @@ class HeldWork:
     tokens: dict[str, int]
     weights: dict[str, float]
     counters: dict[str, float]
+
+
+def held_count(client: redis.Redis, lane: str) -> int:
+    """How many jobs are held in front of a fair lane's queue (tailguard/redis/lua/fair_release.lua)."""
+    names = [_text(k) for k in client.hkeys(keys.lane_held_tokens_key(lane))]
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.llen(keys.lane_held_key(lane, name))
+    return sum(pipe.execute()) if names else 0
 
 
 def _text(value: bytes | str) -> str:

@@ -42,8 +42,8 @@ from tailguard.jobs.finished import FinishedRequest
 from tailguard.jobs.lane_orders import MOVE_BUCKETS_S, LaneOrders
 from tailguard.jobs.liveness import Liveness
 from tailguard.jobs.redis_memory import StorageWatch
+from tailguard.jobs.store import held_count
 from tailguard.lanes.borrowing import BorrowStats
-from tailguard.redis import keys
 
 log = logging.getLogger("tailguard.metrics")
 
@@ -82,13 +82,7 @@ def queue_depth(client: redis.Redis, lane_queue: str, lane: str | None = None) -
     for suffix in _PRIORITY_SUFFIXES:
         pipe.llen(lane_queue + suffix)
     depth = sum(pipe.execute())
-    if lane is None:
-        return depth
-    held = [k.decode() if isinstance(k, bytes) else k
-            for k in client.hkeys(keys.lane_held_tokens_key(lane))]
-    for name in held:
-        pipe.llen(keys.lane_held_key(lane, name))
-    return depth + (sum(pipe.execute()) if held else 0)
+    return depth if lane is None else depth + held_count(client, lane)
 
 
 class QueueDepthCollector(Collector):

@@ -15,7 +15,7 @@ from tailguard.redis import keys
 
 pytestmark = pytest.mark.e2e
 
-JOB = {"prompt": "hello there", "max_tokens": 8, "ignore_eos": True}
+JOB = {"prompt": "hello there", "max_tokens": 24, "ignore_eos": True}
 NAMES = ("e2e-fair-flood", "e2e-fair-quiet", "e2e-fair-heavy", "e2e-fair-light")
 
 

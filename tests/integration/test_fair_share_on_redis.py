@@ -163,3 +163,27 @@ def test_a_full_lane_refuses_the_key_over_its_share_and_admits_the_one_within_it
     assert "holds more than its share" in again.get_json()["error"]["message"]
     held = JobStore(redis_client).held_work("short").tokens
     assert set(held) == {"flood", "quiet"} and held["flood"] > held["quiet"] > 0
+
+
+def test_held_jobs_are_not_lost_messages_and_the_redelivery_pass_releases_them(store):
+    """The redelivery pass compares a lane's queued jobs with the messages it finds: a held job's
+    message is in its key's list, so it is never failed as message_lost; and the pass releases
+    what fits, the backstop for a slot freed without a transition (a message taken off the list
+    and skipped)."""
+    from tailguard.jobs.redeliver import Redeliverer
+    from tailguard.lanes.table import load_lanes
+    from tailguard.observe.metrics import queue_depth
+    from tasks import app
+
+    ids = submit(store, "flood", SLOTS + 3)
+    assert queue_depth(store.redis, QUEUE, LANE) == SLOTS + 3  # listed and held alike
+    passes = Redeliverer(store, app.connection_for_write, after_s=0,
+                         lanes=[lane for lane in load_lanes().lanes if lane.name == LANE],
+                         confirm_s=0)
+    passes.run_once()
+    passes.run_once()  # two passes: what they found nowhere twice would fail now
+    assert all(store.status(i) == QUEUED for i in ids)
+    store.redis.rpop(QUEUE)  # taken and skipped: no transition frees its place
+    passes.run_once()
+    assert store.redis.llen(QUEUE) == SLOTS and store.held_count(LANE) == 2
+    passes.close()
