@@ -372,7 +372,8 @@ class Gateway:
             pass  # only a lane past its limits needs the keys' held work (a Redis round trip)
         held = self.store.held_work(lane.name)
         return self.admission.admit_fairly(lane, load, cost, fair.key, held.tokens,
-                                           {**held.weights, fair.key: fair.weight}, held.counters)
+                                           {**held.weights, fair.key: fair.weight}, held.counters,
+                                           held.running)
 
     def _admit(self, lane: Lane, load: LaneLoad, cost: int, caller: ApiKey | None,
                target: LatencyTarget, token_bucket: str = TOKENS,

@@ -243,10 +243,12 @@ class JobStore:
         pipe.hgetall(keys.lane_held_tokens_key(lane))
         pipe.hgetall(keys.lane_weights_key(lane))
         pipe.hgetall(keys.lane_counters_key(lane))
-        tokens, weights, counters = pipe.execute()
+        pipe.hgetall(keys.lane_running_tokens_key(lane))
+        tokens, weights, counters, running = pipe.execute()
         return HeldWork({_text(k): int(v) for k, v in tokens.items()},
                         {_text(k): float(v) for k, v in weights.items()},
-                        {_text(k): float(v) for k, v in counters.items()})
+                        {_text(k): float(v) for k, v in counters.items()},
+                        {_text(k): int(v) for k, v in running.items()})
 
     def held_jobs(self, lane: str) -> list[str]:
         """The ids of the jobs held on a fair lane, not yet released onto its queue."""
@@ -321,11 +323,13 @@ class FairHold:
 @dataclasses.dataclass(frozen=True)
 class HeldWork:
     """A fair lane's held work (AdmissionPolicy.admit_fairly's figures): the cost tokens each
-    API key has held on it, the keys' weights as their jobs carried them, their counters."""
+    API key has held on it, the keys' weights as their jobs carried them, their counters, and
+    the cost tokens each key has running on it."""
 
     tokens: dict[str, int]
     weights: dict[str, float]
     counters: dict[str, float]
+    running: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def held_count(client: redis.Redis, lane: str) -> int:

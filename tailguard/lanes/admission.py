@@ -42,10 +42,12 @@ the race is decided again on those.
 
 Where the lane dispatches in fair order by key (tailguard/lanes/fair_share.py), admission is
 fair too (``admit_fairly``): when the rule above refuses, a key holding more than its weighted
-share of what the lane may hold is refused (429 ``over_fair_share``), unless counter order serves
-it next (it was served less than every other key with work queued); one within its share is
-admitted with the wait it has in fair order (within the promise: its share and what the others
-are served meanwhile fill at most what the lane holds), and may take the lane past
+share of what the lane may hold (queued and running) is refused (429 ``over_fair_share``), unless
+counter order serves it next (it was served less than every other key with work queued). One
+within its share is admitted with the wait it has in fair order: its job goes out at the next
+free slot ahead of the others' queued ones, so a lane whose promise is shorter than a slot's
+turnover (a tight `max_wait_s`, the others' running jobs filling every slot) is not a race for
+slots that the key sending more wins. It may take the lane past
 ``max_backlog_tokens``, never past twice it: the room beyond is held by keys over their share,
 whose next requests are refused until they are back within it.
 """
@@ -156,38 +158,45 @@ class AdmissionPolicy:
 
     def admit_fairly(self, lane: Lane, load: LaneLoad, cost: int, key: str,
                      backlogs: Mapping[str, int], weights: Mapping[str, float],
-                     counters: Mapping[str, float] | None = None) -> float:
+                     counters: Mapping[str, float] | None = None,
+                     running: Mapping[str, int] | None = None) -> float:
         """`admit`, for a lane that dispatches in fair order: `backlogs` the cost tokens each key
-        has queued on it, `weights` the keys' weights, `counters` their virtual token counters
-        (tailguard/lanes/fair_share.py).
+        has queued on it, `running` those it has running on it, `weights` the keys' weights,
+        `counters` their virtual token counters (tailguard/lanes/fair_share.py).
 
-        When `admit` refuses, OverFairShare if `key` would hold more than its share while another
-        key has work queued, unless counter order serves it next (`served_next`: it has been
-        served less than every other backlogged key by more than it has queued); alone, it is
-        refused as `admit` refuses it (Retry-After: until its backlog drains to its share at its
-        share of the rate). Otherwise it is admitted with the wait it has in fair order, unless
-        the lane would pass twice its backlog bound (then `admit`'s refusal)."""
+        When `admit` refuses, a key's work on the lane is what it has queued and running, and
+        its share is its weighted part of what the lane may hold queued (`capacity_tokens`) and
+        what runs on it now. OverFairShare if `key` would hold more than its share while another
+        key has work on the lane, unless counter order serves it next (`served_next`: it has
+        been served less than every other backlogged key by more than it has queued); alone, it
+        is refused as `admit` refuses it (Retry-After: until its work drains to its share at its
+        share of the rate). Otherwise it is admitted with the wait it has in fair order (past the
+        promise by at most a slot's turnover when other keys' running jobs fill the lane: its job
+        goes out at the next free slot), unless the lane would pass twice its backlog bound
+        (then `admit`'s refusal)."""
+        running = running or {}
         try:
             return self.admit(lane, load, cost)
         except (LaneFull, WaitTooLong):
-            if not any(b > 0 for k, b in backlogs.items() if k != key):
+            work = {k: max(0, backlogs.get(k, 0)) + max(0, running.get(k, 0))
+                    for k in set(backlogs) | set(running)}
+            if not any(w > 0 for k, w in work.items() if k != key):
                 raise  # alone: fair order is arrival order
-            capacity = self.capacity_tokens(lane, load)
-            share = fair_share(key, capacity, backlogs, weights)
-            held = max(0, backlogs.get(key, 0)) + cost
+            capacity = self.capacity_tokens(lane, load) + sum(max(0, r) for r in running.values())
+            share = fair_share(key, capacity, work, weights)
+            held = work.get(key, 0) + cost
             rate = self.service_rate(lane, load)
             first = served_next(key, backlogs, weights, counters or {})
             if held > share and not first:
                 share_rate = rate * share / capacity if capacity > 0 else rate
                 raise OverFairShare(
                     f"lane {lane.name!r} is full and key {key!r} holds more than its share of it "
-                    f"({held} of {share:.0f} cost tokens, weight {weight_of(key, weights):g})",
+                    f"({held} of {share:.0f} cost tokens queued and running, weight "
+                    f"{weight_of(key, weights):g})",
                     retry_after_s=math.ceil((held - share) / share_rate), lane=lane.name) from None
             bound = lane.max_backlog_tokens
             if bound is not None and max(0, load.backlog_tokens) + cost > 2 * bound:
                 raise
-            # within its share, what is dispatched before it in fair order fills at most what
-            # the lane holds (capacity_tokens): its wait is within the promise
             ahead = self._ahead_in_fair_order(load, key, backlogs, weights, first)
             return self.wait_tokens(lane, ahead, cost) / rate
 

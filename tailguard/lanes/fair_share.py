@@ -118,15 +118,16 @@ def served_next(key: str, backlogs: Mapping[str, int], weights: Mapping[str, flo
                 counters: Mapping[str, float]) -> bool:
     """Whether counter order dispatches a new job of `key` before any more of the other
     backlogged keys' work: its counter, once charged for what it already has queued, is still
-    at most theirs (a key with nothing queued is lifted to their least first). A key served less
-    than the others so far, by more than what it has queued, goes next: refusing it as over its
-    share would refuse the key the lane serves next."""
+    below theirs (a key with nothing queued is lifted to their least first: a tie, which goes by
+    name, so not surely next). A key served less than the others so far, by more than what it
+    has queued, goes next: refusing it as over its share would refuse the key the lane serves
+    next."""
     others = [counters.get(k, 0.0) for k, b in backlogs.items() if k != key and b > 0]
     if not others:
         return False
     own = max(0, backlogs.get(key, 0))
     mine = counters.get(key, 0.0) if own else max(counters.get(key, 0.0), min(others))
-    return mine + own / weight_of(key, weights) <= min(others)
+    return mine + own / weight_of(key, weights) < min(others)
 
 
 def work_ahead(key: str, backlogs: Mapping[str, int], weights: Mapping[str, float]) -> float:

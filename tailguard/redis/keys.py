@@ -138,6 +138,12 @@ def lane_held_tokens_key(lane: str) -> str:
     return f"{PREFIX}:lane:{lane}:held-tokens"
 
 
+def lane_running_tokens_key(lane: str) -> str:
+    """Hash: API key -> the cost tokens of its jobs running on a fair lane (fair admission's
+    share counts what a key runs as well as what it has held)."""
+    return f"{PREFIX}:lane:{lane}:running-tokens"
+
+
 def lane_counters_key(lane: str) -> str:
     """Hash: API key -> its virtual token counter on the lane (cost tokens released / weight)."""
     return f"{PREFIX}:lane:{lane}:counters"
@@ -151,7 +157,8 @@ def lane_weights_key(lane: str) -> str:
 #: the fair-order keys of a lane as the Lua steps build them (%s: the lane; held: then the key)
 FAIR_KEY_PATTERNS = {"fair": lane_fair_key("%s"), "held": lane_held_key("%s", "%s"),
                      "tokens": lane_held_tokens_key("%s"), "counters": lane_counters_key("%s"),
-                     "weights": lane_weights_key("%s"), "running": lane_running_key("%s")}
+                     "weights": lane_weights_key("%s"), "running": lane_running_key("%s"),
+                     "running_tokens": lane_running_tokens_key("%s")}
 
 
 def lane_served_key(lane: str) -> str:

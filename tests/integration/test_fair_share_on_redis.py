@@ -187,3 +187,28 @@ def test_held_jobs_are_not_lost_messages_and_the_redelivery_pass_releases_them(s
     passes.run_once()
     assert store.redis.llen(QUEUE) == SLOTS and store.held_count(LANE) == 2
     passes.close()
+
+
+def test_what_a_key_runs_counts_toward_its_share_when_no_work_is_held(store):
+    """A lane whose promise is shorter than a slot's turnover holds no queue: the flood's jobs
+    all run. The quiet key is still admitted past the lane's limits (its share counts the
+    flood's running work); the flood's next one is refused. The running tokens follow the jobs'
+    states in the same Redis steps."""
+    from tailguard.jobs.store import BacklogMoved
+
+    limits = BacklogLimits(slots=SLOTS, wait_tokens=50)  # the promise: 50 tokens of waiting work
+    # the worker serves the lane (a live member of its workers), so its jobs take its slots
+    now = store.redis.time()[0]
+    store.redis.zadd(keys.lane_workers_key(LANE), {"w1@host": now + 60})
+    flood = submit(store, "flood", SLOTS, limits=limits)  # each has a free slot
+    for job_id, _ in [take(store) for _ in range(SLOTS)]:
+        assert store.start(job_id, "w1@host").started
+    assert store.held_work(LANE).running == {"flood": SLOTS * COST}
+    with pytest.raises(BacklogMoved):
+        submit(store, "flood", 1, limits=limits)  # alone, and no slot: arrival order's refusal
+    quiet = submit(store, "quiet", 1, limits=limits)  # 100 of its half of 450
+    with pytest.raises(BacklogMoved):
+        submit(store, "flood", 1, limits=limits)  # 500 of 225
+    assert store.transition(flood[0], {RUNNING}, SUCCEEDED, {})[0]
+    assert store.held_work(LANE).running == {"flood": (SLOTS - 1) * COST}
+    assert take(store) == (quiet[0], "quiet")  # released at the freed slot

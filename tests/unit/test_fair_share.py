@@ -209,10 +209,11 @@ def test_fair_admission_without_a_live_worker_is_still_a_503():
 
 
 @pytest.mark.parametrize("key,backlogs,counters,weights,nxt", [
-    ("a", {"a": 100, "b": 1000}, {"a": 500, "b": 700}, {}, True),   # 500 + 100 <= 700
+    ("a", {"a": 100, "b": 1000}, {"a": 500, "b": 700}, {}, True),   # 500 + 100 < 700
+    ("a", {"a": 200, "b": 1000}, {"a": 500, "b": 700}, {}, False),  # 500 + 200: a tie
     ("a", {"a": 300, "b": 1000}, {"a": 500, "b": 700}, {}, False),  # 500 + 300 > 700
     ("a", {"a": 300, "b": 1000}, {"a": 500, "b": 700}, {"a": 2.0}, True),  # 500 + 150
-    ("a", {"b": 1000}, {"a": 0, "b": 700}, {}, True),    # returning: lifted to 700, nothing held
+    ("a", {"b": 1000}, {"a": 0, "b": 700}, {}, False),   # returning: lifted to 700, a tie
     ("a", {"b": 1000}, {"a": 900, "b": 700}, {}, False),  # never lowered: 900 > 700
     ("a", {"a": 100}, {"a": 0}, {}, False),               # alone: nobody to go before
     ("a", {"a": 100, "b": 0}, {"a": 0, "b": 50}, {}, False),  # b has nothing queued
@@ -233,3 +234,23 @@ def test_a_key_over_its_share_that_counter_order_serves_next_is_admitted_not_ref
     wait = POLICY.admit_fairly(LANE, full, 100, "b", {"a": 100, "b": 1140}, {},
                                {"a": 5000, "b": 3000})
     assert wait == pytest.approx(31.0)
+
+
+TIGHT = Lane(name="short", max_tokens=64, max_num_seqs=4, max_model_len=1000, queue_ttl_s=60,
+             max_wait_s=1, max_backlog_tokens=5000)
+
+
+def test_a_lane_whose_promise_is_shorter_than_a_slot_counts_running_work_in_the_shares():
+    """Every slot runs the flood's jobs (400 cost tokens) and nothing is queued: a new request
+    waits 2.5 s for a slot, past the 1 s promise. The quiet key has nothing there and is within
+    its half of what the lane holds (1 s x 40 tokens/s + the 400 running): admitted, to go out at
+    the next free slot. The flood alone is refused as arrival order refuses it; once the quiet
+    key has work there, the flood is over its share (500 of 220): over_fair_share, Retry-After
+    280 over at its half of the rate (20/s)."""
+    full = load(running=4)
+    assert POLICY.admit_fairly(TIGHT, full, 100, "a", {}, {}, {}, {"b": 400}) == pytest.approx(2.5)
+    with pytest.raises(WaitTooLong):
+        POLICY.admit_fairly(TIGHT, full, 100, "b", {}, {}, {}, {"b": 400})
+    with pytest.raises(OverFairShare) as refused:
+        POLICY.admit_fairly(TIGHT, full, 100, "b", {"a": 100}, {}, {}, {"b": 400})
+    assert refused.value.retry_after_s == 14

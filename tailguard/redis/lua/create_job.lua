@@ -29,28 +29,47 @@ if a.max_wait_tokens and not refuse then
   end
 end
 if refuse and a.fair then
-  -- AdmissionPolicy.admit_fairly (tailguard/lanes/admission.py): while another key has work
-  -- held, a key within its weighted share of what the lane may hold, or one that counter order
-  -- serves next (fair_share.served_next), is admitted, up to twice the bound
+  -- AdmissionPolicy.admit_fairly (tailguard/lanes/admission.py): while another key has work on
+  -- the lane (held or running), a key within its weighted share of what the lane may hold
+  -- queued and runs now, or one that counter order serves next (fair_share.served_next), is
+  -- admitted, up to twice the bound
   local f = a.fair
-  local held = redis.call('HGETALL', string.format(f.patterns.tokens, f.lane))
   local counters = string.format(f.patterns.counters, f.lane)
-  local mine, weights, least = 0, f.weight, nil
-  for i = 1, #held, 2 do
-    local n = tonumber(held[i + 1])
-    if held[i] == f.key then mine = n
-    elseif n > 0 then
-      weights = weights + tonumber(redis.call('HGET', string.format(f.patterns.weights, f.lane),
-                                              held[i]) or '1')
-      local c = tonumber(redis.call('HGET', counters, held[i]) or '0')
-      if not least or c < least then least = c end
+  local work, held = {}, {}
+  local h = redis.call('HGETALL', string.format(f.patterns.tokens, f.lane))
+  for i = 1, #h, 2 do
+    held[h[i]] = tonumber(h[i + 1])
+    work[h[i]] = math.max(0, tonumber(h[i + 1]))
+  end
+  local running_total = 0
+  local r = redis.call('HGETALL', string.format(f.patterns.running_tokens, f.lane))
+  for i = 1, #r, 2 do
+    local n = math.max(0, tonumber(r[i + 1]))
+    work[r[i]] = (work[r[i]] or 0) + n
+    running_total = running_total + n
+  end
+  local weights, active, least = f.weight, false, nil
+  for k, n in pairs(work) do
+    if k ~= f.key and n > 0 then
+      active = true
+      weights = weights + tonumber(redis.call('HGET', string.format(f.patterns.weights, f.lane), k) or '1')
+      if (held[k] or 0) > 0 then
+        local c = tonumber(redis.call('HGET', counters, k) or '0')
+        if not least or c < least then least = c end
+      end
     end
   end
   local capacity = math.min(a.max_backlog_after or math.huge, a.max_wait_tokens or math.huge)
-  if least and not (a.max_backlog_after and math.max(0, backlog) + a.cost > 2 * a.max_backlog_after) then
-    local counter = tonumber(redis.call('HGET', counters, f.key) or '0')
-    if mine <= 0 then counter = math.max(counter, least) end
-    if mine + a.cost <= capacity * f.weight / weights or counter + mine / f.weight <= least then
+      + running_total
+  if active and not (a.max_backlog_after and math.max(0, backlog) + a.cost > 2 * a.max_backlog_after) then
+    local mine = math.max(0, held[f.key] or 0)
+    local first = false
+    if least then
+      local counter = tonumber(redis.call('HGET', counters, f.key) or '0')
+      if mine <= 0 then counter = math.max(counter, least) end
+      first = counter + mine / f.weight < least
+    end
+    if (work[f.key] or 0) + a.cost <= capacity * f.weight / weights or first then
       refuse = false
     end
   end

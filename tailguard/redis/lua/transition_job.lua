@@ -93,6 +93,18 @@ elseif cur == 'running' then
   redis.call('HDEL', KEYS[4], KEYS[1])
   if lane then redis.call('ZREM', string.format(a.lane_keys.running, lane), KEYS[1]) end
 end
+if lane and a.fair and (a.to == 'running' or cur == 'running')
+   and redis.call('HEXISTS', string.format(a.fair.fair, lane), 'queue') == 1 then
+  -- what each key runs on a fair lane (fair admission counts it with what the key has held)
+  local key, cost = redis.call('HGET', KEYS[1], 'api_key'), tonumber(redis.call('HGET', KEYS[1], 'cost'))
+  if key and cost and a.to ~= cur then
+    local tokens = string.format(a.fair.running_tokens, lane)
+    if redis.call('HINCRBY', tokens, key, a.to == 'running' and cost or -cost) <= 0 then
+      redis.call('HDEL', tokens, key)
+    end
+    if redis.call('TTL', tokens) < 3600 then redis.call('EXPIRE', tokens, 86400) end
+  end
+end
 if lane and a.fair then fair_release(a.fair, lane) end
 if a.end_event then
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', a.stream_maxlen, '*', 'type', 'end', 'data', a.end_event)
