@@ -477,6 +477,44 @@ def _timed_phase(client: Client, topo: str, phase: str, wl: Workload, cfg: Bench
     return samples
 
 
+@dataclass(frozen=True)
+class _Probed:
+    """What the probe places its request with: the lanes, the model's context, its tokenizer."""
+
+    table: LaneTable
+    limit: int | None
+    count_tokens: Callable[[str], int] | None
+
+
+def _probe(client: Client, topo: str, first: BenchRequest, probed: _Probed, cfg: BenchConfig,
+           info: dict[str, Any], samples: dict[str, list[Sample]],
+           workers_per_lane: dict[str, int]) -> float:
+    """The capacity (req/s) of the lane `first` is placed on: a closed loop of `first` with 2 x
+    the lane's batch slots in flight for --probe s (kept in `samples` and `info` as PROBE)."""
+    from tailguard.lanes.placement import place
+
+    prompt_tokens = (probed.count_tokens(first.prompt) if probed.count_tokens
+                     else round(len(first.prompt) / CHARS_PER_TOKEN))
+    lane_name = place(list(probed.table), priority="interactive", prompt_tokens=prompt_tokens,
+                      requested_max_tokens=first.max_tokens, model_max_len=probed.limit).lane
+    lane = next(l for l in probed.table if l.name == lane_name)
+    senders = 2 * lane.max_num_seqs * workers_per_lane.get(lane_name, 1)  # replicas included
+    time.sleep(cfg.pause_s)
+    log(f"[{topo}/{PROBE}] {senders} closed-loop senders of {first.cls} requests for "
+        f"{cfg.probe_s:g} s (lane {lane_name!r}: {lane.max_num_seqs} batch slots per engine)")
+    watch = Watch()
+    samples[PROBE] = closed_loop(client, replace(first, arrival_s=0.0), concurrency=senders,
+                                 duration_s=cfg.probe_s, drain_s=cfg.drain_s)
+    info["host"][PROBE] = watch.stop()
+    capacity = capacity_rps(samples[PROBE], cfg.probe_s)
+    if not capacity:
+        raise ValueError(f"the probe finished no {first.cls} request in {cfg.probe_s:g} s "
+                         "(a longer --probe?)")
+    info[PROBE] = {"lane": lane_name, "concurrency": senders, "duration_s": cfg.probe_s,
+                   "capacity_rps": capacity}
+    return capacity
+
+
 def _overload(client: Client, topo: str, workload: Workload, table: LaneTable, limit: int | None,
               count_tokens: Callable[[str], int] | None, cfg: BenchConfig, info: dict[str, Any],
               samples: dict[str, list[Sample]], workers_per_lane: dict[str, int],
@@ -485,28 +523,10 @@ def _overload(client: Client, topo: str, workload: Workload, table: LaneTable, l
     kept full without a growing queue), then run the overload timeline with its burst at
     `overload_factor` x that capacity. Fills `samples` (the probe, then the windows) and `info`;
     returns the workload with its burst."""
-    from tailguard.lanes.placement import place
 
     first = next(r for r in workload.requests if r.cls == SHORT)
-    prompt_tokens = (count_tokens(first.prompt) if count_tokens
-                     else round(len(first.prompt) / CHARS_PER_TOKEN))
-    lane_name = place(list(table), priority="interactive", prompt_tokens=prompt_tokens,
-                      requested_max_tokens=first.max_tokens, model_max_len=limit).lane
-    lane = next(l for l in table if l.name == lane_name)
-    senders = 2 * lane.max_num_seqs * workers_per_lane.get(lane_name, 1)  # replicas included
-    time.sleep(cfg.pause_s)
-    log(f"[{topo}/{PROBE}] {senders} closed-loop senders of short requests for {cfg.probe_s:g} s "
-        f"(lane {lane_name!r}: {lane.max_num_seqs} batch slots per engine)")
-    watch = Watch()
-    samples[PROBE] = closed_loop(client, replace(first, arrival_s=0.0), concurrency=senders,
-                                 duration_s=cfg.probe_s, drain_s=cfg.drain_s)
-    info["host"][PROBE] = watch.stop()
-    capacity = capacity_rps(samples[PROBE], cfg.probe_s)
-    if not capacity:
-        raise ValueError(f"the probe finished no short request in {cfg.probe_s:g} s: "
-                         "no capacity to overload (a longer --probe?)")
-    info[PROBE] = {"lane": lane_name, "concurrency": senders, "duration_s": cfg.probe_s,
-                   "capacity_rps": capacity}
+    capacity = _probe(client, topo, first, _Probed(table, limit, count_tokens), cfg, info,
+                      samples, workers_per_lane)
     workload = add_burst(workload, capacity)
     log(f"[{topo}/{PROBE}] capacity {capacity:.2f} req/s; the burst sends short requests at "
         f"{workload.params['burst_short_rate']:.2f} req/s for {cfg.burst_s:g} s")
@@ -613,29 +633,11 @@ def _tenants(client: Client, topo: str, running: RunningTopology | RunningDirect
     A alone, A beside B's flood (`overload_factor` x that capacity) in fair order, then the
     same through a second API with fair share off, in front of the same Redis and workers."""
     from tailguard.host.redis_server import free_port
-    from tailguard.lanes.placement import place
 
     assert isinstance(running, RunningTopology)
-    first = run.workload.requests[0]
-    prompt_tokens = (run.count_tokens(first.prompt) if run.count_tokens
-                     else round(len(first.prompt) / CHARS_PER_TOKEN))
-    lane_name = place(list(run.table), priority="interactive", prompt_tokens=prompt_tokens,
-                      requested_max_tokens=first.max_tokens, model_max_len=run.limit).lane
-    lane = next(l for l in run.table if l.name == lane_name)
-    senders = 2 * lane.max_num_seqs * workers_per_lane.get(lane_name, 1)
-    time.sleep(cfg.pause_s)
-    log(f"[{topo}/{PROBE}] {senders} closed-loop senders of key A's short requests for "
-        f"{cfg.probe_s:g} s (lane {lane_name!r})")
-    watch = Watch()
-    samples[PROBE] = closed_loop(client, replace(first, arrival_s=0.0), concurrency=senders,
-                                 duration_s=cfg.probe_s, drain_s=cfg.drain_s)
-    info["host"][PROBE] = watch.stop()
-    capacity = capacity_rps(samples[PROBE], cfg.probe_s)
-    if not capacity:
-        raise ValueError(f"the probe finished no short request in {cfg.probe_s:g} s "
-                         "(a longer --probe?)")
-    info[PROBE] = {"lane": lane_name, "concurrency": senders, "duration_s": cfg.probe_s,
-                   "capacity_rps": capacity}
+    capacity = _probe(client, topo, run.workload.requests[0],
+                      _Probed(run.table, run.limit, run.count_tokens), cfg, info, samples,
+                      workers_per_lane)
     run.workload = add_flood(run.workload, capacity)
     run.phases = phases_of(run.workload, cfg.baseline)
     log(f"[{topo}/{PROBE}] capacity {capacity:.2f} req/s; key A sends "
