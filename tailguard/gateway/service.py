@@ -364,12 +364,12 @@ class Gateway:
                             fair: FairHold | None) -> float:
         """The predicted wait, or admission's refusal: the fair rule for a fair hold (the keys'
         held work read now), arrival order's otherwise."""
-        if fair is None:
-            return self.admission.admit(lane, load, cost)
         try:
             return self.admission.admit(lane, load, cost)
         except (LaneFull, WaitTooLong):
-            pass  # only a lane past its limits needs the keys' held work (a Redis round trip)
+            if fair is None:
+                raise
+        # only a lane past its limits needs the keys' held work (a Redis round trip)
         held = self.store.held_work(lane.name)
         return self.admission.admit_fairly(lane, load, cost, fair.key, held.tokens,
                                            {**held.weights, fair.key: fair.weight}, held.counters,

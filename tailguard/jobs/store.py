@@ -252,14 +252,8 @@ class JobStore:
 
     def held_jobs(self, lane: str) -> list[str]:
         """The ids of the jobs held on a fair lane, not yet released onto its queue."""
-        names = [_text(k) for k in self.redis.hkeys(keys.lane_held_tokens_key(lane))]
-        pipe = self.redis.pipeline(transaction=False)
-        for name in names:
-            pipe.lrange(keys.lane_held_key(lane, name), 0, -1)
-        held = []
-        for entries in pipe.execute() if names else []:
-            held += [keys.job_id_of(_text(e).split(" ", 2)[1]) for e in entries]
-        return held
+        return [keys.job_id_of(_text(e).split(" ", 2)[1])
+                for entries in _per_held_list(self.redis, lane, "lrange", 0, -1) for e in entries]
 
     def held_count(self, lane: str) -> int:
         """How many jobs are held on a fair lane (without reading them)."""
@@ -334,11 +328,16 @@ class HeldWork:
 
 def held_count(client: redis.Redis, lane: str) -> int:
     """How many jobs are held in front of a fair lane's queue (tailguard/redis/lua/fair_release.lua)."""
+    return sum(_per_held_list(client, lane, "llen"))
+
+
+def _per_held_list(client: redis.Redis, lane: str, command: str, *args: Any) -> list[Any]:
+    """`command` on each key's held list of a fair lane (the keys with jobs held), pipelined."""
     names = [_text(k) for k in client.hkeys(keys.lane_held_tokens_key(lane))]
     pipe = client.pipeline(transaction=False)
     for name in names:
-        pipe.llen(keys.lane_held_key(lane, name))
-    return sum(pipe.execute()) if names else 0
+        getattr(pipe, command)(keys.lane_held_key(lane, name), *args)
+    return pipe.execute() if names else []
 
 
 def _text(value: bytes | str) -> str:
