@@ -2,10 +2,10 @@
 
 The lane controller (issue 33) exposes, on the API's /metrics, a counter of moves
 ``tailguard_lane_moves_total{from,to,reason}`` and a histogram of their durations (decision
-to the first job of the new lane started) ``tailguard_lane_move_seconds``. A phase reads
-both before and after (`LaneMoveWatch`); the difference is the phase's moves and the P50/P99
-of their durations, as a histogram gives them: the upper bound of the bucket the rank falls
-in. A topology whose /metrics has neither (no controller, or `direct`) reports
+to the first job of the new lane started) ``tailguard_lane_move_seconds``, and of the drain
+within them ``tailguard_lane_move_drain_seconds``. A phase reads them before and after
+(`LaneMoveWatch`); the difference is the phase's moves and the P50/P99 of their durations
+and drains, as a histogram gives them: the upper bound of the bucket the rank falls in. A topology whose /metrics has neither (no controller, or `direct`) reports
 ``exposed: False``: the report says 'no moves'.
 
 The metric names are written here until the controller's module owns them: import them from
@@ -23,6 +23,7 @@ from tailguard.bench.loadgen import Client
 
 MOVES_TOTAL = "tailguard_lane_moves_total"
 MOVE_SECONDS = "tailguard_lane_move_seconds"
+DRAIN_SECONDS = "tailguard_lane_move_drain_seconds"
 
 
 def parse(text: str) -> dict[str, Any]:
@@ -33,6 +34,7 @@ def parse(text: str) -> dict[str, Any]:
 
     moves: Counter[tuple[str, str, str]] = Counter()
     buckets: Counter[float] = Counter()
+    drain: Counter[float] = Counter()
     count = total = 0.0
     exposed = False
     for family in text_string_to_metric_families(text):
@@ -44,11 +46,14 @@ def parse(text: str) -> dict[str, Any]:
             elif sample.name == MOVE_SECONDS + "_bucket":
                 exposed = True
                 buckets[float(sample.labels["le"])] += sample.value
+            elif sample.name == DRAIN_SECONDS + "_bucket":
+                drain[float(sample.labels["le"])] += sample.value
             elif sample.name == MOVE_SECONDS + "_count":
                 count += sample.value
             elif sample.name == MOVE_SECONDS + "_sum":
                 total += sample.value
-    return {"exposed": exposed, "moves": moves, "buckets": buckets, "count": count, "sum": total}
+    return {"exposed": exposed, "moves": moves, "buckets": buckets, "drain": drain,
+            "count": count, "sum": total}
 
 
 def bucket_quantile(buckets: dict[float, float], q: float) -> float | None:
@@ -70,11 +75,13 @@ def between(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
         return {"exposed": False, "moves": 0}
     moves = {k: n - before["moves"].get(k, 0) for k, n in after["moves"].items()}
     buckets = {le: n - before["buckets"].get(le, 0) for le, n in after["buckets"].items()}
+    drain = {le: n - before["drain"].get(le, 0) for le, n in after["drain"].items()}
     return {"exposed": True, "moves": int(sum(moves.values())),
             "by_move": [{"from": f, "to": t, "reason": r, "count": int(n)}
                         for (f, t, r), n in sorted(moves.items()) if n > 0],
             "timed": int(after["count"] - before["count"]),
-            "move_p50_s": bucket_quantile(buckets, 50), "move_p99_s": bucket_quantile(buckets, 99)}
+            "move_p50_s": bucket_quantile(buckets, 50), "move_p99_s": bucket_quantile(buckets, 99),
+            "drain_p50_s": bucket_quantile(drain, 50), "drain_p99_s": bucket_quantile(drain, 99)}
 
 
 def describe(entry: dict[str, Any] | None) -> str:
@@ -89,7 +96,9 @@ def describe(entry: dict[str, Any] | None) -> str:
     which = ", ".join(f"{m['from']}->{m['to']} ({m['reason']}) {m['count']}"
                       for m in entry["by_move"])
     return (f"{entry['moves']} moves: {which}; move time (decision -> first job of the new "
-            f"lane started) P50 {le(entry['move_p50_s'])}, P99 {le(entry['move_p99_s'])}")
+            f"lane started) P50 {le(entry['move_p50_s'])}, P99 {le(entry['move_p99_s'])}; "
+            f"of which the drain (old lanes' running jobs) P50 {le(entry.get('drain_p50_s'))}, "
+            f"P99 {le(entry.get('drain_p99_s'))}")
 
 
 class LaneMoveWatch:

@@ -328,6 +328,7 @@ def shift_figures(by_phase: dict[str, list[Sample]], short: str, long: str | Non
         windows.append({
             **w, "short": sum(1 for s in ss if s.cls == short),
             "long": sum(1 for s in ss if s.cls == long),
+            "long_not_ok": sum(1 for s in ss if s.cls == long and not s.ok),
             "not_ok": sum(1 for s in ss if not s.ok),
             "refused": sum(1 for s in ss if s.status == REFUSED),
             "short_e2e_p99_s": short_p99, "short_ttft_p99_s": p99(short, "ttft_s"),
@@ -350,6 +351,18 @@ def _shift_lines(report: dict, line: Callable[..., None]) -> None:
              f"{SHIFT_SHORT_OVER_BASELINE_MAX:g}x the same window's without long traffic: "
              + ", ".join(f"{w['name']} {_fmt_x(w['short_p99_over_baseline'])}"
                          for w in f["windows"]), "a baseline phase")
+        target = report["workload"]["params"].get("long_target_wait_s")
+        served = [w for w in f["windows"] if w["long"]]
+        line(f"shift_long_{topo}",
+             None if target is None or not served else all(
+                 not w["long_not_ok"] and w["long_queued_p99_s"] is not None
+                 and w["long_queued_p99_s"] <= target for w in served),
+             f"{topo}: long requests served within their lane's target wait ({target} s) in "
+             "every window, none failed or refused: queue wait P99 "
+             + ", ".join(f"{w['name']} {_cell(w['long_queued_p99_s']) or 'n/a'} s"
+                         + (f" ({w['long_not_ok']} not ok)" if w["long_not_ok"] else "")
+                         for w in served),
+             "a long lane with a target wait and long requests")
         if f["lane_moves"] is not None:
             line(f"lane_moves_{topo}", None, f"{topo}: lane moves over the shift: "
                  + describe_moves(f["lane_moves"]), info=True)

@@ -273,6 +273,26 @@ def build_workload(cfg: BenchConfig, count_tokens: Callable[[str], int] | None,
     return workload
 
 
+def _lanes_table(cfg: BenchConfig) -> LaneTable:
+    from tailguard.lanes.table import default_lanes_path, load_lanes
+
+    return load_lanes(cfg.lanes_file or default_lanes_path())
+
+
+def _long_target_s(cfg: BenchConfig, table: LaneTable) -> float | None:
+    """The target wait of the lane the long class is placed on (the lane controller's); None
+    when no lane takes it (the run refuses such a workload itself)."""
+    from tailguard.errors import RequestError
+    from tailguard.lanes.placement import place
+
+    try:
+        lane = place(list(table), priority="interactive", prompt_tokens=cfg.long_prompt_tokens,
+                     requested_max_tokens=cfg.long_tokens).lane
+    except RequestError:
+        return None
+    return next(l for l in table if l.name == lane).wait_target_s
+
+
 def _workload(cfg: BenchConfig, count_tokens: Callable[[str], int] | None,
               table: LaneTable | None, model_max_len: int | None) -> Workload:
     if cfg.workload in TRACES:
@@ -280,11 +300,8 @@ def _workload(cfg: BenchConfig, count_tokens: Callable[[str], int] | None,
             raise ValueError(f"--workload {cfg.workload} builds prompts of the traced lengths "
                              "with the served model's tokenizer, and found none (a model "
                              "directory with tokenizer.json)")
-        if table is None:
-            from tailguard.lanes.table import default_lanes_path, load_lanes
-
-            table = load_lanes(default_lanes_path())
-        return trace_workload(cfg.workload, lanes=list(table), model_max_len=model_max_len,
+        return trace_workload(cfg.workload, lanes=list(table or _lanes_table(cfg)),
+                              model_max_len=model_max_len,
                               count_tokens=count_tokens, duration_s=cfg.duration_s or 60.0,
                               rate=cfg.rate, time_scale=cfg.time_scale,
                               trace_start_s=cfg.trace_start_s, token_scale=cfg.token_scale,
@@ -297,11 +314,13 @@ def _workload(cfg: BenchConfig, count_tokens: Callable[[str], int] | None,
                               long_tokens=cfg.long_tokens, count_tokens=count_tokens,
                               max_requests=cfg.max_requests)
     if cfg.workload == SHIFT:
-        return shift_workload(cfg.rate, cfg.shift_long_shares, cfg.shift_window_s, cfg.seed,
-                              short_tokens=cfg.short_tokens,
-                              long_prompt_tokens=cfg.long_prompt_tokens,
-                              long_tokens=cfg.long_tokens, count_tokens=count_tokens,
-                              max_requests=cfg.max_requests)
+        shift = shift_workload(cfg.rate, cfg.shift_long_shares, cfg.shift_window_s, cfg.seed,
+                               short_tokens=cfg.short_tokens,
+                               long_prompt_tokens=cfg.long_prompt_tokens,
+                               long_tokens=cfg.long_tokens, count_tokens=count_tokens,
+                               max_requests=cfg.max_requests)
+        return replace(shift, params={**shift.params, "long_target_wait_s": _long_target_s(
+            cfg, table or _lanes_table(cfg))})
     if cfg.workload == BATCH:
         return batch_workload(cfg.rate, cfg.long_share, cfg.duration_s or 60.0, cfg.seed,
                               lines=cfg.batch_lines, line_tokens=cfg.batch_tokens,

@@ -111,11 +111,12 @@ class LaneOrders:
               drain_s: float, handed_back: int) -> None:
         """A worker carried out `order` in `seconds` (from the order to consuming the new
         lanes), `drain_s` of them waiting for its running jobs, handing `handed_back` back."""
-        bucket = next((b for b in MOVE_BUCKETS_S if seconds <= b), None)
         pipe = self.redis.pipeline(transaction=True)
-        pipe.hincrby(keys.LANE_MOVE_COUNTS, f"seconds:{bucket if bucket is not None else '+Inf'}")
-        pipe.hincrbyfloat(keys.LANE_MOVE_COUNTS, "seconds:sum", seconds)
-        pipe.hincrby(keys.LANE_MOVE_COUNTS, "seconds:count")
+        for histogram, value in (("seconds", seconds), ("drain", drain_s)):
+            bucket = next((b for b in MOVE_BUCKETS_S if value <= b), "+Inf")
+            pipe.hincrby(keys.LANE_MOVE_COUNTS, f"{histogram}:{bucket}")
+            pipe.hincrbyfloat(keys.LANE_MOVE_COUNTS, f"{histogram}:sum", value)
+            pipe.hincrby(keys.LANE_MOVE_COUNTS, f"{histogram}:count")
         pipe.hincrby(keys.LANE_MOVE_COUNTS, "handed_back", handed_back)
         pipe.xadd(keys.LANE_MOVES, {"event": "moved", "worker": worker, "version": order.version,
                                     "from": ",".join(from_), "to": ",".join(order.lanes),

@@ -108,7 +108,8 @@ class LaneMovesCollector(Collector):
     """The lane controller's work, read from Redis when scraped (tailguard/jobs/lane_orders.py):
     `tailguard_worker_lane{worker,lane}` (1 for each lane a live worker serves now),
     `tailguard_lane_moves_total{from,to,reason}` (orders written),
-    `tailguard_lane_move_seconds` (decision to consuming the new lanes, per move carried out)
+    `tailguard_lane_move_seconds` (decision to consuming the new lanes, per move carried out),
+    `tailguard_lane_move_drain_seconds` (the part of it spent on the old lanes' running jobs)
     and `tailguard_lane_move_handed_back_total` (running jobs moves handed back)."""
 
     def __init__(self, client: redis.Redis) -> None:
@@ -136,17 +137,25 @@ class LaneMovesCollector(Collector):
             if field.count("|") == 2:
                 moves.add_metric(field.split("|"), n)
         yield moves
-        cumulative, buckets = 0.0, []
-        for bound in (*MOVE_BUCKETS_S, "+Inf"):
-            cumulative += counts.get(f"seconds:{bound}", 0.0)
-            buckets.append((str(bound) if bound == "+Inf" else f"{bound:g}", cumulative))
-        yield HistogramMetricFamily(metric_name("lane_move_seconds"), "From the controller's "
-                                    "decision to the worker consuming its new lanes (drain "
-                                    "included)", buckets=buckets,
-                                    sum_value=counts.get("seconds:sum", 0.0))
+        yield _move_histogram(counts, "seconds", "lane_move_seconds", "From the controller's "
+                              "decision to the worker consuming its new lanes (drain included)")
+        yield _move_histogram(counts, "drain", "lane_move_drain_seconds", "The part of a lane "
+                              "move spent waiting for the old lanes' running jobs to end or be "
+                              "handed back")
         yield CounterMetricFamily(metric_name("lane_move_handed_back"), "Running jobs that lane "
                                   "moves handed back to their queue (they continue elsewhere)",
                                   value=counts.get("handed_back", 0.0))
+
+
+def _move_histogram(counts: dict[str, float], field: str, name: str,
+                    documentation: str) -> HistogramMetricFamily:
+    """One of the move histograms kept in the counts hash as ``<field>:<bound>`` fields."""
+    cumulative, buckets = 0.0, []
+    for bound in (*MOVE_BUCKETS_S, "+Inf"):
+        cumulative += counts.get(f"{field}:{bound}", 0.0)
+        buckets.append((str(bound) if bound == "+Inf" else f"{bound:g}", cumulative))
+    return HistogramMetricFamily(metric_name(name), documentation, buckets=buckets,
+                                 sum_value=counts.get(f"{field}:sum", 0.0))
 
 
 class StorageCollector(Collector):

@@ -57,7 +57,8 @@ LANE_MOVES = f"{PREFIX}:lanes:moves"
 
 LANE_MOVE_COUNTS = f"{PREFIX}:lanes:move-counts"
 """Hash: ``<from>|<to>|<reason>`` -> moves decided; ``seconds:<bucket>``, ``seconds:sum``,
-``seconds:count``, ``handed_back`` -> the move-duration histogram and jobs handed back."""
+``seconds:count`` and ``drain:...`` alike -> the move-duration and drain histograms;
+``handed_back`` -> jobs handed back."""
 
 LANE_CONTROLLER_LEASE = f"{PREFIX}:lanes:controller:lease"
 """String: which process runs the lane controller now, until its lease lapses."""

@@ -219,3 +219,32 @@ def test_the_controller_sends_a_standby_worker_to_a_lane_with_work_and_no_worker
     decided = [m for m in orders.recent_moves() if m["event"] == "decided"]
     assert decided[0]["reason"] == NO_WORKER and "no live worker" in decided[0]["detail"]
     assert orders.move_counts()["long,batch|short|no_worker"] == 1
+
+
+def test_metrics_show_each_move_its_duration_and_its_drain_apart(redis_client):
+    """What /metrics exposes of the moves Redis recorded: the order counted by from, to and
+    reason, the move's duration and its drain in two histograms, the jobs handed back."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tailguard.observe.metrics import LaneMovesCollector
+
+    orders = LaneOrders(redis_client)
+    order = orders.tell(NODE, ("short",), from_=("long", "batch"), reason=NO_WORKER,
+                        detail="test")
+    orders.moved(NODE, order, from_=("long", "batch"), seconds=2.2, drain_s=2.0, handed_back=3)
+    registry = CollectorRegistry()
+    registry.register(LaneMovesCollector(redis_client))
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(generate_latest(registry).decode())
+               for s in f.samples}
+    assert samples[("tailguard_lane_moves_total", (("from", "long,batch"), ("reason", NO_WORKER),
+                                                   ("to", "short")))] == 1
+    for name in ("tailguard_lane_move_seconds", "tailguard_lane_move_drain_seconds"):
+        # 2.2 s and 2.0 s both fall in the 2.5 s bucket, not the 1 s one
+        assert samples[(f"{name}_bucket", (("le", "1"),))] == 0
+        assert samples[(f"{name}_bucket", (("le", "2.5"),))] == 1
+        assert samples[(f"{name}_count", ())] == 1
+    assert samples[("tailguard_lane_move_seconds_sum", ())] == pytest.approx(2.2)
+    assert samples[("tailguard_lane_move_drain_seconds_sum", ())] == pytest.approx(2.0)
+    assert samples[("tailguard_lane_move_handed_back_total", ())] == 3

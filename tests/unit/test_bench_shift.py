@@ -4,6 +4,8 @@ per-window report, and the lane moves read from /metrics."""
 import pytest
 from test_bench_report import ok, statuses
 
+from tailguard.bench.loadgen import Sample
+
 from tailguard.bench.lane_moves import between, bucket_quantile, describe, parse
 from tailguard.bench.report import build_report, render_text
 from tailguard.bench.run import BenchConfig, build_workload, phases_of
@@ -39,6 +41,8 @@ def test_the_bench_builds_it_from_its_options():
     wl = build_workload(cfg, None)
     assert [w["long_rate"] for w in wl.params["windows"]] == [0.0, 1.0]
     assert "shift: 20 s windows" in wl.params["described"]
+    # the long class's lane is the shipped file's `long`, whose controller target is 10 s
+    assert wl.params["long_target_wait_s"] == 10
 
 
 METRICS_BEFORE = """# TYPE tailguard_lane_moves_total counter
@@ -49,6 +53,10 @@ tailguard_lane_move_seconds_bucket{le="5.0"} 1.0
 tailguard_lane_move_seconds_bucket{le="+Inf"} 1.0
 tailguard_lane_move_seconds_count 1.0
 tailguard_lane_move_seconds_sum 2.0
+# TYPE tailguard_lane_move_drain_seconds histogram
+tailguard_lane_move_drain_seconds_bucket{le="1.0"} 0.0
+tailguard_lane_move_drain_seconds_bucket{le="2.5"} 1.0
+tailguard_lane_move_drain_seconds_bucket{le="+Inf"} 1.0
 """
 METRICS_AFTER = """# TYPE tailguard_lane_moves_total counter
 tailguard_lane_moves_total{from="short",to="long",reason="long_behind"} 2.0
@@ -59,6 +67,10 @@ tailguard_lane_move_seconds_bucket{le="5.0"} 3.0
 tailguard_lane_move_seconds_bucket{le="+Inf"} 4.0
 tailguard_lane_move_seconds_count 4.0
 tailguard_lane_move_seconds_sum 30.0
+# TYPE tailguard_lane_move_drain_seconds histogram
+tailguard_lane_move_drain_seconds_bucket{le="1.0"} 2.0
+tailguard_lane_move_drain_seconds_bucket{le="2.5"} 4.0
+tailguard_lane_move_drain_seconds_bucket{le="+Inf"} 4.0
 """
 
 
@@ -70,6 +82,9 @@ def test_lane_moves_of_a_phase_from_two_reads_of_metrics():
     # the phase's 3 moves: 2 within 1 s, none more within 5 s, 1 past the last bound
     assert moves["move_p50_s"] == 1.0 and moves["move_p99_s"] is None
     assert "3 moves" in describe(moves) and "P50 <= 1 s" in describe(moves)
+    # their drains, apart: 2 within 1 s, the third within 2.5 s
+    assert (moves["drain_p50_s"], moves["drain_p99_s"]) == (1.0, 2.5)
+    assert "the drain (old lanes' running jobs) P50 <= 1 s, P99 <= 2.5 s" in describe(moves)
 
 
 def test_no_metric_or_no_move_says_no_moves():
@@ -116,3 +131,27 @@ def test_the_report_gives_each_window_its_figures_and_the_moves():
     assert s["lane_moves_lanes"] == "INFO" and "lane_moves_shared" not in s
     text = render_text(r)
     assert "| lanes | 2-long-heavy |" in text and "3 moves" in text
+
+
+@pytest.mark.parametrize(("queue_s", "failed", "status"), [
+    (9.0, False, "PASS"),   # every window's long queue wait P99 within the lane's 10 s
+    (12.0, False, "FAIL"),  # one window's past it
+    (1.0, True, "FAIL"),    # within it, but a long request failed there
+])
+def test_long_requests_served_within_their_lanes_target_in_every_window(queue_s, failed, status):
+    params = {**shift_workload(1.0, (0.0, 0.5, 0.0), 10.0).params, "long_target_wait_s": 10}
+    ss = [ok("short", 0.5, sent=t) for t in (1, 11, 21)]
+    ss.append(ok("long", 8.0, sent=12, tokens=512, lane="long", queue=queue_s))
+    if failed:
+        ss.append(Sample("long", 512, 13.0, sent_s=13.0, status="failed", accepted=True,
+                         finished=True, lane="long"))
+    for s in ss:
+        s.arrival_s = s.sent_s
+    r = build_report(config={"metric": "e2e_s"},
+                     workload={"name": SHIFT, "classes": ["short", "long"], "short_class": "short",
+                               "long_class": "long", "params": params},
+                     topologies={}, samples={"lanes": {"mixed": ss}})
+    assert statuses(r)["shift_long_lanes"] == status
+    # windows without long requests have nothing to serve: only the long-heavy one is named
+    line = next(x["line"] for x in r["targets"] if x["name"] == "shift_long_lanes")
+    assert "2-long-heavy" in line and "1-short-heavy" not in line
