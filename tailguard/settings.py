@@ -329,6 +329,12 @@ LANE_HOME_AFTER_S = Setting(
     "TAILGUARD_LANE_HOME_AFTER_S", 30.0, float,
     "How long the lanes a moved worker serves must have been quiet without it, without a "
     "break, before the lane controller sends it home.")
+LANE_MAX_MOVES = Setting(
+    "TAILGUARD_LANE_MAX_MOVES", 0, int,
+    "The most workers one lane-controller decision moves to the same lane (or brings home): "
+    "while the lane would still miss its target with the ones already sent, the next one that "
+    "can be spared goes too. 0: a quarter of the live workers, at least one (one at a time on "
+    "a fleet of up to 7).")
 MOVE_DRAIN_S = Setting(
     "TAILGUARD_MOVE_DRAIN_S", 2.0, float,
     "How long a worker that changes lanes lets its old lane's running jobs finish before it "

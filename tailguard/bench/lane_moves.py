@@ -5,8 +5,9 @@ The lane controller (issue 33) exposes, on the API's /metrics, a counter of move
 to the first job of the new lane started) ``tailguard_lane_move_seconds``, and of the drain
 within them ``tailguard_lane_move_drain_seconds``. A phase reads them before and after
 (`LaneMoveWatch`); the difference is the phase's moves and the P50/P99 of their durations
-and drains, as a histogram gives them: the upper bound of the bucket the rank falls in. A topology whose /metrics has neither (no controller, or `direct`) reports
-``exposed: False``: the report says 'no moves'.
+and drains, as a histogram gives them: the upper bound of the bucket the rank falls in. A
+topology whose /metrics has neither (no controller, or `direct`) reports ``exposed: False``:
+the report says 'no moves'.
 
 The metric names are written here until the controller's module owns them: import them from
 there then (one owner per name).

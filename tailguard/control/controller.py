@@ -5,7 +5,8 @@ one) tries the lease (``keys.LANE_CONTROLLER_LEASE``) each period; the one holdi
 decides, the others wait and take over within a lease once it stops. A tick reads each
 lane's load as admission does (tailguard/jobs/lane_load.py), the live workers' reports
 and their orders (tailguard/jobs/lane_orders.py), asks tailguard/lanes/rebalance.py for
-at most one move, and writes it as the worker's new order, logged with its reason.
+this tick's decision (one move, or several to the same lane on a large fleet), and writes
+each as its worker's new order, logged with its reason.
 """
 
 from __future__ import annotations
@@ -91,29 +92,30 @@ class LaneController:
                          workers=tuple(workers), now=now, last_move_at=last_at,
                          last_move_s=last_s)
 
-    def tick(self) -> Move | None:
-        """Decide once if this process holds the lease; the move ordered, if any."""
+    def tick(self) -> tuple[Move, ...]:
+        """Decide once if this process holds the lease; the moves ordered (one decision)."""
         held = self.orders.lease.hold(self.owner, LEASE_PERIODS * self.period_s)
         if held != self.holding:
             log.info("%s the lane controller's lease", "holding" if held else "lost")
             self.holding = held
         if not held:
-            return None
+            return ()
         fleet = self.quiet.stamp(self.policy, self.fleet())
-        move = self.policy.decide(fleet)
-        if move is not None:
+        moves = self.policy.decide_moves(fleet)
+        for move in moves:
             order = self.orders.tell(move.worker, move.to, from_=move.from_, reason=move.reason,
                                      detail=move.detail, at=fleet.now)
             log.info("order %d: %s %s -> %s (%s: %s)", order.version, move.worker,
                      ",".join(move.from_), ",".join(move.to), move.reason, move.detail)
-        return move
+        return moves
 
 
 def build_controller(client: redis.Redis, table: LaneTable) -> LaneController:
     """A candidate controller on `client` with the deployment's settings."""
     policy = RebalancePolicy(admission=AdmissionPolicy(
         prior_tokens_per_s=settings.PRIOR_TOKENS_PER_S.get()),
-        min_dwell_s=settings.LANE_DWELL_S.get(), home_after_s=settings.LANE_HOME_AFTER_S.get())
+        min_dwell_s=settings.LANE_DWELL_S.get(), home_after_s=settings.LANE_HOME_AFTER_S.get(),
+        max_moves=settings.LANE_MAX_MOVES.get())
     return LaneController(table, LaneOrders(client), LaneLoadStore(
         client, window_s=settings.RATE_WINDOW_S.get()), Liveness(client), policy,
         period_s=settings.LANE_CONTROLLER_S.get())

@@ -6,7 +6,8 @@ misses its target, so the partition follows the load. tailguard/control/controll
 reads the figures from Redis every tick and writes what this decides; `tailguard plan`
 can call the same code.
 
-One decision per tick, in this order:
+One decision per tick (`decide_moves`), in this order; a decision moves one worker or, on a
+large fleet, several to the same lane (rule 6):
 
 1. **One move at a time.** While a live worker serves something other than what it was
    told (for at most ``move_timeout_s``), nothing else is decided.
@@ -35,6 +36,15 @@ One decision per tick, in this order:
    there needed a miss, a predicted wait is 0 whenever a slot is free however busy the
    lane, and a bursty lane has quiet seconds; Kubernetes' autoscaler waits 300 s before a
    scale-down for the same reason). The entries' layout is the fleet's resting state.
+
+6. **As many as the lane needs, in one decision.** After the first move, the fleet is looked
+   at again as it will be (the donor's lanes one worker fewer and its running jobs handed
+   back, the receiving lane one more with its measured rate scaled to it): while the
+   receiving lane would still miss its target, the next donor rule 4 allows goes too, up to
+   ``max_moves`` (default a quarter of the live workers, at least one); a homecoming brings
+   the next quiet worker home alike. Rules 1 and 2 then hold for all of them at once: a fleet
+   of 64 engines re-partitions in one dwell, not one engine per dwell; on a fleet of up to 7
+   workers a decision is one move.
 
 A lane without a target (a batch lane, unless it sets target_wait_s) never receives,
 not even with no worker (its work waits for the homecoming of rule 5), and gives
@@ -112,6 +122,8 @@ class Move:
     to: tuple[str, ...]
     reason: str
     detail: str
+    #: the lane it goes to serve (a homecoming: None)
+    receiving: str | None = None
 
     def to_dict(self) -> dict[str, object]:
         return {"worker": self.worker, "from": list(self.from_), "to": list(self.to),
@@ -126,6 +138,8 @@ class RebalancePolicy:
     move_timeout_s: float = 60.0
     #: how long rule 5 must hold, without a break, before a worker goes home
     home_after_s: float = 30.0
+    #: the most workers one decision moves (rule 6; 0: a quarter of the live ones, at least 1)
+    max_moves: int = 0
 
     def in_flight(self, fleet: FleetView) -> WorkerView | None:
         """The worker still carrying out its last order, if any (rule 1)."""
@@ -170,7 +184,7 @@ class RebalancePolicy:
         back = worker.running.get(lane, 0)
         cost = (load.backlog_tokens / load.queued_jobs if load.queued_jobs
                 else fleet.lanes[lane].effective_default_max_tokens)
-        return dataclasses.replace(load, live_workers=max(0, load.live_workers - 1),
+        return dataclasses.replace(with_workers(load, max(0, load.live_workers - 1)),
                                    queued_jobs=load.queued_jobs + back,
                                    running_jobs=max(0, load.running_jobs - back),
                                    backlog_tokens=load.backlog_tokens + int(back * cost))
@@ -203,6 +217,45 @@ class RebalancePolicy:
                 if busy > margin * slots:
                     return f"{name} would have {busy} of {slots} slots busy without it"
         return None
+
+    def moves_cap(self, fleet: FleetView) -> int:
+        return self.max_moves or max(1, len(fleet.workers) // 4)
+
+    def decide_moves(self, fleet: FleetView) -> tuple[Move, ...]:
+        """This tick's decision: `decide`'s move, then more of the same kind while the lane
+        still needs them (rule 6); () for none."""
+        first = self.decide(fleet)
+        if first is None:
+            return ()
+        moves, view = [first], self.after(fleet, first)
+        while len(moves) < self.moves_cap(fleet):
+            if first.receiving is None:
+                more = self._homecoming(view)
+            else:
+                missed = self.misses(view.lanes[first.receiving], view.loads[first.receiving])
+                more = None if missed is None else self._donor_for(
+                    first.receiving, missed[1], missed[2], view)
+            if more is None:
+                break
+            moves.append(more)
+            view = self.after(view, more)
+        return tuple(moves)
+
+    def after(self, fleet: FleetView, move: Move) -> FleetView:
+        """`fleet` as it will be once `move` is carried out: the lanes it leaves one worker
+        fewer and its running jobs handed back, the lanes it joins one worker more."""
+        w = next(w for w in fleet.workers if w.name == move.worker)
+        loads = dict(fleet.loads)
+        for lane in set(move.from_) - set(move.to):
+            if lane in loads:
+                loads[lane] = self.without(w, fleet, lane)
+        for lane in set(move.to) - set(move.from_):
+            if lane in loads:
+                loads[lane] = with_workers(loads[lane], loads[lane].live_workers + 1)
+        moved = dataclasses.replace(w, serving=move.to, told=move.to, told_at=fleet.now,
+                                    running={})
+        return dataclasses.replace(fleet, loads=loads, workers=tuple(
+            moved if x is w else x for x in fleet.workers))
 
     def decide(self, fleet: FleetView) -> Move | None:
         """At most one move for this tick (rules 1-5 of the module docstring)."""
@@ -238,7 +291,7 @@ class RebalancePolicy:
         if not candidates:
             return None
         *_, w, to = min(candidates, key=lambda c: c[:3])
-        return Move(w.name, tuple(w.serving), to, reason, detail)
+        return Move(w.name, tuple(w.serving), to, reason, detail, receiving)
 
     def quiet(self, fleet: FleetView) -> set[str]:
         """The workers away from home whose lanes could spare them now (rule 5's test)."""
@@ -255,6 +308,14 @@ class RebalancePolicy:
                             f"{', '.join(w.serving)} met half their targets without it for "
                             f"{quiet_s:.0f} s")
         return None
+
+
+def with_workers(load: LaneLoad, live: int) -> LaneLoad:
+    """`load` served by `live` workers, its measured rate scaled to them (each worker serves
+    its share of what the lane got through)."""
+    served = (load.served_tokens * live // load.live_workers if load.live_workers > 0
+              else load.served_tokens)
+    return dataclasses.replace(load, live_workers=live, served_tokens=served)
 
 
 class QuietClock:

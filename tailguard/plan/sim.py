@@ -64,7 +64,7 @@ What it models, and how the real system does it:
   serving it, the cost tokens of its requests that finished over the last ``window_s``; per
   engine: what its group's entry lets it serve, its home lanes and ``moves_to``, what it serves
   now, what it was told and when, its running requests per lane) and calls
-  ``RebalancePolicy.decide``. A ``Move`` tells one engine to serve other lanes: the worker reads
+  ``RebalancePolicy.decide_moves``. A ``Move`` tells one engine to serve other lanes: the worker reads
   its order ``notice_s`` later and stops taking its old lanes' work; their requests running on
   it finish for up to ``drain_s``, then the rest go back to their lane's queue as a reclaim
   does (output kept, prompt + output prefilled again); then it serves the new lanes with their
@@ -148,7 +148,8 @@ def _controller_policy() -> RebalancePolicy:
     """The policy as `tailguard controller` builds it at the settings' defaults."""
     return RebalancePolicy(admission=AdmissionPolicy(
         prior_tokens_per_s=settings.PRIOR_TOKENS_PER_S.default),
-        min_dwell_s=settings.LANE_DWELL_S.default, home_after_s=settings.LANE_HOME_AFTER_S.default)
+        min_dwell_s=settings.LANE_DWELL_S.default, home_after_s=settings.LANE_HOME_AFTER_S.default,
+        max_moves=settings.LANE_MAX_MOVES.default)
 
 
 @dataclass(frozen=True)
@@ -572,8 +573,7 @@ class Simulation:
         """The controller's period: decide on this moment's figures, order the move if any."""
         assert self.follow is not None
         policy = self.follow.policy
-        move = policy.decide(self.quiet.stamp(policy, self.fleet_view(t)))
-        if move is not None:
+        for move in policy.decide_moves(self.quiet.stamp(policy, self.fleet_view(t))):
             e = next(e for e in self.owners if e.name == move.worker)
             e.told, e.told_at = move.to, t
             self.moves.append((t, move))

@@ -103,7 +103,7 @@ def test_the_controller_sends_the_long_worker_to_a_flooded_short_lane_and_home(
     ids = [submit(api, prompt=f"flood {i}", max_tokens=64, ignore_eos=True) for i in range(32)]
     # a tick may come before the flood's figures reach Redis or the previous test's move home
     # is reported done: the first decision within a few ticks
-    move = wait_for(controller.tick, timeout=30, what="a move to the flooded lane")
+    (move,) = wait_for(controller.tick, timeout=30, what="a move to the flooded lane")
     assert (move.worker, move.to, move.reason) == \
         (LONG, ("short",), TARGET_MISSED), move
     wait_for(lambda: _serving(orders, ("short",)), timeout=30, what="the move to short")
@@ -111,7 +111,7 @@ def test_the_controller_sends_the_long_worker_to_a_flooded_short_lane_and_home(
     assert [d["status"] for d in done] == ["succeeded"] * len(ids)
     assert LONG in {d["worker"] for d in done}, "the moved worker served none of the flood"
 
-    wait_for(lambda: controller.tick() is not None, timeout=60, what="a decision once quiet")
+    wait_for(controller.tick, timeout=60, what="a decision once quiet")
     home = next(m for m in orders.recent_moves() if m["event"] == "decided")
     assert (home["worker"], home["to"], home["reason"]) == (LONG, "long,batch", HOME)
     wait_for(lambda: _serving(orders, HOME_LANES), timeout=30, what="the move home")

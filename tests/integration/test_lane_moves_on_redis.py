@@ -212,10 +212,10 @@ def test_the_controller_sends_a_standby_worker_to_a_lane_with_work_and_no_worker
     assert r.status_code == 202 and r.get_json()["lane"] == "short"
 
     ctl = _controller(redis_client, "ctl")
-    move = ctl.tick()
+    (move,) = ctl.tick()
     assert (move.worker, move.to, move.reason) == ("long@x", ("short",), NO_WORKER)
     assert orders.order_for("long@x").lanes == ("short",)
-    assert ctl.tick() is None  # one move in flight: the worker has not carried it out yet
+    assert ctl.tick() == ()  # one move in flight: the worker has not carried it out yet
     decided = [m for m in orders.recent_moves() if m["event"] == "decided"]
     assert decided[0]["reason"] == NO_WORKER and "no live worker" in decided[0]["detail"]
     assert orders.move_counts()["long,batch|short|no_worker"] == 1

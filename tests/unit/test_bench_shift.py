@@ -4,9 +4,8 @@ per-window report, and the lane moves read from /metrics."""
 import pytest
 from test_bench_report import ok, statuses
 
-from tailguard.bench.loadgen import Sample
-
 from tailguard.bench.lane_moves import between, bucket_quantile, describe, parse
+from tailguard.bench.loadgen import Sample
 from tailguard.bench.report import build_report, render_text
 from tailguard.bench.run import BenchConfig, build_workload, phases_of
 from tailguard.bench.workload import LONG, SHIFT, SHORT, shift_workload, split_shift

@@ -209,3 +209,57 @@ def test_predicted_wait_is_admissions():
 def test_lane_targets_default_to_half_the_promise_and_none_for_batch():
     assert SHORT.wait_target_s == 0.5 and LONG.wait_target_s == 10.0
     assert BATCH.wait_target_s is None
+
+
+# --- rule 6: as many as the lane needs, in one decision ----------------------------------
+
+def _long_workers(n, **kw):
+    return [worker(f"long-{i}", LONG_W, **kw) for i in range(n)]
+
+
+@pytest.mark.parametrize("short_load, fleet_size, max_moves, moved", [
+    # 20 queued, 4 running on one worker: free slots for all 20 take 5 more workers
+    (FLOOD, 16, 0, 4),                                   # a quarter of the 17 live workers: 4
+    (FLOOD, 16, 10, 5),                                  # as many as it needs, then no more
+    (FLOOD, 16, 1, 1),                                   # one at a time, as before
+    (load(live=1, queued=6, running=4, cost=60), 16, 0, 2),  # 6 queued: two more are enough
+    (FLOOD, 1, 0, 1),                                    # a 2-worker host: one move a decision
+])
+def test_a_large_fleet_sends_as_many_as_the_lane_needs_in_one_decision(
+        short_load, fleet_size, max_moves, moved):
+    policy = RebalancePolicy(admission=POLICY.admission, max_moves=max_moves)
+    workers = [worker("short", SHORT_W), *_long_workers(fleet_size)]
+    moves = policy.decide_moves(fleet(workers, short=short_load, long=load(live=fleet_size)))
+    assert len(moves) == moved
+    assert len({m.worker for m in moves}) == moved  # each worker once
+    assert {(m.to, m.receiving) for m in moves} == {(("short",), "short")}
+    assert moves[0] == policy.decide(fleet(workers, short=short_load, long=load(live=fleet_size)))
+
+
+def test_every_further_donor_passes_the_consolidation_check_on_the_fleet_as_it_will_be():
+    # three long workers, 4 long jobs each: long spares one (its jobs fit in the other two
+    # within 10 s), not two, however many short needs
+    policy = RebalancePolicy(admission=POLICY.admission, max_moves=5)
+    workers = [worker("short", SHORT_W), *_long_workers(3, running={"long": 4})]
+    moves = policy.decide_moves(fleet(workers, short=FLOOD, long=load(live=3, running=12)))
+    assert [m.reason for m in moves] == [TARGET_MISSED]
+
+
+def test_a_quiet_lane_sends_its_borrowed_workers_home_together():
+    away = [worker("short", SHORT_W),
+            *[worker(f"long-{i}", LONG_W, serving=("short",), told=("short",), told_at=10.0)
+              for i in range(3)],
+            *_long_workers(4)]
+    view = fleet(away, short=load(live=4), long=load(live=4))
+    assert [(m.worker, m.reason) for m in POLICY.decide_moves(view)] == [
+        ("long-0", HOME), ("long-1", HOME)]  # a quarter of 8 live workers
+    everyone = RebalancePolicy(admission=POLICY.admission, max_moves=8).decide_moves(view)
+    assert [m.worker for m in everyone] == ["long-0", "long-1", "long-2"]  # short keeps its own
+    assert all(m.to == ("long", "batch") and m.receiving is None for m in everyone)
+
+
+def test_nothing_more_is_decided_while_any_worker_of_the_decision_is_moving():
+    workers = [worker("short", SHORT_W),
+               worker("long-0", LONG_W, told=("short",), told_at=99.0),  # moving
+               *_long_workers(8)[1:]]
+    assert POLICY.decide_moves(fleet(workers, short=FLOOD, long=load(live=8))) == ()
