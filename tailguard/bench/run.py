@@ -249,6 +249,10 @@ class BenchConfig:
     lanes_file: Path | None = option(
         None, f"lanes file of the `lanes` topology (default: ${settings.LANES_FILE.env} or the "
               "shipped one)", flag="--lanes")
+    static_lanes_file: Path | None = option(
+        None, "lanes file of the `static` topology (default: the `lanes` topology's; static "
+              "never runs the lane controller): e.g. one mechanism against another in one run",
+        flag="--static-lanes")
     out_dir: Path | None = option(
         None, "where report.json, bench.png, samples.jsonl and logs go "
               f"(default: ${settings.HOME.env}/bench/<time>)", flag="--out")
@@ -276,7 +280,7 @@ def build_workload(cfg: BenchConfig, count_tokens: Callable[[str], int] | None,
 def _lanes_table(cfg: BenchConfig) -> LaneTable:
     from tailguard.lanes.table import default_lanes_path, load_lanes
 
-    return load_lanes(cfg.lanes_file or default_lanes_path())
+    return load_lanes(cfg.lanes_file or settings.LANES_FILE.get() or default_lanes_path())
 
 
 def _long_target_s(cfg: BenchConfig, table: LaneTable) -> float | None:
@@ -705,9 +709,12 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
     kind = device_kind()
     cores = sorted(cfg.cores or os.sched_getaffinity(0))
     lanes_topo = lanes_spec(table, lanes_path.read_text(), kind=kind, cores=cores)
+    static_topo = (lanes_spec(load_lanes(cfg.static_lanes_file), Path(
+        cfg.static_lanes_file).read_text(), kind=kind, cores=cores)
+        if cfg.static_lanes_file else lanes_topo)
     engines = cfg.engines or len(lanes_topo.workers)  # replicas included
     specs = _specs(cfg, workload, table, lanes_topo, model, limit, kind=kind, cores=cores,
-                   engines=engines)
+                   engines=engines, static_topo=static_topo)
     out = Path(cfg.out_dir or settings.home() / "bench" / time.strftime("%Y%m%d-%H%M%S"))
     out.mkdir(parents=True, exist_ok=True)
     phases = phases_of(workload, cfg.baseline)
@@ -771,7 +778,8 @@ def _checked_workload(cfg: BenchConfig, count_tokens: Callable[[str], int] | Non
 
 def _specs(cfg: BenchConfig, workload: Workload, table: LaneTable, lanes_topo: TopologySpec,
            model: str, limit: int | None, *, kind: str, cores: list[int],
-           engines: int) -> dict[str, TopologySpec | DirectSpec]:
+           engines: int, static_topo: TopologySpec | None = None
+           ) -> dict[str, TopologySpec | DirectSpec]:
     """The topologies the run measures, in order, on the same cores and engines."""
     from tailguard.host.cores import Pinning
     from tailguard.model.info import serving_dtype
@@ -795,7 +803,7 @@ def _specs(cfg: BenchConfig, workload: Workload, table: LaneTable, lanes_topo: T
     wanted = ("lanes",) if workload.name in (OVERLOAD, BATCH, TENANTS) else cfg.topologies
     specs: dict[str, TopologySpec | DirectSpec] = {
         "shared": shared_spec(table, engines=engines, kind=kind, cores=cores),
-        "lanes": lanes_topo, STATIC: static_spec(lanes_topo), DIRECT: direct,
+        "lanes": lanes_topo, STATIC: static_spec(static_topo or lanes_topo), DIRECT: direct,
         # one vLLM server per setting of the sweep, each a topology of its own
         **({t.name: t for t in tuned_specs(direct, cfg.tuned_sweep)} if TUNED in wanted else {})}
     return {name: spec for want in wanted for name, spec in specs.items()

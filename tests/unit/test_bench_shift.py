@@ -9,6 +9,7 @@ from tailguard.bench.loadgen import Sample
 from tailguard.bench.report import build_report, render_text
 from tailguard.bench.run import BenchConfig, build_workload, phases_of
 from tailguard.bench.workload import LONG, SHIFT, SHORT, shift_workload, split_shift
+from tailguard.lanes.table import default_lanes_path
 
 
 def test_the_mix_moves_window_by_window():
@@ -36,7 +37,8 @@ def test_a_bad_shift_is_refused(args):
 
 
 def test_the_bench_builds_it_from_its_options():
-    cfg = BenchConfig(workload=SHIFT, rate=2.0, shift_long_shares=(0.0, 0.5), shift_window_s=20)
+    cfg = BenchConfig(workload=SHIFT, rate=2.0, shift_long_shares=(0.0, 0.5), shift_window_s=20,
+                      lanes_file=default_lanes_path())
     wl = build_workload(cfg, None)
     assert [w["long_rate"] for w in wl.params["windows"]] == [0.0, 1.0]
     assert "shift: 20 s windows" in wl.params["described"]

@@ -111,3 +111,33 @@ def test_no_static_lines_when_static_did_not_run():
 def test_a_static_run_without_lanes_skips_the_lines():
     s = statuses(_report({STATIC: {"mixed": _run(1.0)}}))
     assert {name: s[name] for name in LINES} == dict.fromkeys(LINES, "SKIP")
+
+
+def test_static_may_run_another_lanes_file_to_measure_one_mechanism_against_another():
+    """`--static-lanes`: lane moves alone (`lanes`) against borrowing alone (`static`, the CPU
+    file without the controller), on the same cores in one run."""
+    from conftest import ROOT
+
+    from tailguard.bench.run import _specs, build_workload
+    from tailguard.lanes.table import cpu_lanes_path, load_lanes
+
+    moves_only = ROOT / "benchmarks" / "lanes-cpu-moves-only.toml"
+    cfg = BenchConfig(workload="mixed", topologies=("lanes", STATIC), lanes_file=moves_only,
+                      static_lanes_file=cpu_lanes_path())
+    table = load_lanes(moves_only)
+    lanes = lanes_spec(table, moves_only.read_text(), cores=[0, 1])
+    static = lanes_spec(load_lanes(cpu_lanes_path()), cpu_lanes_path().read_text(), cores=[0, 1])
+    specs = _specs(cfg, build_workload(cfg, None, table), table, lanes, "demo-small", 4096,
+                   kind="cpu", cores=[0, 1], engines=2, static_topo=static)
+    assert list(specs) == ["lanes", STATIC] and specs[STATIC].controller is False
+    lent = {w.name: (w.borrow.lanes, w.moves_to) for w in
+            parse_lanes(tomllib.loads(specs[STATIC].lanes_toml)).workers}
+    assert lent == {"short": (("long",), ()), "long": ((), ("short",))}  # borrows; never moves
+    moved = {w.name: (w.borrow.lanes, w.moves_to) for w in
+             parse_lanes(tomllib.loads(specs["lanes"].lanes_toml)).workers}
+    assert moved == {"short": ((), ()), "long": ((), ("short",))}
+    assert [w.pin for w in specs[STATIC].workers] == [w.pin for w in specs["lanes"].workers]
+    # without it, static is the lanes topology's own file
+    same = _specs(cfg, build_workload(cfg, None, table), table, lanes, "demo-small", 4096,
+                  kind="cpu", cores=[0, 1], engines=2)
+    assert same[STATIC].lanes_toml == lanes.lanes_toml
