@@ -277,17 +277,10 @@ def build_workload(cfg: BenchConfig, count_tokens: Callable[[str], int] | None,
     return workload
 
 
-def _lanes_path(cfg: BenchConfig) -> Path:
-    """The `lanes` topology's lanes file: --lanes, else TAILGUARD_LANES_FILE, else the shipped one."""
-    from tailguard.lanes.table import default_lanes_path
-
-    return Path(cfg.lanes_file or settings.LANES_FILE.get() or default_lanes_path())
-
-
 def _lanes_table(cfg: BenchConfig) -> LaneTable:
-    from tailguard.lanes.table import load_lanes
+    from tailguard.lanes.table import default_lanes_path, load_lanes
 
-    return load_lanes(_lanes_path(cfg))
+    return load_lanes(cfg.lanes_file or settings.LANES_FILE.get() or default_lanes_path())
 
 
 def _long_target_s(cfg: BenchConfig, table: LaneTable) -> float | None:
@@ -703,12 +696,12 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
     """The steps: check the choices, the model and lanes file, the workload, each topology's
     spec, then every topology measured in turn against one Redis, then the report."""
     from tailguard.host.devices import device_kind
-    from tailguard.lanes.table import load_lanes
+    from tailguard.lanes.table import default_lanes_path, load_lanes
     from tailguard.model.info import model_max_len
 
     _check_choices(cfg)
     model = _model(cfg)
-    lanes_path = _lanes_path(cfg)
+    lanes_path = Path(cfg.lanes_file or settings.LANES_FILE.get() or default_lanes_path())
     table = load_lanes(lanes_path)
     count_tokens = _token_counter(model)
     limit = model_max_len(model)
@@ -718,7 +711,7 @@ def _run_bench(cfg: BenchConfig) -> dict[str, Any]:
     lanes_topo = lanes_spec(table, lanes_path.read_text(), kind=kind, cores=cores)
     static_topo = (lanes_spec(load_lanes(cfg.static_lanes_file), Path(
         cfg.static_lanes_file).read_text(), kind=kind, cores=cores)
-        if cfg.static_lanes_file else None)
+        if cfg.static_lanes_file else lanes_topo)
     engines = cfg.engines or len(lanes_topo.workers)  # replicas included
     specs = _specs(cfg, workload, table, lanes_topo, model, limit, kind=kind, cores=cores,
                    engines=engines, static_topo=static_topo)
