@@ -49,6 +49,9 @@ class Lane:
     queue_ttl_s: float = 300.0
     rate_limit: str = ""
     max_num_seqs: int = 8
+    #: the most of this lane's requests one engine runs at once (None: max_num_seqs); what keeps
+    #: room on every engine for the lanes ahead of it (tailguard/lanes/dispatch.py)
+    max_running: int | None = None
     max_model_len: int = 2048
     dedicated: bool = False
     max_backlog_tokens: int | None = None
@@ -81,6 +84,11 @@ class Lane:
         if self.target_wait_s is not None:
             return self.target_wait_s
         return self.promised_wait_s / 2 if self.priority == "interactive" else None
+
+    @property
+    def engine_slots(self) -> int:
+        """How many of this lane's requests one engine serving it runs at once."""
+        return min(self.max_running, self.max_num_seqs) if self.max_running else self.max_num_seqs
 
     @property
     def effective_default_max_tokens(self) -> int:
@@ -271,6 +279,9 @@ LANE_FIELDS: dict[str, FieldDoc] = {
                            'Celery `rate_limit` of the lane\'s task, per worker (`"20/s"`); '
                            "spaces task starts, never rejects"),
     "max_num_seqs": FieldDoc((int,), "8", "engine batch size, and the worker's thread concurrency"),
+    "max_running": FieldDoc((int,), "max_num_seqs",
+                            "the most of the lane's requests one engine runs at once (its "
+                            "per-engine limit: room kept for the lanes ahead of it)"),
     "max_model_len": FieldDoc((int,), "2048", "engine context (never more than the model's own)"),
     "dedicated": FieldDoc((bool,), "false", "a worker serving this lane serves nothing else"),
     "max_backlog_tokens": FieldDoc((int,), "none",
@@ -313,7 +324,7 @@ def _lane_from(name: str, raw: Any) -> Lane:
         raise ConfigError(f"{where}.priority must be one of {PRIORITY_CLASSES}, got {lane.priority!r}",
                           field=f"{where}.priority")
     for key in ("max_cost", "max_tokens", "default_max_tokens", "deadline_s", "queue_ttl_s",
-                "max_num_seqs", "max_model_len", "max_backlog_tokens", "max_wait_s",
+                "max_num_seqs", "max_running", "max_model_len", "max_backlog_tokens", "max_wait_s",
                 "target_wait_s"):
         positive(key, getattr(lane, key))
     if lane.min_workers < 0:

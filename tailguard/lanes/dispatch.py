@@ -1,0 +1,73 @@
+"""One fleet, every lane: the order in which an engine takes work, and its limits per lane.
+
+Pure rule, no I/O. Every engine may serve every lane its worker lists; the lanes are an
+*order*, not a partition. An engine with a free slot takes the oldest job of the first lane,
+in its worker's order (short, then long, then batch), that
+
+* has a job waiting,
+* runs fewer of its jobs on this engine than its per-engine limit (``Lane.engine_slots``:
+  ``max_running``, else ``max_num_seqs``), so a burst of long jobs never takes every slot and a
+  short job always finds one, and
+* is interactive, or no interactive lane of the worker has a job waiting (batch runs only
+  on what interactive work leaves).
+
+The queues are Redis lists that every worker pulls from, so this is one central priority
+queue over the whole fleet: a job waits for the first free slot anywhere, never behind one
+engine's long work while another has room.
+
+A Celery worker cannot ask "is anything waiting" before each delivery; it chooses which
+queues to consume and the broker takes them in order (kombu's ``queue_order_strategy =
+"priority"``: the first non-empty list of ``-Q short,long,batch``). ``consumable`` is the same
+rule in that form: a lane is consumed while it is below its limit on this engine, and a batch
+lane only while every interactive lane is too (then the list order serves it last). The
+simulator (tailguard/plan/sim.py) calls ``next_lane``; the worker (tasks/worker.py) calls
+``consumable``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+
+class LaneLimit(Protocol):
+    """What the rule reads of a lane (tailguard.lanes.table.Lane has it)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def priority(self) -> str: ...
+
+    @property
+    def engine_slots(self) -> int: ...
+
+
+def below_limit(lane: LaneLimit, running: Mapping[str, int]) -> bool:
+    """Whether one more of `lane`'s jobs may start on an engine running `running` (by lane)."""
+    return running.get(lane.name, 0) < lane.engine_slots
+
+
+def next_lane(lanes: Sequence[LaneLimit], running: Mapping[str, int],
+              waiting: Mapping[str, int]) -> str | None:
+    """The lane whose oldest job an engine serving `lanes` (in priority order) takes next, with
+    `running` of each lane's jobs on it and `waiting` queued fleet-wide; None: nothing it may
+    start now."""
+    interactive_waiting = any(waiting.get(l.name, 0) > 0 for l in lanes
+                              if l.priority == "interactive")
+    for lane in lanes:
+        if waiting.get(lane.name, 0) <= 0 or not below_limit(lane, running):
+            continue
+        if lane.priority != "interactive" and interactive_waiting:
+            return None
+        return lane.name
+    return None
+
+
+def consumable(lanes: Sequence[LaneLimit], running: Mapping[str, int]) -> tuple[str, ...]:
+    """The queues a worker serving `lanes` (in priority order) consumes now, in that order, with
+    `running` of each lane's jobs on its engine: `next_lane` for a broker that takes the first
+    non-empty queue of the list."""
+    open_ = [l for l in lanes if below_limit(l, running)]
+    interactive_open = all(l in open_ for l in lanes if l.priority == "interactive")
+    return tuple(l.name for l in open_ if l.priority == "interactive" or interactive_open)
