@@ -282,11 +282,7 @@ def _schemas() -> dict[str, dict[str, Any]]:
         "Lanes": {"type": "object", "required": ["lanes", "workers"], "properties": {
             "model": _NULLABLE_STR, "model_max_len": {"type": "integer"},
             "lanes": {"type": "array", "items": {"type": "object"}},
-            "workers": {"type": "array", "items": {"type": "object"}},
-            "assignment": {"type": "object", "description": "lanes that follow the load: what "
-                           "each worker the controller may move serves now, and its order"},
-            "moves": {"type": "array", "items": {"type": "object"},
-                      "description": "the lane controller's latest decisions and moves"}}},
+            "workers": {"type": "array", "items": {"type": "object"}}}},
         "Health": {"type": "object", "required": ["status", "workers_per_lane"], "properties": {
             "status": {"type": "string", "enum": ["ok", "degraded"]},
             "auth": {"type": "string", "enum": ["open", "keys"],
@@ -295,9 +291,6 @@ def _schemas() -> dict[str, dict[str, Any]]:
             "redis": {"type": "string"},
             "workers_per_lane": {"type": "object", "additionalProperties": {"type": "integer"}},
             "lanes_without_worker": {"type": "array", "items": {"type": "string"}},
-            "workers_standby": {"type": "object", "additionalProperties": {"type": "integer"},
-                                "description": "live workers serving another lane that the lane "
-                                "controller may move to this one"},
             "storage": {"type": "object", "description": "Redis memory against its high-water "
                         "mark; full: submits answer 503 storage_full"}}},
     }

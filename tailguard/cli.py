@@ -72,7 +72,6 @@ def worker(lane: str | None, worker_name: str | None, gpu: str | None, cores: st
         raise click.UsageError("give exactly one of --lane or --worker")
     spec = table.worker(worker_name) if worker_name else table.worker_for_lane(lane)
     lanes = table.lanes_for_queues(spec.lanes)
-    moves_to = table.lanes_for_queues(spec.moves_to)
     model, is_demo = served_model()
     if is_demo:
         click.echo(f"[{spec.name}] {DEMO_NOTICE}", err=True)
@@ -81,7 +80,7 @@ def worker(lane: str | None, worker_name: str | None, gpu: str | None, cores: st
         env[settings.WORKER_METRICS_PORT.env] = str(metrics_port)
     become([console_script("celery"), "-A", "tasks", "worker", "-Q", ",".join(spec.lanes),
             "-n", node_name(worker_name or spec.name),
-            "-c", str(concurrency or engine_settings_for(lanes, moves_to=moves_to)[0]),
+            "-c", str(concurrency or engine_settings_for(lanes)[0]),
             "-l", loglevel], env=env, pin=Pinning.from_options(gpu, cores))
 
 
@@ -405,37 +404,6 @@ def redis(port: int | None) -> None:
 
 
 @main.command()
-@click.option("--loglevel", "-l", default="INFO", show_default=True)
-def controller(loglevel: str) -> None:
-    """Run a lane controller: it moves warm workers between lanes as the load moves.
-
-    Any number may run; one holds the Redis lease and decides, the others take over when it
-    stops. `tailguard up` starts one (docs/lanes.md, "Lanes that follow the load")."""
-    import logging
-
-    from tailguard.control.controller import build_controller
-    from tailguard.host.procs import stop_signals
-    from tailguard.lanes.table import load_lanes
-    from tailguard.redis import client as redis_client
-
-    logging.basicConfig(level=loglevel.upper(), format="[%(asctime)s] %(name)s: %(message)s")
-    if settings.LANE_CONTROLLER_S.get() <= 0:
-        raise click.ClickException(f"{settings.LANE_CONTROLLER_S.env} is 0: the lane controller "
-                                   "is off")
-    ctl = build_controller(redis_client.connect(settings.redis_url(), socket_connect_timeout=5,
-                                                health_check_interval=30), load_lanes())
-    click.echo(f"lane controller {ctl.owner}: every {ctl.period_s:g} s while it holds the lease",
-               err=True)
-    try:
-        with stop_signals():  # SIGTERM (`tailguard up` stopping it) hands the lease over at once
-            ctl.run()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        ctl.close()
-
-
-@main.command()
 @click.option("--window", default="15m", show_default=True, help="how far back: 90s, 15m, 2h, 1d")
 @click.option("--top", default=10, show_default=True, help="how many slowest requests to list")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
@@ -449,10 +417,9 @@ def stats(window: str, top: int, as_json: bool, by: str) -> None:
     import redis as redis_lib
 
     from tailguard.batches.metrics import read_figures
-    from tailguard.jobs.lane_orders import LaneOrders
     from tailguard.jobs.liveness import Liveness
     from tailguard.lanes.table import load_lanes
-    from tailguard.observe.stats import StatsStore, parse_window, render_keys, render_lane_moves
+    from tailguard.observe.stats import StatsStore, parse_window, render_keys
     from tailguard.redis.client import connect
 
     try:
@@ -482,19 +449,14 @@ def stats(window: str, top: int, as_json: bool, by: str) -> None:
         return
     liveness = Liveness(client)
     per_host = liveness.live_workers_per_host(names)  # now, not over the window
-    orders = LaneOrders(client)
-    assignment = orders.assignment(liveness.alive_workers())
-    moves = orders.recent_moves(top)
     batches = read_figures(client)  # now, not over the window
     if as_json:
         click.echo(json.dumps({**result.to_dict(), "workers_per_host": per_host,
-                               "lane_assignment": assignment, "lane_moves": moves,
                                "batches": batches.to_dict()}, indent=2))
     else:
         click.echo(result.render() + "\n\nlive workers now, per host: " + "; ".join(
             f"{lane} " + (", ".join(f"{host} {n}" for host, n in hosts.items()) or "none")
-            for lane, hosts in per_host.items()) + render_lane_moves(assignment, moves)
-            + "\n" + batches.render())
+            for lane, hosts in per_host.items()) + "\n" + batches.render())
 
 
 @main.command()

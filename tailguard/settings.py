@@ -316,32 +316,6 @@ FAIR_SHARE = Setting(
     "counters, weighted by each key's weight; docs/lanes.md) and, when a lane must refuse, "
     "refuse the keys over their fair share of it first (429 over_fair_share). Off: arrival "
     "order. Open mode has one caller, so arrival order.")
-LANE_CONTROLLER_S = Setting(
-    "TAILGUARD_LANE_CONTROLLER_S", 1.0, float,
-    "How often the lane controller (`tailguard controller`, started by `tailguard up`) reads the "
-    "lanes' load and may move one worker; its Redis lease lapses after 3x this. 0: `tailguard "
-    "up` starts none, and workers stay on their own lanes.")
-LANE_DWELL_S = Setting(
-    "TAILGUARD_LANE_DWELL_S", 10.0, float,
-    "The least time between two lane moves (longer when moves take longer: 3x the last one's "
-    "duration), so each move's effect is seen before the next decision.")
-LANE_HOME_AFTER_S = Setting(
-    "TAILGUARD_LANE_HOME_AFTER_S", 30.0, float,
-    "How long the lanes a moved worker serves must have been quiet without it, without a "
-    "break, before the lane controller sends it home.")
-LANE_MAX_MOVES = Setting(
-    "TAILGUARD_LANE_MAX_MOVES", 0, int,
-    "The most workers one lane-controller decision moves to the same lane (or brings home): "
-    "while the lane would still miss its target with the ones already sent, the next one that "
-    "can be spared goes too. 0: a quarter of the live workers, at least one (one at a time on "
-    "a fleet of up to 7).")
-MOVE_DRAIN_S = Setting(
-    "TAILGUARD_MOVE_DRAIN_S", 2.0, float,
-    "How long a worker that changes lanes lets its old lane's running jobs finish before it "
-    "hands the rest back to their queue (they continue elsewhere with their text so far).")
-LANE_FOLLOW_S = Setting(
-    "TAILGUARD_LANE_FOLLOW_S", 0.25, float,
-    "How often a worker reads its lane order and reports what it serves.")
 BATCH_STORAGE = Setting(
     "TAILGUARD_BATCH_STORAGE", "", str,
     "Where the Batch API keeps file contents (uploads, outputs, error files): a directory, or an "

@@ -7,9 +7,8 @@ tailguard/worker/runner.py, which owns the job's lifecycle: a job that ended els
 (cancelled, expired, a redelivered duplicate) ends the task with `Ignore`, so Celery
 never overwrites what the job record says; a job whose worker gave up on its engine
 before the job started goes back to its lane's queue (`Reject(requeue=True)`) for
-another worker. A job handed back by a worker that changes lanes
-(tailguard/worker/lane_follower.py) is queued again as a fresh message and the task
-ends with `Ignore`.
+another worker, and so does a message that reached this worker past its lane's per-engine
+limit (tailguard/worker/lane_gate.py) without running.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from celery import Task
 from celery.exceptions import Ignore, Reject
 
 from tailguard.lanes.table import load_lanes
-from tailguard.worker.runner import GenerationJob, JobReclaimed, JobSkipped, NoEngine
+from tailguard.worker.runner import GenerationJob, JobSkipped, NoEngine
 from tailguard.worker.runtime import WorkerRuntime
 from tasks.celery import app
 
@@ -34,16 +33,18 @@ def _register(lane_name: str) -> None:
         runtime = WorkerRuntime.of(self.app)
         job = GenerationJob(job_id, prompt, max_tokens, sampling, deadline_s, add_special_tokens,
                             openai)
-        with runtime.own_jobs.track(job_id, lane_name, job.reclaimable) as hand_back:
-            try:
-                body = runtime.runner.run(job, reclaimed=hand_back.is_set)
-            except JobSkipped:
-                raise Ignore() from None
-            except NoEngine:
-                raise Reject(requeue=True) from None
-            except JobReclaimed:
-                runtime.publish(lane_name, job)
-                raise Ignore() from None
+        gate = runtime.gate
+        try:
+            if gate is not None and gate.over(self.request.id):
+                raise Reject(requeue=True)
+            body = runtime.runner_for(lane_name).run(job)
+        except JobSkipped:
+            raise Ignore() from None
+        except NoEngine:
+            raise Reject(requeue=True) from None
+        finally:
+            if gate is not None:
+                gate.ended(self.request.id)
         # Celery logs a task's return value at INFO: the text stays in the job record.
         return {k: v for k, v in body.items() if k != "text"}
 

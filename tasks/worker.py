@@ -1,7 +1,7 @@
 """Celery's side of a tailguard worker: its signals and its remote-control command.
 
 Each handler adapts one Celery event to tailguard/worker/runtime.py, which owns the
-worker's engine, heartbeat and borrowing.
+worker's engine, heartbeat and lane gate.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from celery import signals
-from celery.worker.control import control_command, inspect_command
+from celery.worker.control import inspect_command
 
 from tailguard.lanes.table import engine_settings_for, load_lanes, slots_for
 from tailguard.worker.runtime import (
@@ -37,9 +37,7 @@ def _set_concurrency(sender=None, conf=None, options=None, **_: Any) -> None:
     table = load_lanes()
     names = [n.strip() for n in names if n.strip()]
     lanes = lanes_for_queue_names(table, names)
-    spec = table.worker_for_queues(names)  # its entry's moves_to size the pool too
-    conf.worker_concurrency = engine_settings_for(
-        lanes, moves_to=table.lanes_for_queues(spec.moves_to) if spec else ())[0]
+    conf.worker_concurrency = engine_settings_for(lanes)[0]
 
 
 @signals.worker_ready.connect
@@ -51,20 +49,31 @@ def _on_worker_ready(sender=None, **_: Any) -> None:
     """
     try:
         queues = [q.name for q in sender.task_consumer.queues]
-        setup(sender.app, sender.hostname, queues)
-        # the pool may be sized for a larger lane it can be moved to: reserve this one's batch
+        setup(sender.app, sender.hostname, queues, consumer=sender)
+        # one message per engine slot (the pool may have been given more threads: -c)
         _set_prefetch(sender, slots_for(load_lanes().lanes_for_queues(queues)))
     except Exception:
         log.critical("this worker cannot set up, so it exits", exc_info=True)
         exit_worker()
 
 
+@signals.task_received.connect
+def _on_received(sender=None, request=None, **_: Any) -> None:
+    """A message reached this worker (consumer thread): its lane's per-engine limit counts it."""
+    runtime = attached(sender.app) if sender is not None else None
+    if runtime is not None and runtime.gate is not None and request is not None:
+        runtime.gate.received(request.id, request.name)
+
+
 @signals.task_revoked.connect
 def _on_revoked(sender=None, request=None, expired: bool = False, **_: Any) -> None:
     """Celery drops a message whose `expires` passed before it was received: record why."""
     runtime = attached(sender.app) if sender is not None else None
-    if expired and runtime is not None and request is not None:
-        runtime.runner.expire(request.id, only_if_overdue=False)
+    if runtime is not None and request is not None:
+        if runtime.gate is not None:
+            runtime.gate.ended(request.id)
+        if expired:
+            runtime.runner.expire(request.id, only_if_overdue=False)
 
 
 @signals.worker_shutdown.connect
@@ -82,28 +91,6 @@ def _set_prefetch(consumer: Any, slots: int) -> None:
     consumer.qos.update()
 
 
-# --- remote control ----------------------------------------------------------------------
-
-@control_command(
-    args=[("add", list), ("cancel", list), ("prefetch", int)],
-    signature="<add: queues> <cancel: queues> <prefetch>",
-)
-def tailguard_consume(state, add: list[str] | None = None, cancel: list[str] | None = None,
-                      prefetch: int = 0, **_: Any) -> dict:
-    """Change the queues this worker consumes, in its consumer's thread, in one step: stop
-    `cancel`, start `add` (in order: the queue order is the lanes' priority) and reserve
-    `prefetch` messages at most. What a lane move runs (tailguard/worker/lane_follower.py);
-    `celery inspect active_queues` and Flower show the result."""
-    consumer = state.consumer
-    for queue in cancel or ():
-        consumer.cancel_task_queue(queue)
-    for queue in add or ():
-        consumer.add_task_queue(queue)
-    if prefetch:  # never more than the pool's threads: a message without one would wait
-        _set_prefetch(consumer, min(prefetch, consumer.pool.num_processes or prefetch))
-    return {"ok": "consuming " + ",".join(q.name for q in consumer.task_consumer.queues)}
-
-
 # --- `celery -A tasks inspect engine_stats` ------------------------------------------------
 
 @inspect_command()
@@ -118,4 +105,4 @@ def engine_stats(state, **_: Any) -> dict:
             **({"engine_core_away": runtime.roamer.away,
                 "engine_core_moves_away": runtime.roamer.moves_away}
                if runtime.roamer is not None else {}),
-            **(runtime.borrower.stats().to_dict() if runtime.borrower is not None else {})}
+            **({"running_by_lane": dict(runtime.gate.running())} if runtime.gate else {})}

@@ -39,9 +39,6 @@ MODEL_CACHE = Path(os.environ.get("TAILGUARD_TEST_MODEL_DIR", ROOT / ".tailguard
 
 os.environ[settings.REDIS_URL.env] = REDIS_URL
 os.environ[settings.LANES_FILE.env] = str(TEST_LANES)
-# the test lanes' long worker may be moved: no `tailguard up` (nor bench topology) of the suite
-# runs a lane controller that could move it under another test's feet
-os.environ[settings.LANE_CONTROLLER_S.env] = "0"
 os.environ[settings.SSE_HEARTBEAT_S.env] = "0.3"  # idle streams notice expiry/disconnects fast
 # The suite's apps and API servers run without keys unless a test asks for keys mode (apps
 # built without the setting require keys), and its redis-servers let tests empty them.

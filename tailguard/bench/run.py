@@ -803,7 +803,8 @@ def _specs(cfg: BenchConfig, workload: Workload, table: LaneTable, lanes_topo: T
     wanted = ("lanes",) if workload.name in (OVERLOAD, BATCH, TENANTS) else cfg.topologies
     specs: dict[str, TopologySpec | DirectSpec] = {
         "shared": shared_spec(table, engines=engines, kind=kind, cores=cores),
-        "lanes": lanes_topo, STATIC: static_spec(static_topo or lanes_topo), DIRECT: direct,
+        "lanes": lanes_topo, DIRECT: direct,
+        STATIC: static_spec(static_topo or lanes_topo, kind=kind, cores=cores),
         # one vLLM server per setting of the sweep, each a topology of its own
         **({t.name: t for t in tuned_specs(direct, cfg.tuned_sweep)} if TUNED in wanted else {})}
     return {name: spec for want in wanted for name, spec in specs.items()

@@ -8,11 +8,11 @@ private Redis, with a lanes file written for it. The specs are pure; only
 * ``shared``: one lane, ``shared``, that takes every interactive request (no
   max_cost; its cap, deadline, TTL, batch and context are the largest of the
   interactive lanes in force), consumed by every worker: one FCFS queue.
-* ``lanes``:  the lanes file in force, its workers as it lists them, and the lane
-  controller when a worker there may move (``moves_to``): lanes that follow the load.
-* ``static``: ``lanes`` without the controller: the same lanes file, workers and
-  cores, each worker on its own lanes for the whole run (static lanes). Not run
-  unless asked for (`STATIC`).
+* ``lanes``:  the lanes file in force, its workers as it lists them (the shipped files:
+  every engine serves every lane, in order, within per-engine limits).
+* ``static``: the same lanes as a partition: one engine for the first lane alone, the
+  others for the rest (rounds 1-4's dedicated lanes), or the workers of ``--static-lanes
+  FILE``. Not run unless asked for (`STATIC`).
 * ``direct``: no tailguard at all: vLLM's own OpenAI server, what a user would
   run instead. One engine on all the cores the other two split (vLLM's CPU
   backend binds its compute threads to them; the server process is not
@@ -51,7 +51,6 @@ from tailguard.host import procs
 from tailguard.host.cores import Pinning, frontend_cores, frontend_env
 from tailguard.host.procs import ChildFailed, ChildSpec, Group, tailguard_argv
 from tailguard.lanes.table import (
-    BORROW_FIELDS,
     Lane,
     LaneTable,
     WorkerSpec,
@@ -90,8 +89,6 @@ class TopologySpec:
     name: str
     lanes_toml: str  # the lanes file this topology runs with
     workers: tuple[WorkerPlan, ...]
-    #: whether it runs the lane controller when its lanes file lets a worker move (`static`: no)
-    controller: bool = True
 
     @property
     def table(self) -> LaneTable:
@@ -104,17 +101,6 @@ class TopologySpec:
         """The cores its API, Redis and workers' own threads run on (tailguard/host/cores.py)."""
         return frontend_cores([w.pin for w in self.workers], settings.FRONTEND_CORES.get())
 
-    @property
-    def moves_workers(self) -> bool:
-        """Whether its lanes file lets the lane controller move a worker."""
-        return any(w.moves_to for w in self.table.workers)
-
-    @property
-    def runs_controller(self) -> bool:
-        """Whether it starts the lane controller: lanes that follow the load, as `tailguard up`
-        runs them (a worker may move, the controller is on, and this topology wants one)."""
-        return self.controller and self.moves_workers and settings.LANE_CONTROLLER_S.get() > 0
-
     def workers_per_lane(self) -> dict[str, int]:
         """How many live workers /healthz must report per lane before the topology is ready."""
         counts: dict[str, int] = {}
@@ -125,7 +111,7 @@ class TopologySpec:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "engines": [w.to_dict() for w in self.workers],
-                "frontend_cores": list(self.frontend), "controller": self.runs_controller,
+                "frontend_cores": list(self.frontend),
                 "lanes": [l.to_dict() for l in self.table]}
 
 
@@ -162,12 +148,6 @@ def lanes_toml(lanes: list[Lane], workers: list[WorkerSpec], comment: str = "",
             out.append(f"devices = {_toml_value(list(w.devices))}")
         if w.replicas != 1:
             out.append(f"replicas = {_toml_value(w.replicas)}")
-        if w.borrow.lanes:
-            for key, attr in BORROW_FIELDS.items():
-                value = getattr(w.borrow, attr)
-                out.append(f"{key} = {_toml_value(list(value) if key == 'borrow' else value)}")
-        if w.moves_to:
-            out.append(f"moves_to = {_toml_value(list(w.moves_to))}")
     return "\n".join(out).lstrip("\n") + "\n"
 
 
@@ -195,10 +175,24 @@ def lanes_spec(table: LaneTable, lanes_text: str, *, kind: str = "cpu",
     return TopologySpec("lanes", lanes_text, _plans(table.workers, kind, cores, gpus))
 
 
-def static_spec(lanes: TopologySpec) -> TopologySpec:
-    """`lanes` without the lane controller: today's static lanes, the same workers on the
-    same cores, to compare lanes that follow the load with."""
-    return replace(lanes, name=STATIC, controller=False)
+def static_spec(lanes: TopologySpec, *, kind: str = "cpu", cores: list[int] | None = None,
+                gpus: int | None = None) -> TopologySpec:
+    """`lanes` as a partition, on the same engines: its first lane on one of them alone, the
+    other lanes on the rest, each worker on its own lanes for the whole run (static lanes).
+    A lanes file that already partitions (no worker serves its first lane and another) is run
+    as it is."""
+    table = lanes.table
+    first, rest = table.lanes[0].name, tuple(l.name for l in table.lanes[1:])
+    if not rest or not any(first in w.lanes and len(w.lanes) > 1 for w in table.workers):
+        return replace(lanes, name=STATIC)
+    engines = max(2, len(lanes.workers))
+    workers = [WorkerSpec(name=first, lanes=(first,), engine=dict(table.engine)),
+               WorkerSpec(name=rest[0], lanes=rest, engine=dict(table.engine),
+                          replicas=engines - 1)]
+    text = lanes_toml(list(table.lanes), workers, engine=table.engine, comment=(
+        f"tailguard bench, topology `static`: {first} on one engine alone, "
+        f"{', '.join(rest)} on the others."))
+    return TopologySpec(STATIC, text, _plans(workers, kind, cores, gpus))
 
 
 @dataclass(frozen=True)
@@ -351,9 +345,6 @@ class RunningTopology:
                 port = self.worker_metrics_ports.get(w.name, 0)
                 self.group.start(worker_spec(
                     w, {**env, settings.WORKER_METRICS_PORT.env: str(port)}, cpus=front))
-            if self.spec.runs_controller:
-                self.group.start(ChildSpec("controller", tailguard_argv("controller"), env=env,
-                                           cpus=front))
             try:
                 self.group.wait_until(self._healthy, timeout_s,
                                       f"topology {self.spec.name} healthy")

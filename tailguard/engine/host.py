@@ -375,7 +375,7 @@ class EngineHost:
         ``add_special_tokens=False`` is for prompts rendered from a chat template,
         which carries its own BOS (as vLLM's chat endpoint tokenizes them).
         ``priority`` is vLLM's (lower is scheduled first); it only orders requests on
-        an engine built with ``scheduling_policy="priority"`` (a borrowing worker's).
+        an engine built with ``scheduling_policy="priority"`` (a worker serving several lanes).
 
         The deadline is enforced on the engine's loop: when it passes, the request is
         aborted (KV cache freed) and the text so far comes back with finish_reason

@@ -42,7 +42,6 @@ from tailguard.gateway.openai_request import Endpoint, OpenAIJob
 from tailguard.gateway.wait_slots import WaitSlots
 from tailguard.jobs.finished import FinishedConsumer, JobEnds
 from tailguard.jobs.lane_load import LaneLoadStore
-from tailguard.jobs.lane_orders import LaneOrders
 from tailguard.jobs.liveness import Liveness, lane_health
 from tailguard.jobs.reaper import Reaper
 from tailguard.jobs.store import (
@@ -245,18 +244,14 @@ class Gateway:
         return healthy, body
 
     def lanes_view(self) -> dict[str, Any]:
-        """The lane table, the live workers serving each lane, per host, and (lanes that follow
-        the load) what each movable worker serves now and the latest moves (/v1/lanes)."""
+        """The lane table with the live workers serving each lane, per host, and the workers'
+        entries (/v1/lanes)."""
         liveness = Liveness(self.store.redis)
         per_host = liveness.live_workers_per_host(self.lanes.names)
-        orders = LaneOrders(self.store.redis)
         return {"model": self.model, "model_max_len": self.counter.model_max_len,
                 "lanes": [{**lane.to_dict(), "live_workers_per_host": per_host[lane.name]}
                           for lane in self.lanes],
-                "workers": [{"name": w.name, "lanes": list(w.lanes), "moves_to": list(w.moves_to)}
-                            for w in self.lanes.workers],
-                "assignment": orders.assignment(liveness.alive_workers()),
-                "moves": orders.recent_moves(10)}
+                "workers": [{"name": w.name, "lanes": list(w.lanes)} for w in self.lanes.workers]}
 
     def openai_ready(self) -> bool:
         """Whether this gateway can serve OpenAI requests (vLLM's render layer is built; vLLM's
@@ -349,7 +344,7 @@ class Gateway:
         if lane.name not in loads:
             loads[lane.name] = self.load.load(lane.name)
         load = loads[lane.name]
-        if not (load.live_workers or load.standby_workers or self.admission.admit_without_worker):
+        if not (load.live_workers or self.admission.admit_without_worker):
             return math.inf
         return (self.admission.wait_tokens(lane, load, placement.cost)
                 / self.admission.service_rate(lane, load))

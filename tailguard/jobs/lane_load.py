@@ -33,15 +33,13 @@ class LaneLoadStore:
         self._served = lua.Script(client, "record_served")
 
     def load(self, lane: str) -> LaneLoad:
-        backlog, queued, running, served, now, live, standby = self._load(
+        backlog, queued, running, served, now, live = self._load(
             [keys.lane_queued_key(lane), keys.lane_backlog_key(lane), keys.lane_running_key(lane),
-             keys.lane_served_key(lane), keys.lane_workers_key(lane),
-             keys.lane_standby_key(lane)],
+             keys.lane_served_key(lane), keys.lane_workers_key(lane)],
             window_s=self.window_s)
         return LaneLoad(backlog_tokens=int(backlog), queued_jobs=int(queued),
                         running_jobs=int(running), served_tokens=int(served),
-                        window_s=float(self.window_s), live_workers=int(live), now=float(now),
-                        standby_workers=int(standby))
+                        window_s=float(self.window_s), live_workers=int(live), now=float(now))
 
     def record(self, rec: FinishedRequest) -> None:
         """Count a request that ran (a FinishedConsumer sink); one that never started is not

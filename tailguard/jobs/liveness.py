@@ -42,20 +42,6 @@ class Liveness:
         for lane in lanes:
             self.redis.zrem(keys.lane_workers_key(lane), worker)
 
-    def standby(self, lanes: list[str], worker: str, ttl_s: float) -> None:
-        """Mark `worker` as one the lane controller may move to `lanes` (it serves others now)."""
-        for lane in lanes:
-            self._heartbeat([keys.lane_standby_key(lane)], worker=worker, ttl_s=ttl_s)
-
-    def forget_standby(self, lanes: list[str], worker: str) -> None:
-        for lane in lanes:
-            self.redis.zrem(keys.lane_standby_key(lane), worker)
-
-    def standby_workers(self, lanes: list[str]) -> dict[str, int]:
-        """How many live workers may be moved to each lane but serve another now."""
-        counts = self._live([keys.lane_standby_key(l) for l in lanes])
-        return dict(zip(lanes, (int(c) for c in counts)))
-
     def worker_alive(self, worker: str, ttl_s: float) -> None:
         """Mark the `worker` process as alive for the next `ttl_s` seconds."""
         self._heartbeat([keys.WORKERS], worker=worker, ttl_s=ttl_s)
@@ -102,13 +88,10 @@ def host_of(worker: str) -> str:
 
 def lane_health(liveness: Liveness, lanes: list[str]) -> tuple[bool, dict]:
     """Healthy when Redis answers and every lane has a live worker with its engine up
-    (anywhere: a lane served only by workers on other hosts is as healthy as a local one).
-    A lane whose workers the lane controller moved away is without a worker here too (its
-    requests still queue: `workers_standby` says who may come back to it)."""
+    (anywhere: a lane served only by workers on other hosts is as healthy as a local one)."""
     per_host = liveness.live_workers_per_host(lanes)
     live = {lane: sum(hosts.values()) for lane, hosts in per_host.items()}
-    standby = liveness.standby_workers(lanes)
     missing = [lane for lane, n in live.items() if n == 0]
     return not missing, {"status": "ok" if not missing else "degraded", "redis": "ok",
                          "workers_per_lane": live, "workers_per_host": per_host,
-                         "workers_standby": standby, "lanes_without_worker": missing}
+                         "lanes_without_worker": missing}

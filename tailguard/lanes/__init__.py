@@ -4,7 +4,8 @@ Owns the lane table and its file (``table``, ``lanes.toml``), the file's vLLM en
 tables and their checks (``engine_options``: vLLM's EngineArgs are passed in, never
 imported), where a request goes and what it may ask for (``placement``), whether a lane
 takes it now (``admission``), the order and share of each API key in a lane (``fair_share``),
-what a request's latency targets may be and decide (``latency_targets``) and when an idle
-worker may take another lane's work (``borrowing``).
+what a request's latency targets may be and decide (``latency_targets``) and the order in
+which an engine takes work from the lanes it serves, within each one's per-engine limit
+(``dispatch``).
 May import: ``tailguard.errors``, ``tailguard.settings``.
 """

@@ -6,13 +6,10 @@ cost tokens its requests that finished recently took, per second, never below a
 prior (``prior_tokens_per_s`` per engine sequence x the lane's slots), so an idle
 or freshly started lane is not judged by the little it was asked to do.
 
-The predicted wait counts the lane's free batch slots. Its slots are
-``max_num_seqs`` per live worker (lane heartbeats); the slots in use are the lane's
-jobs running on its own workers (Redis keeps them with the job states,
-tailguard/redis/lua/transition_job.lua; a job of the lane that another lane's worker
-borrowed runs in that worker's engine and takes none). A lane whose workers the lane
-controller moved elsewhere (tailguard/lanes/rebalance.py) predicts with one worker's slots
-and queues: a worker comes back once it has work. A request that finds a slot
+The predicted wait counts the lane's free slots over the whole fleet. Its slots are its
+per-engine limit (``Lane.engine_slots``: tailguard/lanes/dispatch.py) on every live worker
+that serves it (lane heartbeats); the slots in use are the lane's jobs running (Redis keeps
+them with the job states, tailguard/redis/lua/transition_job.lua). A request that finds a slot
 left for it (fewer requests queued ahead of it than slots free) predicts no wait,
 however tight the promise: two requests of the usual load that arrive together are
 not refused because the first is still queued for the few milliseconds its worker
@@ -23,9 +20,10 @@ points, one ends every (one request's cost) / rate seconds, and the new request'
 own cost stands in for that one. That work divided by the rate is the predicted
 wait; with no free slot it is (backlog + cost) / rate.
 
-What it does not see: a worker serving several lanes (``long`` and ``batch`` by
-default) shares its slots between them while each lane counts only its own jobs, so
-there the prediction can err short (those lanes promise minutes); a dead worker's
+What it does not see: an engine's slots are shared by its lanes, and a lane's free slot on
+an engine whose batch the other lanes fill is no slot (the lanes file keeps the limits of
+the lanes behind the first within what the batch leaves it: docs/lanes.md), so there the
+prediction can err short; a dead worker's
 jobs hold slots until they are reaped (seconds) while its slots have already left
 the count, so then it errs long.
 
@@ -75,7 +73,6 @@ class LaneLoad:
     window_s: float       # that window
     live_workers: int     # workers serving the lane now
     now: float | None = None  # the Redis clock when these were read (Unix seconds)
-    standby_workers: int = 0  # live workers serving another lane that may be moved to this one
 
 
 @dataclass(frozen=True)
@@ -95,9 +92,10 @@ class AdmissionPolicy:
     admit_without_worker: bool = False
 
     def slots(self, lane: Lane, load: LaneLoad) -> int:
-        """The lane's batch slots: max_num_seqs per live worker (one worker while none is live
-        and requests are admitted anyway, as the prior rate assumes)."""
-        return lane.max_num_seqs * max(1, load.live_workers)
+        """The lane's slots over the fleet: its per-engine limit on every live worker serving it
+        (one worker while none is live and requests are admitted anyway, as the prior rate
+        assumes)."""
+        return lane.engine_slots * max(1, load.live_workers)
 
     def service_rate(self, lane: Lane, load: LaneLoad) -> float:
         """Cost tokens per second the lane gets through: measured, never below the prior."""
@@ -128,9 +126,7 @@ class AdmissionPolicy:
         Raises NoLiveWorker, LaneFull or WaitTooLong (the last two with Retry-After:
         how long until, at the current rate and with no new arrivals, it would be accepted).
         """
-        # a lane whose workers were all moved away is served again once the lane controller
-        # moves one back (it does when the lane has work and no worker): queue, do not refuse
-        if load.live_workers == 0 and load.standby_workers == 0 and not self.admit_without_worker:
+        if load.live_workers == 0 and not self.admit_without_worker:
             raise NoLiveWorker(f"no live worker serves lane {lane.name!r}; retry later",
                                field="lane")
         rate = self.service_rate(lane, load)

@@ -19,7 +19,6 @@ from typing import Any
 
 from tailguard import settings
 from tailguard.errors import ConfigError
-from tailguard.lanes.borrowing import ENGINES, BorrowPolicy
 from tailguard.lanes.engine_options import devices_per_engine, parse_engine_table
 
 PRIORITY_CLASSES = ("interactive", "batch")
@@ -56,11 +55,6 @@ class Lane:
     dedicated: bool = False
     max_backlog_tokens: int | None = None
     max_wait_s: float | None = None
-    #: the lane controller's target: the predicted wait it keeps the lane under by moving
-    #: workers to it (None: half the promise; batch lanes: no target unless one is given)
-    target_wait_s: float | None = None
-    #: workers the lane controller always leaves on the lane (0: it may take every one)
-    min_workers: int = 1
 
     @property
     def queue(self) -> str:
@@ -76,14 +70,6 @@ class Lane:
     def promised_wait_s(self) -> float:
         """The longest predicted wait a request is accepted with: max_wait_s, else queue_ttl_s."""
         return self.max_wait_s if self.max_wait_s is not None else self.queue_ttl_s
-
-    @property
-    def wait_target_s(self) -> float | None:
-        """The lane controller's target wait: target_wait_s, else half the promise for an
-        interactive lane (room to act before admission refuses), none for a batch lane."""
-        if self.target_wait_s is not None:
-            return self.target_wait_s
-        return self.promised_wait_s / 2 if self.priority == "interactive" else None
 
     @property
     def engine_slots(self) -> int:
@@ -112,8 +98,8 @@ class Lane:
 @dataclass(frozen=True)
 class WorkerSpec:
     """One [[workers]] entry: the worker process(es) `tailguard up` starts for it, each one
-    engine serving `lanes` in strict order, and taking work from the lanes it may borrow from
-    while its own are idle (tailguard/lanes/borrowing.py)."""
+    engine serving `lanes` in their order, each lane within its per-engine limit
+    (tailguard/lanes/dispatch.py)."""
 
     name: str
     lanes: tuple[str, ...]
@@ -124,15 +110,6 @@ class WorkerSpec:
     replicas: int | str = 1
     #: vLLM engine arguments, the file's [engine] defaults merged with the entry's own
     engine: dict[str, Any] = field(default_factory=dict, hash=False)
-    borrow: BorrowPolicy = BorrowPolicy(lanes=())
-    #: lanes the lane controller may move it to, each served alone (its engine is built to fit
-    #: them: tailguard/lanes/rebalance.py)
-    moves_to: tuple[str, ...] = ()
-
-    @property
-    def assignments(self) -> list[tuple[str, ...]]:
-        """What it may serve, its own lanes first: the controller picks one of these."""
-        return [self.lanes, *((lane,) for lane in self.moves_to)]
 
     @property
     def devices_per_engine(self) -> int:
@@ -198,7 +175,7 @@ class LaneTable:
 
     def worker_for_queues(self, queues: Iterable[str]) -> WorkerSpec | None:
         """The configured worker that serves exactly `queues` (in that order), if any: how a
-        worker started with `-Q` finds its borrowing policy."""
+        worker started with `-Q` finds its engine table."""
         wanted = tuple(queues)
         return next((w for w in self.workers if w.lanes == wanted), None)
 
@@ -219,16 +196,10 @@ class LaneTable:
         return max(lane.queue_ttl_s + lane.deadline_s for lane in self.lanes)
 
 
-def engine_settings_for(lanes: list[Lane], borrowed: Iterable[Lane] = (),
-                        moves_to: Iterable[Lane] = ()) -> tuple[int, int]:
-    """(max_num_seqs, max_model_len) of an engine serving `lanes`: the largest of each; its
-    context also fits every request of the lanes it may `borrowed` from, its batch does not
-    grow for them (borrowed requests only take slots its own lanes leave free). Batch and
-    context both fit the lanes it may be moved to (the worker's prefetch holds each lane to
-    its own batch: tailguard/worker/lane_follower.py)."""
-    moves_to = list(moves_to)
-    return (max(l.max_num_seqs for l in [*lanes, *moves_to]),
-            max(l.max_model_len for l in [*lanes, *borrowed, *moves_to]))
+def engine_settings_for(lanes: list[Lane]) -> tuple[int, int]:
+    """(max_num_seqs, max_model_len) of an engine serving `lanes`: the largest of each (each
+    lane's own jobs stay within its `engine_slots`: tailguard/lanes/dispatch.py)."""
+    return (max(l.max_num_seqs for l in lanes), max(l.max_model_len for l in lanes))
 
 
 def slots_for(lanes: list[Lane]) -> int:
@@ -290,11 +261,6 @@ LANE_FIELDS: dict[str, FieldDoc] = {
     "max_wait_s": FieldDoc((int, float), "queue_ttl_s",
                            "the longest predicted wait a request is accepted with (at most "
                            "queue_ttl_s); past it, 429 `wait_too_long`"),
-    "target_wait_s": FieldDoc((int, float), "max_wait_s / 2 (batch: none)",
-                              "the lane controller moves a worker to the lane when its "
-                              "predicted wait passes this (at most max_wait_s)"),
-    "min_workers": FieldDoc((int,), "1",
-                            "workers the lane controller always leaves on the lane (0 allowed)"),
 }
 
 
@@ -324,16 +290,9 @@ def _lane_from(name: str, raw: Any) -> Lane:
         raise ConfigError(f"{where}.priority must be one of {PRIORITY_CLASSES}, got {lane.priority!r}",
                           field=f"{where}.priority")
     for key in ("max_cost", "max_tokens", "default_max_tokens", "deadline_s", "queue_ttl_s",
-                "max_num_seqs", "max_running", "max_model_len", "max_backlog_tokens", "max_wait_s",
-                "target_wait_s"):
+                "max_num_seqs", "max_running", "max_model_len", "max_backlog_tokens",
+                "max_wait_s"):
         positive(key, getattr(lane, key))
-    if lane.min_workers < 0:
-        raise ConfigError(f"{where}.min_workers must be >= 0, got {lane.min_workers}",
-                          field=f"{where}.min_workers")
-    if lane.target_wait_s is not None and lane.target_wait_s > lane.promised_wait_s:
-        raise ConfigError(f"{where}.target_wait_s ({lane.target_wait_s}) exceeds the lane's "
-                          f"promise ({lane.promised_wait_s:g} s): admission would refuse first",
-                          field=f"{where}.target_wait_s")
     if lane.max_backlog_tokens is not None and lane.max_backlog_tokens < lane.max_model_len:
         # so the costliest request the lane can take always fits when its queue is empty
         raise ConfigError(f"{where}.max_backlog_tokens ({lane.max_backlog_tokens}) is below "
@@ -383,13 +342,7 @@ def _workers_from(raw: Any, lanes: tuple[Lane, ...], engine: dict[str, Any],
         own = parse_engine_table(w.get("engine", {}), f"{where}.engine")
         if own:
             tables.append((f"{where}.engine", own))
-        spec = WorkerSpec(name=name, lanes=tuple(wl), engine={**engine, **own},
-                          borrow=_borrow_from(w, where, tuple(wl), names),
-                          moves_to=_other_lanes(w, "moves_to", where, tuple(wl), names))
-        if spec.moves_to and spec.borrow.lanes:
-            # two mechanisms moving the same capacity would fight over it: one at a time
-            raise ConfigError(f"{where}: a worker either borrows jobs (borrow) or is moved "
-                              "whole between lanes (moves_to), not both", field=f"{where}.moves_to")
+        spec = WorkerSpec(name=name, lanes=tuple(wl), engine={**engine, **own})
         spec = dataclasses.replace(spec, replicas=_replicas_from(w, where),
                                    devices=_devices_from(w, where, spec.devices_per_engine))
         if spec.devices is not None and spec.replicas != 1:
@@ -414,12 +367,6 @@ def _workers_from(raw: Any, lanes: tuple[Lane, ...], engine: dict[str, Any],
     if missing:
         raise ConfigError(f"no worker serves lane(s) {missing}: requests there would wait forever",
                           field="workers")
-    for lane in lanes:  # replicas = "fill" counts as one: a CPU host runs one
-        home = sum(1 if s.replicas == FILL else int(s.replicas) for s in specs
-                   if lane.name in s.lanes)
-        if home < lane.min_workers:
-            raise ConfigError(f"lane {lane.name!r} keeps min_workers = {lane.min_workers}, but "
-                              f"only {home} worker(s) serve it", field=f"lanes.{lane.name}.min_workers")
     return tuple(specs), tables
 
 
@@ -455,16 +402,13 @@ def _devices_from(w: dict[str, Any], where: str, need: int) -> tuple[int, ...] |
     return tuple(raw)
 
 
-#: [[workers]] fields of the borrowing policy -> BorrowPolicy's (defaults are BorrowPolicy's)
-BORROW_FIELDS = {"borrow": "lanes", "borrow_headroom": "headroom", "borrow_max": "max_borrowed",
-                  "borrow_engine": "engine"}
-
 #: [[workers]] fields, in the order the docs list them
 WORKER_FIELDS: dict[str, FieldDoc] = {
     "name": FieldDoc((str,), "its first lane", "the worker's name (`tailguard worker --worker NAME`)"),
     "lanes": FieldDoc((list,), "required",
-                      "the lanes it serves, consumed in strict order (`batch` after `long` is "
-                      "served only while `long` is empty)"),
+                      "the lanes it serves, in priority order: a free slot takes the first "
+                      "lane with a job waiting that is below its `max_running` on this "
+                      "engine; a batch lane only while no interactive lane has one"),
     "devices": FieldDoc((list,), "placed",
                         "CUDA host: the GPUs of its engine, numbered as the process sees them "
                         "(within `CUDA_VISIBLE_DEVICES`), as many as its engine's parallel sizes "
@@ -480,58 +424,7 @@ WORKER_FIELDS: dict[str, FieldDoc] = {
                        "gpu_memory_utilization = 0.85}`; checked against vLLM's `EngineArgs` "
                        "at start; model, max_num_seqs, max_model_len, dtype and the like come "
                        "from the lanes and settings and are refused here"),
-    "borrow": FieldDoc((list,), "[]",
-                       "other lanes it may take jobs from while its own have nothing queued"),
-    "moves_to": FieldDoc((list,), "[]",
-                         "other lanes the lane controller may move the whole worker to, each "
-                         "served alone; its engine's context and batch grow to fit them"),
-    "borrow_headroom": FieldDoc((int,), "2", "R: engine slots kept free for its own lanes"),
-    "borrow_max": FieldDoc((int,), "4", "B: borrowed jobs running at once"),
-    "borrow_engine": FieldDoc((str,), '"auto"',
-                              'where borrowed jobs run: `"idle"` (a second engine at idle CPU '
-                              'priority; CPU hosts only), `"own"` (its engine, at a lower vLLM '
-                              "priority; on a 2-core CPU host short P99 went to 3.47x its quiet "
-                              'P99, never measured on a GPU) or `"auto"` (idle on a CPU host, no '
-                              "borrowing on a GPU)"),
 }
-
-
-def _other_lanes(w: dict[str, Any], key: str, where: str, own: tuple[str, ...],
-                 lanes: dict[str, Lane]) -> tuple[str, ...]:
-    """A [[workers]] field that lists other lanes than the worker's own, each once."""
-    names = w.get(key, [])
-    if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
-        raise ConfigError(f"{where}.{key} must be a list of lane names", field=f"{where}.{key}")
-    for ln in names:
-        if ln not in lanes or ln in own:
-            raise ConfigError(f"{where}.{key}: {ln!r} is not another worker's lane "
-                              f"(lanes: {', '.join(lanes)}; this worker's: {', '.join(own)})",
-                              field=f"{where}.{key}")
-    if len(set(names)) != len(names):
-        raise ConfigError(f"{where}.{key} names a lane twice: {names}", field=f"{where}.{key}")
-    return tuple(names)
-
-
-def _borrow_from(w: dict[str, Any], where: str, own: tuple[str, ...],
-                 lanes: dict[str, Lane]) -> BorrowPolicy:
-    borrow = _other_lanes(w, "borrow", where, own, lanes)
-    knobs: dict[str, Any] = {"lanes": tuple(borrow)}
-    for key in ("borrow_headroom", "borrow_max"):
-        if key in w:
-            value = w[key]
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ConfigError(f"{where}.{key} must be an integer >= 0, got {value!r}",
-                                  field=f"{where}.{key}")
-            knobs[BORROW_FIELDS[key]] = value
-    if "borrow_engine" in w:
-        if w["borrow_engine"] not in ENGINES:
-            raise ConfigError(f"{where}.borrow_engine must be one of {ENGINES}, got "
-                              f"{w['borrow_engine']!r}", field=f"{where}.borrow_engine")
-        knobs["engine"] = w["borrow_engine"]
-    if borrow and knobs.get("max_borrowed", 1) == 0:
-        raise ConfigError(f"{where}.borrow_max is 0: nothing could be borrowed from "
-                          f"{', '.join(borrow)}", field=f"{where}.borrow_max")
-    return BorrowPolicy(**knobs)
 
 
 def parse_lanes(data: dict[str, Any]) -> LaneTable:

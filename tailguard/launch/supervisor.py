@@ -236,8 +236,8 @@ def run_up(binds: Binds | None = None) -> int:
 
 def _child_specs(binds: Binds, placement: Placement, table: LaneTable, env: dict[str, str],
                  auth: str, policy: RestartPolicy, front: tuple[int, ...]) -> list[ChildSpec]:
-    """The API, a worker per placed entry, the lane controller (when an entry may be moved)
-    and Flower, in the order they start; each said as it is planned."""
+    """The API, a worker per placed entry and Flower, in the order they start; each said as it
+    is planned."""
     specs = [ChildSpec("api", tailguard_argv("api", "--host", binds.host, "--port",
                                              str(binds.port)),
                        env=env, restart=policy, cpus=front)]
@@ -251,12 +251,6 @@ def _child_specs(binds: Binds, placement: Placement, table: LaneTable, env: dict
                   f"{settings.ENGINE_NICE.get()})" if shares_frontend(placed.pin, env) else "")
         _say(f"worker {placed.name} serves {', '.join(placed.spec.lanes)} on "
              f"{placed.label()}{shared}")
-    if settings.LANE_CONTROLLER_S.get() > 0 and any(w.moves_to for w in table.workers):
-        specs.append(ChildSpec("controller", tailguard_argv("controller"), env=env,
-                               restart=policy, cpus=front))
-        _say("lane controller: moves " + ", ".join(
-            f"{w.name} to {'/'.join(w.moves_to)}" for w in table.workers if w.moves_to)
-            + " while their own lanes can spare them (docs/lanes.md)")
     for note in placement.notes():
         _say(note)
     if front:

@@ -32,7 +32,6 @@ from dataclasses import dataclass
 
 from tailguard.errors import ConfigError
 from tailguard.host.cores import Pinning
-from tailguard.lanes.borrowing import resolve
 from tailguard.lanes.engine_options import check_against
 from tailguard.lanes.table import FILL, LaneTable, WorkerSpec
 
@@ -148,8 +147,6 @@ def _on_gpus(workers: tuple[WorkerSpec, ...], visible: tuple[str, ...]) -> Place
         raise ConfigError("this is a CUDA host, but no GPU is visible to this process "
                           "(CUDA_VISIBLE_DEVICES hides them, or nvidia-smi lists none); "
                           "TAILGUARD_DEVICE=cpu runs on the CPU", field="TAILGUARD_DEVICE")
-    for spec in workers:
-        resolve(spec.borrow, "cuda", spec.name)  # refuses what cannot run on a GPU
     numbered = f"numbered 0-{n - 1}" if n > 1 else "numbered 0"
     named: dict[int, list[WorkerSpec]] = {}
     for spec in workers:

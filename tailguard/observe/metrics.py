@@ -13,15 +13,13 @@ Who exports what (each process serves only what it owns; Prometheus sums):
   running and peak running requests, aborts, and vLLM's own `vllm:*` metrics
   (KV-cache use, scheduler queues, latency histograms), which vLLM registers in the worker
   process and which are served with the worker's and its lanes' labels
-  (tailguard/observe/vllm_series.py); a borrowing worker also what it took from other lanes
-  (tailguard/worker/borrower.py).
+  (tailguard/observe/vllm_series.py).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import redis
 from prometheus_client import (
@@ -33,17 +31,14 @@ from prometheus_client import (
     Histogram,
     start_http_server,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from tailguard.engine.stats import HostStats
 from tailguard.errors import RateLimited
 from tailguard.jobs.finished import FinishedRequest
-from tailguard.jobs.lane_orders import MOVE_BUCKETS_S, LaneOrders
-from tailguard.jobs.liveness import Liveness
 from tailguard.jobs.redis_memory import StorageWatch
 from tailguard.jobs.store import held_count
-from tailguard.lanes.borrowing import BorrowStats
 
 log = logging.getLogger("tailguard.metrics")
 
@@ -102,60 +97,6 @@ class QueueDepthCollector(Collector):
         except redis.RedisError:
             return  # no sample beats a wrong one; /healthz reports the outage
         yield family
-
-
-class LaneMovesCollector(Collector):
-    """The lane controller's work, read from Redis when scraped (tailguard/jobs/lane_orders.py):
-    `tailguard_worker_lane{worker,lane}` (1 for each lane a live worker serves now),
-    `tailguard_lane_moves_total{from,to,reason}` (orders written),
-    `tailguard_lane_move_seconds` (decision to consuming the new lanes, per move carried out),
-    `tailguard_lane_move_drain_seconds` (the part of it spent on the old lanes' running jobs)
-    and `tailguard_lane_move_handed_back_total` (running jobs moves handed back)."""
-
-    def __init__(self, client: redis.Redis) -> None:
-        self.orders, self.liveness = LaneOrders(client), Liveness(client)
-
-    def collect(self) -> Iterable[Any]:
-        try:
-            alive = self.liveness.alive_workers()
-            reports = self.orders.reports()
-            counts = self.orders.move_counts()
-        except redis.RedisError:
-            return  # no sample beats a wrong one; /healthz reports the outage
-        lanes = GaugeMetricFamily(metric_name("worker_lane"), "1 for each lane a live worker "
-                                  "serves now, as it reports it (lanes that follow the load)",
-                                  labels=["worker", "lane"])
-        for worker, rep in sorted(reports.items()):
-            if worker in alive:
-                for lane in rep.serving:
-                    lanes.add_metric([worker, lane], 1)
-        yield lanes
-        moves = CounterMetricFamily(metric_name("lane_moves"), "Lane orders the controller "
-                                    "wrote, by the lanes a worker left and got and why",
-                                    labels=["from", "to", "reason"])
-        for field, n in sorted(counts.items()):
-            if field.count("|") == 2:
-                moves.add_metric(field.split("|"), n)
-        yield moves
-        yield _move_histogram(counts, "seconds", "lane_move_seconds", "From the controller's "
-                              "decision to the worker consuming its new lanes (drain included)")
-        yield _move_histogram(counts, "drain", "lane_move_drain_seconds", "The part of a lane "
-                              "move spent waiting for the old lanes' running jobs to end or be "
-                              "handed back")
-        yield CounterMetricFamily(metric_name("lane_move_handed_back"), "Running jobs that lane "
-                                  "moves handed back to their queue (they continue elsewhere)",
-                                  value=counts.get("handed_back", 0.0))
-
-
-def _move_histogram(counts: dict[str, float], field: str, name: str,
-                    documentation: str) -> HistogramMetricFamily:
-    """One of the move histograms kept in the counts hash as ``<field>:<bound>`` fields."""
-    cumulative, buckets = 0.0, []
-    for bound in (*MOVE_BUCKETS_S, "+Inf"):
-        cumulative += counts.get(f"{field}:{bound}", 0.0)
-        buckets.append((str(bound) if bound == "+Inf" else f"{bound:g}", cumulative))
-    return HistogramMetricFamily(metric_name(name), documentation, buckets=buckets,
-                                 sum_value=counts.get(f"{field}:sum", 0.0))
 
 
 class StorageCollector(Collector):
@@ -250,7 +191,6 @@ class GatewayMetrics:
             self.capped.labels(lane)
         if client is not None:
             r.register(QueueDepthCollector(client, lanes))
-            r.register(LaneMovesCollector(client))
 
     def observe(self, rec: FinishedRequest) -> None:
         """A FinishedConsumer sink."""
@@ -326,34 +266,6 @@ class WorkerCollector(Collector):
                 ("worker_completed_requests", "Requests the engine finished", "completed")):
             c = CounterMetricFamily(metric_name(name), doc, labels=["worker"])
             c.add_metric([self.worker], getattr(s, key))
-            yield c
-
-
-class BorrowCollector(Collector):
-    """What a borrowing worker took from other lanes (tailguard/worker/borrower.py)."""
-
-    def __init__(self, worker: str, stats: Callable[[], BorrowStats]) -> None:
-        self.worker, self.stats = worker, stats
-
-    def collect(self):
-        s = self.stats()
-        c = CounterMetricFamily(metric_name("borrowed"), "Jobs this worker took from another "
-                                "lane's queue while its own lanes were idle",
-                                labels=["lane", "worker"])
-        for lane, n in sorted(s.borrowed.items()):
-            c.add_metric([lane, self.worker], n)
-        yield c
-        g = GaugeMetricFamily(metric_name("borrowed_running"), "Borrowed jobs on this "
-                              "worker's engine now", labels=["worker"])
-        g.add_metric([self.worker], s.running)
-        yield g
-        for name, doc, value in (
-                ("reclaimed", "Borrowed jobs given back to their lane's queue for this "
-                 "worker's own lanes", s.reclaimed),
-                ("reclaim_wasted_tokens", "Tokens whose KV cache reclaims threw away "
-                 "(prompt + output so far, prefilled again by the next run)", s.wasted_tokens)):
-            c = CounterMetricFamily(metric_name(name), doc, labels=["worker"])
-            c.add_metric([self.worker], value)
             yield c
 
 

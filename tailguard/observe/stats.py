@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -332,30 +331,6 @@ def _num(x: float | None) -> str:
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.0f}%"
-
-
-def render_lane_moves(assignment: dict[str, dict[str, Any]], moves: list[dict[str, str]]) -> str:
-    """The lane controller's part of `tailguard stats`: what each movable worker serves now,
-    and its latest decisions and moves (tailguard/jobs/lane_orders.py); empty if it never ran."""
-    if not assignment and not moves:
-        return ""
-    lines = ["", "", "lanes now (workers the lane controller may move):"]
-    for worker, a in assignment.items():
-        away = "" if a["serving"] == a["home"] else f"  (home: {','.join(a['home'])})"
-        moving = f"  moving to {','.join(a['told'])}" if a["moving"] else ""
-        lines.append(f"  {worker}: {','.join(a['serving']) or '-'}{away}{moving}")
-    if moves:
-        lines.append("latest lane moves:")
-    for m in moves:
-        when = time.strftime("%H:%M:%S", time.localtime(float(m["time"])))
-        if m["event"] == "decided":
-            lines.append(f"  {when} order {m['version']}: {m['worker']} {m['from']} -> {m['to']} "
-                         f"({m['reason']}: {m.get('detail', '')})")
-        else:
-            lines.append(f"  {when} {m['worker']} now serves {m['to']}: {float(m['seconds']):.2f} s "
-                         f"after the decision (drain {float(m['drain_s']):.2f} s, "
-                         f"{m['handed_back']} handed back)")
-    return "\n".join(lines)
 
 
 def parse_window(text: str) -> float:

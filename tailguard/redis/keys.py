@@ -35,33 +35,8 @@ def lane_workers_key(lane: str) -> str:
     return f"{PREFIX}:lane:{lane}:workers"
 
 
-def lane_standby_key(lane: str) -> str:
-    """Sorted set of live workers that may be moved to `lane` but serve another now, scored by
-    when their heartbeat lapses: a lane with one is served later, not never (admission queues)."""
-    return f"{PREFIX}:lane:{lane}:standby"
 
 
-LANE_ORDERS = f"{PREFIX}:lanes:orders"
-"""Hash: worker -> the lane controller's latest order to it (JSON: lanes, version, at, reason),
-level-triggered: a worker that missed a broadcast or restarted reads it and converges."""
-
-LANE_ORDER_VERSION = f"{PREFIX}:lanes:version"
-"""Integer: the version of the latest order (INCR per order)."""
-
-LANE_WORKERS = f"{PREFIX}:lanes:workers"
-"""Hash: worker -> what it reports each heartbeat (JSON: lanes it may serve, lanes it serves,
-the order version it carried out, running jobs per lane, when)."""
-
-LANE_MOVES = f"{PREFIX}:lanes:moves"
-"""Stream of the controller's decisions and the workers' completed moves (capped)."""
-
-LANE_MOVE_COUNTS = f"{PREFIX}:lanes:move-counts"
-"""Hash: ``<from>|<to>|<reason>`` -> moves decided; ``seconds:<bucket>``, ``seconds:sum``,
-``seconds:count`` and ``drain:...`` alike -> the move-duration and drain histograms;
-``handed_back`` -> jobs handed back."""
-
-LANE_CONTROLLER_LEASE = f"{PREFIX}:lanes:controller:lease"
-"""String: which process runs the lane controller now, until its lease lapses."""
 
 
 WORKERS = f"{PREFIX}:workers"

@@ -1,11 +1,10 @@
 """One worker process: its runtime, the jobs it runs, the work it borrows.
 
-Owns the worker runtime (``runtime``: engine, heartbeat, borrowing, built when the
+Owns the worker runtime (``runtime``: engine, heartbeat, lane gate, built when the
 Celery consumer is ready, its parts started and stopped in a declared order; no other
 module here imports it), its engine configuration (``engine_config``), the heartbeat
-(``heartbeat``), the lifecycle of a job on the worker (``runner``), borrowing other
-lanes' jobs (``borrower``) and carrying out the lane controller's orders with the engine
-left warm (``lane_follower``). ``tasks/`` adapts Celery's signals and tasks to it.
+(``heartbeat``), the lifecycle of a job on the worker (``runner``) and the per-engine limits
+of the lanes it consumes (``lane_gate``). ``tasks/`` adapts Celery's signals and tasks to it.
 May import: ``tailguard.engine``, ``tailguard.jobs``, ``tailguard.lanes``,
 ``tailguard.model``, ``tailguard.observe``, ``tailguard.host``, ``tailguard.redis``,
 ``errors``, ``settings``, ``sampling``.

@@ -1,8 +1,7 @@
-"""The engine a worker hosts, from the lanes it serves and borrows from and its engine table."""
+"""The engine a worker hosts, from the lanes it serves and its engine table."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -25,23 +24,20 @@ def check_engine_options(table: LaneTable) -> None:
         check_against(table, AsyncEngineArgs)
 
 
-def engine_config(lanes: list[Lane], borrowed: list[Lane] | None = None,
-                  options: Mapping[str, Any] | None = None,
-                  moves_to: list[Lane] | None = None) -> EngineConfig:
-    """The engine of a worker serving `lanes` (largest batch and context among them) and
-    borrowing from `borrowed`: then its context fits their requests too, and it schedules
-    by vLLM priority, so its own requests go before borrowed ones. `options` are its vLLM
-    engine arguments from the lanes file (its [[workers]] entry's `engine`, over `[engine]`).
-    Its OpenAI serving layer answers to the deployment's served model names, with vLLM's
-    frontend options of TAILGUARD_OPENAI_ARGS. A worker the lane controller may move to
-    `moves_to` gets the batch and context of the largest lane it may serve."""
+def engine_config(lanes: list[Lane], options: Mapping[str, Any] | None = None) -> EngineConfig:
+    """The engine of a worker serving `lanes` (largest batch and context among them). Serving
+    several, it schedules by vLLM priority in their order (tailguard/worker/runtime.py gives
+    each lane's requests its position), so a short request goes first at every step. `options`
+    are its vLLM engine arguments from the lanes file (its [[workers]] entry's `engine`, over
+    `[engine]`). Its OpenAI serving layer answers to the deployment's served model names, with
+    vLLM's frontend options of TAILGUARD_OPENAI_ARGS."""
     from tailguard.engine.host import EngineConfig
 
     model = settings.MODEL.get()
     if not model:
         raise RuntimeError("TAILGUARD_MODEL is not set: point it at a model directory or a "
                            "Hugging Face id (`tailguard make-demo-model DIR` builds a demo one)")
-    max_num_seqs, max_len = engine_settings_for(lanes, borrowed or (), moves_to or ())
+    max_num_seqs, max_len = engine_settings_for(lanes)
     limit = model_max_len(model)
     if limit is not None:
         max_len = min(max_len, limit)
@@ -52,14 +48,4 @@ def engine_config(lanes: list[Lane], borrowed: list[Lane] | None = None,
                             model, settings.SERVED_MODEL_NAME.get())),
                         openai_args=settings.OPENAI_ARGS.get(),
                         extra={**(options or {}),
-                               **({"scheduling_policy": "priority"} if borrowed else {})})
-
-
-def idle_engine_config(borrowed: list[Lane], slots: int,
-                       options: Mapping[str, Any] | None = None) -> EngineConfig:
-    """The idle-priority engine of a worker borrowing from `borrowed`: `slots` (B) requests,
-    the context of their largest lane, the worker's engine arguments. Without vLLM's stat
-    loggers: vLLM keeps one engine's ``vllm:*`` series per process (each Prometheus stat
-    logger replaces the last), and the worker's port shows its own engine's."""
-    config = engine_config(borrowed, options=options)
-    return dataclasses.replace(config, max_num_seqs=slots, log_stats=False)
+                               **({"scheduling_policy": "priority"} if len(lanes) > 1 else {})})

@@ -118,6 +118,19 @@ class GenerationJob:
         return self.openai is None or not self.openai.get("request", {}).get("stream")
 
 
+class Prioritized:
+    """An engine whose every request runs at vLLM `priority` (lower is scheduled first)."""
+
+    def __init__(self, host: Any, priority: int) -> None:
+        self.host, self.priority = host, priority
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        return self.host.generate(*args, priority=self.priority, **kwargs)
+
+    def openai(self, *args: Any, **kwargs: Any) -> Any:
+        return self.host.openai(*args, priority=self.priority, **kwargs)
+
+
 class JobRunner:
     """Runs generation jobs of one worker; shared by its task threads.
 

@@ -173,7 +173,7 @@ def test_workers_match_the_procfile(services, lanes):
         if args[:2] == ["tailguard", "worker"]:
             worker_name, lane = option(args, "--worker"), option(args, "--lane")
             spec = lanes.worker(worker_name) if worker_name else lanes.worker_for_lane(lane)
-            expected.add((spec.name, tuple(spec.lanes)))
+            expected.add((worker_name or spec.name, tuple(spec.lanes)))
     assert expected, "the Procfile lists no worker"
     assert set(workers_of(services).values()) == expected
 

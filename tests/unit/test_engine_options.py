@@ -212,17 +212,16 @@ def test_cuda_graphs_on_a_gpu_and_eager_mode_on_a_cpu():
 
 
 def test_a_workers_engine_table_reaches_its_engine(tiny_model, monkeypatch):
-    from tailguard.worker.engine_config import engine_config, idle_engine_config
+    from tailguard.worker.engine_config import engine_config
 
     monkeypatch.setenv("TAILGUARD_MODEL", str(tiny_model))
     t = table(short="engine = {tensor_parallel_size = 2, gpu_memory_utilization = 0.5}")
     options = t.worker("short").engine
-    config = engine_config([t["short"]], [t["long"]], options)
+    config = engine_config([t["short"], t["long"]], options)
     args = engine_args(config, "cuda")
     assert (args["tensor_parallel_size"], args["gpu_memory_utilization"]) == (2, 0.5)
-    assert args["scheduling_policy"] == "priority"  # borrowing into it: tailguard's own
-    assert engine_args(idle_engine_config([t["long"]], 2, options), "cpu")[
-        "tensor_parallel_size"] == 2
+    assert args["scheduling_policy"] == "priority"  # several lanes in it: tailguard's own
+    assert "scheduling_policy" not in engine_args(engine_config([t["short"]], options), "cuda")
 
 
 @pytest.mark.parametrize("request_kwargs,expected", [

@@ -38,7 +38,6 @@ ALLOWED: dict[str, set[str]] = {
     "gateway": {"jobs", "lanes", "model", "observe", "redis"},
     "worker": {"engine", "jobs", "lanes", "model", "observe", "host", "redis"},
     "launch": {"host", "lanes", "model", "redis"},
-    "control": {"jobs", "lanes", "redis"},
     "batches": {"gateway", "jobs", "observe", "redis"},
     # tools: anything of the product, and only the CLI imports them
     "bench": {"redis", "host", "lanes", "model", "engine", "jobs", "observe", "gateway",

@@ -21,10 +21,12 @@ GOOD = {
 def test_default_file_loads_with_short_long_batch():
     table = load_lanes(default_lanes_path())
     assert table.names == ["short", "long", "batch"]
-    assert table["short"].dedicated and table["short"].max_cost is not None
+    assert table["short"].max_cost is not None
     assert table["batch"].priority == "batch"
     assert table["batch"].queue_ttl_s > table["long"].queue_ttl_s
-    assert [w.lanes for w in table.workers] == [("short",), ("long", "batch")]
+    # one fleet: every engine serves every lane, in order, each within its per-engine limit
+    assert [w.lanes for w in table.workers] == [("short", "long", "batch")]
+    assert table["long"].engine_slots < table["short"].engine_slots
 
 
 def test_queue_and_task_names_are_built_from_the_lane_name():
@@ -160,73 +162,59 @@ def test_a_job_ttl_too_short_stops_the_load(tmp_path, monkeypatch):
         load_lanes(default_lanes_path())
 
 
-def _borrowing(**short):
-    return {**GOOD, "workers": [{"name": "short", "lanes": ["short"], **short},
-                                {"name": "long", "lanes": ["long", "batch"]}]}
+def test_a_lanes_per_engine_limit_is_its_max_running_within_its_batch():
+    table = parse_lanes({**GOOD, "lanes": {**GOOD["lanes"],
+                                          "long": {"max_tokens": 512, "max_num_seqs": 8,
+                                                   "max_running": 2},
+                                          "batch": {"priority": "batch", "max_tokens": 512,
+                                                    "max_num_seqs": 4, "max_running": 16}}})
+    assert table["long"].engine_slots == 2
+    assert table["batch"].engine_slots == 4  # never more than its batch
+    assert table["short"].engine_slots == table["short"].max_num_seqs
 
 
-def test_a_worker_borrows_nothing_unless_told():
-    assert all(not w.borrow.lanes for w in parse_lanes(GOOD).workers)
-
-
-def test_a_borrowing_worker_and_its_knobs():
-    table = parse_lanes(_borrowing(borrow=["long"], borrow_headroom=3, borrow_max=1,
-                                   borrow_engine="idle"))
-    policy = table.worker_for_queues(["short"]).borrow
-    assert (policy.lanes, policy.headroom, policy.max_borrowed, policy.engine) == (
-        ("long",), 3, 1, "idle")
-    assert table.worker_for_queues(["long", "batch"]).borrow.lanes == ()
-    assert table.worker_for_queues(["batch", "long"]) is None  # -Q in another order
-
-
-@pytest.mark.parametrize("short, field", [
-    ({"borrow": "long"}, "workers[0].borrow"),
-    ({"borrow": ["bulk"]}, "workers[0].borrow"),
-    ({"borrow": ["short"]}, "workers[0].borrow"),  # its own lane
-    ({"borrow": ["long"], "borrow_headroom": -1}, "workers[0].borrow_headroom"),
-    ({"borrow": ["long"], "borrow_max": 0}, "workers[0].borrow_max"),
-    ({"borrow": ["long"], "borrow_max": True}, "workers[0].borrow_max"),
-    ({"borrow": ["long"], "borrow_engine": "gpu"}, "workers[0].borrow_engine"),
-])
-def test_bad_borrowing_is_named(short, field):
+@pytest.mark.parametrize("value", [0, -1, True, 1.5])
+def test_a_bad_max_running_is_named(value):
     with pytest.raises(ConfigError) as err:
-        parse_lanes(_borrowing(**short))
-    assert err.value.field == field
+        parse_lanes({**GOOD, "lanes": {**GOOD["lanes"],
+                                      "long": {"max_tokens": 512, "max_running": value}}})
+    assert err.value.field == "lanes.long.max_running"
 
 
-def test_a_borrowing_engine_fits_the_borrowed_lanes_requests_not_their_batch():
+@pytest.mark.parametrize("gone", ["borrow", "moves_to", "borrow_max"])
+def test_the_removed_worker_fields_are_refused_by_name(gone):
+    data = {**GOOD, "workers": [{"name": "short", "lanes": ["short"], gone: ["long"]},
+                                {"name": "long", "lanes": ["long", "batch"]}]}
+    with pytest.raises(ConfigError, match=gone):
+        parse_lanes(data)
+
+
+def test_an_engine_serving_several_lanes_takes_the_largest_batch_and_context():
     from tailguard.lanes.table import engine_settings_for
 
-    data = _borrowing(borrow=["long"])
-    data["lanes"] = {**GOOD["lanes"], "short": {**GOOD["lanes"]["short"], "max_num_seqs": 16,
-                                                "max_model_len": 2048},
-                     "long": {"max_tokens": 512, "max_num_seqs": 4, "max_model_len": 4096}}
-    table = parse_lanes(data)
-    assert engine_settings_for([table["short"]], [table["long"]]) == (16, 4096)
+    table = parse_lanes({**GOOD, "lanes": {
+        **GOOD["lanes"], "short": {"max_cost": 100, "max_tokens": 64, "max_num_seqs": 16},
+        "long": {"max_tokens": 512, "max_num_seqs": 4, "max_model_len": 4096}},
+        "workers": [{"name": "engine", "lanes": ["short", "long", "batch"]}]})
+    assert engine_settings_for([table["short"], table["long"]]) == (16, 4096)
 
 
-def test_the_cpu_host_lanes_file_is_the_packaged_one_with_a_smaller_short_lane():
-    # lanes-cpu.toml is what docs/benchmarks.md measured overload with and what `tailguard up`
-    # runs on a CPU host: it must not drift from the packaged default in anything but the
-    # short lane's batch and promise
+def test_the_cpu_host_lanes_file_is_the_packaged_one_with_its_own_sizes():
+    # lanes-cpu.toml is what `tailguard up` runs on a CPU host: it must not drift from the
+    # packaged default in anything but the short lane's batch and promise, the per-engine
+    # limits and the workers (one engine per core of the 2-core host it was measured on)
     import dataclasses
 
     from tailguard.lanes.table import cpu_lanes_path
 
     packaged = load_lanes(default_lanes_path())
     cpu = load_lanes(cpu_lanes_path())
-    assert cpu.workers == packaged.workers
     assert (cpu["short"].max_num_seqs, cpu["short"].max_wait_s) == (6, 0.1)
     assert dataclasses.replace(cpu["short"], max_num_seqs=packaged["short"].max_num_seqs,
                                max_wait_s=packaged["short"].max_wait_s) == packaged["short"]
-    assert [cpu[n] for n in cpu.names if n != "short"] == \
-        [packaged[n] for n in packaged.names if n != "short"]
-    # the same workers on the 2-core CPU host it was measured on (the packaged file's
-    # replicas = "fill" is one worker there; it only differs on a GPU host)
-    from tailguard.launch.worker_placement import place_workers
-
-    def on_the_cpu_host(table):
-        return [(w.name, w.spec.lanes, w.spec.borrow, w.spec.engine, w.pin)
-                for w in place_workers(table.workers, "cpu", cores=[0, 1]).workers]
-
-    assert on_the_cpu_host(cpu) == on_the_cpu_host(packaged)
+    for name in ("long", "batch"):
+        assert dataclasses.replace(cpu[name], max_running=packaged[name].max_running) \
+            == packaged[name]
+    assert [(w.name, w.lanes, w.engine) for w in cpu.workers] == \
+        [(w.name, w.lanes, w.engine) for w in packaged.workers]
+    assert [w.replicas for w in cpu.workers] == [2]

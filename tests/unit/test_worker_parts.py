@@ -111,12 +111,18 @@ def test_only_started_parts_stop():
     assert [c for c in calls if c[0] in ("start", "stop")] == [("start", "a"), ("stop", "a")]
 
 
-def test_replaced_lanes_are_withdrawn_then_the_new_ones_advertised():
+def test_each_lane_runs_at_its_place_in_the_workers_order_as_vllm_priority():
+    from tailguard.worker.runner import Prioritized
+
     calls: list = []
     rt = runtime(calls)
-    rt.replace_lanes([load_lanes()["long"], load_lanes()["batch"]])
-    assert calls == [("withdraw", ("short",)), ("advertise", ("long", "batch"))]
-    assert rt.lane_names == ["long", "batch"]
+    rt.lanes = [load_lanes()["short"], load_lanes()["long"], load_lanes()["batch"]]
+    rt.__post_init__()
+    rt.keeper.get = lambda: "engine"
+    assert rt.runner_for("short").engine() == "engine"  # priority 0: vLLM's default
+    long_engine, batch_engine = rt.runner_for("long").engine(), rt.runner_for("batch").engine()
+    assert isinstance(long_engine, Prioritized) and long_engine.priority == 1
+    assert batch_engine.priority == 2
 
 
 def test_the_metrics_server_serves_its_collectors_until_stopped():

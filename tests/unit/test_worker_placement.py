@@ -196,14 +196,6 @@ def test_no_visible_gpu_on_a_cuda_host_is_refused():
         place_workers(TWO, "cuda", gpus=())
 
 
-def test_an_idle_priority_engine_is_refused_on_a_gpu():
-    workers = lanes('[[workers]]\nname = "short"\nlanes = ["short"]\nborrow = ["long"]\n'
-                    'borrow_engine = "idle"\n[[workers]]\nname = "long"\nlanes = ["long"]\n')
-    with pytest.raises(ConfigError, match='"idle" .* holds nothing back on a GPU'):
-        place_workers(workers, "cuda", gpus=2)
-    assert len(place_workers(workers, "cpu", cores=[0, 1]).workers) == 2
-
-
 # --- CPU hosts ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("cores,expected", [
@@ -228,12 +220,16 @@ def test_on_a_cpu_host_fill_is_one_worker_and_replicas_split_the_cores():
                                  "split between the workers)"]
 
 
-def test_the_shipped_file_fills_a_gpu_host_and_runs_two_workers_on_a_cpu_host():
+def test_the_shipped_files_fill_a_gpu_host_and_run_one_engine_per_core_on_a_cpu_host():
+    from tailguard.lanes.table import cpu_lanes_path
+
     shipped = load_lanes(default_lanes_path()).workers
-    assert [w.name for w in place_workers(shipped, "cpu", cores=[0, 1]).workers] == \
-        ["short", "long"]
-    assert plan(shipped, 4) == [("short", (0,)), ("long", (1,)), ("long-2", (2,)),
-                                ("long-3", (3,))]
+    assert [w.name for w in place_workers(shipped, "cpu", cores=[0, 1]).workers] == ["engine"]
+    assert plan(shipped, 4) == [("engine", (0,)), ("engine-2", (1,)), ("engine-3", (2,)),
+                                ("engine-4", (3,))]
+    cpu = load_lanes(cpu_lanes_path()).workers
+    assert [(w.name, w.pin.cores) for w in place_workers(cpu, "cpu", cores=[0, 1]).workers] == \
+        [("engine", (0,)), ("engine-2", (1,))]
 
 
 def test_up_checks_the_engine_tables_against_vllm_before_it_places_anything(tmp_path):
@@ -244,7 +240,7 @@ def test_up_checks_the_engine_tables_against_vllm_before_it_places_anything(tmp_
     from tailguard.launch.worker_placement import plan_workers
 
     assert [w.name for w in plan_workers(load_lanes(default_lanes_path()), "cpu").workers] == \
-        ["short", "long"]
+        ["engine"]
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vLLM is not installed")
     path = tmp_path / "lanes.toml"

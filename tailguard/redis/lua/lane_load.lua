@@ -2,11 +2,9 @@
 -- the rate window.
 -- KEYS[1] the lane's queued zset, KEYS[2] its backlog, KEYS[3] its running zset,
 -- KEYS[4] its served-per-second hash, KEYS[5] its workers' zset (live_count): one round
--- trip for everything admission reads, on the request's path; KEYS[6] its standby workers'
--- zset (workers the lane controller may move to it)
+-- trip for everything admission reads, on the request's path
 -- ARGV[1] JSON {window_s}
--- -> {backlog tokens, queued jobs, running jobs, served tokens, now as text, live workers,
---     standby workers}
+-- -> {backlog tokens, queued jobs, running jobs, served tokens, now as text, live workers}
 local a = cjson.decode(ARGV[1])
 local backlog, queued, running = lane_counts(KEYS[1], KEYS[2], KEYS[3])
 local served, since = 0, math.floor(now - a.window_s)
@@ -14,5 +12,4 @@ local h = redis.call('HGETALL', KEYS[4])
 for i = 1, #h, 2 do
   if tonumber(h[i]) >= since then served = served + tonumber(h[i + 1]) end
 end
-return {backlog, queued, running, served, string.format('%.6f', now), live_count(KEYS[5]),
-        live_count(KEYS[6])}
+return {backlog, queued, running, served, string.format('%.6f', now), live_count(KEYS[5])}

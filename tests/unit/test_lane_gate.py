@@ -1,0 +1,112 @@
+"""The lane gate's queue changes: what a Celery consumer is told to consume, in lane order.
+
+The consumer here records the calls the gate makes on Celery's Consumer (its methods of the
+same names); the real consumer is exercised end to end in tests/e2e/test_fleet_e2e.py."""
+
+import threading
+from types import SimpleNamespace
+
+from tailguard.lanes.table import parse_lanes
+from tailguard.worker.lane_gate import LaneGate, lane_of_task
+
+TABLE = parse_lanes({
+    "lanes": {
+        "short": {"max_cost": 100, "max_tokens": 64, "max_num_seqs": 4},
+        "long": {"max_tokens": 512, "max_num_seqs": 4, "max_running": 1},
+        "batch": {"priority": "batch", "max_tokens": 512, "max_num_seqs": 4, "max_running": 1},
+    },
+    "workers": [{"name": "engine", "lanes": ["short", "long", "batch"]}],
+})
+
+
+class TaskConsumer:
+    def __init__(self, consumer):
+        self.consumer = consumer
+
+    @property
+    def queues(self):
+        return [SimpleNamespace(name=q) for q in self.consumer.queues]
+
+
+class Consumer:
+    """Celery's Consumer as the gate uses it: its task consumer's queues, cancel/add,
+    call_soon."""
+
+    def __init__(self, queues):
+        self.queues = list(queues)
+        self.calls, self.soon = [], []
+        self.task_consumer = TaskConsumer(self)
+
+    def cancel_task_queue(self, name):
+        self.calls.append(("cancel", name))
+        self.queues.remove(name)
+
+    def add_task_queue(self, name):
+        self.calls.append(("add", name))
+        self.queues.append(name)
+
+    def call_soon(self, fn):
+        self.soon.append(fn)
+
+
+def _from_a_pool_thread(fn, *args):
+    t = threading.Thread(target=fn, args=args)
+    t.start()
+    t.join()
+
+
+def _gate():
+    consumer = Consumer(["short", "long", "batch"])
+    return LaneGate(list(TABLE), consumer), consumer
+
+
+def test_task_names_carry_their_lane():
+    assert lane_of_task("tailguard.generate.long") == "long"
+    assert lane_of_task("celery.ping") is None
+
+
+def test_a_lane_at_its_limit_stops_being_consumed_and_batch_with_it():
+    gate, consumer = _gate()
+    gate.received("a", "tailguard.generate.short")
+    assert consumer.calls == []
+    gate.received("b", "tailguard.generate.long")  # long's one slot taken
+    assert consumer.queues == ["short"]
+    assert not gate.over("b")
+
+
+def test_an_ended_job_reopens_its_lane_ahead_of_those_behind_it():
+    gate, consumer = _gate()
+    gate.received("b", "tailguard.generate.batch")  # batch full: short, long still open
+    assert consumer.queues == ["short", "long"]
+    gate.received("c", "tailguard.generate.long")
+    assert consumer.queues == ["short"]
+    _from_a_pool_thread(gate.ended, "b")  # the change runs in the consumer's thread, later
+    assert len(consumer.soon) == 1 and consumer.queues == ["short"]
+    consumer.soon.pop()()
+    assert consumer.queues == ["short"]  # long is still full, so batch stays behind it
+    _from_a_pool_thread(gate.ended, "c")
+    consumer.soon.pop()()
+    assert consumer.queues == ["short", "long", "batch"]
+
+
+def test_reopening_long_puts_it_before_batch():
+    gate, consumer = _gate()
+    gate.received("l", "tailguard.generate.long")
+    assert consumer.queues == ["short"]
+    consumer.queues.append("batch")  # as after a reconnect that consumed batch again
+    _from_a_pool_thread(gate.ended, "l")
+    consumer.soon.pop()()
+    assert consumer.queues == ["short", "long", "batch"]  # batch went and came back after long
+
+
+def test_a_message_past_the_limit_is_over_and_an_end_is_counted_once():
+    gate, consumer = _gate()
+    gate.received("x", "tailguard.generate.long")
+    gate.received("y", "tailguard.generate.long")  # raced the cancel
+    assert gate.over("y") and not gate.over("x")
+    assert gate.running()["long"] == 2
+    gate.ended("y")
+    gate.ended("y")
+    assert gate.running()["long"] == 1
+    gate.received("z", "celery.ping")  # not a lane's task: not counted
+    assert sum(gate.running().values()) == 1
