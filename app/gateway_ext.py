@@ -160,6 +160,8 @@ def build_gateway(config: Mapping[str, Any]) -> Gateway:
     stats = StatsStore(client, retention_s=settings.STATS_RETENTION_S.get(config))
     load = LaneLoadStore(client, window_s=settings.RATE_WINDOW_S.get(config))
     admission = AdmissionPolicy(prior_tokens_per_s=settings.PRIOR_TOKENS_PER_S.get(config),
+                                prefill_tokens_per_s=settings.PREFILL_TOKENS_PER_S.get(config),
+                                first_step_s=settings.FIRST_STEP_S.get(config),
                                 admit_without_worker=settings.ADMIT_WITHOUT_WORKER.get(config))
     counter = counter_for(model)
     max_prompt_bytes = settings.MAX_PROMPT_BYTES.get(config) or (

@@ -306,6 +306,15 @@ PRIOR_TOKENS_PER_S = Setting(
     "Floor of a lane's service rate per engine sequence (x max_num_seqs x live workers): used "
     "before anything was measured, and while a lightly used lane measures less than it can do. "
     "Set it near what your slowest engine sustains per sequence.")
+PREFILL_TOKENS_PER_S = Setting(
+    "TAILGUARD_PREFILL_TOKENS_PER_S", 1000.0, float,
+    "Prompt tokens one engine prefills per second, as admission predicts a request's time to "
+    "first token (its wait, its prefill, one step): a request whose TTFT target that misses is "
+    "refused. Set it near what your engine measures (vLLM's prefill time over prompt tokens).")
+FIRST_STEP_S = Setting(
+    "TAILGUARD_FIRST_STEP_S", 0.02, float,
+    "One engine step, the least time to a first token after the prefill (admission's TTFT "
+    "prediction).")
 ADMIT_WITHOUT_WORKER = Setting(
     "TAILGUARD_ADMIT_WITHOUT_WORKER", False, _bool,
     "Queue requests for a lane no live worker serves (they wait up to queue_ttl_s for one to "

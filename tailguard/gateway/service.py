@@ -302,14 +302,15 @@ class Gateway:
             req = dataclasses.replace(req, priority=caller.priority_for(req.priority))
             req = req.within(caller.bounds)
         loads: dict[str, LaneLoad] = {}  # each lane's read once
-        prefer = preferring_lanes_in_time(target, lambda p: self._predicted_wait_s(p, loads))
+        prefer = preferring_lanes_in_time(target, lambda p: self._predicted_wait_s(p, loads)
+                                          + self.admission.first_token_s(p.prompt_tokens))
         placement = req.place(self.lanes, self._count_prompt, self.counter.model_max_len, prefer)
         if caller is not None:
             check_cost(caller, placement.cost)
         lane = self.lanes[placement.lane]
         load = loads.get(lane.name) or self.load.load(lane.name)
         fair = self._fair_hold(caller)
-        wait_s = self._admit(lane, load, placement.cost, caller, target, token_bucket, fair)
+        wait_s = self._admit(lane, load, placement, caller, target, token_bucket, fair)
         only_new = job_id is not None
         job_id = job_id or uuid.uuid4().hex
         fields = {
@@ -370,15 +371,17 @@ class Gateway:
                                            {**held.weights, fair.key: fair.weight}, held.counters,
                                            held.running)
 
-    def _admit(self, lane: Lane, load: LaneLoad, cost: int, caller: ApiKey | None,
+    def _admit(self, lane: Lane, load: LaneLoad, placement: Placement, caller: ApiKey | None,
                target: LatencyTarget, token_bucket: str = TOKENS,
                fair: FairHold | None = None) -> float:
-        """Admit a request of `cost` on `lane` as `load` has it (in fair order with `fair`),
-        and its TTFT target on the wait predicted, then charge its cost to the caller's key
-        (its `token_bucket`): its predicted wait, or the refusal (counted)."""
+        """Admit a request placed so on `lane` as `load` has it (in fair order with `fair`),
+        and its TTFT target on the time to first token predicted, then charge its cost to the
+        caller's key (its `token_bucket`): its predicted wait, or the refusal (counted)."""
+        cost = placement.cost
         try:
             wait_s = self._admission_decision(lane, load, cost, fair)
-            admit_target(target, lane.name, wait_s)
+            admit_target(target, lane.name, wait_s,
+                         self.admission.first_token_s(placement.prompt_tokens))
         except (Refused, NoLiveWorker) as exc:
             self._count_refusal(lane.name, exc, caller, load.now)
             raise

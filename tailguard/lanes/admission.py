@@ -90,6 +90,13 @@ class BacklogLimits:
 class AdmissionPolicy:
     prior_tokens_per_s: float = 20.0
     admit_without_worker: bool = False
+    #: what a request's first token takes once it starts: its prompt's prefill, then one step
+    prefill_tokens_per_s: float = 1000.0
+    first_step_s: float = 0.02
+
+    def first_token_s(self, prompt_tokens: int) -> float:
+        """Time from a request's start to its first token: prefill of its prompt, one step."""
+        return max(0, prompt_tokens) / self.prefill_tokens_per_s + self.first_step_s
 
     def slots(self, lane: Lane, load: LaneLoad) -> int:
         """The lane's slots over the fleet: its per-engine limit on every live worker serving it

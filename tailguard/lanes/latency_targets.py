@@ -6,9 +6,10 @@ who is refused, so each key bounds the targets it may ask for (``TargetBounds``,
 key): an asked target is clamped into them, and the response says so. The time-to-first-token
 target decides placement (of the lanes that accept the request, the first whose predicted wait
 meets it: a request the short lane can serve in time is not sent to the long one to wait) and
-admission (a target the lane's predicted wait already misses is refused at once, 429
-``wait_past_target`` with the predicted wait). The wait is to the request's start, which its
-first token cannot beat; its prefill comes on top, so a target met here may still be missed.
+admission (a target the request's predicted time to first token misses is refused at once,
+429 ``wait_past_target``). That prediction is the lane's predicted wait, then the request's
+prefill and one step (``AdmissionPolicy.first_token_s``): a 1 ms target is missed on an idle
+lane too.
 The time-per-output-token target is recorded and reported, not decided on: the API knows no
 lane's decode speed. vLLM's integer ``priority`` body field (lower is scheduled first, on an
 engine that schedules by priority) is such a claim too: a key may bound how urgent a priority
@@ -104,33 +105,38 @@ def clamp_vllm_priority(value: int | None, bounds: TargetBounds) -> int | None:
     return max(value, bounds.min_vllm_priority)
 
 
-def meets_ttft(target: LatencyTarget, predicted_wait_s: float) -> bool:
-    """Whether a request that starts after `predicted_wait_s` can meet its TTFT target (no target:
-    any wait does)."""
-    return target.ttft_ms is None or predicted_wait_s * 1000.0 <= target.ttft_ms
+def meets_ttft(target: LatencyTarget, predicted_ttft_s: float) -> bool:
+    """Whether a request whose first token is predicted after `predicted_ttft_s` meets its TTFT
+    target (no target: any time does)."""
+    return target.ttft_ms is None or predicted_ttft_s * 1000.0 <= target.ttft_ms
 
 
 def preferring_lanes_in_time(target: LatencyTarget,
-                             predicted_wait_s: Callable[[Placement], float]
+                             predicted_ttft_s: Callable[[Placement], float]
                              ) -> Callable[[Placement], bool] | None:
-    """placement.place's `prefer` for a request with a TTFT target: a lane whose predicted wait
-    for the request as placed there (`predicted_wait_s`) meets it; None without a target (first
-    fit, and no lane's load read)."""
+    """placement.place's `prefer` for a request with a TTFT target: a lane whose predicted time
+    to first token for the request as placed there (`predicted_ttft_s`) meets it; None without
+    a target (first fit, and no lane's load read)."""
     if target.ttft_ms is None:
         return None
-    return lambda placement: meets_ttft(target, predicted_wait_s(placement))
+    return lambda placement: meets_ttft(target, predicted_ttft_s(placement))
 
 
-def admit_target(target: LatencyTarget, lane: str, predicted_wait_s: float) -> None:
-    """WaitPastTarget (429, Retry-After: until the wait would meet it) when the lane's predicted
-    wait already misses the request's TTFT target."""
-    if meets_ttft(target, predicted_wait_s):
+def admit_target(target: LatencyTarget, lane: str, predicted_wait_s: float,
+                 first_token_s: float = 0.0) -> None:
+    """WaitPastTarget (429, Retry-After: until the wait would meet it) when the predicted time
+    to first token (the lane's predicted wait, then `first_token_s` of prefill and a step)
+    misses the request's TTFT target."""
+    if meets_ttft(target, predicted_wait_s + first_token_s):
         return
-    wait_ms = predicted_wait_s * 1000.0
+    wait_ms, first_ms = predicted_wait_s * 1000.0, first_token_s * 1000.0
     raise WaitPastTarget(
-        f"lane {lane!r} would start this request in about {wait_ms:.0f} ms, past its "
-        f"time-to-first-token target of {target.ttft_ms} ms", field=TTFT_FIELD,
-        retry_after_s=math.ceil((wait_ms - (target.ttft_ms or 0)) / 1000.0), lane=lane)
+        f"lane {lane!r} would give this request its first token in about "
+        f"{wait_ms + first_ms:.0f} ms (a wait of {wait_ms:.0f} ms, then {first_ms:.0f} ms of "
+        f"prefill and a step), past its time-to-first-token target of {target.ttft_ms} ms",
+        field=TTFT_FIELD,
+        retry_after_s=max(1, math.ceil((wait_ms + first_ms - (target.ttft_ms or 0)) / 1000.0)),
+        lane=lane)
 
 
 def target_outcome(job: Mapping[str, Any]) -> dict[str, Any]:

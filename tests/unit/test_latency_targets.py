@@ -125,6 +125,18 @@ def test_a_wait_that_misses_the_target_is_refused_at_once_with_the_predicted_wai
     assert "2500 ms" in err.message and "50 ms" in err.message
 
 
+def test_a_target_is_judged_on_the_predicted_first_token_not_the_wait_alone():
+    from tailguard.lanes.admission import AdmissionPolicy
+
+    policy = AdmissionPolicy(prefill_tokens_per_s=1000.0, first_step_s=0.02)
+    first = policy.first_token_s(100)  # 0.1 s of prefill, then a step
+    assert first == pytest.approx(0.12)
+    admit_target(LatencyTarget(ttft_ms=500), "short", 0.0, first)
+    with pytest.raises(WaitPastTarget) as refused:  # an idle lane cannot give 1 ms
+        admit_target(LatencyTarget(ttft_ms=1), "short", 0.0, first)
+    assert refused.value.retry_after_s == 1 and "120 ms" in refused.value.message
+
+
 @pytest.mark.parametrize("job,outcome", [
     # queued: nothing known
     ({"slo_ttft_ms": 500, "submitted_at": 100.0}, (None, None)),

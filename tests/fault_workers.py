@@ -33,15 +33,16 @@ def own_database(redis_server: str, number: int) -> Iterator[tuple[str, Any]]:
     client.close()
 
 
-def api_with_reaper(redis_url: str, model: str) -> Iterator[Any]:
+def api_with_reaper(redis_url: str, model: str, **config: Any) -> Iterator[Any]:
     """The API in-process with its reaper running (as in production), its finished-stream
-    consumer off; the reaper thread stops with the fixture. Use as a fixture body:
-    ``yield from api_with_reaper(db[0], tiny_model)``."""
+    consumer off, and any other `config` (settings by env name); the reaper thread stops with
+    the fixture. Use as a fixture body: ``yield from api_with_reaper(db[0], tiny_model)``."""
     from app import create_app
     from app.gateway_ext import built_gateway, start_gateway
 
     app = create_app({"TESTING": True, "TAILGUARD_MODEL": model,
-                      "TAILGUARD_REDIS_URL": redis_url, "TAILGUARD_CONSUME_FINISHED": False})
+                      "TAILGUARD_REDIS_URL": redis_url, "TAILGUARD_CONSUME_FINISHED": False,
+                      **config})
     start_gateway(app)  # as gunicorn's post_worker_init does: the reaper starts with the process
     yield app.test_client()
     if (gateway := built_gateway(app)) is not None:
