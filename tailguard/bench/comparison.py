@@ -130,16 +130,21 @@ def render(peers: dict[str, Any]) -> str:
            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for topo, row in peers["rows"].items():
         split = ", ".join(f"{e} {n}" for e, n in (row["engine_served"] or {}).items())
-        for cls, c in row["classes"].items():
+        for i, (cls, c) in enumerate(row["classes"].items()):
             free = "n/a" if c["refused_free_slot"] is None else c["refused_free_slot"]
             out.append(f"| {topo} | {cls} | {c['sent']} | {c['served']} | {c['within_target']} | "
                        f"{c['refused_429']} | {c['refused_503']} | {free} | {c['retried']} | "
-                       f"{_cell(c['e2e_p99_s'])} | {_cell(c['ttft_p99_s'])} | {split} |")
+                       f"{_cell(c['e2e_p99_s'])} | {_cell(c['ttft_p99_s'])} | "
+                       f"{'' if i else split} |")  # every class together: on its first row
     return "\n".join(out) + "\n"
 
 
 def _cell(v: float | None) -> str:
     return "" if v is None else f"{v:.3f}"
+
+
+def _n(v: int | None) -> str:
+    return "n/a" if v is None else str(v)
 
 
 def _fmt_x(v: float | None) -> str:
@@ -160,11 +165,12 @@ def lines(peers: dict[str, Any], line: Callable[..., None]) -> None:
         a = (mine or {}).get("classes", {}).get(cls, {}).get("within_target")
         b = rows[fleet]["classes"][cls]["within_target"] if fleet else None
         line(f"within_target_vs_fleet_{cls}", None if a is None or b is None else a >= b,
-             f"lanes {cls} requests within target {a} >= {fleet or 'fleet'}'s {b}{retries}", need)
+             f"lanes {cls} requests within target {_n(a)} >= {fleet or 'fleet'}'s {_n(b)}"
+             f"{retries}", need)
     short = next(iter(peers["targets"]))
     free = (mine or {}).get("classes", {}).get(short, {}).get("refused_free_slot")
     line("short_refused_free_slot", None if free is None else free == 0,
-         f"lanes: {free} {short} requests refused while an engine that may serve them had a "
+         f"lanes: {_n(free)} {short} requests refused while an engine that may serve them had a "
          "free slot (its vllm:num_requests_running < max_num_seqs)",
          "the lanes topology and its engines' series")
     for peer, key in ((fleet, "vs_fleet"), (peers["tuned"], "vs_tuned")):

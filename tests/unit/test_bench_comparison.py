@@ -105,7 +105,8 @@ def test_the_report_compares_lanes_with_the_better_fleet_and_tuned_vllm():
     assert "(client retries 2)" in lines["within_target_vs_fleet_short"]
     text = render_text(r)
     assert "client retries of a 429/503: 2" in text
-    assert f"| {FLEET_P2} | short | 7 | 7 | 7 | 0 | 0 | 0 | 0 |" in text
+    assert f"| {FLEET_P2} | short | 7 | 7 | 7 | 0 | 0 | 0 | 0 | 0.500 | 0.050 | a 7, b 3 |" in text
+    assert f"| {FLEET_P2} | long | 1 | 1 | 1 | 0 | 0 | 0 | 0 | 20.000 | 1.000 |  |" in text
     assert "| lanes | short | 10 | 8 | 8 | 2 | 0 | 0 | 0 |" in text
     json.dumps(r)
 
@@ -126,3 +127,12 @@ def test_without_a_fleet_the_table_is_printed_and_no_line_added():
     assert not any(t["name"].startswith(("within_target_vs", "short_refused", "peers_"))
                    for t in r["targets"])
     assert "| lanes | short | 3 | 3 | 3 | 0 | 0 | n/a | 0 |" in render_text(r)
+
+
+def test_a_fleet_without_lanes_skips_the_lines():
+    r = _report({FLEET: _run(4)}, {FLEET: _info(0, 0)})
+    s = statuses(r)
+    assert (s["within_target_vs_fleet_short"], s["short_refused_free_slot"]) == ("SKIP", "SKIP")
+    lines = {t["name"]: t["line"] for t in r["targets"]}
+    assert "lanes short requests within target n/a >= fleet's 4" in lines[
+        "within_target_vs_fleet_short"]
