@@ -976,7 +976,12 @@ def _measure_topology(cfg: BenchConfig, name: str, spec: Spec,
     info["engine_slots"] = spec.engine_slots()
     info["class_engines"] = _class_engines(spec, run)
     log(f"[{name}] up in {info['startup_s']:.0f} s; warming up")
-    _warm(client, run.workload, cfg.warmup, len(spec.workers))
+    if isinstance(topo, RunningFleet):  # each replica directly: the router may pick one only
+        for replica in topo.replica_urls.values():
+            _warm(Client(replica, client.model, jobs=False, priorities=client.priorities),
+                  run.workload, cfg.warmup, 1)
+    else:
+        _warm(client, run.workload, cfg.warmup, len(spec.workers))
     _settle(name)
     for t in stopping:  # the previous topology must be gone before measuring
         t.join()
@@ -1013,7 +1018,9 @@ def _class_engines(spec: Spec, run: _Run) -> dict[str, list[str]] | None:
     assert isinstance(spec, TopologySpec)
     table, out = spec.table, {}
     for cls in run.workload.classes:
-        first = next(r for r in run.workload.requests if r.cls == cls)
+        first = next((r for r in run.workload.requests if r.cls == cls), None)
+        if first is None:
+            continue
         tokens = (run.count_tokens(first.prompt) if run.count_tokens
                   else round(len(first.prompt) / CHARS_PER_TOKEN))
         try:
