@@ -97,8 +97,8 @@ class Sample:
     itl_s: list[float] = field(default_factory=list)  # gaps between them (len: chunks - 1)
     finish_reason: str | None = None  # the job's: length, stop or deadline
     error: str | None = None
-    refusal: str | None = None  # a 429's error code (lane_full, wait_too_long, rate_limited)
-    retry_after_s: float | None = None  # a 429's Retry-After, None when it had none
+    refusal: str | None = None  # a refusal's error code (lane_full, wait_too_long, 503...)
+    retry_after_s: float | None = None  # a refusal's Retry-After, None when it had none
     attempts: int = 0  # requests sent (1 + retries of refusals)
     refused_at: list[float] = field(default_factory=list)  # wall clock of each refusal answer
 
