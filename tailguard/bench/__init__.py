@@ -7,6 +7,8 @@ another, and drives it with the same open-loop (Poisson) load:
 * ``lanes``:  workers split by lane, as the lanes file in force says;
 * ``direct``: no tailguard: vLLM's own OpenAI server on all those cores, each class sent
   with a vLLM priority (what a user would run instead).
+* ``fleet``: no tailguard: a tuned vLLM server per engine behind vLLM's own router
+  (``vllm-router``), what users deploy on the same hardware.
 
 Each topology sees two phases with the same short-request arrivals: ``baseline``
 (the short class alone) and ``mixed`` (short and long together), so the report
@@ -16,7 +18,9 @@ Parts, one per file: ``workload`` (what to send, pure; its prompts and seeded ar
 are ``tailguard.plan.synthetic``'s), ``azure_trace`` (the Azure LLM inference traces
 2023 as workloads; the files, CC BY 4.0, with their licence and attribution in
 ``traces/``), ``loadgen`` (sending it and timing each streamed request), ``topology``
-(bringing one system up and down), ``report`` (statistics, ratios, PASS/FAIL lines,
+(bringing one system up and down), ``fleet`` (the router fleet's specs and processes),
+``engine_watch`` (each engine's running requests, read from its own vLLM series),
+``comparison`` (per class against the peers, pure), ``report`` (statistics, ratios, PASS/FAIL lines,
 pure), ``goodput`` (requests within their class's SLO, as vLLM's ``bench serve
 --goodput``, pure), ``host``, ``stall_watch`` and ``redis_watch`` (what the machine, its
 other processes and Redis did meanwhile), ``plot`` (the PNG), ``run`` (the whole

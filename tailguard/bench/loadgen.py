@@ -12,6 +12,12 @@ Against a plain vLLM server (``jobs=False``: the `direct` topology) there is no
 job: a request is accepted when answered 200 and finished when its stream ends,
 and each class may carry a vLLM ``priority``.
 
+A refusal is a 429 (tailguard's admission) or a 503 (vLLM's ``--max-num-queued-reqs``,
+tailguard's ``unavailable``). With ``retries`` the client sends a refused request again
+as the openai SDK does by default (`retry_delay`: twice, after ``Retry-After`` when it
+is between 0 and 60 s, else after its exponential backoff); its latency is counted from
+the first send.
+
 Requests are sent from a thread pool large enough to keep every request of the
 phase in flight; if it ever is not, the lateness shows in ``lag_s`` (and the
 report says so) instead of silently turning the load closed-loop. Only the
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -36,8 +43,18 @@ from tailguard.bench.workload import BenchRequest
 TERMINAL = frozenset({"succeeded", "failed", "expired", "cancelled"})
 #: Outcomes decided by the client, which the job's own status must not overwrite.
 CLIENT_FAILURES = frozenset({"http_error", "client_error", "timeout"})
-#: The API answered 429: refused at admission, nothing queued (not a failure of the system).
+#: The API answered 429 (or 503): refused at admission, nothing queued (not a failure of the
+#: system); `Sample.http_status` tells which.
 REFUSED = "refused"
+#: The answers that refuse a request for now (`REFUSED`), and that a client retries.
+REFUSED_STATUSES = frozenset({429, 503})
+#: The openai SDK's default retry schedule (openai/_constants.py): retries, the first
+#: backoff, the longest. Retry-After is honoured when within (0, RETRY_AFTER_MAX_S]: the
+#: SDK's cap since 1.x (3.x raised it to 120 s; what clients deployed today mostly do).
+SDK_RETRIES = 2
+INITIAL_RETRY_DELAY_S = 0.5
+MAX_RETRY_DELAY_S = 8.0
+RETRY_AFTER_MAX_S = 60.0
 #: How often `settle` asks again for a job's state refused with 429 (the key's waits are full).
 SETTLE_TRIES = 30
 #: Socket read timeout: the API sends an SSE heartbeat every ~2 s, so silence this long is a fault.
@@ -80,8 +97,10 @@ class Sample:
     itl_s: list[float] = field(default_factory=list)  # gaps between them (len: chunks - 1)
     finish_reason: str | None = None  # the job's: length, stop or deadline
     error: str | None = None
-    refusal: str | None = None  # a 429's error code (lane_full, wait_too_long, rate_limited)
-    retry_after_s: float | None = None  # a 429's Retry-After, None when it had none
+    refusal: str | None = None  # a refusal's error code (lane_full, wait_too_long, 503...)
+    retry_after_s: float | None = None  # a refusal's Retry-After, None when it had none
+    attempts: int = 0  # requests sent (1 + retries of refusals)
+    refused_at: list[float] = field(default_factory=list)  # wall clock of each refusal answer
 
     @property
     def lag_s(self) -> float | None:
@@ -109,7 +128,8 @@ class Client:
 
     def __init__(self, url: str, model: str, *, jobs: bool = True,
                  priorities: dict[str, int] | None = None,
-                 api_keys: dict[str, str] | None = None, api_key: str | None = None):
+                 api_keys: dict[str, str] | None = None, api_key: str | None = None,
+                 retries: int = 0, rng: random.Random | None = None):
         parts = urlsplit(url)
         if parts.hostname not in ("127.0.0.1", "localhost", "::1"):
             raise ValueError(f"the benchmark only drives a local system, not {url}")
@@ -121,6 +141,9 @@ class Client:
         #: for everything else
         self.api_keys = api_keys or {}
         self.api_key = api_key
+        #: refusals retried per request (`retry_delay`), and the jitter's random source
+        self.retries = retries
+        self.rng = rng or random.Random(0)
 
     def _auth(self, cls: str | None = None) -> dict[str, str]:
         secret = self.api_keys.get(cls or "", self.api_key)
@@ -151,40 +174,24 @@ class Client:
             conn.close()
 
     def stream(self, req: BenchRequest, sample: Sample, t0: float, deadline: float) -> None:
-        """Send one streamed completion and fill `sample` in; never raises."""
+        """Send one streamed completion (again after a refusal, up to `retries` times) and
+        fill `sample` in; never raises."""
         fields = {"model": self.model, "prompt": req.prompt, "max_tokens": req.max_tokens,
                   "ignore_eos": req.ignore_eos, "stream": True,
                   "stream_options": {"include_usage": True}}
         if req.cls in self.priorities:
             fields["priority"] = self.priorities[req.cls]
         body = json.dumps(fields).encode()
-        conn = self._conn(READ_TIMEOUT_S if self.jobs else
-                          max(READ_TIMEOUT_S, min(deadline - time.perf_counter(), 86400.0)))
-        sent = time.perf_counter()
+        sent = time.perf_counter()  # latency counts from the first send, retries included
         sample.sent_s = sent - t0
         sample.sent_at = time.time()
-        sample.status = "sent"
-        done = False
-        try:
-            conn.request("POST", "/v1/completions", body=body,
-                         headers={"content-type": "application/json", **self._auth(req.cls)})
-            resp = conn.getresponse()
-            sample.http_status = resp.status
-            if resp.status == 429:
-                self._refused(resp, sample)
-                return
-            if resp.status != 200:
-                sample.status = "http_error"
-                sample.error = f"HTTP {resp.status}: {resp.read()[:300].decode(errors='replace')}"
-                return
-            sample.job_id = resp.getheader("X-Tailguard-Job-Id")
-            sample.lane = resp.getheader("X-Tailguard-Lane")
-            sample.accepted = sample.job_id is not None or not self.jobs
-            done = self._read_events(resp, sample, sent, deadline)
-        except (OSError, http.client.HTTPException, ValueError) as exc:
-            sample.status, sample.error = "client_error", f"{type(exc).__name__}: {exc}"
-        finally:
-            conn.close()  # mid-stream, this makes the API cancel the job
+        done = self._send(body, req, sample, sent, deadline)
+        while sample.status == REFUSED and sample.attempts <= self.retries:
+            delay = retry_delay(sample.attempts - 1, sample.retry_after_s, self.rng.random())
+            if time.perf_counter() + delay > deadline:
+                break
+            time.sleep(delay)
+            done = self._send(body, req, sample, sent, deadline)
         if sample.accepted and self.jobs:
             self.settle(sample, wait_s=5 if done else 0)
         elif sample.accepted:  # a plain server: the stream is all there is
@@ -195,6 +202,35 @@ class Client:
                      and sample.finish_reason != "deadline")
         if done and sample.finish_reason == "deadline":
             sample.error = "cut by the lane deadline"
+
+    def _send(self, body: bytes, req: BenchRequest, sample: Sample, sent: float,
+              deadline: float) -> bool:
+        """One attempt: whether its stream reached [DONE]; a refusal leaves `sample` REFUSED."""
+        sample.attempts += 1
+        sample.status, sample.error, sample.refusal, sample.retry_after_s = "sent", None, None, None
+        conn = self._conn(READ_TIMEOUT_S if self.jobs else
+                          max(READ_TIMEOUT_S, min(deadline - time.perf_counter(), 86400.0)))
+        try:
+            conn.request("POST", "/v1/completions", body=body,
+                         headers={"content-type": "application/json", **self._auth(req.cls)})
+            resp = conn.getresponse()
+            sample.http_status = resp.status
+            if resp.status in REFUSED_STATUSES:
+                self._refused(resp, sample)
+                return False
+            if resp.status != 200:
+                sample.status = "http_error"
+                sample.error = f"HTTP {resp.status}: {resp.read()[:300].decode(errors='replace')}"
+                return False
+            sample.job_id = resp.getheader("X-Tailguard-Job-Id")
+            sample.lane = resp.getheader("X-Tailguard-Lane")
+            sample.accepted = sample.job_id is not None or not self.jobs
+            return self._read_events(resp, sample, sent, deadline)
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            sample.status, sample.error = "client_error", f"{type(exc).__name__}: {exc}"
+            return False
+        finally:
+            conn.close()  # mid-stream, this makes the API cancel the job
 
     def _read_events(self, resp: http.client.HTTPResponse, sample: Sample, sent: float,
                      deadline: float) -> bool:
@@ -242,17 +278,19 @@ class Client:
 
     @staticmethod
     def _refused(resp: http.client.HTTPResponse, sample: Sample) -> None:
-        """A 429: its code and Retry-After (left None when absent or not a number of seconds)."""
+        """A 429 or 503: when, its code and Retry-After (left None when absent or not a number
+        of seconds)."""
         sample.status = REFUSED
+        sample.refused_at.append(round(time.time(), 3))
         try:
             sample.retry_after_s = float(resp.getheader("Retry-After") or "")
         except ValueError:
             pass
         body = resp.read()[:2000]
         try:
-            sample.refusal = json.loads(body)["error"]["code"]
+            sample.refusal = str(json.loads(body)["error"]["code"])
         except (ValueError, KeyError, TypeError):
-            sample.error = f"HTTP 429: {body[:300].decode(errors='replace')}"
+            sample.error = f"HTTP {resp.status}: {body[:300].decode(errors='replace')}"
 
     def settle(self, sample: Sample, wait_s: float = 0) -> None:
         """Read the job's final state and queue wait from /v1/jobs/<id>."""
@@ -287,6 +325,16 @@ class Client:
         sample.finish_reason = result.get("finish_reason")
         if job.get("error") and sample.error is None:
             sample.error = json.dumps(job["error"], ensure_ascii=False)[:300]
+
+
+def retry_delay(retries_done: int, retry_after_s: float | None, jitter: float) -> float:
+    """Seconds the openai SDK waits before its next retry (its `_calculate_retry_timeout`):
+    the server's Retry-After when within (0, RETRY_AFTER_MAX_S], else 0.5 s doubled per
+    retry already made, at most 8 s, less up to a quarter (`jitter` in [0, 1))."""
+    if retry_after_s is not None and 0 < retry_after_s <= RETRY_AFTER_MAX_S:
+        return retry_after_s
+    backoff = min(INITIAL_RETRY_DELAY_S * 2.0 ** retries_done, MAX_RETRY_DELAY_S)
+    return backoff * (1 - 0.25 * jitter)
 
 
 def run_phase(client: Client, requests: tuple[BenchRequest, ...] | list[BenchRequest], *,

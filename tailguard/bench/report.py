@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from tailguard.bench import comparison
 from tailguard.bench.exactly_once import describe as describe_exactly_once
 from tailguard.bench.goodput import (
     DEFAULT_LONG_SLO,
@@ -844,6 +845,8 @@ def targets(report: dict) -> list[dict[str, Any]]:
             _burst_line(topo, b, line)
         if report.get("shift"):
             _shift_lines(report, line)
+        if (report.get("peers") or {}).get("better_fleet"):  # the lines compare with a fleet
+            comparison.lines(report["peers"], line)
     def total(t: dict, key: str) -> int:
         return sum(c[key] for p in t["phases"].values() for c in p.values())
 
@@ -892,6 +895,8 @@ def build_report(*, config: dict[str, Any], workload: dict[str, Any],
     report["ratios"] = {m: ratios(report, m) for m in ("ttft_s", "e2e_s")}
     report["overhead"] = overhead(report)
     report["serving"] = serving(report, OVERHEAD if workload["name"] == OVERHEAD else "mixed")
+    report["peers"] = (None if workload["name"] in (OVERHEAD, OVERLOAD, BATCH, TENANTS)
+                       else comparison.comparison(report, samples, short_slo, long_slo))
     if workload["name"] == BURST:
         report["burst"] = {name: burst_figures(phases, workload["short_class"],
                                                workload["long_class"],
@@ -994,6 +999,7 @@ def render_text(report: dict) -> str:
     else:
         lines = [*head, render_tables(report),
                  *([render_shift(report)] if report.get("shift") else []),
+                 *([comparison.render(report["peers"])] if report.get("peers") else []),
                  f"ratios ({METRICS[metric]} P99 of class {short!r}):",
                  f"  lanes / shared                    {_fmt_x(r['lanes_short_p99_over_shared'])}",
                  f"  lanes / lanes' no-long baseline   {_fmt_x(r['lanes_short_p99_over_baseline'])}",

