@@ -7,10 +7,12 @@ batching, whose step time comes from a short profile of the real engine.
 * ``stepmodel``: the engine's step time as a function of the batch, fitted from a profile;
 * ``profile``: the profile itself, a short sweep on a real vLLM engine (the one impure part);
 * ``workload``: per-class arrival rates and length distributions (flags, a trace, stats JSON);
-* ``sim``: the simulator, with the lane controller's own policy moving engines if asked;
+* ``sim``: the simulator: dedicated lanes, tailguard's fleet (a central queue per lane, the
+  workers' own dispatch rule, tailguard/lanes/dispatch.py) or a router's replicas;
 * ``azure``: a window of the Azure trace the bench replays, as arrivals;
-* ``compare``: static lanes, lanes that follow the load and one shared engine per GPU, per
-  fleet size (``--compare-follow``);
+* ``compare``: tailguard's fleet, one shared engine per GPU, a router fleet and static lanes,
+  per fleet size (``--compare-fleet``);
+* ``keda``: the engines the fleet needs per load and an autoscaler's threshold (``--keda``);
 * ``search``: the fewest engines per lane group that meet the targets;
 * ``synthetic``: the requests both tools make (prompts of a length, seeded Poisson arrivals);
   ``tailguard bench`` builds its workloads on it;

@@ -11,7 +11,6 @@ import click
 from tailguard.errors import ConfigError
 from tailguard.lanes.table import default_lanes_path, load_lanes
 from tailguard.plan.search import (
-    SIM_ENGINES,
     Plan,
     Targets,
     evaluate,
@@ -70,11 +69,6 @@ def _target(text: str) -> tuple[str, float]:
               help="bound on a class's end-to-end P99, e.g. short:0.5")
 @click.option("--max-queue-s", type=float, default=10.0, show_default=True,
               help="classes without a target: bound on their queue wait P99 (keeps up)")
-@click.option("--borrow-on", type=click.Choice(["cpu", "cuda"]),
-              help="model the lanes file's borrowing as its workers would do it on this device "
-                   "(auto: an idle-priority engine on cpu, no borrowing on cuda); the search sizes "
-                   f"groups without it, the split is then simulated with it (<= {SIM_ENGINES} "
-                   "engines)")
 @click.option("--engines", type=int, help="a fleet of N engines: how it splits")
 @click.option("--split", help="simulate this split instead of searching: engines per worker "
                               "group in file order, e.g. 1,1")
@@ -86,15 +80,23 @@ def _target(text: str) -> tuple[str, float]:
 @click.option("--validate", is_flag=True,
               help="predicted vs measured for the bench runs of docs/benchmarks.md, each with "
                    "the lanes file it ran with (--lanes does not apply)")
-@click.option("--compare-follow", "compare_gpus", metavar="GPUS",
-              help="static lanes, lanes that follow the load and one shared engine per GPU on a "
-                   "window of the Azure trace, for fleets of these GPU counts, e.g. 8,64 (the "
-                   "lanes file: --lanes, else the packaged GPU one; --duration defaults to 60 "
-                   "here); says where following stops being worth it")
+@click.option("--compare-fleet", "compare_gpus", metavar="GPUS",
+              help="tailguard's fleet (a central queue per lane, per-engine limits), one shared "
+                   "FCFS engine per GPU, a router fleet and static lanes on a window of the Azure "
+                   "trace, for fleets of these GPU counts, e.g. 8,64 (the lanes file: --lanes, "
+                   "else the packaged GPU one; --duration defaults to 60 here)")
 @click.option("--per-gpu", default="1,2,3,4", show_default=True,
-              help="with --compare-follow: the trace's requests per second per GPU, each a run")
+              help="with --compare-fleet: the trace's requests per second per GPU, each a run")
+@click.option("--keda", "keda_rates", metavar="RATES",
+              help="the engines the fleet needs at each of these loads (requests/s of the Azure "
+                   "trace window, e.g. 8,32,128) to keep short within --target (default "
+                   "short:4), and the backlog-tokens-per-worker threshold and min/max replicas of "
+                   "a KEDA ScaledObject (--duration defaults to 60 here)")
+@click.option("--max-running", "max_running_specs", multiple=True, metavar="LANE=N[,N...]",
+              help="with --compare-fleet or --keda: the fleet's per-engine limit of a lane "
+                   "instead of the lanes file's max_running; several values: a fleet row each")
 @click.option("--token-scale", type=float, default=1.0, show_default=True,
-              help="with --compare-follow: the trace's prompt and output tokens x this")
+              help="with --compare-fleet or --keda: the trace's prompt and output tokens x this")
 @click.option("--by-key", is_flag=True,
               help="each --class is one API key's traffic: the lanes dispatch in fair order by "
                    "key, as the API does in keys mode (docs/lanes.md, fair share by key)")
@@ -105,8 +107,9 @@ def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | Non
          frontend_cores: str, step_model: Path | None, frontend_report: Path | None,
          class_specs: tuple[str, ...], workload_file: Path | None, rate: float | None, scale: float,
          lanes_file: Path | None, topology_name: str, target_specs: tuple[str, ...], max_queue_s: float,
-         borrow_on: str | None, engines: int | None, split: str | None, duration: float, seed: int,
-         validate: bool, compare_gpus: str | None, per_gpu: str, token_scale: float,
+         engines: int | None, split: str | None, duration: float, seed: int,
+         validate: bool, compare_gpus: str | None, per_gpu: str, keda_rates: str | None,
+         max_running_specs: tuple[str, ...], token_scale: float,
          by_key: bool, weight_specs: tuple[str, ...], as_json: bool) -> None:
     """How many engines each lane needs: a simulation of the lanes and of continuously
     batching engines whose step time comes from `--profile`."""
@@ -127,9 +130,14 @@ def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | Non
         rows = table_rows(model, seed if seed_given else None)
         click.echo(json.dumps(rows, indent=2) if as_json else render(rows))
         return
+    trace_s = duration if given("duration").name != "DEFAULT" else 60.0
     if compare_gpus:
-        _compare(model, compare_gpus, lanes_file, per_gpu, token_scale,
-                 duration if given("duration").name != "DEFAULT" else 60.0, seed, as_json)
+        _compare(model, compare_gpus, lanes_file, per_gpu, _max_running(max_running_specs),
+                 token_scale, trace_s, seed, as_json)
+        return
+    if keda_rates:
+        _keda(model, keda_rates, lanes_file, _max_running(max_running_specs), target_specs,
+              token_scale, trace_s, seed, as_json)
         return
     try:
         table = load_lanes(lanes_file)
@@ -148,11 +156,7 @@ def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | Non
     if weight_specs and not by_key:
         raise click.UsageError("--weight needs --by-key")
     targets = Targets(dict(_target(t) for t in target_specs), max_queue_s)
-    lanes, groups = topology(table, topology_name, borrow_on=borrow_on)
-    fleet = sum(int(x) for x in split.split(",") if x.strip().isdigit()) if split else engines
-    if borrow_on and fleet and fleet > SIM_ENGINES:
-        raise click.UsageError(f"--borrow-on: borrowing is simulated for at most {SIM_ENGINES} "
-                               "engines in all")
+    lanes, groups = topology(table, topology_name)
     if split:
         counts = [int(x) for x in split.split(",")]
         if len(counts) != len(groups) or min(counts) < 1:
@@ -195,33 +199,83 @@ def _weights(specs: tuple[str, ...], classes: list[ClassLoad]) -> dict[str, floa
     return out
 
 
-def _compare(model: StepModel, gpus_text: str, lanes_file: Path | None, per_gpu_text: str,
-             token_scale: float, duration: float, seed: int, as_json: bool) -> None:
-    """`--compare-follow GPUS`: tailguard/plan/compare.py's rows for each fleet size and load."""
-    from tailguard.plan import azure
-    from tailguard.plan.compare import compare, gains, render, verdict
+def _max_running(specs: tuple[str, ...]) -> dict[str, list[int]]:
+    """--max-running LANE=N[,N...], each N >= 1."""
+    out: dict[str, list[int]] = {}
+    for text in specs:
+        lane, _, values = text.partition("=")
+        try:
+            out[lane] = [int(v) for v in values.split(",")]
+        except ValueError:
+            out[lane] = []
+        if not lane or not out[lane] or min(out[lane]) < 1:
+            raise click.BadParameter(f"{text!r}: LANE=N[,N...], each N >= 1",
+                                     param_hint="--max-running")
+    return out
 
+
+def _compare(model: StepModel, gpus_text: str, lanes_file: Path | None, per_gpu_text: str,
+             max_running: dict[str, list[int]], token_scale: float, duration: float, seed: int,
+             as_json: bool) -> None:
+    """`--compare-fleet GPUS`: tailguard/plan/compare.py's rows for each fleet size and load."""
+    from tailguard.plan import azure
+    from tailguard.plan.compare import Point, compare, limit_sweep, render
+
+    sweep = limit_sweep(max_running)
     try:
         sizes = [int(n) for n in gpus_text.split(",")]
         loads = [float(x) for x in per_gpu_text.split(",")]
         table = load_lanes(lanes_file or default_lanes_path())
-        grid = {(n, load): compare(azure.arrivals(list(table), rate=load * n, duration_s=duration,
-                                                  token_scale=token_scale),
-                                   table, model, n, seed=seed)
-                for n in sizes for load in loads}
+        points = [Point(n, load, *compare(azure.arrivals(list(table), rate=load * n,
+                                                         duration_s=duration,
+                                                         token_scale=token_scale),
+                                          table, model, n, sweep=sweep, seed=seed))
+                  for n in sizes for load in loads]
     except (ValueError, ConfigError) as exc:
         raise click.UsageError(str(exc)) from None
     if as_json:
-        click.echo(json.dumps({"runs": [{"gpus": n, "per_gpu": load,
-                                         "gains": dict(zip(("short_p99_cut", "goodput_gain"),
-                                                           gains(rows))),
-                                         "rows": [r.to_dict() for r in rows]}
-                                        for (n, load), rows in sorted(grid.items())],
-                               "verdict": verdict(grid)}, indent=2))
+        click.echo(json.dumps({"points": [{"gpus": p.gpus, "per_gpu": p.per_gpu,
+                                           "unloaded_short_p99_s": p.unloaded_p99_s,
+                                           "rows": [r.to_dict() for r in p.rows]}
+                                          for p in points]}, indent=2))
     else:
         click.echo(f"the Azure trace (azure-mix from {azure.START_S:g} s) for {duration:g} s, "
                    f"tokens x {token_scale:g}; simulated")
-        click.echo(render(grid))
+        click.echo(render(points))
+
+
+def _keda(model: StepModel, rates_text: str, lanes_file: Path | None,
+          max_running: dict[str, list[int]], target_specs: tuple[str, ...], token_scale: float,
+          duration: float, seed: int, as_json: bool) -> None:
+    """`--keda RATES`: tailguard/plan/keda.py's engines per load and the scaling threshold."""
+    from tailguard.plan import azure, keda
+
+    targets = dict(_target(t) for t in target_specs)
+    target_s = targets.pop("short", 4.0)
+    if targets or any(len(v) > 1 for v in max_running.values()):
+        raise click.UsageError("--keda takes --target short:SECONDS only, and one --max-running "
+                               "value per lane")
+    limits = {lane: values[0] for lane, values in max_running.items()}
+    try:
+        rates = [float(x) for x in rates_text.split(",")]
+        table = load_lanes(lanes_file or default_lanes_path())
+        loads = keda.size(lambda rate: azure.arrivals(list(table), rate=rate, duration_s=duration,
+                                                      token_scale=token_scale),
+                          rates, table, model, target_s, limits=limits, seed=seed)
+    except (ValueError, ConfigError) as exc:
+        raise click.UsageError(str(exc)) from None
+    if as_json:
+        t, consistent = keda.threshold(loads)
+        needed = [l.engines for l in loads if l.engines]
+        click.echo(json.dumps({"loads": [l.to_dict() for l in loads], "threshold": t,
+                               "one_threshold_fits": consistent, "query": keda.query(table),
+                               "min_replicas": min(needed, default=None),
+                               "max_replicas": max(needed, default=None)}, indent=2))
+    else:
+        click.echo(f"the Azure trace (azure-mix from {azure.START_S:g} s) for {duration:g} s, "
+                   f"tokens x {token_scale:g}; fleet setup, short P99 <= {target_s:g} s; "
+                   "simulated")
+        click.echo(keda.render(loads, table, target_s))
 
 
 def _profile(profile_out: Path, cores: str | None, neighbour_cores: str | None,
@@ -291,9 +345,7 @@ def _render(p: Plan, needed: list[int] | None, fleet: int | None, targets: Targe
         out.append(f"{name:<10}{','.join(r.lanes):<16}{r.n:>7} {_s(r.e2e['p50'])} {_s(r.e2e['p99'])} "
                    f" {_s(r.ttft_p99)} {_s(r.queued_p99):>10} {r.tokens_per_s:>9.1f}  "
                    f"{f'P99 <= {goal:g} s' if goal else f'queue P99 <= {targets.max_queue_s:g} s'}"
-                   f"{' ' + str(bad) if bad else ''}"
-                   + (f"; ran borrowed {r.borrowed}, reclaimed {r.reclaimed}"
-                      if r.borrowed or r.reclaimed else ""))
+                   f"{' ' + str(bad) if bad else ''}")
     return "\n".join(out)
 
 

@@ -3,10 +3,7 @@
 Lane groups that share no lane share no engine and no queue, so each is sized on
 its own: the smallest engine count whose simulation meets every target of the
 classes it serves, found by doubling then bisection (more engines never make a
-group slower in this model). Borrowing couples groups (one group's engines take another's
-queued work), so the search leaves it out: it sizes each group without it, and a split
-whose groups borrow is then simulated as a whole (``evaluate``), for at most SIM_ENGINES
-engines. Targets (``Targets``): a P99 end-to-end bound for the
+group slower in this model). Targets (``Targets``): a P99 end-to-end bound for the
 classes given one; for the others, that the group keeps up (queue wait P99 at most
 ``max_queue_s``: a queue that grows over the run fails this); for every class,
 nothing expired, cut by a deadline or rejected.
@@ -24,9 +21,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from tailguard.lanes.borrowing import resolve
 from tailguard.lanes.table import Lane, LaneTable, engine_settings_for
-from tailguard.plan.sim import NO_BORROWING, ClassResult, EngineGroup, simulate
+from tailguard.plan.sim import ClassResult, EngineGroup, simulate
 from tailguard.plan.stepmodel import StepModel
 from tailguard.plan.workload import ClassLoad
 
@@ -50,23 +46,19 @@ def shared_lane(table: LaneTable) -> Lane:
                 max_model_len=max(l.max_model_len for l in lanes))
 
 
-def topology(table: LaneTable, name: str, count: int = 1, borrow_on: str | None = None,
+def topology(table: LaneTable, name: str, count: int = 1,
              frontend: bool = False) -> tuple[list[Lane], list[EngineGroup]]:
     """The lanes and engine groups of a topology, as `tailguard bench` builds them: ``lanes``,
     the file's worker groups; ``shared``, one lane taking every interactive request.
-    Each group gets `count` engines. With `borrow_on` (a device: "cpu", "cuda") the groups
-    borrow as their workers would there; without, they borrow nothing. With `frontend`, the
-    last group's last engine shares its cores with the front end (tailguard/host/cores.py's
-    core plan on a CPU host; tailguard/plan/sim.py)."""
+    Each group gets `count` engines. With `frontend`, the last group's last engine shares its
+    cores with the front end (tailguard/host/cores.py's core plan on a CPU host;
+    tailguard/plan/sim.py)."""
     if name == "shared":
         lane = shared_lane(table)
         return [lane], [EngineGroup((lane.name,), count, lane.max_num_seqs, frontend=frontend)]
-    groups = [
-        EngineGroup(w.lanes, count, engine_settings_for(table.lanes_for_queues(w.lanes))[0],
-                    moves_to=w.moves_to, name=w.name,
-                    **({"borrow": resolve(w.borrow, borrow_on, w.name)}
-                       if borrow_on and resolve(w.borrow, borrow_on, w.name).lanes else {}))
-        for w in table.workers]
+    groups = [EngineGroup(w.lanes, count, engine_settings_for(table.lanes_for_queues(w.lanes))[0],
+                          name=w.name)
+              for w in table.workers]
     if frontend and groups:
         groups[-1] = replace(groups[-1], frontend=True)
     return list(table), groups
@@ -100,16 +92,8 @@ class Plan:
 def evaluate(classes: Sequence[ClassLoad], lanes: Sequence[Lane], groups: Sequence[EngineGroup],
              model: StepModel, targets: Targets, *, duration_s: float,
              seed: int = 0, fair: Mapping[str, float] | None = None) -> Plan:
-    """Simulate `groups` (each scaled down to SIM_ENGINES, see the module docstring); if
-    one borrows, all together as they are (borrowing couples them), at most SIM_ENGINES.
+    """Simulate `groups`, each scaled down to SIM_ENGINES (see the module docstring).
     `fair`: each class one API key's traffic, in fair order with these weights (`simulate`)."""
-    if any(g.borrow.lanes for g in groups):
-        if sum(g.count for g in groups) > SIM_ENGINES:
-            raise ValueError(f"borrowing is simulated for at most {SIM_ENGINES} engines in all")
-        sim = simulate(classes, lanes, groups, model, duration_s=duration_s, seed=seed,
-                       fair=fair)
-        results = {name: r for name, r in sim.items() if r.n}
-        return Plan(tuple(groups), results, all(targets.met_by(r) for r in results.values()))
     results: dict[str, ClassResult] = {}
     for g in groups:
         factor = min(SIM_ENGINES, g.count) / g.count
@@ -132,12 +116,10 @@ def _stretch(classes: Sequence[ClassLoad], duration_s: float, factor: float) -> 
 def least_engines(classes: Sequence[ClassLoad], lanes: Sequence[Lane], group: EngineGroup,
                   model: StepModel, targets: Targets, *, duration_s: float,
                   seed: int = 0, fair: Mapping[str, float] | None = None) -> int | None:
-    """The fewest engines `group` needs to meet `targets` (None: not within MAX_ENGINES),
-    sized alone: what it would borrow from other groups is not credited."""
-    alone = replace(group, borrow=NO_BORROWING)
+    """The fewest engines `group` needs to meet `targets` (None: not within MAX_ENGINES)."""
 
     def ok(n: int) -> bool:
-        return evaluate(classes, lanes, [replace(alone, count=n)], model, targets,
+        return evaluate(classes, lanes, [replace(group, count=n)], model, targets,
                         duration_s=duration_s, seed=seed, fair=fair).met
 
     hi = 1

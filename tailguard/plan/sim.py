@@ -4,41 +4,35 @@ What it models, and how the real system does it:
 
 * **Placement**: each request goes to the lane ``tailguard.lanes.placement.place`` picks (the
   same function the API calls), with max_tokens capped as the API caps it.
-* **Queues**: one FIFO per lane. An engine holds at most ``max_num_seqs`` requests (a
-  worker has that many threads and prefetches one message each); it takes work as soon
-  as a slot frees, from its lanes in strict order. A new request goes to an engine of
-  its lane with a free slot (a seeded random one, as whichever worker's BRPOP Redis
-  answers), else waits in its lane's queue. A request that waited longer than its
-  lane's ``queue_ttl_s`` expires without reaching an engine.
-* **Engines**: continuous batching. Each step decodes one token for every sequence past
-  its prompt and prefills up to ``max_batched_tokens`` prompt tokens (chunked, oldest
-  first); a request that entered while a step ran joins the next one. The step lasts
-  ``StepModel.step_s`` of its decoding sequences, their context and its prefill tokens.
-  The step that finishes a prompt also yields its first token.
-  A request whose engine time reaches ``deadline_s`` ends "deadline".
-* **Borrowing** (a group's ``borrow``, tailguard/lanes/borrowing.py's policy and its pure
-  functions): each engine of the group takes the head of a borrowed lane's queue while
-  ``may_borrow`` allows it, and gives back ``reclaim_count`` of its ``youngest`` borrowed
-  requests when its own work leaves fewer than R slots free. A reclaimed request goes to
-  the back of its lane's queue (a fresh message, a fresh queue TTL) keeping its output so
-  far; whoever takes it next prefills prompt + that output again and generates the rest.
-  Decisions are taken at every event, not every ``borrower.PERIOD_S`` poll.
-  Where borrowed requests run (``BorrowPolicy.engine``, resolved to "own" or "idle"):
+* **Dispatch**, how a request reaches an engine, one of three per engine group
+  (``EngineGroup.dispatch``):
 
-  - ``own``: in the engine's own batch, their prompt chunks after its own requests' (vLLM
-    priority orders the waiting queue only): their decode, context and prefill lengthen
-    the steps the own requests are in, through the step model itself.
-  - ``idle``: in a second engine of B slots on the same cores at the kernel's idle CPU
-    priority, with the same step model. It runs only while the own engine has no request
-    (the own engine steps back to back while it has one), and **preemptively**: a step
-    of it in progress is suspended the moment the own engine has work and resumes where
-    it stopped (SCHED_IDLE threads are preempted by the kernel on the own engine's wake-up,
-    not at the end of their step; a step-granular model would hold a short request behind
-    up to a whole 2,000-token prefill). What is left of the cost, the two engines sharing
-    caches and memory bandwidth (the worker's threads serving the borrowed streams run on the
-    front-end cores: tailguard/host/cores.py), is ``StepModel.borrow_slowdown``: the own
-    engine's steps take that much longer while the idle engine holds borrowed requests (a
-    measured coefficient, see tailguard/plan/profile.py).
+  - ``strict`` (DEDICATED): one FIFO per lane; an engine serves its group's lanes only, in
+    strict order, up to ``max_num_seqs`` requests (a worker has that many threads and
+    prefetches one message each). A new request goes to a seeded random engine of its lane with
+    a free slot (whichever worker's BRPOP Redis answers), else waits in its lane's queue. Static
+    lanes, and one shared lane on every engine, are this.
+  - ``fleet`` (FLEET): one FIFO per lane over the whole fleet, every engine serving every lane
+    of its group; whenever an engine has a free slot it takes the oldest request of the lane
+    ``tailguard.lanes.dispatch.next_lane`` names (the rule the workers run: lanes in priority
+    order, each below its per-engine limit ``Lane.engine_slots``, batch only while no
+    interactive request waits). A request that arrives while several engines have a free slot
+    goes to the one that took a request least recently (Redis answers the BRPOP that has waited
+    longest, and a worker blocks again as soon as it has taken a message).
+  - ``router`` (ROUTER): no central queue; each request is committed on arrival to the engine
+    with the fewest requests running and waiting (ties: a seeded random one), as a router in
+    front of ``vllm serve`` replicas does, and waits in that engine's own queue, taken in vLLM's
+    priority order (its lane's rank, then arrival) as slots free.
+
+  A request that waited longer than its lane's ``queue_ttl_s`` expires without reaching an
+  engine.
+* **Engines**: continuous batching. Each step decodes one token for every sequence past
+  its prompt and prefills up to ``max_batched_tokens`` prompt tokens (chunked), in vLLM's
+  priority order: the lane's rank in the lanes table (short first), then admission; a request
+  that entered while a step ran joins the next one. The step lasts ``StepModel.step_s`` of
+  its decoding sequences, their context and its prefill tokens. The step that finishes a
+  prompt also yields its first token. A request whose engine time reaches ``deadline_s`` ends
+  "deadline".
 * **Neighbours**: the engines of one simulation are taken to share a host (as
   `tailguard bench`'s two engines share two cores): a step that starts while another
   engine is stepping takes ``StepModel.neighbour_slowdown`` longer (measured by the
@@ -52,24 +46,14 @@ What it models, and how the real system does it:
   ``frontend_s_per_request`` CPU seconds when it arrives and every output token (of any
   engine) ``frontend_s_per_token`` when its step ends; the front end's share of that
   engine's core is what it was charged over the last ``FRONTEND_WINDOW_S``, per second
-  (at most ``MAX_FRONTEND_SHARE``), and a step of that engine (or of its idle-priority
-  engine) starting then lasts ``1 / (1 - share)`` times as long (front end first: at nice 0
-  against the engine's 10, its short pieces of work run as soon as they are ready). The
-  step model's engine had one core; a front end spread over more is not modelled. Zero
-  coefficients (a step model without a front-end fit) leave every engine alone.
-* **Lanes that follow the load** (``Follow``; tailguard/lanes/rebalance.py's policy, as the
-  lane controller, tailguard/control/controller.py, runs it): every ``period_s`` of simulated
-  time the simulation builds the controller's ``FleetView`` from its own state (per lane: the
-  queued requests and their cost tokens, the requests running on its engines, the engines
-  serving it, the cost tokens of its requests that finished over the last ``window_s``; per
-  engine: what its group's entry lets it serve, its home lanes and ``moves_to``, what it serves
-  now, what it was told and when, its running requests per lane) and calls
-  ``RebalancePolicy.decide_moves``. A ``Move`` tells one engine to serve other lanes: the worker reads
-  its order ``notice_s`` later and stops taking its old lanes' work; their requests running on
-  it finish for up to ``drain_s``, then the rest go back to their lane's queue as a reclaim
-  does (output kept, prompt + output prefilled again); then it serves the new lanes with their
-  batch (``slots_for``). Engines of a group that borrows are never moved (one mechanism moves
-  a worker's capacity). Without ``Follow`` nothing moves and nothing of this runs.
+  (at most ``MAX_FRONTEND_SHARE``), and a step of that engine starting then lasts
+  ``1 / (1 - share)`` times as long (front end first: at nice 0 against the engine's 10, its
+  short pieces of work run as soon as they are ready). The step model's engine had one core;
+  a front end spread over more is not modelled. Zero coefficients (a step model without a
+  front-end fit) leave every engine alone.
+* **Backlog**: the cost tokens (prompt + max_tokens) of the requests queued, every queue
+  together, as ``tailguard_lane_backlog_tokens`` sums them; ``Simulation.backlog_mean`` is its
+  average over the run (what an autoscaler reads: tailguard/plan/keda.py).
 * **Times**: per request, queue wait (arrival to engine), TTFT and end-to-end, the last
   two plus ``StepModel.overhead_s``. Throughput per class is its output tokens over the
   span from its first arrival to its last finish (the bench's definition).
@@ -89,21 +73,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tailguard import settings
 from tailguard.errors import NoLaneForRequest, PromptTooLong
-from tailguard.lanes.admission import AdmissionPolicy, LaneLoad
-from tailguard.lanes.borrowing import BorrowPolicy, EngineLoad, may_borrow, reclaim_count, youngest
+from tailguard.lanes.dispatch import next_lane
 from tailguard.lanes.fair_share import FairQueue
 from tailguard.lanes.placement import place, request_cost
-from tailguard.lanes.rebalance import FleetView, Move, QuietClock, RebalancePolicy, WorkerView
-from tailguard.lanes.table import Lane, slots_for
+from tailguard.lanes.table import Lane
 from tailguard.plan.stepmodel import StepModel
 from tailguard.plan.workload import ClassLoad
 
-#: where borrowed requests run, once "auto" is resolved for a device (borrowing.engine_for)
-BORROW_ENGINES = ("own", "idle")
-#: a group that borrows nothing
-NO_BORROWING = BorrowPolicy(lanes=(), engine="own")
+#: how requests reach engines (module docstring, "Dispatch")
+DEDICATED, FLEET, ROUTER = "strict", "fleet", "router"
+DISPATCHES = (DEDICATED, FLEET, ROUTER)
 #: over how many seconds the front end's recent CPU is averaged into its share of the core
 FRONTEND_WINDOW_S = 2.0
 #: the most of its core the front end takes from the engine there: the kernel weighs a nice-0
@@ -124,44 +104,21 @@ def percentile(values: Iterable[float], q: float) -> float | None:
 
 @dataclass(frozen=True)
 class EngineGroup:
-    """``count`` engines, each serving ``lanes`` in strict order with ``max_num_seqs`` slots
-    and borrowing as ``borrow`` says (its ``engine`` resolved: one of BORROW_ENGINES); with
-    ``frontend``, the last of them shares its cores with the front end (module docstring);
-    with ``Follow``, the lane controller may move each to one of ``moves_to`` (its worker
-    entry's) and home again. ``name``: its worker entry's, for the engines' names."""
+    """``count`` engines, each serving ``lanes`` with ``max_num_seqs`` slots, fed as
+    ``dispatch`` says (one of DISPATCHES); with ``frontend``, the last of them shares its cores
+    with the front end (module docstring). ``name``: its worker entry's, for the engines'
+    names."""
 
     lanes: tuple[str, ...]
     count: int
     max_num_seqs: int
-    borrow: BorrowPolicy = NO_BORROWING
     frontend: bool = False
-    moves_to: tuple[str, ...] = ()
     name: str = ""
+    dispatch: str = DEDICATED
 
     def __post_init__(self) -> None:
-        if self.borrow.lanes and self.borrow.engine not in BORROW_ENGINES:
-            raise ValueError(f"resolve borrow.engine to one of {BORROW_ENGINES} "
-                             f"(borrowing.engine_for), got {self.borrow.engine!r}")
-
-
-def _controller_policy() -> RebalancePolicy:
-    """The policy as `tailguard controller` builds it at the settings' defaults."""
-    return RebalancePolicy(admission=AdmissionPolicy(
-        prior_tokens_per_s=settings.PRIOR_TOKENS_PER_S.default),
-        min_dwell_s=settings.LANE_DWELL_S.default, home_after_s=settings.LANE_HOME_AFTER_S.default,
-        max_moves=settings.LANE_MAX_MOVES.default)
-
-
-@dataclass(frozen=True)
-class Follow:
-    """The lane controller in the simulation (module docstring, "Lanes that follow the load");
-    the defaults are the settings' (tailguard/settings.py)."""
-
-    policy: RebalancePolicy = field(default_factory=_controller_policy)
-    period_s: float = settings.LANE_CONTROLLER_S.default  # how often it decides
-    notice_s: float = settings.LANE_FOLLOW_S.default  # until the worker reads its order
-    drain_s: float = settings.MOVE_DRAIN_S.default  # the old lanes' running requests may finish
-    window_s: float = float(settings.RATE_WINDOW_S.default)  # of a lane's served tokens
+        if self.dispatch not in DISPATCHES:
+            raise ValueError(f"dispatch is one of {DISPATCHES}, got {self.dispatch!r}")
 
 
 @dataclass(eq=False)
@@ -171,17 +128,12 @@ class _Req:
     arrival: float
     prompt: int
     max_tokens: int
-    rid: str = ""
-    to_prefill: int = 0  # the prompt, or after a reclaim, prompt + the output so far
+    rank: int = 0  # its lane's place in the table: vLLM's priority (lower first)
+    cost: int = 0  # cost tokens (placement's), what the backlog counts
     prefilled: int = 0
     out: int = 0
-    queued_at: float = 0.0  # its queue TTL runs from here (the arrival, or the reclaim)
-    start: float | None = None  # first taken by an engine
-    since: float = 0.0  # taken by the engine it is on
-    used_s: float = 0.0  # engine time before its last reclaim (the deadline counts it)
+    start: float | None = None  # taken by an engine
     where: _Engine | None = None
-    borrowed: bool = False  # on a borrowing engine now (or, once done, when it finished)
-    reclaimed: int = 0
     first: float | None = None
     end: float | None = None
     status: str = "queued"
@@ -191,32 +143,17 @@ class _Req:
 class _Engine:
     lanes: tuple[str, ...]
     slots: int
-    policy: BorrowPolicy | None = None  # what it borrows (None: nothing)
-    idle: _Engine | None = None  # its idle-priority engine for borrowed requests
-    host: _Engine | None = None  # (an idle engine) the own engine it yields the cores to
+    dispatch: str = DEDICATED
     reqs: list[_Req] = field(default_factory=list)  # admitted, in admission order
-    busy: bool = False  # a step in progress (for an idle engine: possibly suspended)
+    running: dict[str, int] = field(default_factory=dict)  # of `reqs`, per lane
+    #: (ROUTER) its own queue: (rank, arrival order, request), vLLM's priority order
+    waiting: list[tuple[int, int, _Req]] = field(default_factory=list)
+    busy: bool = False  # a step in progress
     batch: list[tuple[_Req, int]] = field(default_factory=list)  # (request, prompt chunk)
-    suspended: bool = False  # (an idle engine) its step waits for the cores
-    left_s: float = 0.0  # (suspended) what its step has still to run
-    end: float = 0.0  # (not suspended) when the step in progress ends
-    version: int = 0  # bumped on suspending: the step end scheduled before no longer holds
+    end: float = 0.0  # when the step in progress ends
     name: str = ""
-    #: what the lane controller may have it serve, its home lanes first (WorkerView's)
-    assignments: tuple[tuple[str, ...], ...] = ()
-    told: tuple[str, ...] | None = None  # its last order (None: never told: its home)
-    told_at: float | None = None
-    draining: bool = False  # carrying out its order: it takes no new work
-    moves: int = 0  # orders carried out (tells a drain's end from a later one's)
-
-    def borrowed(self) -> list[_Req]:
-        return self.idle.reqs if self.idle else [r for r in self.reqs if r.borrowed]
-
-    def load(self, queued: int) -> EngineLoad:
-        b = len(self.borrowed())
-        own = len(self.reqs) - (0 if self.idle else b)
-        return EngineLoad(slots=self.slots, own_running=own, borrowed_running=b,
-                          own_queued=queued)
+    #: (FLEET) when it last took a request: Redis answers the worker blocked longest first
+    turn: int = 0
 
 
 @dataclass(frozen=True)
@@ -231,8 +168,6 @@ class ClassResult:
     output_tokens: int
     max_running: int  # the most requests any engine ran at once
     tokens_per_s: float
-    borrowed: int = 0  # requests that finished on a borrowing engine
-    reclaimed: int = 0  # times one of its requests was given back to its lane's queue
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -241,22 +176,19 @@ class ClassResult:
 def simulate(classes: Sequence[ClassLoad], lanes: Sequence[Lane], groups: Sequence[EngineGroup],
              model: StepModel, *, duration_s: float, seed: int = 0,
              arrivals: Sequence[tuple[float, str, int, int]] | None = None,
-             follow: Follow | None = None,
              fair: Mapping[str, float] | None = None) -> dict[str, ClassResult]:
     """Run `duration_s` of arrivals to completion; per-class results.
 
     `arrivals`, (time, class name, prompt tokens, max_tokens), replays a given request
     list (a bench run's) instead of drawing Poisson arrivals and lengths from `classes`.
-    `follow`: the lane controller moves engines between lanes (module docstring).
     `fair`: each class is one API key's traffic, dispatched in fair order by key with these
     weights (a class not named: 1), as the API does in keys mode (tailguard/lanes/fair_share.py).
 
     Requests placed on a lane no group serves are left out (not counted), so one lane
     group can be simulated alone: lanes that share no engine interact only through
-    ``neighbour_slowdown`` (then among the engines simulated) and borrowing (a group
-    borrowing from a lane no group serves borrows nothing).
+    ``neighbour_slowdown`` (then among the engines simulated).
     """
-    sim = Simulation(classes, lanes, groups, model, seed=seed, follow=follow, fair=fair)
+    sim = Simulation(classes, lanes, groups, model, seed=seed, fair=fair)
     if arrivals is None:
         sim.draw_arrivals(duration_s)
     else:
@@ -273,31 +205,26 @@ class Simulation:
 
     def __init__(self, classes: Sequence[ClassLoad], lanes: Sequence[Lane],
                  groups: Sequence[EngineGroup], model: StepModel, *, seed: int = 0,
-                 follow: Follow | None = None, fair: Mapping[str, float] | None = None) -> None:
+                 fair: Mapping[str, float] | None = None) -> None:
         self.classes = classes
         self.lanes = lanes  # in the table's order, as `place` takes them
         self.model = model
         self.seed = seed
         self.rng = random.Random(seed)  # which free engine a new request goes to
         self.by_name = {l.name: l for l in lanes}
-        self.owners: list[_Engine] = []  # the workers' own engines
+        self.rank = {l.name: i for i, l in enumerate(lanes)}
+        self.engines: list[_Engine] = []
         self.front: _Engine | None = None  # the engine on the front end's cores
         for g in groups:
-            self.owners += [_new_engine(g, k) for k in range(1, g.count + 1)]
+            self.engines += [_new_engine(g, k) for k in range(1, g.count + 1)]
             if g.frontend and g.count:
-                self.front = self.owners[-1]
-        self.engines = self.owners + [e.idle for e in self.owners if e.idle]
-        self.lenders = [e for e in self.owners if e.policy]
-        self.serving = {name: [e for e in self.owners if name in e.lanes] for name in self.by_name}
-        self.follow = follow
-        #: the lanes some engine serves (with Follow: may serve); the others' requests are left out
-        self.simulated = {name for name, es in self.serving.items() if es} | {
-            name for e in self.owners if follow is not None for a in e.assignments for name in a}
-        self.served: dict[str, deque[tuple[float, int]]] = {n: deque() for n in self.by_name}
-        self.moves: list[tuple[float, Move]] = []  # (when decided, the move)
-        self.quiet = QuietClock()  # rule 5's clock, as the controller keeps it
-        self.move_s: list[float] = []  # each carried-out move's decision -> new lanes served
-        self.last_move_at: float | None = None
+                self.front = self.engines[-1]
+        self.serving = {name: [e for e in self.engines if name in e.lanes]
+                        for name in self.by_name}
+        if any(len({e.dispatch for e in es}) > 1 for es in self.serving.values()):
+            raise ValueError("the engines serving one lane are fed one way (one dispatch)")
+        #: the lanes some engine serves; the others' requests are left out
+        self.simulated = {name for name, es in self.serving.items() if es}
         self.queues: dict[str, list[_Req]] = {name: [] for name in self.by_name}  # FIFO
         self.heads = {name: 0 for name in self.by_name}  # where each queue's head is
         #: with `fair` (each class one API key's traffic, its weight; absent: 1), each lane's
@@ -306,12 +233,14 @@ class Simulation:
         self.fair = None if fair is None else {name: FairQueue(fair) for name in self.by_name}
         self.events: list[tuple[float, int, str, Any]] = []
         self._seq = itertools.count()  # ties in time: first scheduled, first applied
-        self._rids = itertools.count()
         self.charged: deque[tuple[float, float]] = deque()  # (time, front-end CPU s) in the window
         self.in_window = 0.0  # the sum of `charged`
         self.done: list[_Req] = []
         self.rejected: dict[str, int] = {c.name: 0 for c in classes}
         self.max_running = 0
+        self.backlog = 0  # cost tokens queued now, every queue together
+        self.backlog_area = 0.0  # its integral over time, to `now`
+        self.now = 0.0
 
     # -- arrivals and the event loop
 
@@ -335,16 +264,18 @@ class Simulation:
 
     def run(self) -> dict[str, ClassResult]:
         """Every event to the last; per-class results."""
-        apply = {"arrive": self.arrive, "step": self.step_ended, "tick": self.tick,
-                 "order": self.order, "drained": self.drained}
-        if self.follow is not None and self.events:
-            self.push(0.0, "tick", ())
+        apply = {"arrive": self.arrive, "step": self.step_ended}
         while self.events:
             t, _, kind, payload = heapq.heappop(self.events)
+            self.backlog_area += self.backlog * (t - self.now)
+            self.now = t
             apply[kind](t, *payload)
-            for e in self.lenders:
-                self.lend(e, t)
         return self.results()
+
+    @property
+    def backlog_mean(self) -> float:
+        """The cost tokens queued, averaged over the run so far."""
+        return self.backlog_area / self.now if self.now > 0 else 0.0
 
     def arrive(self, t: float, c: ClassLoad, prompt: int, max_tokens: int) -> None:
         """Place a request as the API does and hand it to its lane."""
@@ -356,16 +287,14 @@ class Simulation:
             return
         if p.lane not in self.simulated:
             return  # a lane this fleet does not simulate (see simulate's docstring)
-        r = _Req(c.name, p.lane, t, prompt, p.max_tokens, rid=str(next(self._rids)),
-                 to_prefill=prompt, queued_at=t)
+        r = _Req(c.name, p.lane, t, prompt, p.max_tokens, rank=self.rank[p.lane],
+                 cost=request_cost(prompt, p.max_tokens))
         self.charge(t, self.model.frontend_s_per_request)
         self.enqueue(r, t)
 
     def finish(self, r: _Req, t: float, status: str) -> None:
         r.end, r.status = t, status
         self.done.append(r)
-        if self.follow is not None and status != "expired":
-            self.served[r.lane].append((t, request_cost(r.prompt, r.max_tokens)))
 
     # -- the front end's share of its core
 
@@ -388,94 +317,94 @@ class Simulation:
             return len(self.fair[name])
         return len(self.queues[name]) - self.heads[name]
 
-    def queued_reqs(self, name: str) -> list[_Req]:
-        if self.fair is not None:
-            return [r for q in self.fair[name].queues() for r, _ in q]
-        return self.queues[name][self.heads[name]:]
-
     def pop(self, name: str, t: float) -> _Req | None:
         """The head of lane `name`'s queue still within its TTL (the expired ones end); in fair
         order, the oldest request of the key with the least counter."""
-        ttl = self.by_name[name].queue_ttl_s
-        if self.fair is not None:
-            while (item := self.fair[name].pop()) is not None:
-                r = item[1]
-                if t - r.queued_at > ttl:
-                    self.finish(r, r.queued_at + ttl, "expired")
-                else:
-                    return r
-            return None
-        q = self.queues[name]
-        while self.heads[name] < len(q):
-            r = q[self.heads[name]]
-            self.heads[name] += 1
-            if t - r.queued_at > ttl:
-                self.finish(r, r.queued_at + ttl, "expired")
+        while True:
+            if self.fair is not None:
+                item = self.fair[name].pop()
+                r = item[1] if item is not None else None
+            elif self.heads[name] < len(self.queues[name]):
+                r = self.queues[name][self.heads[name]]
+                self.heads[name] += 1
             else:
+                r = None
+            if r is None or self.unexpired(r, t):
                 return r
-        return None
+
+    def unexpired(self, r: _Req, t: float) -> bool:
+        """`r` leaves its queue at `t`: whether it is within its TTL (else it ends expired)."""
+        self.backlog -= r.cost
+        ttl = self.by_name[r.lane].queue_ttl_s
+        if t - r.arrival > ttl:
+            self.finish(r, r.arrival + ttl, "expired")
+            return False
+        return True
 
     def enqueue(self, r: _Req, t: float) -> None:
-        """To a random engine of its lane with a free slot, else to the back of its queue."""
-        free = [e for e in self.serving[r.lane] if len(e.reqs) < e.slots]
-        if free:
-            self.take(self.rng.choice(free), r, t)
-        elif self.fair is not None:
-            self.fair[r.lane].push(r.cls, r, request_cost(r.prompt, r.max_tokens))
+        """Hand `r` to the fleet as its lane's engines are fed (module docstring, "Dispatch")."""
+        serving = self.serving[r.lane]
+        dispatch = serving[0].dispatch
+        if dispatch == DEDICATED:
+            free = [e for e in serving if len(e.reqs) < e.slots]
+            if free:
+                self.take(self.rng.choice(free), r, t)
+                return
+        self.backlog += r.cost
+        if dispatch == ROUTER:
+            least = min(len(e.reqs) + len(e.waiting) for e in serving)
+            e = self.rng.choice([e for e in serving if len(e.reqs) + len(e.waiting) == least])
+            heapq.heappush(e.waiting, (r.rank, next(self._seq), r))
+            self.refill(e, t)
+            return
+        if self.fair is not None:
+            self.fair[r.lane].push(r.cls, r, r.cost)
         else:
             self.queues[r.lane].append(r)
+        if dispatch == FLEET:
+            free = sorted((e for e in serving if len(e.reqs) < e.slots), key=lambda e: e.turn)
+            for e in free:  # the first free slot that may take it (its lane's queue is FIFO)
+                self.refill(e, t)
+                if r.start is not None:
+                    return
 
-    def take(self, e: _Engine, r: _Req, t: float, borrowed: bool = False) -> None:
+    def take(self, e: _Engine, r: _Req, t: float) -> None:
         """`e` admits `r` (and steps, if it was idle)."""
-        if r.start is None:
-            r.start = t
-        r.since, r.status, r.where, r.borrowed = t, "running", e, borrowed
+        r.start, r.status, r.where = t, "running", e
         e.reqs.append(r)
+        e.running[r.lane] = e.running.get(r.lane, 0) + 1
+        e.turn = next(self._seq)
         self.max_running = max(self.max_running, len(e.reqs))
         if not e.busy:
             self.step(e, t)
 
     def refill(self, e: _Engine, t: float) -> None:
-        """Fill `e`'s free slots from its lanes' queues, in the lanes' order."""
-        for name in e.lanes:
-            while len(e.reqs) < e.slots:
-                r = self.pop(name, t)
-                if r is None:
-                    break
-                self.take(e, r, t)
-
-    # -- borrowing
-
-    def lend(self, e: _Engine, t: float) -> None:
-        """Borrow and reclaim as e's policy says, now."""
-        p = e.policy
-        assert p is not None
-        while True:
-            load = e.load(sum(self.queued(name) for name in e.lanes))
-            n = reclaim_count(p, load, arriving=load.own_queued)
-            if n:
-                chosen = set(youngest([(r.rid, r.since) for r in e.borrowed()], n))
-                for r in [r for r in e.borrowed() if r.rid in chosen]:
-                    self.give_back(r, t)
-                return
-            if not may_borrow(p, load):
-                return
-            r = next((r for name in p.lanes if name in self.queues
-                      for r in [self.pop(name, t)] if r is not None), None)
+        """Fill `e`'s free slots as its dispatch says."""
+        while len(e.reqs) < e.slots:
+            r = self.next_request(e, t)
             if r is None:
                 return
-            self.take(e.idle or e, r, t, borrowed=True)
+            self.take(e, r, t)
 
-    def give_back(self, r: _Req, t: float) -> None:
-        """Reclaim `r`: a fresh message at the back of its lane's queue, its output kept."""
-        e = r.where
-        assert e is not None
-        e.reqs.remove(r)
-        r.used_s += t - r.since
-        r.to_prefill, r.prefilled = r.prompt + r.out, 0
-        r.queued_at, r.status, r.where, r.borrowed = t, "queued", None, False
-        r.reclaimed += 1
-        self.enqueue(r, t)
+    def next_request(self, e: _Engine, t: float) -> _Req | None:
+        """The request `e` takes into a free slot now, if any."""
+        if e.dispatch == ROUTER:
+            while e.waiting:
+                r = heapq.heappop(e.waiting)[2]
+                if self.unexpired(r, t):
+                    return r
+            return None
+        if e.dispatch == FLEET:
+            lanes = [self.by_name[name] for name in e.lanes]
+            while (name := next_lane(lanes, e.running,
+                                     {n: self.queued(n) for n in e.lanes})) is not None:
+                if (r := self.pop(name, t)) is not None:
+                    return r
+            return None
+        for name in e.lanes:  # DEDICATED: its lanes in strict order
+            if (r := self.pop(name, t)) is not None:
+                return r
+        return None
 
     # -- engine steps
 
@@ -483,69 +412,45 @@ class Simulation:
         """Start `e`'s next step at `t` (or leave it idle): its batch and how long it lasts."""
         if not e.reqs:
             e.busy = False
-            if e.idle and e.idle.suspended:
-                self.resume(e.idle, t)
             return
-        if e.idle and e.idle.busy and not e.idle.suspended:
-            self.suspend(e.idle, t)
-        decode = [r for r in e.reqs if r.prefilled == r.to_prefill]
+        decode = [r for r in e.reqs if r.prefilled == r.prompt]
         prefill = self.batch(e, decode)
         e.busy = True
-        s = self.step_s(e, t, decode, prefill)
-        if e.host and e.host.reqs:
-            e.suspended, e.left_s = True, s  # its host has work: it waits for the cores
-            return
-        e.end = t + s
-        self.push(e.end, "step", (e, e.version))
+        e.end = t + self.step_s(e, t, decode, prefill)
+        self.push(e.end, "step", (e,))
 
     def batch(self, e: _Engine, decode: list[_Req]) -> int:
         """Set `e`'s batch: a token for each of `decode`, then prompt chunks within the token
-        budget, own prompts first (vLLM priority); the prefill tokens in it."""
+        budget in vLLM's priority order (lane rank, then admission); the prefill tokens in it."""
         budget = max(self.model.max_batched_tokens - len(decode), 0)
         e.batch = [(r, 0) for r in decode]
         prefill = 0
-        for r in sorted(e.reqs, key=lambda r: r.borrowed):
-            if r.prefilled < r.to_prefill and budget > 0:
-                chunk = min(r.to_prefill - r.prefilled, budget)
+        for r in sorted(e.reqs, key=lambda r: r.rank):
+            if r.prefilled < r.prompt and budget > 0:
+                chunk = min(r.prompt - r.prefilled, budget)
                 e.batch.append((r, chunk))
                 budget -= chunk
                 prefill += chunk
         return prefill
 
     def step_s(self, e: _Engine, t: float, decode: list[_Req], prefill: int) -> float:
-        """How long a step of `e` starting at `t` lasts: the step model's time, longer beside its
-        idle engine's borrowed work, beside a busy neighbour, and by the front end's share."""
+        """How long a step of `e` starting at `t` lasts: the step model's time, longer beside a
+        busy neighbour and by the front end's share."""
         m = self.model
         s = m.step_s(len(decode), prefill, sum(r.prompt + r.out for r in decode))
-        if e.idle and e.idle.reqs:
-            s *= 1 + m.borrow_slowdown
-        if m.neighbour_slowdown and any(o.busy and not o.suspended for o in self.engines
-                                        if o is not e and o is not e.host and o is not e.idle):
+        if m.neighbour_slowdown and any(o.busy for o in self.engines if o is not e):
             s *= 1 + m.neighbour_slowdown
-        if self.front is not None and self.front in (e, e.host):
+        if self.front is e:
             s /= 1 - self.frontend_share(t)
         return s
 
-    def suspend(self, e: _Engine, t: float) -> None:
-        """(an idle engine) Its host has work: the step in progress stops where it is."""
-        e.suspended, e.left_s, e.version = True, e.end - t, e.version + 1
-
-    def resume(self, e: _Engine, t: float) -> None:
-        """(an idle engine) Its host is idle: the suspended step runs on."""
-        e.suspended, e.end = False, t + e.left_s
-        self.push(e.end, "step", (e, e.version))
-
-    def step_ended(self, t: float, e: _Engine, version: int) -> None:
+    def step_ended(self, t: float, e: _Engine) -> None:
         """`e`'s step ends: its tokens out, finished requests end, free slots refill, next step."""
-        if version != e.version:
-            return  # suspended since: resume() scheduled its end again
         tokens = 0
         for r, chunk in e.batch:
-            if r.where is not e:
-                continue  # reclaimed while the step ran
             if chunk:
                 r.prefilled += chunk
-                if r.prefilled < r.to_prefill:
+                if r.prefilled < r.prompt:
                     continue
                 if r.first is None:
                     r.first = t
@@ -555,107 +460,15 @@ class Simulation:
         for r in list(e.reqs):
             if r.out >= r.max_tokens:
                 status = "succeeded"
-            elif r.used_s + t - r.since >= self.by_name[r.lane].deadline_s:
+            elif t - (r.start or 0.0) >= self.by_name[r.lane].deadline_s:
                 status = "deadline"
             else:
                 continue
             e.reqs.remove(r)
+            e.running[r.lane] -= 1
             self.finish(r, t, status)
-        if e.draining and not e.reqs:
-            self.switch(e, t)  # its old lanes' requests all ended within the drain
-        elif e.host is None and not e.draining:
-            self.refill(e, t)
-        self.step(e, t)
-
-    # -- the lane controller (Follow)
-
-    def tick(self, t: float) -> None:
-        """The controller's period: decide on this moment's figures, order the move if any."""
-        assert self.follow is not None
-        policy = self.follow.policy
-        for move in policy.decide_moves(self.quiet.stamp(policy, self.fleet_view(t))):
-            e = next(e for e in self.owners if e.name == move.worker)
-            e.told, e.told_at = move.to, t
-            self.moves.append((t, move))
-            self.last_move_at = t
-            self.push(t + self.follow.notice_s, "order", (e,))
-        if self.events or any(e.reqs for e in self.owners) or self.waiting(t):
-            self.push(t + self.follow.period_s, "tick", ())
-
-    def waiting(self, t: float) -> bool:
-        """Whether a queued request is still within its TTL at `t` (then the controller keeps
-        deciding: it may bring its lane a worker); once none is, the queues' rest expires."""
-        left = [r for name in self.queues for r in self.queued_reqs(name)]
-        if any(t - r.queued_at <= self.by_name[r.lane].queue_ttl_s for r in left):
-            return True
-        for name in self.queues:
-            self.pop(name, t)  # ends every one of them: all are past their TTL
-        return False
-
-    def fleet_view(self, t: float) -> FleetView:
-        """What the controller reads at `t`: each lane's load, each engine as a worker."""
-        assert self.follow is not None
-        return FleetView(lanes=self.by_name,
-                         loads={name: self.lane_load(name, t) for name in self.by_name},
-                         workers=tuple(WorkerView(e.name, e.assignments, e.lanes, e.told,
-                                                  e.told_at, self.running(e))
-                                       for e in self.owners),
-                         now=t, last_move_at=self.last_move_at,
-                         last_move_s=self.move_s[-1] if self.move_s else None)
-
-    def running(self, e: _Engine) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for r in e.reqs:
-            out[r.lane] = out.get(r.lane, 0) + 1
-        return out
-
-    def lane_load(self, name: str, t: float) -> LaneLoad:
-        """Lane `name`'s figures as tailguard/jobs/lane_load.py reads them from Redis."""
-        assert self.follow is not None
-        window = self.follow.window_s
-        served = self.served[name]
-        while served and served[0][0] <= t - window:
-            served.popleft()
-        queued = self.queued_reqs(name)
-        return LaneLoad(
-            backlog_tokens=sum(request_cost(r.prompt, r.max_tokens) for r in queued),
-            queued_jobs=len(queued),
-            running_jobs=sum(1 for e in self.owners for r in e.reqs
-                             if r.lane == name and not r.borrowed),
-            served_tokens=sum(c for _, c in served), window_s=window,
-            live_workers=sum(1 for e in self.owners if name in e.lanes),
-            now=t,
-            standby_workers=sum(1 for e in self.owners if name not in e.lanes
-                                and any(name in a for a in e.assignments)))
-
-    def order(self, t: float, e: _Engine) -> None:
-        """`e`'s worker reads its order: it stops taking its lanes' work and drains."""
-        assert self.follow is not None
-        for name in e.lanes:
-            self.serving[name].remove(e)
-        e.draining = True
-        if not e.reqs:
-            self.switch(e, t)
-        else:
-            self.push(t + self.follow.drain_s, "drained", (e, e.moves))
-
-    def drained(self, t: float, e: _Engine, moves: int) -> None:
-        """The drain is over: what still runs goes back to its lane's queue."""
-        if not e.draining or e.moves != moves:
-            return  # its requests all ended before: it switched then
-        for r in list(e.reqs):
-            self.give_back(r, t)
-        self.switch(e, t)
-
-    def switch(self, e: _Engine, t: float) -> None:
-        """`e` serves the lanes it was told, with their batch."""
-        assert e.told is not None and e.told_at is not None
-        e.lanes, e.draining, e.moves = e.told, False, e.moves + 1
-        e.slots = slots_for([self.by_name[name] for name in e.lanes])
-        for name in e.lanes:
-            self.serving[name].append(e)
-        self.move_s.append(t - e.told_at)
         self.refill(e, t)
+        self.step(e, t)
 
     # -- results
 
@@ -685,19 +498,11 @@ class Simulation:
                 queued_p99=percentile([r.start - r.arrival for r in rs if r.start is not None],
                                       99),
                 output_tokens=tokens, max_running=self.max_running,
-                tokens_per_s=tokens / span if span > 0 else 0.0,
-                borrowed=sum(r.borrowed for r in rs), reclaimed=sum(r.reclaimed for r in rs))
+                tokens_per_s=tokens / span if span > 0 else 0.0)
         return out
 
 
 def _new_engine(g: EngineGroup, k: int) -> _Engine:
     """The `k`-th engine of `g` (from 1), named as its worker (WorkerSpec.replica_name)."""
     base = g.name or "+".join(g.lanes)
-    name = base if k == 1 else f"{base}-{k}"
-    assignments = (g.lanes, *((lane,) for lane in g.moves_to if not g.borrow.lanes))
-    if not g.borrow.lanes:
-        return _Engine(g.lanes, g.max_num_seqs, name=name, assignments=assignments)
-    e = _Engine(g.lanes, g.max_num_seqs, policy=g.borrow, name=name, assignments=assignments)
-    if g.borrow.engine == "idle":
-        e.idle = _Engine(g.borrow.lanes, g.borrow.max_borrowed, host=e)
-    return e
+    return _Engine(g.lanes, g.max_num_seqs, g.dispatch, name=base if k == 1 else f"{base}-{k}")

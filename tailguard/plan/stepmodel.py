@@ -34,7 +34,8 @@ class StepModel:
     max_batched_tokens: int = 2048  # prompt tokens one step may prefill (chunked prefill)
     overhead_s: float = 0.0  # per request, outside the engine: API, broker, streaming
     #: how much longer the engine's steps take while an idle-priority engine on its cores
-    #: holds borrowed requests (0.25: 25% longer; tailguard/plan/sim.py, "Borrowing")
+    #: holds borrowed requests (0.25: 25% longer); measured by the profile, no longer simulated
+    #: (borrowing is gone: tailguard/plan/sim.py)
     borrow_slowdown: float = 0.0
     #: how much longer its steps take while another engine of the host is stepping (its
     #: cores share the caches and the memory bandwidth; tailguard/plan/sim.py)

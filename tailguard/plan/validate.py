@@ -2,12 +2,14 @@
 
 ``MEASURED`` holds the figures of `make bench` runs, all on one host and model (those
 docs/benchmarks.md reports), and names the lanes file each ran with, kept in ``RUNS_DIR``:
-with it come the lanes, the worker groups and whether and how the short worker borrowed. A new run is
+with it come the lanes and the worker groups. A new run is
 compared by adding its line (and its lanes file, if new). A run whose figures are not
 evidence for the model (a disturbed run, code that is not the commit named) stays in the
 table, marked, out of the count within 20% (``not_counted``).
 The simulated fleet is the bench's: `shared` = one lane on both engines, `lanes` = the
-lanes file's worker groups, one engine each, borrowing as on the run's device. The
+lanes file's worker groups, one engine each. The simulator no longer models borrowing (the
+short worker running long jobs on a second engine, which the runs marked "borrowing" did): their
+`lanes` rows predict the long lane without it. The
 simulated requests are the run's own: the bench's workload generator, given the run's
 rate, share, duration and seed, yields the arrival times it sent (`--seed` draws Poisson
 arrivals of the same rates instead, to show how much a P99 moves with the draw).
@@ -43,7 +45,7 @@ class BenchRun:
     #: topology -> (short end-to-end P99 s, long output tokens/s), mixed phase
     measured: dict[str, tuple[float, float]]
     #: long requests of the lanes topology's mixed phase that a borrowing worker ran (None:
-    #: not recorded)
+    #: not recorded; the simulator no longer models borrowing: shown, not predicted)
     borrowed: int | None = None
     #: topology -> why its figures are shown but not evidence (left out of `summary`)
     not_counted: dict[str, str] = field(default_factory=dict)
@@ -52,7 +54,6 @@ class BenchRun:
     long_share: float = 0.2
     duration_s: float = 90
     lanes_file: str = "borrowing.lanes.toml"  # in RUNS_DIR: the lanes file the run used
-    device: str = "cpu"
     #: whether it ran under the core plan (tailguard/host/cores.py): the front end on the last
     #: engine's core, which it slows (tailguard/plan/sim.py); without it the front end runs
     #: anywhere, which the simulator does not model
@@ -109,27 +110,27 @@ def bench_arrivals(run: BenchRun) -> list[tuple[float, str, int, int]]:
 
 
 def predict(run: BenchRun, model: StepModel, name: str,
-            seed: int | None = None) -> tuple[float, float, int]:
-    """(short P99 s, long tokens/s, long requests borrowed) the simulator predicts for one
+            seed: int | None = None) -> tuple[float, float]:
+    """(short P99 s, long tokens/s) the simulator predicts for one
     bench run and topology: for the run's own arrivals, or (`seed`) for a Poisson draw of
     the same rates."""
     table = load_lanes(RUNS_DIR / run.lanes_file)
     lanes, groups = topology(table, name, count=2 if name == "shared" else 1,
-                             borrow_on=run.device, frontend=run.frontend_core)
+                             frontend=run.frontend_core)
     res = simulate(bench_classes(run), lanes, groups, model, duration_s=run.duration_s,
                    seed=seed or 0, arrivals=bench_arrivals(run) if seed is None else None)
-    return res["short"].e2e["p99"] or 0.0, res["long"].tokens_per_s, res["long"].borrowed
+    return res["short"].e2e["p99"] or 0.0, res["long"].tokens_per_s
 
 
 def table_rows(model: StepModel, seed: int | None = None) -> list[dict]:
     rows = []
     for run in MEASURED:
         for name, (m_p99, m_tps) in run.measured.items():
-            p99, tps, borrowed = predict(run, model, name, seed)
+            p99, tps = predict(run, model, name, seed)
             rows.append({"run": run.name, "topology": name, "lanes_file": run.lanes_file,
                          "short_p99": (p99, m_p99, p99 / m_p99 - 1),
                          "long_tokens_per_s": (tps, m_tps, tps / m_tps - 1),
-                         "long_borrowed": (borrowed, run.borrowed if name == "lanes" else 0),
+                         "long_borrowed": run.borrowed if name == "lanes" else 0,
                          "not_counted": run.not_counted.get(name)})
     return rows
 
@@ -148,14 +149,14 @@ def summary(rows: list[dict], within: float = 0.2) -> str:
 
 def render(rows: list[dict]) -> str:
     out = [("| run | topology | short P99 predicted | measured | error | long tok/s predicted "
-            "| measured | error | long jobs borrowed predicted / measured |"),
+            "| measured | error | long jobs borrowed (measured) |"),
            "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         p, m, e = r["short_p99"]
         tp, tm, te = r["long_tokens_per_s"]
-        bp, bm = r["long_borrowed"]
+        bm = r["long_borrowed"]
         why = f" (not counted: {r['not_counted']})" if r["not_counted"] else ""
         out.append(f"| {r['run']} | {r['topology']}{why} | {p:.3f} s | {m:.3f} s | {100 * e:+.0f}% "
                    f"| {tp:.1f} | {tm:.1f} | {100 * te:+.0f}% "
-                   f"| {bp} / {'-' if bm is None else bm} |")
+                   f"| {'-' if bm is None else bm} |")
     return "\n".join(out + ["", summary(rows)])

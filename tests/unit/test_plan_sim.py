@@ -1,11 +1,19 @@
 """tailguard plan's simulator, one rule at a time: the methods of `Simulation` on a fleet set up
-by hand (the whole runs are in test_plan.py, test_plan_borrowing.py, test_plan_frontend.py)."""
+by hand (the whole runs are in test_plan.py, test_plan_fleet.py, test_plan_frontend.py)."""
+
+import dataclasses
 
 import pytest
 
-from tailguard.lanes.table import Lane
-from tailguard.plan.sim import FRONTEND_WINDOW_S, MAX_FRONTEND_SHARE, EngineGroup, Simulation
-from tailguard.plan.stepmodel import StepModel
+from tailguard.lanes.table import Lane, default_lanes_path, load_lanes
+from tailguard.plan.sim import (
+    FRONTEND_WINDOW_S,
+    MAX_FRONTEND_SHARE,
+    EngineGroup,
+    Simulation,
+    simulate,
+)
+from tailguard.plan.stepmodel import StepModel, slowdown
 from tailguard.plan.workload import ClassLoad, Lengths
 
 C = ClassLoad("c", 0.0, Lengths.fixed(1), Lengths.fixed(1))
@@ -23,7 +31,7 @@ def test_a_request_waits_only_when_no_engine_of_its_lane_has_a_free_slot():
     s = sim(slots=1)
     s.arrive(0.0, C, 3, 5)
     s.arrive(0.1, C, 3, 5)
-    [e] = s.owners
+    [e] = s.engines
     assert len(e.reqs) == 1 and e.busy and s.queued("only") == 1
 
 
@@ -38,17 +46,25 @@ def test_pop_ends_the_heads_past_their_queue_ttl_and_returns_the_first_within_it
     assert s.pop("only", 1.3) is None and s.queued("only") == 0
 
 
-def test_a_batch_decodes_every_prefilled_request_then_own_prompts_first_within_the_budget():
-    s = sim(slots=4)
-    for t, prompt in ((0.0, 8), (0.1, 8), (0.2, 8)):
-        s.arrive(t, C, prompt, 5)
-    [e] = s.owners
-    first, borrowed, own = e.reqs
+def _two_lanes(slots: int = 4) -> Simulation:
+    lanes = [Lane(name="short", max_tokens=100, max_cost=100, max_num_seqs=slots),
+             Lane(name="long", max_tokens=1000, max_num_seqs=slots)]
+    classes = [ClassLoad("short", 0.0, Lengths.fixed(1), Lengths.fixed(1)),
+               ClassLoad("long", 0.0, Lengths.fixed(1), Lengths.fixed(1))]
+    return Simulation(classes, lanes, [EngineGroup(("short", "long"), 1, slots)], MODEL)
+
+
+def test_a_batch_decodes_every_prefilled_request_then_prompts_in_vllm_priority_order():
+    s = _two_lanes()
+    by = {c.name: c for c in s.classes}
+    for t, cls, prompt in ((0.0, "short", 8), (0.1, "long", 200), (0.2, "short", 8)):
+        s.arrive(t, by[cls], prompt, 5)
+    [e] = s.engines
+    first, long_, short = e.reqs
     first.prefilled = 8  # its prompt is done: it decodes
-    borrowed.borrowed = True
     prefill = s.batch(e, [first])
-    # 12 tokens: one decoding, then 8 of the own prompt, then 3 of the borrowed one's
-    assert e.batch == [(first, 0), (own, 8), (borrowed, 3)] and prefill == 11
+    # 12 tokens: one decoding, then 8 of the later short prompt (short first), 3 of the long one
+    assert e.batch == [(first, 0), (short, 8), (long_, 3)] and prefill == 11
 
 
 def test_the_front_ends_share_is_its_cpu_over_the_window_at_most_the_kernels_share():
@@ -67,36 +83,40 @@ def test_the_front_ends_share_is_its_cpu_over_the_window_at_most_the_kernels_sha
 def test_only_the_engine_on_the_front_ends_cores_steps_longer_by_its_share():
     s = sim(engines=2, frontend=True)
     s.charge(0.0, FRONTEND_WINDOW_S / 2)  # half the core
-    other, front = s.owners
+    other, front = s.engines
     assert s.front is front
     assert s.step_s(front, 0.5, [], 0) == pytest.approx(2 * MODEL.a_s)
     assert s.step_s(other, 0.5, [], 0) == MODEL.a_s
 
 
-def test_a_reclaimed_request_keeps_its_output_and_prefills_it_again():
+def test_slowdown_is_the_median_ratio():
+    assert slowdown([(1, 0.010, 0.015), (2, 0.010, 0.012), (4, 0.010, 0.020)]) == pytest.approx(0.5)
+    assert slowdown([(1, 0.010, 0.009)]) == 0.0
+
+
+def test_an_engine_stepping_slows_its_neighbours_steps():
+    """neighbour_slowdown: the engines of one simulation share a host; a short request whose
+    steps all start while the long engine steps takes that much longer, alone it does not."""
+    lanes = list(load_lanes(default_lanes_path()))
+    model = dataclasses.replace(MODEL, max_batched_tokens=2048, neighbour_slowdown=0.5)
+    classes = [ClassLoad("short", 0.0, Lengths.fixed(3), Lengths.fixed(3)),
+               ClassLoad("long", 0.0, Lengths.fixed(1500), Lengths.fixed(10))]
+    groups = [EngineGroup(("short",), 1, 16), EngineGroup(("long", "batch"), 1, 8)]
+    short_only = [(2.5, "short", 3, 3)]
+    both = [(0.0, "long", 1500, 10), *short_only]
+    alone = simulate(classes, lanes, groups, model, duration_s=10, arrivals=short_only)
+    beside = simulate(classes, lanes, groups, model, duration_s=10, arrivals=both)
+    assert alone["short"].e2e["max"] == pytest.approx(3.0)
+    assert beside["short"].e2e["max"] == pytest.approx(4.5)
+
+
+def test_the_backlog_is_the_queued_cost_tokens_averaged_over_the_run():
     s = sim(slots=1)
-    s.arrive(0.0, C, 3, 5)
-    [e] = s.owners
-    [r] = e.reqs
-    r.prefilled, r.out = 3, 2
-    s.give_back(r, 2.0)
-    assert (r.reclaimed, r.used_s, r.to_prefill, r.prefilled) == (1, 2.0, 5, 0)
-    assert r.queued_at == 2.0 and r.where is e and r.since == 2.0  # the free slot takes it again
-
-
-def test_a_suspended_step_resumes_with_what_it_had_left_and_its_old_end_is_void():
-    s = sim()
-    s.arrive(0.0, C, 3, 5)
-    [e] = s.owners
-    old = e.version
-    s.suspend(e, 0.25)
-    assert e.suspended and e.left_s == pytest.approx(MODEL.a_s - 0.25)
-    s.step_ended(1.0, e, old)  # the end scheduled before the suspension: ignored
-    assert e.reqs[0].out == 0
-    s.resume(e, 5.0)
-    assert not e.suspended and e.end == pytest.approx(5.75)
-    s.step_ended(e.end, e, e.version)
-    assert e.reqs[0].out == 1
+    s.replay([(0.0, "c", 3, 2), (0.0, "c", 3, 2)])  # one step each token: 2 s apiece
+    s.run()
+    # the second (cost 5) waits 2 s of the 4 s run
+    assert s.backlog == 0 and s.now == pytest.approx(4.0)
+    assert s.backlog_mean == pytest.approx(5 * 2.0 / 4.0)
 
 
 def _fair_sim(fair):

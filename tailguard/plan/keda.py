@@ -1,0 +1,155 @@
+"""`tailguard plan --keda`: the engines a fleet needs at each load, and the backlog per worker at
+which it needs one more, for a KEDA ScaledObject sized by simulation rather than guessed.
+
+For each load (requests per second of a trace window), the fewest engines of the ``fleet``
+setup (tailguard/plan/compare.py: one central queue per lane, every engine serving every lane)
+that keep the short class's end-to-end P99 within the target with nothing expired
+(``engines_needed``: doubling, then bisection; more engines never make the fleet slower here).
+
+The scaling series is ``tailguard_lane_backlog_tokens{lane}``: the cost tokens (prompt +
+max_tokens) queued per lane, the figure the simulator keeps as ``Simulation.backlog``. KEDA's
+Prometheus trigger with ``metricType: AverageValue`` asks for ``ceil(series / threshold)``
+replicas, so a threshold T holds N engines at a load where N suffice when the backlog per
+worker there is at most T (``fits``: N engines' mean backlog / N), and adds one where N - 1 do
+not when the backlog per worker with N - 1 is above T (``short``). ``threshold`` takes the
+largest ``fits`` and the least ``short`` over the loads: between them when the first is below
+the second; else the least ``short`` (no threshold serves every load: this one errs towards
+more engines, never fewer). ``min_replicas`` / ``max_replicas``: the engines the lowest and the
+highest load need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from tailguard.lanes.table import LaneTable
+from tailguard.plan.compare import FLEET_SETUP, Arrivals, Limits, Row, run
+from tailguard.plan.stepmodel import StepModel
+
+#: the most engines the search tries
+MAX_ENGINES = 4096
+#: the series the threshold is in (exported by the API's /metrics)
+SERIES = "tailguard_lane_backlog_tokens"
+
+
+@dataclass(frozen=True)
+class Load:
+    rate: float  # requests/s of the trace window
+    engines: int | None  # the fewest that meet the target (None: not within MAX_ENGINES)
+    fits: float | None  # backlog tokens per worker with `engines`
+    short: float | None  # backlog tokens per worker with `engines` - 1 (None: one suffices)
+    short_p99_s: float | None  # with `engines`
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def meets(row: Row, target_s: float) -> bool:
+    return row.short_p99_s is not None and row.short_p99_s <= target_s and not row.not_succeeded
+
+
+def engines_needed(simulate: Callable[[int], Row], target_s: float,
+                   max_engines: int = MAX_ENGINES) -> tuple[int | None, dict[int, Row]]:
+    """The fewest engines whose row (`simulate(n)`) meets `target_s`, and every row simulated."""
+    rows: dict[int, Row] = {}
+
+    def ok(n: int) -> bool:
+        if n not in rows:
+            rows[n] = simulate(n)
+        return meets(rows[n], target_s)
+
+    hi = 1
+    while not ok(hi):
+        if hi >= max_engines:
+            return None, rows
+        hi *= 2
+    lo = hi // 2  # lo fails (or is 0), hi meets
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi, rows
+
+
+def size(arrivals_at: Callable[[float], Arrivals], rates: Sequence[float], table: LaneTable,
+         model: StepModel, target_s: float, *, limits: Limits | None = None,
+         seed: int = 0) -> list[Load]:
+    """A Load per rate: `arrivals_at(rate)` on the fleet setup."""
+    out = []
+    for rate in rates:
+        row = partial(_fleet_row, arrivals_at(rate), table, model, limits=limits, seed=seed)
+        n, rows = engines_needed(row, target_s)
+        if n is None:
+            out.append(Load(rate, None, None, None, None))
+            continue
+        if n > 1 and n - 1 not in rows:
+            rows[n - 1] = row(n - 1)
+        out.append(Load(rate, n, rows[n].backlog_tokens / n,
+                        rows[n - 1].backlog_tokens / (n - 1) if n > 1 else None,
+                        rows[n].short_p99_s))
+    return out
+
+
+def _fleet_row(arrivals: Arrivals, table: LaneTable, model: StepModel, n: int, *,
+               limits: Limits | None, seed: int) -> Row:
+    return run(FLEET_SETUP, arrivals, table, model, n, limits=limits, seed=seed)
+
+
+def threshold(loads: Sequence[Load]) -> tuple[float | None, bool]:
+    """(the threshold, whether one threshold serves every load): module docstring."""
+    fits = [l.fits for l in loads if l.fits is not None]
+    short = [l.short for l in loads if l.short is not None]
+    if not short:
+        return None, True  # one engine carries every load: nothing to scale on
+    low, high = max(fits, default=0.0), min(short)
+    return ((low + high) / 2, True) if low < high else (high, False)
+
+
+def query(table: LaneTable) -> str:
+    """The Prometheus query over the interactive lanes (batch waits by design; every API
+    process exports the same figures from Redis, hence max by lane)."""
+    lanes = "|".join(l.name for l in table if l.priority == "interactive")
+    return f'sum(max by (lane) ({SERIES}{{lane=~"{lanes}"}}))'
+
+
+def render(loads: Sequence[Load], table: LaneTable, target_s: float) -> str:
+    out = [f"{'req/s':>8} {'engines':>8} {'short P99':>10} {'backlog/worker':>15} "
+           f"{'with one fewer':>15}"]
+    for l in loads:
+        out.append(f"{l.rate:>8g} {l.engines if l.engines else '-':>8} {_s(l.short_p99_s):>10} "
+                   f"{_n(l.fits):>15} {_n(l.short):>15}")
+    needed = [l.engines for l in loads if l.engines]
+    t, consistent = threshold(loads)
+    out.append("")
+    if not needed or len(needed) < len(loads):
+        out.append(f"some loads need more than {MAX_ENGINES} engines to keep short P99 <= "
+                   f"{target_s:g} s")
+    if t is None:
+        out.append("one engine carries every load: no scaling series needed")
+        return "\n".join(out)
+    out.append(f"threshold: {t:.0f} backlog tokens per worker"
+               + ("" if consistent else " (no one threshold fits every load: the least at which "
+                  "one more engine was needed, erring towards more engines)"))
+    out += ["", "KEDA ScaledObject (spec):",
+            f"  minReplicaCount: {min(needed)}",
+            f"  maxReplicaCount: {max(needed)}",
+            "  triggers:",
+            "  - type: prometheus",
+            "    metricType: AverageValue",
+            "    metadata:",
+            f"      query: '{query(table)}'",
+            f'      threshold: "{t:.0f}"']
+    return "\n".join(out)
+
+
+def _s(x: float | None) -> str:
+    return f"{x:.2f} s" if x is not None else "-"
+
+
+def _n(x: float | None) -> str:
+    return f"{x:.0f}" if x is not None else "-"
