@@ -358,7 +358,7 @@ def _shift_lines(report: dict, line: Callable[..., None]) -> None:
              None if target is None or not served else all(
                  not w["long_not_ok"] and w["long_queued_p99_s"] is not None
                  and w["long_queued_p99_s"] <= target for w in served),
-             f"{topo}: long requests served within their lane's target wait ({target} s) in "
+             f"{topo}: long requests served within the long target wait ({target} s) in "
              "every window, none failed or refused: queue wait P99 "
              + ", ".join(f"{w['name']} {_cell(w['long_queued_p99_s']) or 'n/a'} s"
                          + (f" ({w['long_not_ok']} not ok)" if w["long_not_ok"] else "")

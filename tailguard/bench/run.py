@@ -37,6 +37,7 @@ from tailguard.bench.batch_load import (
     idle_slot_share,
     lines_per_s,
 )
+from tailguard.bench.comparison import LONG_TTFT_TARGET_S
 from tailguard.bench.engine_watch import EngineWatch
 from tailguard.bench.exactly_once import check as check_exactly_once
 from tailguard.bench.exactly_once import finished_counts
@@ -296,20 +297,6 @@ def _lanes_table(cfg: BenchConfig) -> LaneTable:
     return load_lanes(cfg.lanes_file or settings.LANES_FILE.get() or default_lanes_path())
 
 
-def _long_target_s(cfg: BenchConfig, table: LaneTable) -> float | None:
-    """The target wait of the lane the long class is placed on (the lane controller's); None
-    when no lane takes it (the run refuses such a workload itself)."""
-    from tailguard.errors import RequestError
-    from tailguard.lanes.placement import place
-
-    try:
-        lane = place(list(table), priority="interactive", prompt_tokens=cfg.long_prompt_tokens,
-                     requested_max_tokens=cfg.long_tokens).lane
-    except RequestError:
-        return None
-    return next(l for l in table if l.name == lane).wait_target_s
-
-
 def _workload(cfg: BenchConfig, count_tokens: Callable[[str], int] | None,
               table: LaneTable | None, model_max_len: int | None) -> Workload:
     if cfg.workload in TRACES:
@@ -336,8 +323,8 @@ def _workload(cfg: BenchConfig, count_tokens: Callable[[str], int] | None,
                                long_prompt_tokens=cfg.long_prompt_tokens,
                                long_tokens=cfg.long_tokens, count_tokens=count_tokens,
                                max_requests=cfg.max_requests)
-        return replace(shift, params={**shift.params, "long_target_wait_s": _long_target_s(
-            cfg, table or _lanes_table(cfg))})
+        # the long class's wait target: the comparison's fixed long TTFT target
+        return replace(shift, params={**shift.params, "long_target_wait_s": LONG_TTFT_TARGET_S})
     if cfg.workload == BATCH:
         return batch_workload(cfg.rate, cfg.long_share, cfg.duration_s or 60.0, cfg.seed,
                               lines=cfg.batch_lines, line_tokens=cfg.batch_tokens,

@@ -1,6 +1,9 @@
 """The `fleet` peer: a tuned vLLM server per engine behind vllm-router (tailguard/bench/fleet.py)."""
 
+import tomllib
+
 import pytest
+from lanes_shapes import partitioned_default
 
 from tailguard.bench.fleet import POLICIES, FleetSpec, fleet_specs
 from tailguard.bench.run import BenchConfig, _specs, build_workload
@@ -12,12 +15,12 @@ from tailguard.bench.topology import (
     VLLM_SERVER_MODULE,
     lanes_spec,
 )
-from tailguard.lanes.table import default_lanes_path, load_lanes
+from tailguard.lanes.table import parse_lanes
 
 
 @pytest.fixture
 def table():
-    return load_lanes(default_lanes_path())
+    return parse_lanes(tomllib.loads(partitioned_default()))
 
 
 def test_fleet_topologies_are_known_and_run_by_default():
@@ -76,7 +79,7 @@ def test_the_router_fronts_every_replica_with_its_policy():
 def test_the_run_builds_the_fleets_on_the_lanes_topologys_engines(table):
     cfg = BenchConfig(workload="mixed", topologies=("lanes", FLEET, FLEET_P2),
                       tuned_sweep=((512, 128), (1024, 256)))
-    lanes = lanes_spec(table, default_lanes_path().read_text(), cores=[0, 1])
+    lanes = lanes_spec(table, partitioned_default(), cores=[0, 1])
     specs = _specs(cfg, build_workload(cfg, None, table), table, lanes, "demo-small", 4096,
                    kind="cpu", cores=[0, 1], engines=2)
     assert list(specs) == ["lanes", FLEET, FLEET_P2]

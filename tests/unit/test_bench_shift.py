@@ -42,7 +42,7 @@ def test_the_bench_builds_it_from_its_options():
     wl = build_workload(cfg, None)
     assert [w["long_rate"] for w in wl.params["windows"]] == [0.0, 1.0]
     assert "shift: 20 s windows" in wl.params["described"]
-    # the long class's lane is the shipped file's `long`, whose controller target is 10 s
+    # the long class's wait target: the comparison's fixed long TTFT target, 10 s
     assert wl.params["long_target_wait_s"] == 10
 
 

@@ -1,52 +1,46 @@
-"""The `static` topology: `lanes` without the lane controller, and the report's lines against it."""
+"""The `static` topology: the same lanes as a partition of the engines, and the report's lines
+against it."""
 
 import tomllib
 
 import pytest
 from test_bench_report import ok, statuses
 
-from tailguard import settings
 from tailguard.bench.report import build_report, render_text
 from tailguard.bench.run import BenchConfig
 from tailguard.bench.topology import DEFAULT_TOPOLOGIES, STATIC, TOPOLOGIES, lanes_spec, static_spec
-from tailguard.lanes.table import default_lanes_path, parse_lanes
+from tailguard.lanes.table import parse_lanes
 
 
-def _lanes(moves: bool):
-    """The `lanes` topology of the shipped lanes file, its long worker free to move to the short
-    lane or not (whichever the shipped file says)."""
-    text = "".join(line for line in default_lanes_path().read_text().splitlines(keepends=True)
-                   if not line.startswith("moves_to"))
-    if moves:
-        text = text.replace('name = "long"\n', 'name = "long"\nmoves_to = ["short"]\n', 1)
+def _fleet():
+    """The `lanes` topology of the CPU host's shipped file: one engine per core, each serving
+    every lane."""
+    from tailguard.lanes.table import cpu_lanes_path
+
+    text = cpu_lanes_path().read_text()
     return lanes_spec(parse_lanes(tomllib.loads(text)), text, cores=[0, 1])
 
 
-@pytest.fixture
-def moving_lanes(monkeypatch):
-    """Lanes whose long worker may move, the controller on (the unit tier's conftest turns it off)."""
-    monkeypatch.setenv(settings.LANE_CONTROLLER_S.env, "1")
-    spec = _lanes(moves=True)
-    assert spec.table.workers[1].moves_to == ("short",)
-    return spec
+def test_static_is_the_same_lanes_as_a_partition_on_the_same_engines():
+    fleet = _fleet()
+    static = static_spec(fleet, cores=[0, 1])
+    assert static.name == STATIC and fleet.name == "lanes"
+    assert [(w.name, w.lanes) for w in fleet.workers] == [
+        ("engine", ("short", "long", "batch")), ("engine-2", ("short", "long", "batch"))]
+    assert [(w.name, w.lanes) for w in static.workers] == [("short", ("short",)),
+                                                            ("long", ("long", "batch"))]
+    assert [w.pin for w in static.workers] == [w.pin for w in fleet.workers]
+    assert static.table.lanes == fleet.table.lanes
+    assert static.frontend == fleet.frontend
 
 
-def test_static_is_lanes_without_the_controller(moving_lanes):
-    static = static_spec(moving_lanes)
-    assert static.name == STATIC and moving_lanes.name == "lanes"
-    assert static.workers == moving_lanes.workers and static.lanes_toml == moving_lanes.lanes_toml
-    assert static.workers_per_lane() == moving_lanes.workers_per_lane()
-    assert static.frontend == moving_lanes.frontend
-    assert moving_lanes.moves_workers and static.moves_workers  # the same lanes file...
-    assert moving_lanes.runs_controller and not static.runs_controller  # ...one controller
-    assert moving_lanes.to_dict()["controller"] and not static.to_dict()["controller"]
+def test_a_file_that_already_partitions_is_run_as_it_is():
+    from lanes_shapes import partitioned_default
 
-
-def test_lanes_runs_no_controller_when_it_is_off_or_nothing_moves(moving_lanes, monkeypatch):
-    plain = _lanes(moves=False)
-    assert not plain.moves_workers and not plain.runs_controller
-    monkeypatch.setenv(settings.LANE_CONTROLLER_S.env, "0")
-    assert not moving_lanes.runs_controller
+    text = partitioned_default()
+    lanes = lanes_spec(parse_lanes(tomllib.loads(text)), text, cores=[0, 1])
+    static = static_spec(lanes, cores=[0, 1])
+    assert static.lanes_toml == lanes.lanes_toml and static.workers == lanes.workers
 
 
 def test_static_is_a_choice_but_not_a_default():
@@ -113,31 +107,20 @@ def test_a_static_run_without_lanes_skips_the_lines():
     assert {name: s[name] for name in LINES} == dict.fromkeys(LINES, "SKIP")
 
 
-def test_static_may_run_another_lanes_file_to_measure_one_mechanism_against_another():
-    """`--static-lanes`: lane moves alone (`lanes`) against borrowing alone (`static`, the CPU
-    file without the controller), on the same cores in one run."""
-    from conftest import ROOT
+def test_static_may_run_another_lanes_file():
+    """`--static-lanes`: static runs that file's workers, on the same cores, in one run."""
+    from lanes_shapes import partitioned_default
 
     from tailguard.bench.run import _specs, build_workload
     from tailguard.lanes.table import cpu_lanes_path, load_lanes
 
-    moves_only = ROOT / "benchmarks" / "lanes-cpu-moves-only.toml"
-    cfg = BenchConfig(workload="mixed", topologies=("lanes", STATIC), lanes_file=moves_only,
-                      static_lanes_file=cpu_lanes_path())
-    table = load_lanes(moves_only)
-    lanes = lanes_spec(table, moves_only.read_text(), cores=[0, 1])
-    static = lanes_spec(load_lanes(cpu_lanes_path()), cpu_lanes_path().read_text(), cores=[0, 1])
+    cfg = BenchConfig(workload="mixed", topologies=("lanes", STATIC), lanes_file=cpu_lanes_path())
+    table = load_lanes(cpu_lanes_path())
+    lanes = lanes_spec(table, cpu_lanes_path().read_text(), cores=[0, 1])
+    text = partitioned_default()
+    other = lanes_spec(parse_lanes(tomllib.loads(text)), text, cores=[0, 1])
     specs = _specs(cfg, build_workload(cfg, None, table), table, lanes, "demo-small", 4096,
-                   kind="cpu", cores=[0, 1], engines=2, static_topo=static)
-    assert list(specs) == ["lanes", STATIC] and specs[STATIC].controller is False
-    lent = {w.name: (w.borrow.lanes, w.moves_to) for w in
-            parse_lanes(tomllib.loads(specs[STATIC].lanes_toml)).workers}
-    assert lent == {"short": (("long",), ()), "long": ((), ("short",))}  # borrows; never moves
-    moved = {w.name: (w.borrow.lanes, w.moves_to) for w in
-             parse_lanes(tomllib.loads(specs["lanes"].lanes_toml)).workers}
-    assert moved == {"short": ((), ()), "long": ((), ("short",))}
+                   kind="cpu", cores=[0, 1], engines=2, static_topo=other)
+    assert list(specs) == ["lanes", STATIC]
+    assert [w.name for w in specs[STATIC].workers] == ["short", "long"]
     assert [w.pin for w in specs[STATIC].workers] == [w.pin for w in specs["lanes"].workers]
-    # without it, static is the lanes topology's own file
-    same = _specs(cfg, build_workload(cfg, None, table), table, lanes, "demo-small", 4096,
-                  kind="cpu", cores=[0, 1], engines=2)
-    assert same[STATIC].lanes_toml == lanes.lanes_toml

@@ -3,6 +3,7 @@
 import tomllib
 
 import pytest
+from lanes_shapes import partitioned_default
 
 from tailguard.bench.topology import (
     DIRECT,
@@ -17,13 +18,13 @@ from tailguard.bench.topology import (
 )
 from tailguard.host.cores import Pinning
 from tailguard.lanes.placement import place
-from tailguard.lanes.table import default_lanes_path, load_lanes, parse_lanes
+from tailguard.lanes.table import parse_lanes
 from tailguard.plan.search import SHARED_LANE, shared_lane
 
 
 @pytest.fixture
 def table():
-    return load_lanes(default_lanes_path())
+    return parse_lanes(tomllib.loads(partitioned_default()))
 
 
 def test_lanes_toml_round_trips(table):
@@ -46,7 +47,7 @@ def test_shared_lane_takes_everything_interactive(table):
 
 def test_same_engines_same_cores(table):
     shared = shared_spec(table, engines=2, cores=[0, 1])
-    lanes = lanes_spec(table, default_lanes_path().read_text(), cores=[0, 1])
+    lanes = lanes_spec(table, partitioned_default(), cores=[0, 1])
     assert [(w.lanes, w.pin.cores) for w in shared.workers] == [((SHARED_LANE,), (0,)),
                                                                 ((SHARED_LANE,), (1,))]
     assert [(w.name, w.lanes, w.pin.cores) for w in lanes.workers] == [
@@ -101,7 +102,7 @@ def test_class_priorities_put_the_short_class_first():
 def test_each_engines_slots_and_the_engines_each_class_may_use(table):
     from tailguard.bench.run import BenchConfig, _class_engines, _Run, build_workload
 
-    lanes = lanes_spec(table, default_lanes_path().read_text(), cores=[0, 1])
+    lanes = lanes_spec(table, partitioned_default(), cores=[0, 1])
     shared = shared_spec(table, engines=2, cores=[0, 1])
     assert lanes.engine_slots() == {"short": 16, "long": 8}
     assert shared.engine_slots() == {"shared-0": 16, "shared-1": 16}

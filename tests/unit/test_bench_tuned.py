@@ -1,6 +1,9 @@
 """The tuned plain vLLM: its sweep, its flags, the best-of-sweep rule and its report lines."""
 
+import tomllib
+
 import pytest
+from lanes_shapes import partitioned_default
 from test_bench_report import ok, statuses
 
 from tailguard.bench.report import build_report, render_text
@@ -15,7 +18,7 @@ from tailguard.bench.tuned import (
     tuned_name,
 )
 from tailguard.host.cores import Pinning
-from tailguard.lanes.table import default_lanes_path, load_lanes
+from tailguard.lanes.table import parse_lanes
 
 
 def test_the_sweep_parses_and_prints_back():
@@ -45,7 +48,7 @@ def test_best_of_sweep(runs, best):
 
 
 def test_tuned_servers_are_direct_plus_chunked_prefill_flags():
-    table = load_lanes(default_lanes_path())
+    table = parse_lanes(tomllib.loads(partitioned_default()))
     lanes = lanes_spec(table, "", cores=[0, 1])
     direct = direct_spec(Pinning(cores=(0, 1)), lanes.workers, table, max_model_len=2048)
     tuned = tuned_specs(direct, ((1024, 256), (512, 128)))

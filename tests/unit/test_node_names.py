@@ -45,15 +45,15 @@ def test_tailguard_worker_runs_celery_under_the_node_name(monkeypatch):
         assert argv[argv.index("-n") + 1] == node_name(spec.name)
         assert argv[argv.index("-Q") + 1] == ",".join(spec.lanes)
         assert env["TAILGUARD_WORKER"] == spec.name  # the entry whose engine table it builds
-    # a replica of the shipped `long` (replicas = "fill"): a node of its own, long's entry
+    # a replica of the shipped `engine` (replicas = "fill"): a node of its own, engine's entry
     from tailguard.lanes.table import default_lanes_path
 
     monkeypatch.setenv("TAILGUARD_LANES", str(default_lanes_path()))
-    result = CliRunner().invoke(cli.main, ["worker", "--worker", "long-3", "--gpu", "3"])
+    result = CliRunner().invoke(cli.main, ["worker", "--worker", "engine-3", "--gpu", "3"])
     assert result.exit_code == 0, result.output
     argv, env = seen.pop()
-    assert argv[argv.index("-n") + 1] == node_name("long-3")
-    assert (argv[argv.index("-Q") + 1], env["TAILGUARD_WORKER"]) == ("long,batch", "long")
+    assert argv[argv.index("-n") + 1] == node_name("engine-3")
+    assert (argv[argv.index("-Q") + 1], env["TAILGUARD_WORKER"]) == ("short,long,batch", "engine")
     result = CliRunner().invoke(cli.main, ["worker", "--worker", "short-2"])
     assert result.exit_code != 0 and "no worker named 'short-2'" in str(result.exception)
 
@@ -65,6 +65,11 @@ def test_containers_name_their_workers_the_same_way():
     cmd_line = re.search(r"^CMD (.*)$", (ROOT / "docker" / "Dockerfile.worker").read_text(), re.MULTILINE)
     commands.append(json.loads(cmd_line.group(1)))
     assert len(commands) >= 3
+    from tailguard.lanes.table import default_lanes_path, load_lanes
+
+    shipped = load_lanes(default_lanes_path())
     for argv in commands:
-        lanes = argv[argv.index("-Q") + 1].split(",")
-        assert argv[argv.index("-n") + 1] == node_name(lanes[0]), argv  # named after its first lane
+        name = argv[argv.index("-n") + 1].split("@")[0]
+        assert argv[argv.index("-n") + 1] == node_name(name), argv
+        # named after its [[workers]] entry (or a replica of it), serving that entry's lanes
+        assert argv[argv.index("-Q") + 1] == ",".join(shipped.worker(name).lanes), argv

@@ -1,0 +1,21 @@
+"""Lanes files of other shapes for tests that reason about a partition of the engines: the
+shipped lanes with rounds 1-4's dedicated workers (short alone; long and batch on the rest)."""
+
+from tailguard.lanes.table import default_lanes_path
+
+PARTITION_WORKERS = """
+[[workers]]
+name = "short"
+lanes = ["short"]
+
+[[workers]]
+name = "long"
+lanes = ["long", "batch"]
+replicas = "fill"
+"""
+
+
+def partitioned_default() -> str:
+    """The packaged lanes.toml with dedicated workers instead of its one fleet entry."""
+    text = default_lanes_path().read_text()
+    return text[:text.rindex("\n[[workers]]\n")] + "\n" + PARTITION_WORKERS
