@@ -1,7 +1,6 @@
 """OpenAI jobs on the worker (tailguard/worker/runner.py) against a real Redis: their stream
 (vLLM's chunks or its response, then the end event: tailguard/jobs/stream.py), their
-failures, engine deaths, and the reclaim rule of borrowed OpenAI jobs
-(tailguard/worker/borrower.py, with real Celery messages through kombu). The engine is a
+failures and engine deaths. The engine is a
 stand-in replaying vLLM's payloads; the same runner on a real engine inside a real worker:
 tests/e2e/test_openai_serving_on_an_engine.py."""
 
@@ -9,14 +8,13 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import pytest
 from waiting import wait_for
 
 from tailguard.engine.host import OpenAIResult
 from tailguard.errors import EngineDeadError, EngineRefused
-from tailguard.jobs.store import QUEUED, RUNNING, SUCCEEDED, JobStore
+from tailguard.jobs.store import RUNNING, SUCCEEDED, JobStore
 from tailguard.jobs.stream import (
     DeltaWriter,
     choice0_text,
@@ -25,12 +23,8 @@ from tailguard.jobs.stream import (
     response_body,
     with_output,
 )
-from tailguard.lanes.borrowing import BorrowPolicy
-from tailguard.lanes.table import load_lanes
 from tailguard.redis.keys import job_stream_key
-from tailguard.worker.borrower import BORROWED_PRIORITY, Borrower, Prioritized
 from tailguard.worker.runner import GenerationJob, JobRunner, JobSkipped
-from tasks import app
 
 pytestmark = pytest.mark.integration
 
@@ -224,88 +218,3 @@ def test_a_cancel_while_running_stops_the_request_and_stands(store):
     store.transition(JOB_ID, {RUNNING}, "cancelled", {"error": {"code": "cancelled", "message": "m"}})
     thread.join(10)
     assert errors and store.status(JOB_ID) == "cancelled"
-
-
-# --- borrowed OpenAI jobs: the reclaim rule -----------------------------------------------
-
-WORKER = "short@openai-borrower-test"
-
-
-def publish_long(store: JobStore, job_id: str, stream: bool) -> None:
-    """An OpenAI job queued on the long lane, as the API queues one: record, then message."""
-    long = load_lanes()["long"]
-    job = queue_job(store, stream, job_id=job_id, lane="long")
-    app.send_task(long.task_name, task_id=job_id, queue="long", expires=long.queue_ttl_s,
-                  kwargs={"job_id": job.job_id, "prompt": "", "max_tokens": job.max_tokens,
-                          "sampling": {}, "deadline_s": job.deadline_s, "openai": job.openai})
-
-
-def own_work_arrives(n: int) -> None:
-    short = load_lanes()["short"]
-    for i in range(n):
-        app.send_task(short.task_name, task_id=f"own-{i}", queue="short", expires=60,
-                      kwargs={"job_id": f"own-{i}", "prompt": "hi", "max_tokens": 4,
-                              "sampling": {}, "deadline_s": 5})
-
-
-@pytest.fixture
-def borrowing(redis_client):
-    store = JobStore(redis_client)
-    release = threading.Event()
-    engine = FakeOpenAIEngine(STREAM, response=RESPONSE, release=release)
-    published: list[tuple[str, GenerationJob]] = []
-    runner = JobRunner(lambda: Prioritized(engine, BORROWED_PRIORITY), store,
-                       lambda job_id: DeltaWriter(redis_client, job_id, flush_s=0), WORKER)
-    b = Borrower(BorrowPolicy(lanes=("long",), headroom=1, max_borrowed=2), ["short"], slots=4,
-                 runner=runner, connect=app.connection_for_read,
-                 publish=lambda lane, job: published.append((lane, job)),
-                 in_flight=lambda: engine.in_flight, serving=lambda: True)
-    yield store, engine, b, published, release
-    release.set()
-    b._close()
-
-
-def test_the_borrower_reclaims_a_non_streamed_openai_job_never_a_streamed_one(redis_client,
-                                                                             borrowing):
-    store, engine, borrower, published, release = borrowing
-    plain, streamed = "01" * 16, "02" * 16
-    publish_long(store, plain, stream=False)
-    assert borrower.step() == plain
-    wait_for(lambda: engine.in_flight == 1)
-    publish_long(store, streamed, stream=True)
-    time.sleep(0.01)  # the streamed one is the youngest
-    assert borrower.step() == streamed
-    wait_for(lambda: engine.in_flight == 2)
-    assert [c["priority"] for c in engine.calls] == [BORROWED_PRIORITY] * 2
-
-    own_work_arrives(2)  # 2 slots free, 2 arriving: one back for headroom 1
-    assert borrower.step() is None
-    wait_for(lambda: store.status(plain) == QUEUED)
-    assert store.status(streamed) == RUNNING  # the youngest, but not reclaimable
-    wait_for(lambda: [lane for lane, _ in published] == ["long"])
-    assert published[0][1].job_id == plain and published[0][1].openai == openai_spec(False)
-    record = store.get(plain)
-    assert record["reclaims"] == 1 and "resume_text" not in record
-    assert response_body(redis_client, plain) is None  # nothing of it was sent
-
-    # the reclaimed job runs again from scratch: the same request, the whole response
-    release.set()
-    wait_for(lambda: store.status(streamed) == SUCCEEDED)
-    rerun = JobRunner(lambda: engine, store, lambda j: DeltaWriter(redis_client, j, flush_s=0),
-                      "other@host")
-    rerun.run(published[0][1])
-    assert engine.calls[-1]["request"] == engine.calls[0]["request"]
-    assert [e.type for e in read_events(redis_client, plain)] == ["response", "end"]
-    assert response_body(redis_client, plain) == RESPONSE
-
-
-def test_a_stopping_worker_gives_back_only_reclaimable_openai_jobs(redis_client, borrowing):
-    store, engine, borrower, published, release = borrowing
-    streamed = "03" * 16
-    publish_long(store, streamed, stream=True)
-    assert borrower.step() == streamed
-    wait_for(lambda: engine.in_flight == 1)
-    assert not borrower.give_back(timeout_s=0.5)  # it keeps its slot to its end
-    assert store.status(streamed) == RUNNING and published == []
-    release.set()
-    wait_for(lambda: store.status(streamed) == SUCCEEDED)
