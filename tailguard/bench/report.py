@@ -34,7 +34,6 @@ from tailguard.bench.goodput import (
     slo_text,
     tpot_s,
 )
-from tailguard.bench.lane_moves import describe as describe_moves
 from tailguard.bench.loadgen import REFUSED, Sample
 from tailguard.bench.topology import STATIC
 from tailguard.bench.tuned import is_tuned, tuned_figures
@@ -307,11 +306,10 @@ def burst_figures(by_phase: dict[str, list[Sample]], short: str, long: str | Non
 
 
 def shift_figures(by_phase: dict[str, list[Sample]], short: str, long: str | None,
-                  params: dict[str, Any], short_slo: Slo, long_slo: Slo,
-                  lane_moves: dict[str, Any] | None) -> dict[str, Any]:
+                  params: dict[str, Any], short_slo: Slo, long_slo: Slo) -> dict[str, Any]:
     """Per shift window of one topology: the short class's P99 end-to-end and TTFT (and the
     end-to-end against the same window's in the baseline phase), the long class's TTFT and
-    queue wait P99, goodput; and the lane moves over the whole timeline (None: not read)."""
+    queue wait P99, goodput."""
     mixed = split_shift(by_phase.get("mixed", []), params)
     base = split_shift(by_phase.get("baseline", []), params)
     windows = []
@@ -337,12 +335,12 @@ def shift_figures(by_phase: dict[str, list[Sample]], short: str, long: str | Non
             "short_p99_over_baseline": _ratio(short_p99, base_p99),
             "long_ttft_p99_s": p99(long, "ttft_s"), "long_queued_p99_s": p99(long, "queued_s"),
             "goodput_rps": g["goodput_rps"], "good": g["good"]})
-    return {"windows": windows, "lane_moves": lane_moves}
+    return {"windows": windows}
 
 
 def _shift_lines(report: dict, line: Callable[..., None]) -> None:
-    """Issue 33's shift lines, per topology: the short tail in every window against its
-    no-long-traffic value; the lane moves where the topology's API was read for them."""
+    """The shift lines, per topology: the short tail in every window against its
+    no-long-traffic value, and the long class's wait in every window."""
     short = report["workload"]["short_class"]
     for topo, f in report["shift"].items():
         ratios_ = [w["short_p99_over_baseline"] for w in f["windows"]]
@@ -364,9 +362,7 @@ def _shift_lines(report: dict, line: Callable[..., None]) -> None:
                          + (f" ({w['long_not_ok']} not ok)" if w["long_not_ok"] else "")
                          for w in served),
              "a long lane with a target wait and long requests")
-        if f["lane_moves"] is not None:
-            line(f"lane_moves_{topo}", None, f"{topo}: lane moves over the shift: "
-                 + describe_moves(f["lane_moves"]), info=True)
+
 
 
 def render_shift(report: dict) -> str:
@@ -905,9 +901,7 @@ def build_report(*, config: dict[str, Any], workload: dict[str, Any],
     if workload["name"] == SHIFT:
         report["shift"] = {
             name: shift_figures(phases, workload["short_class"], workload["long_class"],
-                                workload["params"], short_slo, long_slo,
-                                ((topologies.get(name) or {}).get("host") or {})
-                                .get("mixed", {}).get("lane_moves"))
+                                workload["params"], short_slo, long_slo)
             for name, phases in samples.items()}
     if workload["name"] == BATCH:
         report["batch"] = {name: topologies[name]["batch"] for name in samples
@@ -1022,8 +1016,6 @@ def render_text(report: dict) -> str:
         if own:  # what `tailguard plan --frontend-from` fits its front-end cost from
             lines.append(f"front end's CPU (all but the engines), {topo}: {', '.join(own)}")
         for phase, h in (t.get("host") or {}).items():
-            if (h.get("lane_moves") or {}).get("moves") and not report.get("shift"):
-                lines.append(f"lane moves, {topo}/{phase}: {describe_moves(h['lane_moves'])}")
             if h.get("disturbed"):
                 lines.append(f"note: {topo}/{phase} was disturbed: other processes used "
                              f"{h['others_share']:.0%} of the CPU (heaviest: "

@@ -44,7 +44,6 @@ from tailguard.bench.exactly_once import finished_counts
 from tailguard.bench.fleet import FleetSpec, RunningFleet, fleet_specs
 from tailguard.bench.goodput import DEFAULT_LONG_SLO, DEFAULT_SHORT_SLO, Slo, parse_slo, slo_text
 from tailguard.bench.host import Watch, engines_idle
-from tailguard.bench.lane_moves import LaneMoveWatch
 from tailguard.bench.loadgen import Client, Sample, closed_loop, run_phase, served_model_name
 from tailguard.bench.redis_watch import RedisWatch
 from tailguard.bench.report import OVERHEAD, PROBE, build_report, capacity_rps, render_text
@@ -177,12 +176,13 @@ class BenchConfig:
     duration_s: float | None = option(90.0, "seconds of arrivals per phase", flag="--duration")
     topologies: tuple[str, ...] = option(
         DEFAULT_TOPOLOGIES,
-        "comma-separated: shared (one FCFS queue), lanes (the lanes file in force, with the lane "
-        "controller when a worker there may move), direct (vLLM's own OpenAI server on the same "
-        "cores, priority scheduling), direct-tuned (the same with chunked prefill, once per "
-        "--tuned-sweep setting), fleet (a tuned vLLM server per engine, behind vLLM's own router, "
-        "vllm-router, with its default cache_aware policy), fleet-p2 (the same, power_of_two), "
-        "static (lanes without the controller: static lanes; only when named)",
+        "comma-separated: shared (one FCFS queue), lanes (the lanes file in force: with the "
+        "shipped files every engine serves every lane in order), direct (vLLM's own OpenAI "
+        "server on the same cores, priority scheduling), direct-tuned (the same with chunked "
+        "prefill, once per --tuned-sweep setting), fleet (a tuned vLLM server per engine, "
+        "behind vLLM's own router, vllm-router, with its default cache_aware policy), fleet-p2 "
+        "(the same, power_of_two), static (the same lanes as a partition of the same engines: "
+        "the first lane on one, the rest on the others; only when named)",
         parse=_names, text=",".join)
     tuned_sweep: tuple[tuple[int, int], ...] = option(
         DEFAULT_SWEEP, "direct-tuned: N:M[,N:M...], vLLM's --max-num-batched-tokens N and "
@@ -264,8 +264,8 @@ class BenchConfig:
         None, f"lanes file of the `lanes` topology (default: ${settings.LANES_FILE.env} or the "
               "shipped one)", flag="--lanes")
     static_lanes_file: Path | None = option(
-        None, "lanes file of the `static` topology (default: the `lanes` topology's; static "
-              "never runs the lane controller): e.g. one mechanism against another in one run",
+        None, "lanes file of the `static` topology (default: the `lanes` topology's lanes as a "
+              "partition of its engines): e.g. one layout against another in one run",
         flag="--static-lanes")
     out_dir: Path | None = option(
         None, "where report.json, bench.png, samples.jsonl and logs go "
@@ -475,7 +475,6 @@ def _timed_phase(client: Client, topo: str, phase: str, wl: Workload, cfg: Bench
     time.sleep(cfg.pause_s)
     bar = _Progress(cfg.progress, len(wl.requests), f"{topo}/{phase}")
     redis_watch = RedisWatch(redis_url) if redis_url else None
-    moves = LaneMoveWatch(client) if redis_url else None  # a tailguard API: its lane moves
     watch, stall_watch = Watch(), StallWatch()
     engines = EngineWatch(engine_urls).start() if engine_urls else None
     try:
@@ -490,8 +489,6 @@ def _timed_phase(client: Client, topo: str, phase: str, wl: Workload, cfg: Bench
         host["engines"] = engines.stop()
     if redis_watch is not None:
         host["redis"] = redis_watch.stop()
-    if moves is not None:
-        host["lane_moves"] = moves.stop()
     bad = sum(1 for s in samples if not s.ok)
     log(f"[{topo}/{phase}] {len(wl.requests)} requests, {bad} not ok; front end "
         f"{host['frontend_cpu_s']:g} CPU s ("

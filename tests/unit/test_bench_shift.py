@@ -4,7 +4,6 @@ per-window report, and the lane moves read from /metrics."""
 import pytest
 from test_bench_report import ok, statuses
 
-from tailguard.bench.lane_moves import between, bucket_quantile, describe, parse
 from tailguard.bench.loadgen import Sample
 from tailguard.bench.report import build_report, render_text
 from tailguard.bench.run import BenchConfig, build_workload, phases_of
@@ -46,62 +45,7 @@ def test_the_bench_builds_it_from_its_options():
     assert wl.params["long_target_wait_s"] == 10
 
 
-METRICS_BEFORE = """# TYPE tailguard_lane_moves_total counter
-tailguard_lane_moves_total{from="short",to="long",reason="long_behind"} 1.0
-# TYPE tailguard_lane_move_seconds histogram
-tailguard_lane_move_seconds_bucket{le="1.0"} 0.0
-tailguard_lane_move_seconds_bucket{le="5.0"} 1.0
-tailguard_lane_move_seconds_bucket{le="+Inf"} 1.0
-tailguard_lane_move_seconds_count 1.0
-tailguard_lane_move_seconds_sum 2.0
-# TYPE tailguard_lane_move_drain_seconds histogram
-tailguard_lane_move_drain_seconds_bucket{le="1.0"} 0.0
-tailguard_lane_move_drain_seconds_bucket{le="2.5"} 1.0
-tailguard_lane_move_drain_seconds_bucket{le="+Inf"} 1.0
-"""
-METRICS_AFTER = """# TYPE tailguard_lane_moves_total counter
-tailguard_lane_moves_total{from="short",to="long",reason="long_behind"} 2.0
-tailguard_lane_moves_total{from="long",to="short",reason="short_behind"} 2.0
-# TYPE tailguard_lane_move_seconds histogram
-tailguard_lane_move_seconds_bucket{le="1.0"} 2.0
-tailguard_lane_move_seconds_bucket{le="5.0"} 3.0
-tailguard_lane_move_seconds_bucket{le="+Inf"} 4.0
-tailguard_lane_move_seconds_count 4.0
-tailguard_lane_move_seconds_sum 30.0
-# TYPE tailguard_lane_move_drain_seconds histogram
-tailguard_lane_move_drain_seconds_bucket{le="1.0"} 2.0
-tailguard_lane_move_drain_seconds_bucket{le="2.5"} 4.0
-tailguard_lane_move_drain_seconds_bucket{le="+Inf"} 4.0
-"""
-
-
-def test_lane_moves_of_a_phase_from_two_reads_of_metrics():
-    moves = between(parse(METRICS_BEFORE), parse(METRICS_AFTER))
-    assert moves["exposed"] and moves["moves"] == 3 and moves["timed"] == 3
-    assert {(m["from"], m["to"], m["count"]) for m in moves["by_move"]} == {
-        ("short", "long", 1), ("long", "short", 2)}
-    # the phase's 3 moves: 2 within 1 s, none more within 5 s, 1 past the last bound
-    assert moves["move_p50_s"] == 1.0 and moves["move_p99_s"] is None
-    assert "3 moves" in describe(moves) and "P50 <= 1 s" in describe(moves)
-    # their drains, apart: 2 within 1 s, the third within 2.5 s
-    assert (moves["drain_p50_s"], moves["drain_p99_s"]) == (1.0, 2.5)
-    assert "the drain (old lanes' running jobs) P50 <= 1 s, P99 <= 2.5 s" in describe(moves)
-
-
-def test_no_metric_or_no_move_says_no_moves():
-    nothing = between(parse(""), parse("# TYPE other counter\nother_total 1.0\n"))
-    assert nothing == {"exposed": False, "moves": 0} and describe(nothing).startswith("no moves")
-    same = between(parse(METRICS_BEFORE), parse(METRICS_BEFORE))
-    assert describe(same) == "no moves"
-
-
-def test_bucket_quantile_is_the_bound_the_rank_falls_in():
-    assert bucket_quantile({0.5: 1, 1.0: 9, 2.0: 10, float("inf"): 10}, 50) == 1.0
-    assert bucket_quantile({0.5: 1, 1.0: 9, 2.0: 10, float("inf"): 10}, 99) == 2.0
-    assert bucket_quantile({1.0: 0, float("inf"): 0}, 50) is None
-
-
-def test_the_report_gives_each_window_its_figures_and_the_moves():
+def test_the_report_gives_each_window_its_figures():
     wl = shift_workload(1.0, (0.0, 0.5, 0.0), 10.0)
     params = wl.params
 
@@ -116,12 +60,10 @@ def test_the_report_gives_each_window_its_figures_and_the_moves():
     base = [s for s in run(0.5) if s.cls == "short"]
     samples = {"lanes": {"baseline": base, "mixed": run(0.6)},
                "shared": {"baseline": base, "mixed": run(5.0)}}
-    moves = between(parse(METRICS_BEFORE), parse(METRICS_AFTER))
     r = build_report(config={"metric": "e2e_s"},
                      workload={"name": SHIFT, "classes": ["short", "long"], "short_class": "short",
                                "long_class": "long", "params": params},
-                     topologies={"lanes": {"host": {"mixed": {"lane_moves": moves}}}},
-                     samples=samples)
+                     topologies={}, samples=samples)
     lanes = r["shift"]["lanes"]["windows"]
     assert [w["name"] for w in lanes] == ["1-short-heavy", "2-long-heavy", "3-short-heavy"]
     assert lanes[1]["short_e2e_p99_s"] == 0.6 and lanes[1]["short_p99_over_baseline"] == 1.2
@@ -129,9 +71,7 @@ def test_the_report_gives_each_window_its_figures_and_the_moves():
     assert lanes[0]["long"] == 0 and lanes[1]["goodput_rps"] is not None
     s = statuses(r)
     assert s["shift_short_lanes"] == "PASS" and s["shift_short_shared"] == "FAIL"
-    assert s["lane_moves_lanes"] == "INFO" and "lane_moves_shared" not in s
-    text = render_text(r)
-    assert "| lanes | 2-long-heavy |" in text and "3 moves" in text
+    assert "| lanes | 2-long-heavy |" in render_text(r)
 
 
 @pytest.mark.parametrize(("queue_s", "failed", "status"), [
