@@ -35,8 +35,6 @@ JOB_LIFE = (
      "tailguard/worker/runner.py"),
     ("running", "running", "engine died before the first token: once more, restarted engine",
      "tailguard/worker/runner.py"),
-    ("running", "queued", "reclaimed: handed back with its resume point kept",
-     "tailguard/worker/runner.py"),
     ("running", "succeeded", "the engine finished", "tailguard/worker/runner.py"),
     ("running", "failed", "engine_dead, poison_request, an engine error",
      "tailguard/worker/runner.py"),

@@ -1,8 +1,7 @@
 """Job records in Redis and the one state machine every job follows.
 
     queued ──► running ──► succeeded | failed | cancelled
-       │  ▲         │
-       │  └─────────┘ reclaimed: a borrowing worker gave the slot back (tailguard/lanes/borrowing.py)
+       │
        └─────► expired | cancelled | failed
 
 Every change to a terminal state also appends the terminal event to the job's
@@ -21,7 +20,7 @@ most ``ttl_s`` (TAILGUARD_JOB_TTL_S) from submission while its job is queued or 
 and once the job ends, ``record_ttl_s`` (state, token counts, timings, error) and its
 stream, the one copy of its text, ``output_ttl_s``: the terminal transition sets both.
 The record keeps the result without its text (``output_text`` in tailguard/jobs/stream.py
-reads it back), and drops a reclaimed job's resume text.
+reads it back).
 
 The same step keeps the index of running jobs (``keys.RUNNING_JOBS``: job ->
 worker), which the reaper (tailguard/jobs/reaper.py) reads to fail, within seconds, the
@@ -60,11 +59,9 @@ FINISHED_STREAM_MAXLEN = 100_000
 # fields stored as JSON (the rest are strings or numbers)
 _JSON_FIELDS = ("result", "error", "sampling", "timing")
 _FLOAT_FIELDS = ("submitted_at", "expires_at", "deadline_s", "queued_at", "running_at",
-                 "succeeded_at", "failed_at", "expired_at", "cancelled_at", "ttft_s",
-                 "resume_engine_s")
+                 "succeeded_at", "failed_at", "expired_at", "cancelled_at", "ttft_s")
 _INT_FIELDS = ("prompt_tokens", "max_tokens", "requested_max_tokens", "completion_tokens", "cost",
-               "engine_prompt_tokens", "engine_deaths", "resume_tokens", "reclaims",
-               "resume_entries", "slo_ttft_ms", "slo_tpot_ms")
+               "engine_prompt_tokens", "engine_deaths", "slo_ttft_ms", "slo_tpot_ms")
 
 
 #: the lane keys transition_job.lua keeps as a job is queued and runs (%s: the lane)
@@ -225,17 +222,12 @@ class JobStore:
         has passed (`overdue`: the caller expires it) or it is no longer queued.
 
         One round trip on the path to the job's first token: the same step returns the record
-        as it now is (the resume point of a reclaimed job is in it)."""
+        as it now is."""
         moved, state, extra = self._run_transition(job_id, {QUEUED}, RUNNING, {"worker": worker},
                                                    fresh_field="expires_at", return_record=True)
         if not moved:
             return JobStart(False, state, overdue=extra in (b"overdue", "overdue"))
         return JobStart(True, state, record=decode(dict(zip(extra[::2], extra[1::2]))))
-
-    def requeue(self, job_id: str, fields: dict[str, Any]) -> tuple[bool, str | None]:
-        """A running job back to queued (reclaimed): a fresh queue TTL from now, its cost back
-        in its lane's backlog, `fields` (the resume point) set, as transition() answers."""
-        return self.transition(job_id, {RUNNING}, QUEUED, fields)
 
     def held_work(self, lane: str) -> HeldWork:
         """A fair lane's held work, the keys' weights and counters, as admission reads them."""

@@ -29,20 +29,12 @@ When the engine dies under a job (EngineDeadError), the worker restarts it
 * a job in flight during a second engine death fails with ``poison_request`` and is
   never run again, whatever it streamed: it is the likeliest cause.
 
-A job run by a borrowing worker may be **reclaimed** (tailguard/lanes/borrowing.py): its
-``reclaimed`` callback says so, the engine request is aborted, and the job goes back
-to ``queued`` with its resume point (text and tokens so far, engine time used) in its
-record (``JobReclaimed``). Whoever runs it next continues from prompt + that text for
-the rest of max_tokens and the rest of the deadline, appending to the same stream.
-
 An **OpenAI job** (its message's ``openai``: the endpoint, the client's body as the API
 validated it, whether max_tokens was capped) runs through vLLM's own serving layer on
 the engine (``Engine.openai``: tailguard/engine/serving.py), with the same lifecycle. Its
 stream gets vLLM's chunks (a streamed request) or its response (a non-streamed one) instead
 of deltas; the end event says the same as a native job's, with the engine's prompt tokens.
-"Streamed" above means: its first chunk (the role) reached the stream. It is reclaimable
-only when not streamed (`GenerationJob.reclaimable`), and then runs again from scratch:
-nothing was sent, and the same request (its seed) gives the same response.
+"Streamed" above means: its first chunk (the role) reached the stream.
 """
 
 from __future__ import annotations
@@ -82,16 +74,6 @@ class JobSkipped(Exception):
     """The job is no longer this run's to finish: its record already says how it ended."""
 
 
-class JobReclaimed(Exception):
-    """The job went back to its lane's queue with its resume point: its message belongs
-    back on that queue. `wasted_tokens`: the KV cache thrown away (prompt + output so far),
-    which the next run prefills again."""
-
-    def __init__(self, job_id: str, wasted_tokens: int) -> None:
-        super().__init__(f"job {job_id} was reclaimed")
-        self.wasted_tokens = wasted_tokens
-
-
 class NoEngine(Exception):
     """The worker gave up on its engine before the job started: the job is still queued,
     and its message belongs back in the lane's queue for another worker."""
@@ -110,12 +92,6 @@ class GenerationJob:
     #: an OpenAI job's {"endpoint", "request", "prompt_tokens", "capped"} (prompt and sampling
     #: are empty then): the API's task message contract
     openai: dict[str, Any] | None = None
-
-    @property
-    def reclaimable(self) -> bool:
-        """Whether a borrower may give it back: not a streamed OpenAI job, whose chunks a
-        client may have received already (vLLM's stream cannot be resumed mid-way)."""
-        return self.openai is None or not self.openai.get("request", {}).get("stream")
 
 
 class Prioritized:
@@ -160,12 +136,10 @@ class JobRunner:
             overdue_field="expires_at" if only_if_overdue else "")
         return moved
 
-    def run(self, job: GenerationJob,
-            reclaimed: Callable[[], bool] = lambda: False) -> dict[str, Any]:
+    def run(self, job: GenerationJob) -> dict[str, Any]:
         """Run `job` to its end and return its result body.
 
         Raises JobSkipped when the job ended elsewhere (see the module docstring),
-        JobReclaimed once `reclaimed()` said so and the job is queued again,
         NoEngine when the worker gave up on its engine before the job started (the job
         is still queued), EngineError after recording the job failed, and any other
         exception after recording it failed as internal_error.
@@ -183,7 +157,7 @@ class JobRunner:
             if deaths == 0:
                 # one round trip from the message to the engine: queued -> running unless the
                 # queue TTL has passed (in the queue, the prefetch buffer or a cold engine's
-                # wait), and the record with any resume point
+                # wait), and the record as it now is
                 start = store.start(job_id, self.worker)
                 if start.overdue:
                     self.expire(job_id)  # unless someone else just ended it: not ours either way
@@ -199,8 +173,7 @@ class JobRunner:
             streamed: list[bool] = []
             try:
                 return self._generate(engine, job, record,
-                                      on_first_token=lambda: streamed.append(True),  # noqa: B023 - called within this try
-                                      reclaimed=reclaimed)
+                                      on_first_token=lambda: streamed.append(True))  # noqa: B023 - called within this try
             except EngineDeadError as exc:
                 deaths += 1
                 self.engine_died(engine)
@@ -224,8 +197,7 @@ class JobRunner:
     def _fail(self, job_id: str, exc: EngineError, **fields: Any) -> None:
         self.store.transition(job_id, {RUNNING}, FAILED, {"error": exc.to_dict(), **fields})
 
-    def _cancel_poll(self, job_id: str, writer: DeltaWriter,
-                     reclaimed: Callable[[], bool]) -> Callable[[], bool]:
+    def _cancel_poll(self, job_id: str, writer: DeltaWriter) -> Callable[[], bool]:
         """The engine's should_cancel for a running job."""
         next_status = time.monotonic() + STATUS_POLL_S
 
@@ -236,8 +208,6 @@ class JobRunner:
             # a Redis that does not answer says nothing of the kind, so the job goes on.
             nonlocal next_status
             writer.tick()
-            if reclaimed():
-                return True
             if time.monotonic() < next_status:
                 return False
             next_status = time.monotonic() + STATUS_POLL_S
@@ -249,21 +219,18 @@ class JobRunner:
         return should_cancel
 
     def _generate(self, engine: Engine, job: GenerationJob, record: dict[str, Any],
-                  on_first_token: Callable[[], None],
-                  reclaimed: Callable[[], bool]) -> dict[str, Any]:
+                  on_first_token: Callable[[], None]) -> dict[str, Any]:
         """One run of a running job (`record`: as it was when it started) on `engine`, to its
         terminal state (see run). Its kind (`_Run`) makes the engine call and writes the
         output; the rest, the failure ladder first, is the same for every kind."""
         store, job_id = self.store, job.job_id
         writer = self.writer_for(job_id)
         kind = (_OpenAIRun if job.openai is not None else _NativeRun)(job, record, writer)
-        if not job.reclaimable:
-            reclaimed = _never
-        should_cancel = self._cancel_poll(job_id, writer, reclaimed)
+        should_cancel = self._cancel_poll(job_id, writer)
         try:
             result = kind.call(engine, should_cancel, on_first_token)
-            writer.close()  # the output must be in the stream before the end event (or a requeue)
-            kind.closed(result, reclaimed)
+            writer.close()  # the output must be in the stream before the end event
+            kind.closed(result)
         except EngineDeadError:
             writer.flush()
             raise  # run() decides: run again, engine_dead or poison_request
@@ -276,11 +243,6 @@ class JobRunner:
             log.exception("job %s failed with an internal error", job_id)
             self._fail(job_id, InternalJobError(INTERNAL_ERROR_MESSAGE))
             raise
-        if result.finish_reason == "cancelled" and reclaimed():
-            moved, state = store.requeue(job_id, kind.resume_point(result))
-            if not moved:
-                raise JobSkipped(f"job {job_id} is {state}")
-            raise JobReclaimed(job_id, result.prompt_tokens + result.completion_tokens)
         if result.finish_reason == "cancelled":
             # Aborted in the engine because the job ended (DELETE, client gone, reaped):
             # that already ended the job; this only covers an abort from elsewhere.
@@ -310,7 +272,7 @@ class JobRunner:
 
 class _Run:
     """What differs between a native and an OpenAI job's run: the engine call, what it
-    writes to the stream, where a reclaimed run resumes and the result body. The runner's
+    writes to the stream and the result body. The runner's
     `_generate` owns the rest of the lifecycle (vLLM's serving classes share theirs the
     same way)."""
 
@@ -322,12 +284,8 @@ class _Run:
         """Run it on `engine`, streaming to the writer; `on_first_token` once output reached it."""
         raise NotImplementedError
 
-    def closed(self, result: Any, reclaimed: Callable[[], bool]) -> None:
+    def closed(self, result: Any) -> None:
         """The streamed output is in the stream: write what follows it, if anything."""
-
-    def resume_point(self, result: Any) -> dict[str, Any]:
-        """The record's fields for a reclaimed run (`result` was cancelled to give it back)."""
-        raise NotImplementedError
 
     def body(self, result: Any) -> dict[str, Any]:
         """The succeeded job's result."""
@@ -335,35 +293,19 @@ class _Run:
 
 
 class _NativeRun(_Run):
-    """A native job: text deltas, continued from its resume point after a reclaim."""
-
-    def __init__(self, job: GenerationJob, record: dict[str, Any], writer: DeltaWriter) -> None:
-        super().__init__(job, record, writer)
-        self.resume = _Resume.of(record)
-        # a continued job appends to its stream after the entries its earlier runs wrote
-        # (the writer's ids are 0-k, so it must not start at 0-1 again)
-        writer.entries = self.resume.entries
+    """A native job: text deltas."""
 
     def call(self, engine: Engine, should_cancel: Callable[[], bool],
              on_first_token: Callable[[], None]) -> GenerationResult:
-        job, resume = self.job, self.resume
+        job = self.job
         return engine.generate(
-            job.job_id, job.prompt + resume.text,
-            {**job.sampling, "max_tokens": max(1, job.max_tokens - resume.tokens)},
-            deadline_s=max(0.0, job.deadline_s - resume.engine_s), on_delta=self.writer.add,
+            job.job_id, job.prompt, {**job.sampling, "max_tokens": job.max_tokens},
+            deadline_s=job.deadline_s, on_delta=self.writer.add,
             should_cancel=should_cancel, on_first_token=on_first_token,
             add_special_tokens=job.add_special_tokens)
 
-    def resume_point(self, result: GenerationResult) -> dict[str, Any]:
-        resume = self.resume
-        return {"resume_text": resume.text + result.text,
-                "resume_tokens": resume.tokens + result.completion_tokens,
-                "resume_engine_s": f"{resume.engine_s + result.engine_s:.6f}",
-                "resume_entries": self.writer.entries, "reclaims": resume.reclaims + 1}
-
     def body(self, result: GenerationResult) -> dict[str, Any]:
-        return {"text": self.resume.text + result.text,
-                "completion_tokens": self.resume.tokens + result.completion_tokens,
+        return {"text": result.text, "completion_tokens": result.completion_tokens,
                 "finish_reason": result.finish_reason}
 
 
@@ -393,22 +335,13 @@ class _OpenAIRun(_Run):
             on_first_token=writer.write_next_at_once,
             should_cancel=should_cancel, on_chunks=on_chunks)
 
-    def closed(self, result: OpenAIResult, reclaimed: Callable[[], bool]) -> None:
-        if result.response is not None and not (
-                result.finish_reason == "cancelled" and reclaimed()):
+    def closed(self, result: OpenAIResult) -> None:
+        if result.response is not None:
             self.writer.write_response(result.response)
-
-    def resume_point(self, result: OpenAIResult) -> dict[str, Any]:
-        # nothing of it was sent: it runs again from scratch, wherever it goes
-        return {"reclaims": int(self.record.get("reclaims", 0)) + 1}
 
     def body(self, result: OpenAIResult) -> dict[str, Any]:
         return {"completion_tokens": result.completion_tokens,
                 "prompt_tokens": result.prompt_tokens, "finish_reason": result.finish_reason}
-
-
-def _never() -> bool:
-    return False
 
 
 def _through_outage(call: Callable[[], Any], outage_s: float = OUTAGE_S) -> Any:
@@ -422,20 +355,3 @@ def _through_outage(call: Callable[[], Any], outage_s: float = OUTAGE_S) -> Any:
             if time.monotonic() > give_up:
                 raise
             time.sleep(0.5)
-
-
-@dataclass(frozen=True)
-class _Resume:
-    """Where a reclaimed job continues: what it generated and the engine time it used."""
-
-    text: str = ""
-    tokens: int = 0
-    engine_s: float = 0.0
-    reclaims: int = 0
-    entries: int = 0  # stream entries written so far
-
-    @classmethod
-    def of(cls, record: dict[str, Any]) -> _Resume:
-        return cls(record.get("resume_text", ""), record.get("resume_tokens", 0),
-                   record.get("resume_engine_s", 0.0), record.get("reclaims", 0),
-                   record.get("resume_entries", 0))

@@ -75,41 +75,16 @@ def test_a_batch_moves_only_from_the_statuses_named(redis_client):
                                                            "fields": {}}) == 0
 
 
-def test_a_reclaimed_job_is_queued_again_with_a_fresh_queue_ttl_and_its_cost_back(redis_client):
-    import time
-
-    from tailguard.jobs.store import RUNNING
-
-    store = JobStore(redis_client)
-    job_id = "cd" * 16
-    backlog = keys.lane_backlog_key("long")
-    store.create(job_id, {"lane": "long", "cost": 100}, queue_ttl_s=60)
-    first = store.get(job_id)["expires_at"]
-    store.transition(job_id, {QUEUED}, RUNNING, {"worker": "short@h"})
-    assert int(redis_client.get(backlog)) == 0 and store.running() == {job_id: "short@h"}
-    time.sleep(0.05)
-    assert store.requeue(job_id, {"resume_text": "so far", "resume_tokens": 2}) == (True, RUNNING)
-    job = store.get(job_id)
-    assert (job["status"], job["resume_text"], job["resume_tokens"]) == (QUEUED, "so far", 2)
-    assert job["expires_at"] > first and store.running() == {}
-    assert int(redis_client.get(backlog)) == 100
-    assert redis_client.zcard(keys.lane_queued_key("long")) == 1
-    # and it leaves the backlog once it runs again, as any queued job does
-    store.transition(job_id, {QUEUED}, RUNNING, {"worker": "long@h"})
-    assert int(redis_client.get(backlog)) == 0
-
-
 def test_a_worker_starts_a_job_in_one_step_and_gets_its_record(redis_client):
     from tailguard.jobs.store import RUNNING
 
     store = JobStore(redis_client)
     job_id = "ef" * 16
-    store.create(job_id, {"lane": "long", "cost": 100, "resume_text": "so far",
-                          "resume_tokens": 2}, queue_ttl_s=60)
+    store.create(job_id, {"lane": "long", "cost": 100, "deadline_s": 30}, queue_ttl_s=60)
     start = store.start(job_id, "long@h")
     assert start.started and start.state == QUEUED and not start.overdue
     assert start.record["status"] == RUNNING and start.record["worker"] == "long@h"
-    assert (start.record["resume_text"], start.record["resume_tokens"]) == ("so far", 2)
+    assert (start.record["lane"], start.record["deadline_s"]) == ("long", 30.0)
     assert int(redis_client.get(keys.lane_backlog_key("long"))) == 0
     assert store.running() == {job_id: "long@h"}
     again = store.start(job_id, "other@h")  # a redelivered duplicate
@@ -135,7 +110,7 @@ def test_an_end_keeps_the_record_and_the_text_for_their_own_ttls_and_the_text_on
 
     store = JobStore(redis_client, ttl_s=86400, record_ttl_s=600, output_ttl_s=60)
     job_id = "12" * 16
-    store.create(job_id, {"lane": "long", "cost": 10, "resume_text": "so far"}, queue_ttl_s=60)
+    store.create(job_id, {"lane": "long", "cost": 10}, queue_ttl_s=60)
     assert redis_client.ttl(keys.job_key(job_id)) > 600  # while live: the live backstop
     store.transition(job_id, {QUEUED}, RUNNING, {"worker": "w@h"})
     writer = DeltaWriter(redis_client, job_id, flush_s=0, ttl_s=86400)
@@ -146,7 +121,6 @@ def test_an_end_keeps_the_record_and_the_text_for_their_own_ttls_and_the_text_on
         "text": "so far and more", "completion_tokens": 4, "finish_reason": "length"}})[0]
     job = store.get(job_id)
     assert job["result"] == {"completion_tokens": 4, "finish_reason": "length"}  # no text here
-    assert "resume_text" not in job
     assert 590 < redis_client.ttl(keys.job_key(job_id)) <= 600
     assert 50 < redis_client.ttl(keys.job_stream_key(job_id)) <= 60
 

@@ -16,15 +16,12 @@
 --   return_record            optional: when moved, also return the job's fields after the move
 --   end_event                optional: terminal event data (a JSON text) for the job's stream
 --   record_ttl_s, output_ttl_s       with end_event: how long the record and the stream (the
---                                    job's text) are kept from now; a reclaimed job's resume
---                                    text, a second copy of the stream's, is dropped
+--                                    job's text) are kept from now
 --   stream_maxlen, finished_maxlen   approximate caps of the two streams
 --   fields: {name: string value}     set with the new state
 --   lane_keys: {queued, backlog, running, workers}   the lane key names with %s for the
 --                                    lane (keys.py): a job leaving `queued` leaves its lane's
---                                    backlog; a job going back to `queued` (reclaimed from a
---                                    borrowing worker) re-enters it with a fresh queue TTL
---                                    from now
+--                                    backlog
 --   worker_lost_grace_s              with lane_keys: a running job lapses from its lane's
 --                                    running zset this long past now + its deadline_s
 --   fair                             with lane_keys: keys.FAIR_KEY_PATTERNS: a job of a lane
@@ -56,19 +53,6 @@ if cur == 'queued' and a.lane_keys then
   if lane and cost and redis.call('ZREM', string.format(a.lane_keys.queued, lane),
                                   cost .. ' ' .. KEYS[1]) == 1 then
     redis.call('DECRBY', string.format(a.lane_keys.backlog, lane), cost)
-  end
-end
-if a.to == 'queued' and cur ~= 'queued' and a.lane_keys then
-  local lane, cost = redis.call('HGET', KEYS[1], 'lane'), redis.call('HGET', KEYS[1], 'cost')
-  local submitted = tonumber(redis.call('HGET', KEYS[1], 'submitted_at'))
-  local expires = tonumber(redis.call('HGET', KEYS[1], 'expires_at'))
-  if submitted and expires then
-    expires = now + (expires - submitted)
-    redis.call('HSET', KEYS[1], 'expires_at', string.format('%.6f', expires))
-    if lane and cost then
-      redis.call('ZADD', string.format(a.lane_keys.queued, lane), expires, cost .. ' ' .. KEYS[1])
-      redis.call('INCRBY', string.format(a.lane_keys.backlog, lane), cost)
-    end
   end
 end
 for name, value in pairs(a.fields) do redis.call('HSET', KEYS[1], name, value) end
@@ -108,7 +92,6 @@ end
 if lane and a.fair then fair_release(a.fair, lane) end
 if a.end_event then
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', a.stream_maxlen, '*', 'type', 'end', 'data', a.end_event)
-  redis.call('HDEL', KEYS[1], 'resume_text')
   redis.call('EXPIRE', KEYS[1], a.record_ttl_s)
   redis.call('EXPIRE', KEYS[2], a.output_ttl_s)
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', a.finished_maxlen, '*', 'key', KEYS[1])
