@@ -350,7 +350,7 @@ def test_a_ttft_target_the_lane_already_misses_is_refused_before_queueing(api, r
                       headers={"x-slo-ttft-ms": "50"})  # the alias
     assert missed.status_code == 429
     error = missed.get_json()["error"]
-    assert error["code"] == "wait_past_target" and "ms, past its time-to-first-token target of " \
+    assert error["code"] == "wait_past_target" and "past its time-to-first-token target of " \
         "50 ms" in error["message"]
     assert int(missed.headers["Retry-After"]) >= 1
     assert int(redis_client.get(keys.lane_backlog_key("batch"))) == backlog  # nothing queued
