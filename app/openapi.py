@@ -287,6 +287,9 @@ def _schemas() -> dict[str, dict[str, Any]]:
                            "each worker the controller may move serves now, and its order"},
             "moves": {"type": "array", "items": {"type": "object"},
                       "description": "the lane controller's latest decisions and moves"}}},
+        "Probe": {"type": "object", "required": ["status"], "properties": {
+            "status": {"type": "string", "enum": ["ok", "unready"]},
+            "redis": {"type": "string", "description": "ok, or why Redis did not answer"}}},
         "Health": {"type": "object", "required": ["status", "workers_per_lane"], "properties": {
             "status": {"type": "string", "enum": ["ok", "degraded"]},
             "auth": {"type": "string", "enum": ["open", "keys"],

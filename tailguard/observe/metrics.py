@@ -19,9 +19,13 @@ Who exports what (each process serves only what it owns; Prometheus sums):
 
 from __future__ import annotations
 
+import json
 import logging
+import socket
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import redis
 from prometheus_client import (
@@ -31,9 +35,10 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Histogram,
-    start_http_server,
+    make_wsgi_app,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from tailguard.engine.stats import HostStats
@@ -357,21 +362,46 @@ class BorrowCollector(Collector):
             yield c
 
 
+#: a probe: whether the process is alive, and the JSON body that says why
+Probe = Callable[[], tuple[bool, dict[str, Any]]]
+
+
 class MetricsServer:
     """A worker's Prometheus endpoint on its own HTTP thread: `collectors` (a worker's include
     vLLM's own series, relabelled: tailguard/observe/vllm_series.py) and the process's CPU,
     memory and GC series, from a registry of its own, not the default one, where vLLM's
-    series stand without the worker's labels."""
+    series stand without the worker's labels. With `livez`, GET /livez answers 200 or 503 with
+    its body (an orchestrator's liveness probe: tailguard/worker/probe.py); every other path
+    is the metrics, as prometheus_client serves them."""
 
-    def __init__(self, port: int, addr: str, collectors: list[Collector]) -> None:
-        self.port, self.addr, self.collectors = port, addr, collectors
+    def __init__(self, port: int, addr: str, collectors: list[Collector],
+                 livez: Probe | None = None) -> None:
+        self.port, self.addr, self.collectors, self.livez = port, addr, collectors, livez
         self.registry = CollectorRegistry()
         for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR, *collectors):
             self.registry.register(collector)
-        self._server = None
+        self._server: WSGIServer | None = None
 
     def start(self) -> None:
-        self._server, _ = start_http_server(self.port, addr=self.addr, registry=self.registry)
+        metrics = make_wsgi_app(self.registry)
+        livez = self.livez
+
+        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+            if livez is None or environ.get("PATH_INFO") != "/livez":
+                return metrics(environ, start_response)
+            alive, body = livez()
+            data = json.dumps(body).encode()
+            start_response("200 OK" if alive else "503 Service Unavailable",
+                           [("Content-Type", "application/json"),
+                            ("Content-Length", str(len(data)))])
+            return [data]
+
+        class Server(ThreadingWSGIServer):  # IPv4 or IPv6, as the address is
+            address_family = socket.getaddrinfo(self.addr, self.port)[0][0]
+
+        self._server = make_server(self.addr, self.port, app, Server, handler_class=_Quiet)
+        threading.Thread(target=self._server.serve_forever, name="tailguard-metrics",
+                         daemon=True).start()
         log.info("metrics on http://%s:%d/metrics", self.addr, self.port)
 
     def stop(self) -> None:
@@ -379,3 +409,10 @@ class MetricsServer:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+class _Quiet(WSGIRequestHandler):
+    """No access log: Prometheus and the kubelet ask every few seconds."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass

@@ -51,6 +51,7 @@ from tailguard.jobs.task_message import kwargs_repr
 from tailguard.lanes.borrowing import BorrowPolicy, resolve
 from tailguard.lanes.table import Lane, LaneTable, check_worker_lanes, load_lanes, slots_for
 from tailguard.redis import client as redis_client
+from tailguard.worker import probe
 from tailguard.worker.borrower import BORROWED_PRIORITY, Borrower, Prioritized
 from tailguard.worker.engine_config import (
     check_engine_options,
@@ -379,15 +380,17 @@ def _parts(runtime: WorkerRuntime, eager_engine: bool,
     it needs from the runtime."""
     period = settings.WORKER_HEARTBEAT_S.get()
     keepers = [k for k in (runtime.keeper, runtime.idle_keeper) if k is not None]
+    heartbeat = Heartbeat(runtime.liveness, runtime.hostname, period,
+                          checks=[k.check for k in keepers], advertise=runtime.advertise,
+                          reaper=Reaper(runtime.store, runtime.liveness, period, Redeliverer(
+                              runtime.store, runtime.app.connection_for_write,
+                              settings.REDELIVER_AFTER_S.get(),
+                              [runtime.all_lanes[l] for a in assignments for l in a],
+                              confirm_s=period)))
     parts: list[Part | None] = [
-        _metrics_server(runtime),
+        _metrics_server(runtime, heartbeat),
         _Engines(keepers, eager=eager_engine),
-        Heartbeat(runtime.liveness, runtime.hostname, period,
-                  checks=[k.check for k in keepers], advertise=runtime.advertise,
-                  reaper=Reaper(runtime.store, runtime.liveness, period, Redeliverer(
-                      runtime.store, runtime.app.connection_for_write,
-                      settings.REDELIVER_AFTER_S.get(),
-                      [runtime.all_lanes[l] for a in assignments for l in a], confirm_s=period))),
+        heartbeat,
         runtime.roamer,
         runtime.borrower,
         _lane_follower(runtime, assignments) if len(assignments) > 1 else None,
@@ -446,10 +449,11 @@ class _Engines:
             keeper.stop()
 
 
-def _metrics_server(runtime: WorkerRuntime) -> MetricsServer | None:
+def _metrics_server(runtime: WorkerRuntime, heartbeat: Heartbeat) -> MetricsServer | None:
     """This worker's Prometheus endpoint (None when its port is 0: off): its engine host's
     view, vLLM's own series labelled with its lanes as they are at each scrape (lane moves
-    change them), and its borrowing."""
+    change them), and its borrowing; and GET /livez, its engine and heartbeat
+    (tailguard/worker/probe.py)."""
     port = settings.WORKER_METRICS_PORT.get()
     if not port:
         return None
@@ -461,7 +465,13 @@ def _metrics_server(runtime: WorkerRuntime) -> MetricsServer | None:
         VllmSeriesCollector(runtime.hostname, lambda: runtime.lane_names)]
     if runtime.borrower is not None:
         collectors.append(BorrowCollector(runtime.hostname, runtime.borrower.stats))
-    return MetricsServer(port, settings.WORKER_METRICS_ADDR.get(), collectors)
+
+    def livez() -> tuple[bool, dict[str, object]]:
+        verdict = probe.liveness(runtime.keeper.state, heartbeat.age_s(), lapse_s(),
+                                 stopping=runtime.stopping.is_set())
+        return verdict.alive, verdict.to_dict()
+
+    return MetricsServer(port, settings.WORKER_METRICS_ADDR.get(), collectors, livez=livez)
 
 
 def lanes_for_queue_names(table: LaneTable, names: list[str]) -> list[Lane]:
