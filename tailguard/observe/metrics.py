@@ -5,10 +5,11 @@ Who exports what (each process serves only what it owns; Prometheus sums):
 * the API (`GET /metrics` on the API port) owns per-lane request histograms and
   counters, fed by the finished-request stream (tailguard/jobs/finished.py) so every
   request is counted once, by one consumer, whichever process ended it; plus
-  accepted/capped/rejected counts at submission and queue depth read from Redis
-  at scrape time. The API runs one gunicorn process (with threads), so one
-  in-process registry is the whole truth; if you run several API processes,
-  scrape each (the finished stream's consumer group still counts each request once).
+  accepted/capped/rejected counts at submission, and queue depth and backlog
+  tokens (the series workers scale by) read from Redis at scrape time. The API
+  runs one gunicorn process (with threads), so one in-process registry is the
+  whole truth; if you run several API processes, scrape each (the finished
+  stream's consumer group still counts each request once).
 * each worker (`--metrics-port`, `TAILGUARD_WORKER_METRICS_PORT`) owns its engine:
   running and peak running requests, aborts, and vLLM's own `vllm:*` metrics
   (KV-cache use, scheduler queues, latency histograms), which vLLM registers in the worker
@@ -44,6 +45,7 @@ from prometheus_client.registry import Collector
 from tailguard.engine.stats import HostStats
 from tailguard.errors import RateLimited
 from tailguard.jobs.finished import FinishedRequest
+from tailguard.jobs.lane_load import LaneLoadStore
 from tailguard.jobs.lane_orders import MOVE_BUCKETS_S, LaneOrders
 from tailguard.jobs.liveness import Liveness
 from tailguard.jobs.redis_memory import StorageWatch
@@ -106,6 +108,28 @@ class QueueDepthCollector(Collector):
                 family.add_metric([lane], queue_depth(self.client, lane, lane))
         except redis.RedisError:
             return  # no sample beats a wrong one; /healthz reports the outage
+        yield family
+
+
+class LaneBacklogCollector(Collector):
+    """`tailguard_lane_backlog_tokens{lane}`: the cost tokens of the lane's queued jobs, read
+    from Redis when scraped (tailguard/jobs/lane_load.py), what admission decides on. The series
+    to scale workers by: a short and a long job differ tens of times in cost, so a count of
+    jobs (tailguard_queue_depth) says little about the engines they need. Every API process
+    exports the same value: aggregate with max, not sum (deploy/kubernetes/base/scaling.yaml)."""
+
+    def __init__(self, client: redis.Redis, lanes: list[str]) -> None:
+        self.load, self.lanes = LaneLoadStore(client), lanes
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily(metric_name("lane_backlog_tokens"),
+                                   "Cost tokens (prompt + max_tokens) of the lane's queued jobs",
+                                   labels=["lane"])
+        try:
+            for lane in self.lanes:
+                family.add_metric([lane], self.load.load(lane).backlog_tokens)
+        except redis.RedisError:
+            return  # no sample beats a wrong one; /readyz reports the outage
         yield family
 
 
@@ -255,6 +279,7 @@ class GatewayMetrics:
             self.capped.labels(lane)
         if client is not None:
             r.register(QueueDepthCollector(client, lanes))
+            r.register(LaneBacklogCollector(client, lanes))
             r.register(LaneMovesCollector(client))
 
     def observe(self, rec: FinishedRequest) -> None:

@@ -66,6 +66,20 @@ def request_lines(request_log) -> list[dict]:
     return [json.loads(r.getMessage()) for r in request_log.records if r.name == "tailguard.requests"]
 
 
+def test_lane_backlog_tokens_are_the_queued_jobs_costs(client, redis_client):
+    """The series workers scale by (deploy/kubernetes/base/scaling.yaml): queued cost tokens."""
+    jobs = [client.post("/v1/jobs", json={"prompt": "hi", "max_tokens": n}).get_json()
+            for n in (8, 16, 100000)]  # the last is capped to, and queued on, the long lane
+    text = client.get("/metrics").data.decode()
+    for lane in ("short", "long", "batch"):
+        assert sample(text, "tailguard_lane_backlog_tokens", lane=lane) == sum(
+            j["cost"] for j in jobs if j["lane"] == lane)
+    assert {j["lane"] for j in jobs} == {"short", "long"}
+    client.delete(f"/v1/jobs/{jobs[0]['id']}")  # no longer queued: out of the backlog
+    text = client.get("/metrics").data.decode()
+    assert sample(text, "tailguard_lane_backlog_tokens", lane="short") == jobs[1]["cost"]
+
+
 def test_metrics_move_as_requests_finish(client, redis_client, gateway):
     # the app (and its registry) lives for the whole session: compare against a snapshot
     before = client.get("/metrics").data.decode()
