@@ -80,6 +80,27 @@ def test_lane_backlog_tokens_are_the_queued_jobs_costs(client, redis_client):
     assert sample(text, "tailguard_lane_backlog_tokens", lane="short") == jobs[1]["cost"]
 
 
+def test_the_scaling_queries_read_series_the_api_exports(client, redis_client):
+    """Every metric a KEDA trigger of deploy/kubernetes/ reads is on the API's /metrics, with a
+    sample for each lane it names (a misspelt name would scale nothing, silently)."""
+    import re
+
+    import yaml
+
+    text = client.get("/metrics").data.decode()
+    docs = yaml.safe_load_all((ROOT / "deploy/kubernetes/base/scaling.yaml").read_text())
+    queries = [t["metadata"]["query"] for d in docs if d and d["kind"] == "ScaledObject"
+               for t in d["spec"]["triggers"]]
+    assert queries
+    for query in queries:
+        names = set(re.findall(r"\btailguard_[a-z_]+", query))
+        lanes = re.search(r'lane\s*=~?\s*"([^"]+)"', query).group(1).split("|")
+        assert names, query
+        for name in names:
+            for lane in lanes:
+                assert sample(text, name, lane=lane) is not None, (name, lane)
+
+
 def test_metrics_move_as_requests_finish(client, redis_client, gateway):
     # the app (and its registry) lives for the whole session: compare against a snapshot
     before = client.get("/metrics").data.decode()
