@@ -11,6 +11,7 @@ import requests
 from celery.contrib.testing.worker import start_worker, test_worker_started
 from waiting import wait_for
 
+from app.gateway_ext import built_gateway
 from tailguard import settings
 from tailguard.engine.keeper import FAILED, EngineKeeper
 from tailguard.errors import EngineDeadError
@@ -36,6 +37,7 @@ def test_an_api_whose_redis_is_stopped_is_unready_but_live(tiny_model):
     data = Path(tempfile.mkdtemp(prefix="tailguard-redis-probe-"))
     port = free_port()
     redis = start_redis(port, data, appendonly=False)
+    api = None
     try:
         api = create_app({"TESTING": True, "TAILGUARD_MODEL": tiny_model,
                           "TAILGUARD_REDIS_URL": f"redis://127.0.0.1:{port}/0",
@@ -48,6 +50,9 @@ def test_an_api_whose_redis_is_stopped_is_unready_but_live(tiny_model):
         assert unready.get_json()["status"] == "unready" and unready.get_json()["redis"] != "ok"
         assert http.get("/livez").status_code == 200  # a restart would not bring Redis back
     finally:
+        gateway = built_gateway(api) if api is not None else None
+        if gateway is not None:  # its threads would follow a Redis that is gone
+            gateway.close()
         redis.stop()
         shutil.rmtree(data, ignore_errors=True)
 
