@@ -3,8 +3,9 @@
 Owns the worker runtime (``runtime``: engine, heartbeat, borrowing, built when the
 Celery consumer is ready, its parts started and stopped in a declared order; no other
 module here imports it), its engine configuration (``engine_config``), the heartbeat
-(``heartbeat``), its liveness for an orchestrator's probe (``probe``), the lifecycle of a
-job on the worker (``runner``), borrowing other lanes' jobs (``borrower``) and carrying out the lane controller's orders with the engine
+(``heartbeat``), its liveness for an orchestrator's probe (``probe``), the lifecycle of
+a job on the worker (``runner``), borrowing other
+lanes' jobs (``borrower``) and carrying out the lane controller's orders with the engine
 left warm (``lane_follower``). ``tasks/`` adapts Celery's signals and tasks to it.
 May import: ``tailguard.engine``, ``tailguard.jobs``, ``tailguard.lanes``,
 ``tailguard.model``, ``tailguard.observe``, ``tailguard.host``, ``tailguard.redis``,
