@@ -283,6 +283,9 @@ def _schemas() -> dict[str, dict[str, Any]]:
             "model": _NULLABLE_STR, "model_max_len": {"type": "integer"},
             "lanes": {"type": "array", "items": {"type": "object"}},
             "workers": {"type": "array", "items": {"type": "object"}}}},
+        "Probe": {"type": "object", "required": ["status"], "properties": {
+            "status": {"type": "string", "enum": ["ok", "unready"]},
+            "redis": {"type": "string", "description": "ok, or why Redis did not answer"}}},
         "Health": {"type": "object", "required": ["status", "workers_per_lane"], "properties": {
             "status": {"type": "string", "enum": ["ok", "degraded"]},
             "auth": {"type": "string", "enum": ["open", "keys"],

@@ -243,6 +243,15 @@ class Gateway:
             healthy, body["status"] = False, "degraded"
         return healthy, body
 
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """Whether this API can take and answer requests: Redis answers (within its socket
+        timeout). Lanes and workers are /healthz's: without them each request is answered."""
+        try:
+            self.store.redis.ping()
+        except redis.RedisError as exc:
+            return False, {"status": "unready", "redis": f"{type(exc).__name__}: {exc}"}
+        return True, {"status": "ok", "redis": "ok"}
+
     def lanes_view(self) -> dict[str, Any]:
         """The lane table with the live workers serving each lane, per host, and the workers'
         entries (/v1/lanes)."""

@@ -37,7 +37,6 @@ from tailguard.errors import ConfigError
 from tailguard.host.cores import frontend_cores, frontend_env, shares_frontend
 from tailguard.host.devices import device_kind
 from tailguard.host.procs import (
-    STOP_TIMEOUT_S,
     ChildSpec,
     Group,
     RestartPolicy,
@@ -45,6 +44,7 @@ from tailguard.host.procs import (
     worker_spec,
 )
 from tailguard.lanes.table import LaneTable, lanes_file_for_host, load_lanes
+from tailguard.launch.processes import worker_stop_timeout_s
 from tailguard.launch.worker_placement import Placement, plan_workers
 
 #: Worker i's metrics port is this + i unless TAILGUARD_WORKER_METRICS_PORT says another base
@@ -146,12 +146,6 @@ def restart_policy() -> RestartPolicy:
     return RestartPolicy(backoff_s=settings.RESTART_BACKOFF_S.get(),
                          max_restarts=settings.CRASH_LOOP_RESTARTS.get(),
                          window_s=settings.CRASH_LOOP_WINDOW_S.get())
-
-
-def worker_stop_timeout_s(table: LaneTable, lanes: tuple[str, ...] | list[str]) -> float:
-    """A warm shutdown finishes the requests a worker runs (each ends by its lane deadline)
-    and then stops the engine: the longest deadline among its lanes plus STOP_TIMEOUT_S."""
-    return max(table[lane].deadline_s for lane in lanes) + STOP_TIMEOUT_S
 
 
 def run_up(binds: Binds | None = None) -> int:

@@ -5,10 +5,11 @@ Who exports what (each process serves only what it owns; Prometheus sums):
 * the API (`GET /metrics` on the API port) owns per-lane request histograms and
   counters, fed by the finished-request stream (tailguard/jobs/finished.py) so every
   request is counted once, by one consumer, whichever process ended it; plus
-  accepted/capped/rejected counts at submission and queue depth read from Redis
-  at scrape time. The API runs one gunicorn process (with threads), so one
-  in-process registry is the whole truth; if you run several API processes,
-  scrape each (the finished stream's consumer group still counts each request once).
+  accepted/capped/rejected counts at submission, and queue depth and backlog
+  tokens (the series workers scale by) read from Redis at scrape time. The API
+  runs one gunicorn process (with threads), so one in-process registry is the
+  whole truth; if you run several API processes, scrape each (the finished
+  stream's consumer group still counts each request once).
 * each worker (`--metrics-port`, `TAILGUARD_WORKER_METRICS_PORT`) owns its engine:
   running and peak running requests, aborts, and vLLM's own `vllm:*` metrics
   (KV-cache use, scheduler queues, latency histograms), which vLLM registers in the worker
@@ -18,8 +19,13 @@ Who exports what (each process serves only what it owns; Prometheus sums):
 
 from __future__ import annotations
 
+import json
 import logging
+import socket
+import threading
 from collections.abc import Callable, Iterable
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import redis
 from prometheus_client import (
@@ -29,14 +35,16 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Histogram,
-    start_http_server,
+    make_wsgi_app,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from tailguard.engine.stats import HostStats
 from tailguard.errors import RateLimited
 from tailguard.jobs.finished import FinishedRequest
+from tailguard.jobs.lane_load import LaneLoadStore
 from tailguard.jobs.redis_memory import StorageWatch
 from tailguard.jobs.store import held_count
 
@@ -96,6 +104,28 @@ class QueueDepthCollector(Collector):
                 family.add_metric([lane], queue_depth(self.client, lane, lane))
         except redis.RedisError:
             return  # no sample beats a wrong one; /healthz reports the outage
+        yield family
+
+
+class LaneBacklogCollector(Collector):
+    """`tailguard_lane_backlog_tokens{lane}`: the cost tokens of the lane's queued jobs, read
+    from Redis when scraped (tailguard/jobs/lane_load.py), what admission decides on. The series
+    to scale workers by: a short and a long job differ tens of times in cost, so a count of
+    jobs (tailguard_queue_depth) says little about the engines they need. Every API process
+    exports the same value: aggregate with max, not sum (deploy/kubernetes/base/scaling.yaml)."""
+
+    def __init__(self, client: redis.Redis, lanes: list[str]) -> None:
+        self.load, self.lanes = LaneLoadStore(client), lanes
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily(metric_name("lane_backlog_tokens"),
+                                   "Cost tokens (prompt + max_tokens) of the lane's queued jobs",
+                                   labels=["lane"])
+        try:
+            for lane in self.lanes:
+                family.add_metric([lane], self.load.load(lane).backlog_tokens)
+        except redis.RedisError:
+            return  # no sample beats a wrong one; /readyz reports the outage
         yield family
 
 
@@ -191,6 +221,7 @@ class GatewayMetrics:
             self.capped.labels(lane)
         if client is not None:
             r.register(QueueDepthCollector(client, lanes))
+            r.register(LaneBacklogCollector(client, lanes))
 
     def observe(self, rec: FinishedRequest) -> None:
         """A FinishedConsumer sink."""
@@ -269,21 +300,46 @@ class WorkerCollector(Collector):
             yield c
 
 
+#: a probe: whether the process is alive, and the JSON body that says why
+Probe = Callable[[], tuple[bool, dict[str, Any]]]
+
+
 class MetricsServer:
     """A worker's Prometheus endpoint on its own HTTP thread: `collectors` (a worker's include
     vLLM's own series, relabelled: tailguard/observe/vllm_series.py) and the process's CPU,
     memory and GC series, from a registry of its own, not the default one, where vLLM's
-    series stand without the worker's labels."""
+    series stand without the worker's labels. With `livez`, GET /livez answers 200 or 503 with
+    its body (an orchestrator's liveness probe: tailguard/worker/probe.py); every other path
+    is the metrics, as prometheus_client serves them."""
 
-    def __init__(self, port: int, addr: str, collectors: list[Collector]) -> None:
-        self.port, self.addr, self.collectors = port, addr, collectors
+    def __init__(self, port: int, addr: str, collectors: list[Collector],
+                 livez: Probe | None = None) -> None:
+        self.port, self.addr, self.collectors, self.livez = port, addr, collectors, livez
         self.registry = CollectorRegistry()
         for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR, *collectors):
             self.registry.register(collector)
-        self._server = None
+        self._server: WSGIServer | None = None
 
     def start(self) -> None:
-        self._server, _ = start_http_server(self.port, addr=self.addr, registry=self.registry)
+        metrics = make_wsgi_app(self.registry)
+        livez = self.livez
+
+        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+            if livez is None or environ.get("PATH_INFO") != "/livez":
+                return metrics(environ, start_response)
+            alive, body = livez()
+            data = json.dumps(body).encode()
+            start_response("200 OK" if alive else "503 Service Unavailable",
+                           [("Content-Type", "application/json"),
+                            ("Content-Length", str(len(data)))])
+            return [data]
+
+        class Server(ThreadingWSGIServer):  # IPv4 or IPv6, as the address is
+            address_family = socket.getaddrinfo(self.addr, self.port)[0][0]
+
+        self._server = make_server(self.addr, self.port, app, Server, handler_class=_Quiet)
+        threading.Thread(target=self._server.serve_forever, name="tailguard-metrics",
+                         daemon=True).start()
         log.info("metrics on http://%s:%d/metrics", self.addr, self.port)
 
     def stop(self) -> None:
@@ -291,3 +347,10 @@ class MetricsServer:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+class _Quiet(WSGIRequestHandler):
+    """No access log: Prometheus and the kubelet ask every few seconds."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass

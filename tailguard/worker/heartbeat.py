@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 import redis
@@ -36,6 +37,9 @@ class Heartbeat:
         self.checks, self.advertise, self.reaper = checks, advertise, reaper
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        #: time.monotonic() when the last beat ended, Redis answering or not (None: none yet):
+        #: a stuck beat is what the worker's probe looks for (tailguard/worker/probe.py)
+        self.last_beat: float | None = None
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self.run, name="tailguard-heartbeat", daemon=True)
@@ -65,3 +69,9 @@ class Heartbeat:
             self.reaper.run_once()
         except redis.RedisError as exc:
             log.warning("heartbeat failed: %s", exc)
+        self.last_beat = time.monotonic()
+
+    def age_s(self) -> float | None:
+        """Seconds since the last beat ended (None: no beat yet)."""
+        last = self.last_beat
+        return None if last is None else time.monotonic() - last

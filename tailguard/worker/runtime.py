@@ -46,6 +46,7 @@ from tailguard.jobs.store import JobStore
 from tailguard.jobs.stream import DeltaWriter, flush_interval, writes_per_s_for
 from tailguard.lanes.table import Lane, LaneTable, check_worker_lanes, load_lanes
 from tailguard.redis import client as redis_client
+from tailguard.worker import probe
 from tailguard.worker.engine_config import check_engine_options, engine_config
 from tailguard.worker.heartbeat import Heartbeat, lapse_s
 from tailguard.worker.lane_gate import LaneGate
@@ -271,15 +272,16 @@ def _parts(runtime: WorkerRuntime, eager_engine: bool) -> list[Part]:
     checks it and advertises its lanes. A new part is one line here, where it can read what
     it needs from the runtime."""
     period = settings.WORKER_HEARTBEAT_S.get()
+    heartbeat = Heartbeat(runtime.liveness, runtime.hostname, period,
+                          checks=[runtime.keeper.check], advertise=runtime.advertise,
+                          reaper=Reaper(runtime.store, runtime.liveness, period, Redeliverer(
+                              runtime.store, runtime.app.connection_for_write,
+                              settings.REDELIVER_AFTER_S.get(),
+                              list(runtime.all_lanes.values()), confirm_s=period)))
     parts: list[Part | None] = [
-        _metrics_server(runtime),
+        _metrics_server(runtime, heartbeat),
         _Engines([runtime.keeper], eager=eager_engine),
-        Heartbeat(runtime.liveness, runtime.hostname, period,
-                  checks=[runtime.keeper.check], advertise=runtime.advertise,
-                  reaper=Reaper(runtime.store, runtime.liveness, period, Redeliverer(
-                      runtime.store, runtime.app.connection_for_write,
-                      settings.REDELIVER_AFTER_S.get(),
-                      list(runtime.all_lanes.values()), confirm_s=period))),
+        heartbeat,
         runtime.roamer,
     ]
     return [p for p in parts if p is not None]
@@ -319,9 +321,10 @@ class _Engines:
             keeper.stop()
 
 
-def _metrics_server(runtime: WorkerRuntime) -> MetricsServer | None:
+def _metrics_server(runtime: WorkerRuntime, heartbeat: Heartbeat) -> MetricsServer | None:
     """This worker's Prometheus endpoint (None when its port is 0: off): its engine host's
-    view and vLLM's own series labelled with its lanes."""
+    view and vLLM's own series labelled with its lanes; and GET /livez, its engine and
+    heartbeat (tailguard/worker/probe.py)."""
     port = settings.WORKER_METRICS_PORT.get()
     if not port:
         return None
@@ -331,7 +334,13 @@ def _metrics_server(runtime: WorkerRuntime) -> MetricsServer | None:
     collectors: list[Collector] = [
         WorkerCollector(runtime.hostname, lambda: engine_stats_of(runtime)),
         VllmSeriesCollector(runtime.hostname, lambda: runtime.lane_names)]
-    return MetricsServer(port, settings.WORKER_METRICS_ADDR.get(), collectors)
+
+    def livez() -> tuple[bool, dict[str, object]]:
+        verdict = probe.liveness(runtime.keeper.state, heartbeat.age_s(), lapse_s(),
+                                 stopping=runtime.stopping.is_set())
+        return verdict.alive, verdict.to_dict()
+
+    return MetricsServer(port, settings.WORKER_METRICS_ADDR.get(), collectors, livez=livez)
 
 
 def lanes_for_queue_names(table: LaneTable, names: list[str]) -> list[Lane]:

@@ -66,6 +66,41 @@ def request_lines(request_log) -> list[dict]:
     return [json.loads(r.getMessage()) for r in request_log.records if r.name == "tailguard.requests"]
 
 
+def test_lane_backlog_tokens_are_the_queued_jobs_costs(client, redis_client):
+    """The series workers scale by (deploy/kubernetes/base/scaling.yaml): queued cost tokens."""
+    jobs = [client.post("/v1/jobs", json={"prompt": "hi", "max_tokens": n}).get_json()
+            for n in (8, 16, 100000)]  # the last is capped to, and queued on, the long lane
+    text = client.get("/metrics").data.decode()
+    for lane in ("short", "long", "batch"):
+        assert sample(text, "tailguard_lane_backlog_tokens", lane=lane) == sum(
+            j["cost"] for j in jobs if j["lane"] == lane)
+    assert {j["lane"] for j in jobs} == {"short", "long"}
+    client.delete(f"/v1/jobs/{jobs[0]['id']}")  # no longer queued: out of the backlog
+    text = client.get("/metrics").data.decode()
+    assert sample(text, "tailguard_lane_backlog_tokens", lane="short") == jobs[1]["cost"]
+
+
+def test_the_scaling_queries_read_series_the_api_exports(client, redis_client):
+    """Every metric a KEDA trigger of deploy/kubernetes/ reads is on the API's /metrics, with a
+    sample for each lane it names (a misspelt name would scale nothing, silently)."""
+    import re
+
+    import yaml
+
+    text = client.get("/metrics").data.decode()
+    docs = yaml.safe_load_all((ROOT / "deploy/kubernetes/base/scaling.yaml").read_text())
+    queries = [t["metadata"]["query"] for d in docs if d and d["kind"] == "ScaledObject"
+               for t in d["spec"]["triggers"]]
+    assert queries
+    for query in queries:
+        names = set(re.findall(r"\btailguard_[a-z_]+", query))
+        lanes = re.search(r'lane\s*=~?\s*"([^"]+)"', query).group(1).split("|")
+        assert names, query
+        for name in names:
+            for lane in lanes:
+                assert sample(text, name, lane=lane) is not None, (name, lane)
+
+
 def test_metrics_move_as_requests_finish(client, redis_client, gateway):
     # the app (and its registry) lives for the whole session: compare against a snapshot
     before = client.get("/metrics").data.decode()
