@@ -5,9 +5,10 @@ Pure rule, no I/O. Every engine may serve every lane its worker lists; the lanes
 in its worker's order (short, then long, then batch), that
 
 * has a job waiting,
-* runs fewer of its jobs on this engine than its per-engine limit (``Lane.engine_slots``:
-  ``max_running``, else ``max_num_seqs``), so a burst of long jobs never takes every slot and a
-  short job always finds one, and
+* runs fewer jobs on this engine, its own and those of the lanes after it, than its per-engine
+  limit (``Lane.engine_slots``: ``max_running``, else ``max_num_seqs``), so a burst of long and
+  batch jobs together never takes more than long's limit and a short job always finds one of
+  the slots left, and
 * is interactive, or no interactive lane of the worker has a job waiting (batch runs only
   on what interactive work leaves).
 
@@ -18,8 +19,9 @@ engine's long work while another has room.
 A Celery worker cannot ask "is anything waiting" before each delivery; it chooses which
 queues to consume and the broker takes them in order (kombu's ``queue_order_strategy =
 "priority"``: the first non-empty list of ``-Q short,long,batch``). ``consumable`` is the same
-rule in that form: a lane is consumed while it is below its limit on this engine, and a batch
-lane only while every interactive lane is too (then the list order serves it last). The
+rule in that form: a lane is consumed while it is below its limit on this engine (a lane's
+limit also counts the lanes after it, so a lane closes when a lane after it fills the room),
+and a batch lane only while every interactive lane is too (then the list order serves it last). The
 simulator (tailguard/plan/sim.py) calls ``next_lane``; the worker (tasks/worker.py) calls
 ``consumable``.
 """
@@ -43,9 +45,10 @@ class LaneLimit(Protocol):
     def engine_slots(self) -> int: ...
 
 
-def below_limit(lane: LaneLimit, running: Mapping[str, int]) -> bool:
-    """Whether one more of `lane`'s jobs may start on an engine running `running` (by lane)."""
-    return running.get(lane.name, 0) < lane.engine_slots
+def below_limit(lanes: Sequence[LaneLimit], i: int, running: Mapping[str, int]) -> bool:
+    """Whether one more job of `lanes[i]` may start on an engine running `running` (by lane):
+    its limit bounds its own jobs and those of every lane after it in the order."""
+    return sum(running.get(l.name, 0) for l in lanes[i:]) < lanes[i].engine_slots
 
 
 def next_lane(lanes: Sequence[LaneLimit], running: Mapping[str, int],
@@ -55,8 +58,8 @@ def next_lane(lanes: Sequence[LaneLimit], running: Mapping[str, int],
     start now."""
     interactive_waiting = any(waiting.get(l.name, 0) > 0 for l in lanes
                               if l.priority == "interactive")
-    for lane in lanes:
-        if waiting.get(lane.name, 0) <= 0 or not below_limit(lane, running):
+    for i, lane in enumerate(lanes):
+        if waiting.get(lane.name, 0) <= 0 or not below_limit(lanes, i, running):
             continue
         if lane.priority != "interactive" and interactive_waiting:
             return None
@@ -68,6 +71,6 @@ def consumable(lanes: Sequence[LaneLimit], running: Mapping[str, int]) -> tuple[
     """The queues a worker serving `lanes` (in priority order) consumes now, in that order, with
     `running` of each lane's jobs on its engine: `next_lane` for a broker that takes the first
     non-empty queue of the list."""
-    open_ = [l for l in lanes if below_limit(l, running)]
+    open_ = [l for i, l in enumerate(lanes) if below_limit(lanes, i, running)]
     interactive_open = all(l in open_ for l in lanes if l.priority == "interactive")
     return tuple(l.name for l in open_ if l.priority == "interactive" or interactive_open)

@@ -48,8 +48,9 @@ class Lane:
     queue_ttl_s: float = 300.0
     rate_limit: str = ""
     max_num_seqs: int = 8
-    #: the most of this lane's requests one engine runs at once (None: max_num_seqs); what keeps
-    #: room on every engine for the lanes ahead of it (tailguard/lanes/dispatch.py)
+    #: the most requests of this lane and the lanes after it in a worker's order that one engine
+    #: runs at once (None: max_num_seqs); what keeps room on every engine for the lanes ahead of
+    #: it (tailguard/lanes/dispatch.py)
     max_running: int | None = None
     max_model_len: int = 2048
     dedicated: bool = False
@@ -73,7 +74,8 @@ class Lane:
 
     @property
     def engine_slots(self) -> int:
-        """How many of this lane's requests one engine serving it runs at once."""
+        """How many requests of this lane (and of the lanes after it in a worker's order) one
+        engine serving it runs at once."""
         return min(self.max_running, self.max_num_seqs) if self.max_running else self.max_num_seqs
 
     @property
@@ -251,8 +253,9 @@ LANE_FIELDS: dict[str, FieldDoc] = {
                            "spaces task starts, never rejects"),
     "max_num_seqs": FieldDoc((int,), "8", "engine batch size, and the worker's thread concurrency"),
     "max_running": FieldDoc((int,), "max_num_seqs",
-                            "the most of the lane's requests one engine runs at once (its "
-                            "per-engine limit: room kept for the lanes ahead of it)"),
+                            "the most requests of this lane and the lanes after it (in a "
+                            "worker's order) one engine runs at once: room kept on every engine "
+                            "for the lanes ahead of it"),
     "max_model_len": FieldDoc((int,), "2048", "engine context (never more than the model's own)"),
     "dedicated": FieldDoc((bool,), "false", "a worker serving this lane serves nothing else"),
     "max_backlog_tokens": FieldDoc((int,), "none",

@@ -8,7 +8,7 @@ from tailguard.lanes.table import parse_lanes
 TABLE = parse_lanes({
     "lanes": {
         "short": {"max_cost": 100, "max_tokens": 64, "max_num_seqs": 6},
-        "long": {"max_tokens": 512, "max_num_seqs": 8, "max_running": 2},
+        "long": {"max_tokens": 512, "max_num_seqs": 8, "max_running": 4},
         "batch": {"priority": "batch", "max_tokens": 512, "max_num_seqs": 8, "max_running": 2},
     },
     "workers": [{"name": "engine", "lanes": ["short", "long", "batch"]}],
@@ -20,13 +20,15 @@ LANES = list(TABLE)
     ({}, {}, None),                                           # nothing waits
     ({}, {"long": 3, "short": 1}, "short"),                   # short first
     ({}, {"long": 3}, "long"),
-    ({"long": 2}, {"long": 3}, None),                         # long at its limit on this engine
-    ({"long": 2}, {"long": 3, "short": 1}, "short"),          # a short still finds a slot
+    ({"long": 4}, {"long": 3}, None),                         # long at its limit on this engine
+    ({"long": 2, "batch": 2}, {"long": 3}, None),             # ... which counts batch too
+    ({"long": 4}, {"long": 3, "short": 1}, "short"),          # a short still finds a slot
     ({"short": 6}, {"short": 1, "long": 1}, "long"),          # short full here: long may go
     ({}, {"batch": 5}, "batch"),                              # batch when nothing else waits
-    ({"long": 2}, {"long": 1, "batch": 5}, None),             # batch waits behind waiting long
+    ({"long": 4}, {"long": 1, "batch": 5}, None),             # batch waits behind waiting long
     ({"short": 6}, {"short": 1, "batch": 5}, None),           # ... and behind waiting short
     ({"batch": 2}, {"batch": 5}, None),                       # batch at its limit
+    ({"batch": 2}, {"long": 1}, "long"),                      # long has room beside batch
 ])
 def test_an_engine_takes_the_first_lane_with_work_below_its_limit(running, waiting, expected):
     assert next_lane(LANES, running, waiting) == expected
@@ -34,11 +36,13 @@ def test_an_engine_takes_the_first_lane_with_work_below_its_limit(running, waiti
 
 @pytest.mark.parametrize("running, expected", [
     ({}, ("short", "long", "batch")),
-    ({"long": 1}, ("short", "long", "batch")),
-    ({"long": 2}, ("short",)),                 # long closed, and batch behind it
+    ({"long": 3}, ("short", "long", "batch")),
+    ({"long": 4}, ("short",)),                 # long closed, and batch behind it
+    ({"long": 2, "batch": 2}, ("short",)),     # long's limit counts batch's jobs
     ({"short": 6}, ("long",)),                 # short closed: batch must not overtake it
     ({"batch": 2}, ("short", "long")),
-    ({"short": 5, "long": 2, "batch": 2}, ("short",)),
+    ({"short": 4, "long": 1}, ("short", "long", "batch")),
+    ({"short": 5, "long": 1}, ("long",)),      # short's limit counts every lane after it
 ])
 def test_a_worker_consumes_the_lanes_below_their_limits_in_order(running, expected):
     assert consumable(LANES, running) == expected
@@ -47,7 +51,8 @@ def test_a_worker_consumes_the_lanes_below_their_limits_in_order(running, expect
 def test_consuming_the_open_queues_in_order_takes_what_next_lane_takes():
     # a broker serving the first non-empty queue of `consumable` picks `next_lane`'s lane
     # wherever that one is not a batch lane held back by a closed interactive lane
-    for running in ({}, {"long": 2}, {"short": 6}, {"batch": 2}, {"short": 6, "long": 2}):
+    for running in ({}, {"long": 4}, {"short": 6}, {"batch": 2}, {"short": 6, "long": 2},
+                    {"long": 2, "batch": 2}):
         for waiting in ({"short": 1}, {"long": 1}, {"batch": 1}, {"long": 1, "batch": 1},
                         {"short": 1, "long": 1, "batch": 1}):
             open_ = consumable(LANES, running)

@@ -12,7 +12,7 @@ from tailguard.worker.lane_gate import LaneGate, lane_of_task
 TABLE = parse_lanes({
     "lanes": {
         "short": {"max_cost": 100, "max_tokens": 64, "max_num_seqs": 4},
-        "long": {"max_tokens": 512, "max_num_seqs": 4, "max_running": 1},
+        "long": {"max_tokens": 512, "max_num_seqs": 4, "max_running": 2},
         "batch": {"priority": "batch", "max_tokens": 512, "max_num_seqs": 4, "max_running": 1},
     },
     "workers": [{"name": "engine", "lanes": ["short", "long", "batch"]}],
@@ -68,23 +68,21 @@ def test_task_names_carry_their_lane():
 def test_a_lane_at_its_limit_stops_being_consumed_and_batch_with_it():
     gate, consumer = _gate()
     gate.received("a", "tailguard.generate.short")
+    gate.received("b", "tailguard.generate.long")
     assert consumer.calls == []
-    gate.received("b", "tailguard.generate.long")  # long's one slot taken
+    gate.received("c", "tailguard.generate.long")  # long's two slots taken
     assert consumer.queues == ["short"]
-    assert not gate.over("b")
+    assert not gate.over("c")
 
 
-def test_an_ended_job_reopens_its_lane_ahead_of_those_behind_it():
+def test_a_lanes_limit_counts_the_lanes_after_it():
     gate, consumer = _gate()
     gate.received("b", "tailguard.generate.batch")  # batch full: short, long still open
     assert consumer.queues == ["short", "long"]
-    gate.received("c", "tailguard.generate.long")
+    gate.received("c", "tailguard.generate.long")  # long + batch reach long's limit of two
     assert consumer.queues == ["short"]
     _from_a_pool_thread(gate.ended, "b")  # the change runs in the consumer's thread, later
     assert len(consumer.soon) == 1 and consumer.queues == ["short"]
-    consumer.soon.pop()()
-    assert consumer.queues == ["short"]  # long is still full, so batch stays behind it
-    _from_a_pool_thread(gate.ended, "c")
     consumer.soon.pop()()
     assert consumer.queues == ["short", "long", "batch"]
 
@@ -92,6 +90,7 @@ def test_an_ended_job_reopens_its_lane_ahead_of_those_behind_it():
 def test_reopening_long_puts_it_before_batch():
     gate, consumer = _gate()
     gate.received("l", "tailguard.generate.long")
+    gate.received("m", "tailguard.generate.long")
     assert consumer.queues == ["short"]
     consumer.queues.append("batch")  # as after a reconnect that consumed batch again
     _from_a_pool_thread(gate.ended, "l")
@@ -102,11 +101,12 @@ def test_reopening_long_puts_it_before_batch():
 def test_a_message_past_the_limit_is_over_and_an_end_is_counted_once():
     gate, consumer = _gate()
     gate.received("x", "tailguard.generate.long")
+    gate.received("w", "tailguard.generate.long")
     gate.received("y", "tailguard.generate.long")  # raced the cancel
-    assert gate.over("y") and not gate.over("x")
+    assert gate.over("y") and not gate.over("x") and not gate.over("w")
+    assert gate.running()["long"] == 3
+    gate.ended("y")
+    gate.ended("y")
     assert gate.running()["long"] == 2
-    gate.ended("y")
-    gate.ended("y")
-    assert gate.running()["long"] == 1
     gate.received("z", "celery.ping")  # not a lane's task: not counted
-    assert sum(gate.running().values()) == 1
+    assert sum(gate.running().values()) == 2
