@@ -3,7 +3,8 @@ which it needs one more, for a KEDA ScaledObject sized by simulation rather than
 
 For each load (requests per second of a trace window), the fewest engines of the ``fleet``
 setup (tailguard/plan/compare.py: one central queue per lane, every engine serving every lane)
-that keep the short class's end-to-end P99 within the target with nothing expired
+that keep the short class's end-to-end P99 within the target, the long class's TTFT P99 within
+its own (LONG_TTFT_S, the long lane's target in the bench's goodput) and nothing expired
 (``engines_needed``: doubling, then bisection; more engines never make the fleet slower here).
 
 The scaling series is ``tailguard_lane_backlog_tokens{lane}``: the cost tokens (prompt +
@@ -16,6 +17,12 @@ largest ``fits`` and the least ``short`` over the loads: between them when the f
 the second; else the least ``short`` (no threshold serves every load: this one errs towards
 more engines, never fewer). ``min_replicas`` / ``max_replicas``: the engines the lowest and the
 highest load need.
+
+A backlog sees only what queues. Where the target is missed inside the batches (every request
+starts at once, but too many share each engine's steps), N - 1 engines queue no more than N
+(``blind``): no backlog threshold tells them apart, and that load is left out of the threshold.
+Fewer slots per engine (``--engine-slots``, the lanes' ``max_num_seqs``) or a lower long limit
+(``--max-running long=N``) move the excess into the queue, where the series sees it.
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ from tailguard.plan.stepmodel import StepModel
 MAX_ENGINES = 4096
 #: the series the threshold is in (exported by the API's /metrics)
 SERIES = "tailguard_lane_backlog_tokens"
+#: the long class's TTFT P99 bound (the long lane's target, as compare.OTHER_SLO)
+LONG_TTFT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -43,12 +52,19 @@ class Load:
     short: float | None  # backlog tokens per worker with `engines` - 1 (None: one suffices)
     short_p99_s: float | None  # with `engines`
 
+    @property
+    def blind(self) -> bool:
+        """Whether one fewer engine queued no more per worker than `engines` (module docstring)."""
+        return self.short is not None and self.fits is not None and self.short <= self.fits
+
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {**self.__dict__, "blind": self.blind}
 
 
-def meets(row: Row, target_s: float) -> bool:
-    return row.short_p99_s is not None and row.short_p99_s <= target_s and not row.not_succeeded
+def meets(row: Row, target_s: float, long_ttft_s: float = LONG_TTFT_S) -> bool:
+    return (row.short_p99_s is not None and row.short_p99_s <= target_s
+            and (row.long_ttft_p99_s is None or row.long_ttft_p99_s <= long_ttft_s)
+            and not row.not_succeeded)
 
 
 def engines_needed(simulate: Callable[[int], Row], target_s: float,
@@ -78,11 +94,12 @@ def engines_needed(simulate: Callable[[int], Row], target_s: float,
 
 def size(arrivals_at: Callable[[float], Arrivals], rates: Sequence[float], table: LaneTable,
          model: StepModel, target_s: float, *, limits: Limits | None = None,
-         seed: int = 0) -> list[Load]:
+         slots: int | None = None, seed: int = 0) -> list[Load]:
     """A Load per rate: `arrivals_at(rate)` on the fleet setup."""
     out = []
     for rate in rates:
-        row = partial(_fleet_row, arrivals_at(rate), table, model, limits=limits, seed=seed)
+        row = partial(_fleet_row, arrivals_at(rate), table, model, limits=limits, slots=slots,
+                      seed=seed)
         n, rows = engines_needed(row, target_s)
         if n is None:
             out.append(Load(rate, None, None, None, None))
@@ -96,14 +113,15 @@ def size(arrivals_at: Callable[[float], Arrivals], rates: Sequence[float], table
 
 
 def _fleet_row(arrivals: Arrivals, table: LaneTable, model: StepModel, n: int, *,
-               limits: Limits | None, seed: int) -> Row:
-    return run(FLEET_SETUP, arrivals, table, model, n, limits=limits, seed=seed)
+               limits: Limits | None, slots: int | None, seed: int) -> Row:
+    return run(FLEET_SETUP, arrivals, table, model, n, limits=limits, slots=slots, seed=seed)
 
 
 def threshold(loads: Sequence[Load]) -> tuple[float | None, bool]:
-    """(the threshold, whether one threshold serves every load): module docstring."""
-    fits = [l.fits for l in loads if l.fits is not None]
-    short = [l.short for l in loads if l.short is not None]
+    """(the threshold, whether one threshold serves every load it can see): module docstring."""
+    seen = [l for l in loads if not l.blind]
+    fits = [l.fits for l in seen if l.fits is not None]
+    short = [l.short for l in seen if l.short is not None]
     if not short:
         return None, True  # one engine carries every load: nothing to scale on
     low, high = max(fits, default=0.0), min(short)
@@ -122,15 +140,19 @@ def render(loads: Sequence[Load], table: LaneTable, target_s: float) -> str:
            f"{'with one fewer':>15}"]
     for l in loads:
         out.append(f"{l.rate:>8g} {l.engines if l.engines else '-':>8} {_s(l.short_p99_s):>10} "
-                   f"{_n(l.fits):>15} {_n(l.short):>15}")
+                   f"{_n(l.fits):>15} {_n(l.short):>15}{'  blind' if l.blind else ''}")
     needed = [l.engines for l in loads if l.engines]
     t, consistent = threshold(loads)
     out.append("")
-    if not needed or len(needed) < len(loads):
-        out.append(f"some loads need more than {MAX_ENGINES} engines to keep short P99 <= "
-                   f"{target_s:g} s")
+    if len(needed) < len(loads):
+        out.append(f"some loads need more than {MAX_ENGINES} engines to meet the targets")
+    blind = [f"{l.rate:g}" for l in loads if l.blind]
+    if blind:
+        out.append(f"blind at {', '.join(blind)} req/s: the target is missed inside the batches "
+                   "before anything queues, so no backlog threshold adds that engine (fewer "
+                   "--engine-slots or a lower --max-running long=N queue the excess instead)")
     if t is None:
-        out.append("one engine carries every load: no scaling series needed")
+        out.append("no load the backlog can see needs another engine: no threshold")
         return "\n".join(out)
     out.append(f"threshold: {t:.0f} backlog tokens per worker"
                + ("" if consistent else " (no one threshold fits every load: the least at which "
