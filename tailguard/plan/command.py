@@ -269,10 +269,10 @@ def _keda(model: StepModel, rates_text: str, lanes_file: Path | None,
     except (ValueError, ConfigError) as exc:
         raise click.UsageError(str(exc)) from None
     if as_json:
-        t, consistent = keda.threshold(loads)
+        t, held = keda.threshold(loads)
         needed = [l.engines for l in loads if l.engines]
         click.echo(json.dumps({"loads": [l.to_dict() for l in loads], "threshold": t,
-                               "one_threshold_fits": consistent, "query": keda.query(table),
+                               "holds_at": held, "query": keda.query(table),
                                "min_replicas": min(needed, default=None),
                                "max_replicas": max(needed, default=None)}, indent=2))
     else:

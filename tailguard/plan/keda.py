@@ -12,11 +12,10 @@ max_tokens) queued per lane, the figure the simulator keeps as ``Simulation.back
 Prometheus trigger with ``metricType: AverageValue`` asks for ``ceil(series / threshold)``
 replicas, so a threshold T holds N engines at a load where N suffice when the backlog per
 worker there is at most T (``fits``: N engines' mean backlog / N), and adds one where N - 1 do
-not when the backlog per worker with N - 1 is above T (``short``). ``threshold`` takes the
-largest ``fits`` and the least ``short`` over the loads: between them when the first is below
-the second; else the least ``short`` (no threshold serves every load: this one errs towards
-more engines, never fewer). ``min_replicas`` / ``max_replicas``: the engines the lowest and the
-highest load need.
+not when the backlog per worker with N - 1 is above T (``short``): T holds at a load when
+``fits <= T < short``. ``threshold`` is the T that holds at the most loads (the least such, which
+errs towards more engines); the table says where it holds. ``min_replicas`` /
+``max_replicas``: the engines the lowest and the highest load need.
 
 A backlog sees only what queues. Where the target is missed inside the batches (every request
 starts at once, but too many share each engine's steps), N - 1 engines queue no more than N
@@ -117,15 +116,21 @@ def _fleet_row(arrivals: Arrivals, table: LaneTable, model: StepModel, n: int, *
     return run(FLEET_SETUP, arrivals, table, model, n, limits=limits, slots=slots, seed=seed)
 
 
-def threshold(loads: Sequence[Load]) -> tuple[float | None, bool]:
-    """(the threshold, whether one threshold serves every load it can see): module docstring."""
-    seen = [l for l in loads if not l.blind]
-    fits = [l.fits for l in seen if l.fits is not None]
-    short = [l.short for l in seen if l.short is not None]
-    if not short:
-        return None, True  # one engine carries every load: nothing to scale on
-    low, high = max(fits, default=0.0), min(short)
-    return ((low + high) / 2, True) if low < high else (high, False)
+def threshold(loads: Sequence[Load]) -> tuple[float | None, int]:
+    """(the threshold, at how many loads it holds N and adds one at N - 1): module docstring."""
+    seen = [l for l in loads if not l.blind and l.fits is not None and l.short is not None]
+    if not seen:
+        return None, 0
+    # the best is one of the `fits` (each load's interval opens there); ties: the least,
+    # which errs towards more engines
+    best = min((l.fits for l in seen), key=lambda t: (-sum(holds(l, t) for l in seen), t))
+    return best, sum(holds(l, best) for l in seen)
+
+
+def holds(load: Load, t: float) -> bool:
+    """Whether threshold `t` keeps `load.engines` there and adds one to one fewer."""
+    return (load.fits is not None and load.short is not None
+            and load.fits <= t < load.short)
 
 
 def query(table: LaneTable) -> str:
@@ -136,13 +141,15 @@ def query(table: LaneTable) -> str:
 
 
 def render(loads: Sequence[Load], table: LaneTable, target_s: float) -> str:
+    t, held = threshold(loads)
     out = [f"{'req/s':>8} {'engines':>8} {'short P99':>10} {'backlog/worker':>15} "
-           f"{'with one fewer':>15}"]
+           f"{'with one fewer':>15}  threshold holds"]
     for l in loads:
+        mark = "blind" if l.blind else ("yes" if t is not None and holds(l, t) else
+                                        "-" if l.short is None else "no")
         out.append(f"{l.rate:>8g} {l.engines if l.engines else '-':>8} {_s(l.short_p99_s):>10} "
-                   f"{_n(l.fits):>15} {_n(l.short):>15}{'  blind' if l.blind else ''}")
+                   f"{_n(l.fits):>15} {_n(l.short):>15}  {mark}")
     needed = [l.engines for l in loads if l.engines]
-    t, consistent = threshold(loads)
     out.append("")
     if len(needed) < len(loads):
         out.append(f"some loads need more than {MAX_ENGINES} engines to meet the targets")
@@ -154,9 +161,9 @@ def render(loads: Sequence[Load], table: LaneTable, target_s: float) -> str:
     if t is None:
         out.append("no load the backlog can see needs another engine: no threshold")
         return "\n".join(out)
-    out.append(f"threshold: {t:.0f} backlog tokens per worker"
-               + ("" if consistent else " (no one threshold fits every load: the least at which "
-                  "one more engine was needed, erring towards more engines)"))
+    seen = sum(1 for l in loads if not l.blind and l.short is not None)
+    out.append(f"threshold: {t:.0f} backlog tokens per worker (holds at {held} of the {seen} "
+               "loads it can see)")
     out += ["", "KEDA ScaledObject (spec):",
             f"  minReplicaCount: {min(needed)}",
             f"  maxReplicaCount: {max(needed)}",

@@ -213,16 +213,19 @@ def test_engines_needed_is_the_fewest_that_meet_the_target():
 
 
 @pytest.mark.parametrize("loads, expected", [
-    # with N engines 100 and 300 tokens per worker; with one fewer 900 and 500: 400 fits both
-    ([keda.Load(8, 2, 100.0, 900.0, 1.0), keda.Load(32, 6, 300.0, 500.0, 1.0)], (400.0, True)),
-    # no one value fits: the least backlog at which one more engine was needed
-    ([keda.Load(8, 2, 100.0, 300.0, 1.0), keda.Load(32, 6, 400.0, 900.0, 1.0)], (300.0, False)),
+    # with N engines 100 and 300 tokens per worker; with one fewer 900 and 500: 300 holds both
+    ([keda.Load(8, 2, 100.0, 900.0, 1.0), keda.Load(32, 6, 300.0, 500.0, 1.0)], (300.0, 2)),
+    # no one value holds both: the least of those that hold the most
+    ([keda.Load(8, 2, 100.0, 300.0, 1.0), keda.Load(32, 6, 400.0, 900.0, 1.0)], (100.0, 1)),
     # a load where one fewer engine queued no more (blind) is left out
-    ([keda.Load(8, 2, 100.0, 900.0, 1.0), keda.Load(32, 6, 600.0, 500.0, 1.0)], (500.0, True)),
-    ([keda.Load(8, 1, 0.0, None, 1.0)], (None, True)),
+    ([keda.Load(8, 2, 100.0, 900.0, 1.0), keda.Load(32, 6, 600.0, 500.0, 1.0)], (100.0, 1)),
+    ([keda.Load(8, 1, 0.0, None, 1.0)], (None, 0)),
 ])
 def test_the_threshold_holds_n_engines_and_adds_one_where_n_minus_one_miss(loads, expected):
     assert keda.threshold(loads) == expected
+    t, _ = expected
+    if t is not None:
+        assert all(keda.holds(l, t) == (l.fits <= t < l.short) for l in loads)
 
 
 def test_a_load_is_blind_where_one_fewer_engine_queues_no_more():
