@@ -89,9 +89,10 @@ def _target(text: str) -> tuple[str, float]:
               help="with --compare-fleet: the trace's requests per second per GPU, each a run")
 @click.option("--keda", "keda_rates", metavar="RATES",
               help="the engines the fleet needs at each of these loads (requests/s of the Azure "
-                   "trace window, e.g. 8,32,128) to keep short within --target (default "
-                   "short:4), and the backlog-tokens-per-worker threshold and min/max replicas of "
-                   "a KEDA ScaledObject (--duration defaults to 60 here)")
+                   "trace window, e.g. 8,32,128) to keep the short P99 within --target (default "
+                   "short:4) and the long TTFT P99 within 10 s, and the backlog-tokens-per-worker "
+                   "threshold and min/max replicas of a KEDA ScaledObject (--duration defaults to "
+                   "60 here)")
 @click.option("--max-running", "max_running_specs", multiple=True, metavar="LANE=N[,N...]",
               help="with --compare-fleet or --keda: the fleet's per-engine limit of a lane "
                    "instead of the lanes file's max_running; several values: a fleet row each")
