@@ -89,12 +89,16 @@ def _target(text: str) -> tuple[str, float]:
               help="with --compare-fleet: the trace's requests per second per GPU, each a run")
 @click.option("--keda", "keda_rates", metavar="RATES",
               help="the engines the fleet needs at each of these loads (requests/s of the Azure "
-                   "trace window, e.g. 8,32,128) to keep short within --target (default "
-                   "short:4), and the backlog-tokens-per-worker threshold and min/max replicas of "
-                   "a KEDA ScaledObject (--duration defaults to 60 here)")
+                   "trace window, e.g. 8,32,128) to keep the short P99 within --target (default "
+                   "short:4) and the long TTFT P99 within 10 s, and the backlog-tokens-per-worker "
+                   "threshold and min/max replicas of a KEDA ScaledObject (--duration defaults to "
+                   "60 here)")
 @click.option("--max-running", "max_running_specs", multiple=True, metavar="LANE=N[,N...]",
               help="with --compare-fleet or --keda: the fleet's per-engine limit of a lane "
                    "instead of the lanes file's max_running; several values: a fleet row each")
+@click.option("--engine-slots", type=int,
+              help="with --compare-fleet or --keda: the fleet's engines run at most this many "
+                   "requests (max_num_seqs; default the largest lane's)")
 @click.option("--token-scale", type=float, default=1.0, show_default=True,
               help="with --compare-fleet or --keda: the trace's prompt and output tokens x this")
 @click.option("--by-key", is_flag=True,
@@ -109,7 +113,7 @@ def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | Non
          lanes_file: Path | None, topology_name: str, target_specs: tuple[str, ...], max_queue_s: float,
          engines: int | None, split: str | None, duration: float, seed: int,
          validate: bool, compare_gpus: str | None, per_gpu: str, keda_rates: str | None,
-         max_running_specs: tuple[str, ...], token_scale: float,
+         max_running_specs: tuple[str, ...], engine_slots: int | None, token_scale: float,
          by_key: bool, weight_specs: tuple[str, ...], as_json: bool) -> None:
     """How many engines each lane needs: a simulation of the lanes and of continuously
     batching engines whose step time comes from `--profile`."""
@@ -133,11 +137,11 @@ def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | Non
     trace_s = duration if given("duration").name != "DEFAULT" else 60.0
     if compare_gpus:
         _compare(model, compare_gpus, lanes_file, per_gpu, _max_running(max_running_specs),
-                 token_scale, trace_s, seed, as_json)
+                 engine_slots, token_scale, trace_s, seed, as_json)
         return
     if keda_rates:
-        _keda(model, keda_rates, lanes_file, _max_running(max_running_specs), target_specs,
-              token_scale, trace_s, seed, as_json)
+        _keda(model, keda_rates, lanes_file, _max_running(max_running_specs), engine_slots,
+              target_specs, token_scale, trace_s, seed, as_json)
         return
     try:
         table = load_lanes(lanes_file)
@@ -215,8 +219,8 @@ def _max_running(specs: tuple[str, ...]) -> dict[str, list[int]]:
 
 
 def _compare(model: StepModel, gpus_text: str, lanes_file: Path | None, per_gpu_text: str,
-             max_running: dict[str, list[int]], token_scale: float, duration: float, seed: int,
-             as_json: bool) -> None:
+             max_running: dict[str, list[int]], slots: int | None, token_scale: float,
+             duration: float, seed: int, as_json: bool) -> None:
     """`--compare-fleet GPUS`: tailguard/plan/compare.py's rows for each fleet size and load."""
     from tailguard.plan import azure
     from tailguard.plan.compare import Point, compare, limit_sweep, render
@@ -229,7 +233,8 @@ def _compare(model: StepModel, gpus_text: str, lanes_file: Path | None, per_gpu_
         points = [Point(n, load, *compare(azure.arrivals(list(table), rate=load * n,
                                                          duration_s=duration,
                                                          token_scale=token_scale),
-                                          table, model, n, sweep=sweep, seed=seed))
+                                          table, model, n, sweep=sweep, slots=slots,
+                                          seed=seed))
                   for n in sizes for load in loads]
     except (ValueError, ConfigError) as exc:
         raise click.UsageError(str(exc)) from None
@@ -245,8 +250,8 @@ def _compare(model: StepModel, gpus_text: str, lanes_file: Path | None, per_gpu_
 
 
 def _keda(model: StepModel, rates_text: str, lanes_file: Path | None,
-          max_running: dict[str, list[int]], target_specs: tuple[str, ...], token_scale: float,
-          duration: float, seed: int, as_json: bool) -> None:
+          max_running: dict[str, list[int]], slots: int | None, target_specs: tuple[str, ...],
+          token_scale: float, duration: float, seed: int, as_json: bool) -> None:
     """`--keda RATES`: tailguard/plan/keda.py's engines per load and the scaling threshold."""
     from tailguard.plan import azure, keda
 
@@ -261,14 +266,14 @@ def _keda(model: StepModel, rates_text: str, lanes_file: Path | None,
         table = load_lanes(lanes_file or default_lanes_path())
         loads = keda.size(lambda rate: azure.arrivals(list(table), rate=rate, duration_s=duration,
                                                       token_scale=token_scale),
-                          rates, table, model, target_s, limits=limits, seed=seed)
+                          rates, table, model, target_s, limits=limits, slots=slots, seed=seed)
     except (ValueError, ConfigError) as exc:
         raise click.UsageError(str(exc)) from None
     if as_json:
-        t, consistent = keda.threshold(loads)
+        t, held = keda.threshold(loads)
         needed = [l.engines for l in loads if l.engines]
         click.echo(json.dumps({"loads": [l.to_dict() for l in loads], "threshold": t,
-                               "one_threshold_fits": consistent, "query": keda.query(table),
+                               "holds_at": held, "query": keda.query(table),
                                "min_replicas": min(needed, default=None),
                                "max_replicas": max(needed, default=None)}, indent=2))
     else:

@@ -122,8 +122,10 @@ def static_layout(table: LaneTable, gpus: int, arrivals: Arrivals) -> list[Engin
 
 
 def setup(name: str, table: LaneTable, gpus: int, arrivals: Arrivals,
-          limits: Limits | None = None) -> tuple[list[Lane], list[EngineGroup]]:
-    """The lanes and engine groups of one setup (module docstring) on `gpus` GPUs."""
+          limits: Limits | None = None,
+          slots: int | None = None) -> tuple[list[Lane], list[EngineGroup]]:
+    """The lanes and engine groups of one setup (module docstring) on `gpus` GPUs; the fleet's
+    engines with `slots` (their max_num_seqs; None: the largest lane's)."""
     if name == SHARED:
         lane = shared_lane(table)
         return [lane], [EngineGroup((lane.name,), gpus, lane.max_num_seqs)]
@@ -144,16 +146,17 @@ def setup(name: str, table: LaneTable, gpus: int, arrivals: Arrivals,
     lanes = [replace(l, max_running=limits[l.name], max_num_seqs=max(l.max_num_seqs,
                                                                       limits[l.name]))
              if l.name in (limits or {}) else l for l in lanes]
-    return lanes, [EngineGroup(names, gpus, slots_for(lanes), name="worker", dispatch=FLEET)]
+    return lanes, [EngineGroup(names, gpus, slots or slots_for(lanes), name="worker",
+                               dispatch=FLEET)]
 
 
 def run(name: str, arrivals: Arrivals, table: LaneTable, model: StepModel, gpus: int, *,
-        limits: Limits | None = None, unloaded_p99_s: float | None = None, seed: int = 0,
-        label: str | None = None) -> Row:
+        limits: Limits | None = None, slots: int | None = None,
+        unloaded_p99_s: float | None = None, seed: int = 0, label: str | None = None) -> Row:
     """One row: `arrivals` (time, class, prompt tokens, max_tokens) on the `name` setup."""
     classes = [ClassLoad(c, 0.0, Lengths.fixed(1), Lengths.fixed(1))
                for c in sorted({a[1] for a in arrivals})]
-    lanes, groups = setup(name, table, gpus, arrivals, limits)
+    lanes, groups = setup(name, table, gpus, arrivals, limits, slots)
     sim = Simulation(classes, lanes, groups, model, seed=seed)
     sim.replay(arrivals)
     results = sim.run()
@@ -194,10 +197,12 @@ def limit_sweep(values: Mapping[str, Sequence[int]]) -> list[dict[str, int]]:
 
 
 def compare(arrivals: Arrivals, table: LaneTable, model: StepModel, gpus: int, *,
-            sweep: Sequence[Limits] = ({},), seed: int = 0) -> tuple[float | None, list[Row]]:
-    """(the unloaded short P99, the rows): a fleet row per limits of `sweep`, then the others."""
+            sweep: Sequence[Limits] = ({},), slots: int | None = None,
+            seed: int = 0) -> tuple[float | None, list[Row]]:
+    """(the unloaded short P99, the rows): a fleet row per limits of `sweep` (its engines with
+    `slots`), then the others."""
     unloaded = unloaded_short_p99(arrivals, list(table), model)
-    rows = [run(FLEET_SETUP, arrivals, table, model, gpus, limits=limits, seed=seed,
+    rows = [run(FLEET_SETUP, arrivals, table, model, gpus, limits=limits, slots=slots, seed=seed,
                 unloaded_p99_s=unloaded, label=fleet_label(limits) if limits else None)
             for limits in sweep]
     rows += [run(name, arrivals, table, model, gpus, unloaded_p99_s=unloaded, seed=seed)

@@ -109,9 +109,8 @@ def test_a_replica_takes_its_waiting_requests_in_vllm_priority_order():
     s.arrive(0.0, by["long"], 200, 2)  # runs
     s.arrive(0.1, by["long"], 200, 2)  # waits
     s.arrive(0.2, by["short"], 3, 2)  # waits, ahead of the older long one
-    [e] = s.engines
     s.run()
-    first_long, later_long, short = sorted(s.done, key=lambda r: r.arrival)
+    _, later_long, short = sorted(s.done, key=lambda r: r.arrival)
     assert short.start < later_long.start
 
 
@@ -213,14 +212,33 @@ def test_engines_needed_is_the_fewest_that_meet_the_target():
 
 
 @pytest.mark.parametrize("loads, expected", [
-    # with N engines 100 and 300 tokens per worker; with one fewer 900 and 500: 400 fits both
-    ([keda.Load(8, 2, 100.0, 900.0, 1.0), keda.Load(32, 6, 300.0, 500.0, 1.0)], (400.0, True)),
-    # no one value fits: the least backlog at which one more engine was needed
-    ([keda.Load(8, 2, 100.0, 900.0, 1.0), keda.Load(32, 6, 600.0, 500.0, 1.0)], (500.0, False)),
-    ([keda.Load(8, 1, 0.0, None, 1.0)], (None, True)),
+    # with N engines 100 and 300 tokens per worker; with one fewer 900 and 500: 300 holds both
+    ([keda.Load(8, 2, 100.0, 900.0, 1.0), keda.Load(32, 6, 300.0, 500.0, 1.0)], (300.0, 2)),
+    # no one value holds both: the least of those that hold the most
+    ([keda.Load(8, 2, 100.0, 300.0, 1.0), keda.Load(32, 6, 400.0, 900.0, 1.0)], (100.0, 1)),
+    # a load where one fewer engine queued no more (blind) is left out
+    ([keda.Load(8, 2, 100.0, 900.0, 1.0), keda.Load(32, 6, 600.0, 500.0, 1.0)], (100.0, 1)),
+    ([keda.Load(8, 1, 0.0, None, 1.0)], (None, 0)),
 ])
 def test_the_threshold_holds_n_engines_and_adds_one_where_n_minus_one_miss(loads, expected):
     assert keda.threshold(loads) == expected
+    t, _ = expected
+    if t is not None:
+        assert all(keda.holds(l, t) == (l.fits <= t < l.short) for l in loads)
+
+
+def test_a_load_is_blind_where_one_fewer_engine_queues_no_more():
+    assert keda.Load(8, 3, 0.0, 0.0, 1.0).blind and not keda.Load(8, 3, 0.0, 5.0, 1.0).blind
+    assert not keda.Load(8, 1, 0.0, None, 1.0).blind
+
+
+@pytest.mark.parametrize("p99, long_ttft, failed, ok", [
+    (3.0, 5.0, 0, True), (5.0, 5.0, 0, False), (3.0, 11.0, 0, False), (3.0, 5.0, 1, False),
+    (3.0, None, 0, True)])
+def test_a_fleet_meets_the_targets_with_short_p99_long_ttft_and_nothing_failed(
+        p99, long_ttft, failed, ok):
+    r = Row(FLEET_SETUP, 8, 100, 1.0, p99, 0.5, long_ttft, 100.0, failed, False)
+    assert keda.meets(r, target_s=4.0) is ok
 
 
 def test_the_query_sums_the_interactive_lanes_once_per_lane():

@@ -1,11 +1,22 @@
 """`tailguard plan --validate`'s table: every run's lanes file is kept, and a run marked not
 counted is shown but left out of the count within 20%."""
 
-from tailguard.plan.validate import MEASURED, RUNS_DIR, summary
+from tailguard.plan.validate import MEASURED, RETIRED_WORKER_FIELDS, RUNS_DIR, run_lanes, summary
 
 
 def test_every_run_names_a_kept_lanes_file():
     assert all((RUNS_DIR / run.lanes_file).is_file() for run in MEASURED)
+
+
+def test_every_runs_lanes_file_reads_past_the_retired_worker_fields():
+    """The runs that borrowed keep their files as they ran; the simulator reads them without it."""
+    borrowed = [run for run in MEASURED if "borrow" in (RUNS_DIR / run.lanes_file).read_text()]
+    assert borrowed  # the case this covers is there
+    for run in MEASURED:
+        table = run_lanes(run)
+        assert {"short", "long"} <= {lane.name for lane in table} and table.workers
+        assert not any(getattr(w, "borrow", None) and w.borrow.lanes for w in table.workers)
+    assert "borrow" in RETIRED_WORKER_FIELDS
 
 
 def _row(err_p99: float, err_tps: float, not_counted: str | None = None) -> dict:
