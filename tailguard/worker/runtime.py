@@ -387,7 +387,7 @@ def _parts(runtime: WorkerRuntime, eager_engine: bool,
                   reaper=Reaper(runtime.store, runtime.liveness, period, Redeliverer(
                       runtime.store, runtime.app.connection_for_write,
                       settings.REDELIVER_AFTER_S.get(),
-                      [runtime.all_lanes[l] for a in assignments for l in a], confirm_s=period))),
+                      list(runtime.all_lanes.values()), confirm_s=period))),
         runtime.roamer,
         runtime.borrower,
         _lane_follower(runtime, assignments) if len(assignments) > 1 else None,
