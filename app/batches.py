@@ -68,13 +68,14 @@ def get_file(file_id: str):
 
 @bp.delete("/files/<file_id>")
 def delete_file(file_id: str):
-    """Delete a file (its contents too).
+    """Delete a file (its contents too); not the input of a batch that has not ended (409).
     ---
     delete:
       summary: Delete a file (OpenAI)
       responses:
         200: {description: "{id, object, deleted}", content: {application/json: {schema: {type: object}}}}
         404: OpenAI404
+        409: OpenAI409
     """
     return jsonify(get_batches().delete_file(file_id, g.get("api_key")))
 

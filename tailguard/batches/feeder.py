@@ -15,9 +15,10 @@ start (round-robin), and for each:
   or running, each through the gateway's one submit path as a synchronous OpenAI request is
   (validated and rendered by vLLM, costed, capped, admitted; its cost drawn from the key's
   batch tokens bucket, of its tokens/min, apart from its other requests'), placed as
-  ``batch``; a lane
-  that refuses (429, 503) stops the tick's feeding: the lane's backlog bounds the batches.
-  A body the render layer refuses is the line's error line. Each line's job id is
+  ``batch``. A refusal (429: the lane's backlog, the owner's tokens bucket or fair share)
+  holds back that batch alone until the next tick, so one tenant's limits never stall
+  another's batch; a 503 (no live worker, Redis full) stops the tick's feeding of every
+  batch. A body the render layer refuses is the line's error line. Each line's job id is
   deterministic (``lines.line_job_id``) and created only if absent: a line queued twice runs
   once;
 - past its completion window: the lines still queued or running are cancelled and written
@@ -25,6 +26,12 @@ start (round-robin), and for each:
 - ``cancelling`` (POST .../cancel): nothing more is queued; once its queued and running lines
   have finished, the rest are ``batch_cancelled`` errors and it ends ``cancelled``;
 - once every line ended: ``finalizing``, the output and error files written, ``completed``.
+
+The input is read again (a feeder that took over, or restarted) under the limits it was
+validated with, not today's; the API refuses to delete the input of a batch not yet ended.
+Input that is gone or changed all the same ends the batch ``failed``, its finished lines
+written to its files first. Each batch's step renews the lease and stops the tick once
+another process holds it: a long parse cannot leave two feeders writing.
 """
 
 from __future__ import annotations
@@ -93,6 +100,8 @@ RETRIED = frozenset({JobExpired.code, WorkerLost.code, MessageLost.code})
 LEASE_PERIODS = 10
 #: how often expired output files are deleted, in seconds
 SWEEP_S = 60
+#: a line not queued now: refused for its batch (429), or the lane unavailable to all (503)
+HELD, CLOSED = "held", "closed"
 
 
 def result_file_id(batch_id: str, kind: str) -> str:
@@ -144,8 +153,7 @@ class BatchFeeder:
 
     def tick(self) -> bool:
         """One pass over the batches if this process holds the lease; whether it does."""
-        if not self._lease.hold(self.owner, max(1.0, LEASE_PERIODS * self.period_s)):
-            self._lines.clear()  # another process feeds: its view, not this cache, is current
+        if not self._hold():
             return False
         now = self.store.now()
         if now >= self._next_sweep:
@@ -156,6 +164,8 @@ class BatchFeeder:
         start = self._turn % len(active) if active else 0
         lane_open = True
         for batch_id in active[start:] + active[:start]:
+            if not self._hold():
+                return False  # another process feeds now (a long parse outlasted the lease)
             try:
                 lane_open = self.step(batch_id, now, lane_open)
             except redis.RedisError:
@@ -163,6 +173,13 @@ class BatchFeeder:
             except Exception:  # one batch's bug must not hold up the others
                 log.exception("batch %s: the feeder's step failed", batch_id)
         return True
+
+    def _hold(self) -> bool:
+        """Take or renew the lease; whether this process feeds now."""
+        if self._lease.hold(self.owner, max(1.0, LEASE_PERIODS * self.period_s)):
+            return True
+        self._lines.clear()  # another process feeds: its view, not this cache, is current
+        return False
 
     def step(self, batch_id: str, now: int, lane_open: bool) -> bool:
         """Move one batch on; whether the lane still takes lines this tick."""
@@ -221,25 +238,51 @@ class BatchFeeder:
         """The batch's parsed input (read again after a restart); None after failing it."""
         batch_id = record["id"]
         if batch_id not in self._lines:
-            data = self.store.contents.get(record["input_file_id"])
-            parsed, errors = ([], []) if not record.get("total") else (
-                parse_input(data or b"", record["endpoint"], max_lines=self.max_lines,
-                            max_bytes=self.max_file_bytes))
-            if errors or len(parsed) != record.get("total", 0):
-                # its input was deleted (or the limits changed) while it ran
-                self.store.set_status(batch_id, {IN_PROGRESS, CANCELLING, FINALIZING}, FAILED, {
-                    "errors": {"object": "list", "data": [{
-                        "code": "invalid_file", "param": "input_file_id", "line": None,
-                        "message": "the input file was deleted or changed while the batch ran"}]}})
-                self.store.ended(batch_id, *self.store.counts(batch_id))
+            parsed = self._read_again(record)
+            if parsed is None:
+                self.fail_unreadable(record)
                 return None
+            if not self._hold():
+                return None  # the parse outlasted the lease: the new holder carries on
             self._lines[batch_id] = parsed
         return self._lines[batch_id]
+
+    def _read_again(self, record: dict[str, Any]) -> list[InputLine] | None:
+        """The input of a batch validated before: its `total` lines, or None when its contents
+        are gone or no longer those lines. The limits were checked at validating: lowered
+        since, they apply to new batches only."""
+        total = record.get("total") or 0
+        if not total:
+            return []
+        data = self.store.contents.get(record["input_file_id"])
+        if data is None:
+            return None
+        parsed, errors = parse_input(data, record["endpoint"], max_lines=total,
+                                     max_bytes=len(data))
+        return None if errors or len(parsed) != total else parsed
+
+    def fail_unreadable(self, record: dict[str, Any]) -> None:
+        """Its input went while it ran: no more lines can be queued or matched to their
+        custom_id. The lines in flight are cancelled; the finished ones are written to its
+        output and error files (never dropped), and it ends ``failed``."""
+        batch_id = record["id"]
+        self.store.set_status(batch_id, {IN_PROGRESS, CANCELLING}, FINALIZING, {
+            "ending": FAILED, "errors": {"object": "list", "data": [{
+                "code": "invalid_file", "param": "input_file_id", "line": None,
+                "message": "the input file was deleted or changed while the batch ran; the "
+                           "lines that had finished are in its output and error files"}]}})
+        for index, attempt in self.store.pending(batch_id).items():
+            self.gateway.cancel(line_job_id(batch_id, index, attempt),
+                                reason="the batch's input file is gone", missing_ok=True)
+        record = self.store.batch(batch_id)
+        if record is not None and record["status"] == FINALIZING:
+            self.finalize(record, None)
 
     # -- running ---------------------------------------------------------------------------
 
     def feed(self, record: dict[str, Any], lines: list[InputLine]) -> bool:
-        """Queue lines until the batch has its most in flight; False once the lane refuses."""
+        """Queue lines until the batch has its most in flight or a line is refused; False
+        once the lane is unavailable (503) to every batch."""
         batch_id = record["id"]
         room = self.lines_in_flight - len(self.store.pending(batch_id))
         retries = self.store.retries(batch_id)
@@ -254,8 +297,8 @@ class BatchFeeder:
             else:
                 return True
             outcome = self._queue(record, index, attempt, lines[index], caller)
-            if outcome is None:
-                return False
+            if outcome in (HELD, CLOSED):
+                return outcome == HELD
             if outcome == "queued":
                 self.store.queued(batch_id, index, attempt, next_index)
                 room -= 1
@@ -274,9 +317,10 @@ class BatchFeeder:
             "the API key that created this batch was revoked")
 
     def _queue(self, record: dict[str, Any], index: int, attempt: int, line: InputLine,
-               caller: ApiKey | None | Unauthenticated) -> str | None:
+               caller: ApiKey | None | Unauthenticated) -> str:
         """Queue one line's attempt: "queued", its error line (a line the synchronous
-        endpoint would have refused), or None when the lane refuses now (retried later)."""
+        endpoint would have refused), HELD when it is refused now (429: this batch waits for
+        the next tick) or CLOSED when the lane is unavailable (503: every batch waits)."""
         job_id = line_job_id(record["id"], index, attempt)
         if self.store.redis.exists(keys.job_key(job_id)):
             return "queued"
@@ -288,8 +332,10 @@ class BatchFeeder:
                 raise InvalidField("stream is not served in a batch", field="stream")
             self.gateway.submit(dataclasses.replace(job, priority="batch"), caller, job_id=job_id,
                                 token_bucket=BATCH_TOKENS)
-        except (Refused, Unavailable):
-            return None
+        except Refused:
+            return HELD
+        except Unavailable:
+            return CLOSED
         except JobStateConflict:
             return "queued"
         except TailguardError as exc:
@@ -335,15 +381,16 @@ class BatchFeeder:
 
     # -- finalizing ------------------------------------------------------------------------
 
-    def finalize(self, record: dict[str, Any], lines: list[InputLine]) -> None:
+    def finalize(self, record: dict[str, Any], lines: list[InputLine] | None) -> None:
         """Write the output and error files (one line per input line between them, in input
-        order), then end the batch as its `ending` says."""
+        order; the finished lines alone when its input is gone, `lines` None), then end the
+        batch as its `ending` says."""
         batch_id, ending = record["id"], record.get("ending", COMPLETED)
         outputs = self.store.finished_lines(batch_id, "output")
         errors = self.store.finished_lines(batch_id, "errors")
         code, message = (("batch_expired", EXPIRED_MESSAGE) if ending == EXPIRED
                          else ("batch_cancelled", CANCELLED_MESSAGE))
-        for index, line in enumerate(lines):
+        for index, line in enumerate(lines or ()):
             if index not in outputs and index not in errors:
                 errors[index] = _dumps(error_line(line.custom_id, None, code, message))
         fields: dict[str, Any] = {}

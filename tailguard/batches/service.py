@@ -111,7 +111,14 @@ class BatchService:
         return data
 
     def delete_file(self, file_id: str, caller: ApiKey | None) -> dict[str, Any]:
-        self.store.delete_file(self._file(file_id, caller))
+        """Delete a file, unless a batch not yet ended reads it (JobStateConflict, 409): its
+        feeder may read its input again, and its lines' results need their custom_ids."""
+        record = self._file(file_id, caller)
+        if (users := self.store.batches_reading(file_id)):
+            raise JobStateConflict(f"file {file_id} is the input of batch {users[0]}, which has "
+                                   "not ended: cancel the batch or wait for its end, then delete "
+                                   "the file", field="file_id")
+        self.store.delete_file(record)
         return {"id": file_id, "object": "file", "deleted": True}
 
     def files(self, caller: ApiKey | None, after: str | None, limit: str | None,

@@ -145,6 +145,15 @@ class BatchStore:
     def active(self) -> list[str]:
         return sorted(_text(b) for b in self.redis.smembers(keys.BATCHES_ACTIVE))
 
+    def batches_reading(self, file_id: str) -> list[str]:
+        """The batches not yet ended whose input is `file_id`."""
+        active = self.active()
+        pipe = self.redis.pipeline()
+        for batch_id in active:
+            pipe.hget(keys.batch_key(batch_id), "input_file_id")
+        return [b for b, f in zip(active, pipe.execute() if active else [])
+                if f is not None and _text(f) == file_id]
+
     def running_of(self, owner: str) -> int:
         """How many of the batches not yet ended are `owner`'s."""
         pipe = self.redis.pipeline()
