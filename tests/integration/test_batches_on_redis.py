@@ -484,3 +484,40 @@ def test_one_keys_refused_lines_hold_back_its_batch_alone(keys_app, redis_client
             run_queued(feeder.store, batches["b"], set(range(12)))
     finally:
         keys_app.extensions.pop(BATCHES_EXTENSION, None)
+
+
+def test_a_feeder_whose_lease_lapsed_during_a_long_parse_writes_nothing(client, app, model,
+                                                                        monkeypatch):
+    """A parse of a large input can outlast the feeder's lease: another process takes over
+    meanwhile. The first one, its parse done, finds the lease gone and stops there: it
+    collects, queues and counts nothing while the other one feeds."""
+    n = 8
+    batch = create(client, upload(client, chat_lines(model, n))["id"])
+    before = feeder_of(app, "before", in_flight=2)
+    before.tick()
+    before.close()
+    slow, other = feeder_of(app, "slow", in_flight=2), feeder_of(app, "other", in_flight=2)
+    store = slow.store
+    store.jobs = slow.gateway.store
+    read = store.contents.get
+    left = []
+
+    def state():
+        return (store.pending(batch["id"]), store.batch(batch["id"])["next"],
+                store.counts(batch["id"]))
+
+    def long_read(file_id):
+        if not left:  # the lease lapses while this process parses; another one feeds
+            left.append(None)  # (its own read of the input goes through)
+            store.redis.delete(keys.BATCH_FEEDER_LEASE)
+            for _ in range(2):
+                assert other.tick()
+                run_queued(store, batch["id"], set(range(n)))
+            left[0] = state()
+        return read(file_id)
+
+    monkeypatch.setattr(store.contents, "get", long_read)
+    slow.tick()
+    assert left and left[0][2] == (2, 0)  # the other one collected the first two lines
+    assert state() == left[0]  # the slow one collected and queued nothing after its parse
+    assert store.redis.get(keys.BATCH_FEEDER_LEASE) == b"other"
