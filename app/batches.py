@@ -35,7 +35,8 @@ def upload():
     if upload is None:
         raise InvalidField("send the file as the multipart field 'file'", field="file")
     purpose = request.form.get("purpose", "")
-    return jsonify(get_batches().upload(upload.filename or "", purpose, upload.read(),
+    # werkzeug spools a large part to a temporary file: the file is copied from it in chunks
+    return jsonify(get_batches().upload(upload.filename or "", purpose, upload.stream,
                                         g.get("api_key")))
 
 

@@ -12,11 +12,11 @@ so a collector that runs twice writes nothing twice; they go when its files are 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, BinaryIO
 
 import redis
 
-from tailguard.batches.contents import Contents
+from tailguard.batches.contents import Contents, stream_size
 from tailguard.batches.objects import ENDED, batch_object, decode, encode, file_object
 from tailguard.redis import keys, lua
 
@@ -48,23 +48,30 @@ class BatchStore:
     # -- files ---------------------------------------------------------------------------
 
     def add_file(self, file_id: str, *, filename: str, purpose: str, owner: str | None,
-                 data: bytes, expires_at: int | None = None) -> dict[str, Any]:
-        """Store the contents, then the record (a record never names missing contents)."""
+                 data: bytes | BinaryIO, expires_at: int | None = None) -> dict[str, Any]:
+        """Store the contents (bytes, or a seekable stream copied in chunks), then the record
+        (a record never names missing contents)."""
+        size = len(data) if isinstance(data, bytes | bytearray) else stream_size(data)
         self.contents.put(file_id, data)
-        before = self.redis.hget(keys.file_key(file_id), "bytes")  # a result file written again
         order = self._order()
-        record = {"id": file_id, "bytes": len(data), "created_at": int(order),
+        record = {"id": file_id, "bytes": size, "created_at": int(order),
                   "filename": filename, "purpose": purpose, "owner": owner or "",
                   "expires_at": expires_at}
-        pipe = self.redis.pipeline()
-        pipe.hset(keys.file_key(file_id), mapping=encode(record))
-        for index in {keys.files_key(None), keys.files_key(owner or None)}:
-            pipe.zadd(index, {file_id: order})
-        if expires_at is not None:
-            pipe.zadd(keys.FILES_EXPIRING, {file_id: expires_at})
-        for total in {keys.files_bytes_key(None), keys.files_bytes_key(owner or None)}:
-            pipe.incrby(total, len(data) - int(before or 0))
-        pipe.execute()
+
+        def write(pipe: Any) -> None:
+            # a result file written again counts its change in size only, once however many
+            # processes write it at once (the record is watched: redis-py's transaction)
+            before = pipe.hget(keys.file_key(file_id), "bytes")
+            pipe.multi()
+            pipe.hset(keys.file_key(file_id), mapping=encode(record))
+            for index in {keys.files_key(None), keys.files_key(owner or None)}:
+                pipe.zadd(index, {file_id: order})
+            if expires_at is not None:
+                pipe.zadd(keys.FILES_EXPIRING, {file_id: expires_at})
+            for total in {keys.files_bytes_key(None), keys.files_bytes_key(owner or None)}:
+                pipe.incrby(total, size - int(before or 0))
+
+        self.redis.transaction(write, keys.file_key(file_id))
         return record
 
     def file(self, file_id: str) -> dict[str, Any] | None:

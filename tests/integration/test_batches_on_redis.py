@@ -521,3 +521,22 @@ def test_a_feeder_whose_lease_lapsed_during_a_long_parse_writes_nothing(client, 
     assert left and left[0][2] == (2, 0)  # the other one collected the first two lines
     assert state() == left[0]  # the slow one collected and queued nothing after its parse
     assert store.redis.get(keys.BATCH_FEEDER_LEASE) == b"other"
+
+
+class ChunksOnly(io.BytesIO):
+    """An upload's stream that refuses to be read whole (as a large upload must never be)."""
+
+    def read(self, size=-1):
+        assert size is not None and 0 < size <= 1 << 20, f"read({size}): the whole upload"
+        return super().read(size)
+
+
+def test_an_upload_is_copied_in_chunks_and_a_keys_files_are_bounded_by_default(app, model):
+    with app.app_context():
+        service, _ = _batches(app)
+    assert service.max_bytes_per_key == settings.BATCH_MAX_BYTES_PER_KEY.default > 0
+    data = b'{"pad": "' + b"x" * (3 << 20) + b'"}\n'
+    record = service.upload("big.jsonl", "batch", ChunksOnly(data), None)
+    assert record["bytes"] == len(data)
+    assert service.store.contents.get(record["id"]) == data
+    assert service.store.stored_bytes(None) == len(data)
