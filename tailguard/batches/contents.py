@@ -55,6 +55,17 @@ class Contents:
         except FileNotFoundError:
             return None
 
+    def read_range(self, file_id: str, start: int, end: int) -> bytes | None:
+        """Bytes `start` to `end` of the contents, or None when there are none."""
+        try:
+            if self._fs is not None:
+                return self._fs.cat_file(f"{self._root}/{file_id}", start=start, end=end)
+            with open(self._dir / file_id, "rb") as src:
+                src.seek(start)
+                return src.read(end - start)
+        except FileNotFoundError:
+            return None
+
     def delete(self, file_id: str) -> None:
         try:
             if self._fs is not None:

@@ -6,7 +6,8 @@ Each tick it reads, from Redis alone (level-triggered: a feeder killed mid-batch
 replaced within a lease and carries on), every batch not yet ended, in turn from a rotating
 start (round-robin), and for each:
 
-- ``validating``: reads its input file (``lines.parse_input``): ``failed`` with OpenAI's
+- ``validating``: reads its input file (``lines.index_input``: each line's custom_id and
+  where it lies in the file are kept, its body read when it is queued): ``failed`` with OpenAI's
   errors, or ``in_progress`` with its line count;
 - collects the lines whose jobs ended: an output line, an error line, or (a job that expired
   in its queue or lost its worker: nothing ran to its end) the line queued again, at most
@@ -36,6 +37,7 @@ another process holds it: a long parse cannot leave two feeders writing.
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import hashlib
 import json
@@ -52,11 +54,13 @@ from tailguard.batches.lines import (
     ENDPOINTS,
     EXPIRED_MESSAGE,
     InputLine,
+    LineIndex,
     error_line,
+    index_input,
     jsonl,
+    line_body,
     line_job_id,
     output_line,
-    parse_input,
 )
 from tailguard.batches.objects import (
     CANCELLED,
@@ -121,7 +125,7 @@ class BatchFeeder:
         self.max_lines, self.max_file_bytes = max_lines, max_file_bytes
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{id(self)}"
         self._lease = Lease(store.redis, keys.BATCH_FEEDER_LEASE)
-        self._lines: dict[str, list[InputLine]] = {}  # batch id -> its parsed input, while it runs
+        self._lines: dict[str, LineIndex] = {}  # batch id -> its input's index, while it runs
         self._turn = 0
         self._next_sweep = 0
         self._stopping = threading.Event()
@@ -220,10 +224,10 @@ class BatchFeeder:
         batch_id = record["id"]
         data = self.store.contents.get(record["input_file_id"])
         if data is None:
-            lines, errors = [], [{"code": "invalid_file", "message": "the input file is gone",
-                                  "param": "input_file_id", "line": None}]
+            lines, errors = None, [{"code": "invalid_file", "message": "the input file is gone",
+                                    "param": "input_file_id", "line": None}]
         else:
-            lines, found = parse_input(data, record["endpoint"], max_lines=self.max_lines,
+            lines, found = index_input(data, record["endpoint"], max_lines=self.max_lines,
                                        max_bytes=self.max_file_bytes)
             errors = [e.to_dict() for e in found]
         if errors:
@@ -231,11 +235,12 @@ class BatchFeeder:
                                      {"errors": {"object": "list", "data": errors}}):
                 self.store.ended(batch_id, 0, 0)
             return
-        if self.store.set_status(batch_id, {VALIDATING}, IN_PROGRESS, {"total": len(lines)}):
+        if lines is not None and self.store.set_status(batch_id, {VALIDATING}, IN_PROGRESS,
+                                                       {"total": len(lines)}):
             self._lines[batch_id] = lines
 
-    def lines(self, record: dict[str, Any]) -> list[InputLine] | None:
-        """The batch's parsed input (read again after a restart); None after failing it."""
+    def lines(self, record: dict[str, Any]) -> LineIndex | None:
+        """The batch's input's index (read again after a restart); None after failing it."""
         batch_id = record["id"]
         if batch_id not in self._lines:
             parsed = self._read_again(record)
@@ -247,19 +252,19 @@ class BatchFeeder:
             self._lines[batch_id] = parsed
         return self._lines[batch_id]
 
-    def _read_again(self, record: dict[str, Any]) -> list[InputLine] | None:
+    def _read_again(self, record: dict[str, Any]) -> LineIndex | None:
         """The input of a batch validated before: its `total` lines, or None when its contents
         are gone or no longer those lines. The limits were checked at validating: lowered
         since, they apply to new batches only."""
         total = record.get("total") or 0
-        if not total:
-            return []
-        data = self.store.contents.get(record["input_file_id"])
+        data = self.store.contents.get(record["input_file_id"]) if total else b""
         if data is None:
             return None
-        parsed, errors = parse_input(data, record["endpoint"], max_lines=total,
-                                     max_bytes=len(data))
-        return None if errors or len(parsed) != total else parsed
+        if not total:
+            return LineIndex([], array.array("q"))
+        index, errors = index_input(data, record["endpoint"], max_lines=total,
+                                    max_bytes=len(data))
+        return None if errors or len(index) != total else index
 
     def fail_unreadable(self, record: dict[str, Any]) -> None:
         """Its input went while it ran: no more lines can be queued or matched to their
@@ -280,7 +285,7 @@ class BatchFeeder:
 
     # -- running ---------------------------------------------------------------------------
 
-    def feed(self, record: dict[str, Any], lines: list[InputLine]) -> bool:
+    def feed(self, record: dict[str, Any], lines: LineIndex) -> bool:
         """Queue lines until the batch has its most in flight or a line is refused; False
         once the lane is unavailable (503) to every batch."""
         batch_id = record["id"]
@@ -296,7 +301,12 @@ class BatchFeeder:
                 index, attempt, next_index = cursor, 0, cursor + 1
             else:
                 return True
-            outcome = self._queue(record, index, attempt, lines[index], caller)
+            body = self._body(record, lines, index)
+            if body is None:
+                self.fail_unreadable(record)
+                return True
+            outcome = self._queue(record, index, attempt, InputLine(lines.custom_ids[index], body),
+                                  caller)
             if outcome in (HELD, CLOSED):
                 return outcome == HELD
             if outcome == "queued":
@@ -315,6 +325,14 @@ class BatchFeeder:
         key = self.gateway.api_keys.by_id(owner)
         return key if key is not None else Unauthenticated(
             "the API key that created this batch was revoked")
+
+    def _body(self, record: dict[str, Any], lines: LineIndex, index: int) -> dict[str, Any] | None:
+        """Line `index`'s body, read from the input file; None when the file is gone."""
+        raw = self.store.contents.read_range(record["input_file_id"], *lines.span(index))
+        try:
+            return None if raw is None else line_body(raw)
+        except (ValueError, KeyError, TypeError):
+            return None  # the file changed under the batch
 
     def _queue(self, record: dict[str, Any], index: int, attempt: int, line: InputLine,
                caller: ApiKey | None | Unauthenticated) -> str:
@@ -342,13 +360,13 @@ class BatchFeeder:
             return _dumps(output_line(line.custom_id, job_id, exc.http_status, openai_error(exc)))
         return "queued"
 
-    def collect(self, record: dict[str, Any], lines: list[InputLine]) -> None:
+    def collect(self, record: dict[str, Any], lines: LineIndex) -> None:
         """Write the line of every line whose job ended (or queue it again)."""
         batch_id = record["id"]
         for index, attempt in self.store.pending(batch_id).items():
             job_id = line_job_id(batch_id, index, attempt)
             job = self.gateway.store.settle(job_id)
-            custom_id = lines[index].custom_id
+            custom_id = lines.custom_ids[index]
             if job is None:
                 err: TailguardError = InternalJobError(f"the record of job {job_id} expired "
                                                        "before its line was collected")
@@ -381,7 +399,7 @@ class BatchFeeder:
 
     # -- finalizing ------------------------------------------------------------------------
 
-    def finalize(self, record: dict[str, Any], lines: list[InputLine] | None) -> None:
+    def finalize(self, record: dict[str, Any], lines: LineIndex | None) -> None:
         """Write the output and error files (one line per input line between them, in input
         order; the finished lines alone when its input is gone, `lines` None), then end the
         batch as its `ending` says."""
@@ -390,9 +408,9 @@ class BatchFeeder:
         errors = self.store.finished_lines(batch_id, "errors")
         code, message = (("batch_expired", EXPIRED_MESSAGE) if ending == EXPIRED
                          else ("batch_cancelled", CANCELLED_MESSAGE))
-        for index, line in enumerate(lines or ()):
+        for index, custom_id in enumerate(lines.custom_ids if lines is not None else ()):
             if index not in outputs and index not in errors:
-                errors[index] = _dumps(error_line(line.custom_id, None, code, message))
+                errors[index] = _dumps(error_line(custom_id, None, code, message))
         fields: dict[str, Any] = {}
         expires_at = self.store.now() + self.store.output_ttl_s
         for kind, found in (("output", outputs), ("error", errors)):
