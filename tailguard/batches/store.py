@@ -5,8 +5,9 @@ A file or batch record is a hash; indexes are sorted sets by created_at, one of 
 and one per API key (a caller's listing reads its own). A batch's status moves only by a
 compare-and-set on the Redis clock (set_batch_status.lua). While a batch runs, its lines are
 a ``pending`` hash (line -> attempt: queued or running), a ``retry`` hash (line -> its next
-attempt), and ``output`` / ``errors`` hashes of finished lines, each written once (HSETNX),
-so a collector that runs twice writes nothing twice; they go when its files are written.
+attempt), and ``output`` / ``errors`` hashes of finished lines, a line written once in one of
+the two (finish_batch_line.lua), so a collector that runs twice writes nothing twice; they go
+when its files are written.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class BatchStore:
         #: how long output and error files, and an ended batch's record, are kept
         self.output_ttl_s = output_ttl_s
         self._set_status = lua.Script(client, "clock", "set_batch_status")
+        self._finish_line = lua.Script(client, "finish_batch_line")
 
     def now(self) -> int:
         sec, _ = self.redis.time()
@@ -221,15 +223,14 @@ class BatchStore:
         pipe.execute()
 
     def finish_line(self, batch_id: str, index: int, line: str, ok: bool,
-                    next_index: int | None = None) -> None:
-        """Line `index` ended with its output (`ok`) or error line; written once."""
-        pipe = self.redis.pipeline()
-        pipe.hsetnx(keys.batch_lines_key(batch_id, "output" if ok else "errors"), str(index), line)
-        pipe.hdel(keys.batch_lines_key(batch_id, "pending"), str(index))
-        pipe.hdel(keys.batch_lines_key(batch_id, "retry"), str(index))
-        if next_index is not None:
-            pipe.hset(keys.batch_key(batch_id), "next", next_index)
-        pipe.execute()
+                    next_index: int | None = None) -> bool:
+        """Line `index` ended with its output (`ok`) or error line: written once, in one of
+        the two (finish_batch_line.lua); whether this call wrote it."""
+        return bool(self._finish_line(
+            [*(keys.batch_lines_key(batch_id, p) for p in ("output", "errors", "pending", "retry")),
+             keys.batch_key(batch_id)],
+            index=index, line=line, ok=ok,
+            **({"next_index": next_index} if next_index is not None else {})))
 
     def counts(self, batch_id: str) -> tuple[int, int]:
         """Lines ended with an output line, and with an error line."""

@@ -540,3 +540,17 @@ def test_an_upload_is_copied_in_chunks_and_a_keys_files_are_bounded_by_default(a
     assert record["bytes"] == len(data)
     assert service.store.contents.get(record["id"]) == data
     assert service.store.stored_bytes(None) == len(data)
+
+
+def test_a_line_finished_twice_is_in_one_file_once(app, redis_client):
+    """Two collectors of one line (feeders a lease apart) that disagree, one seeing it
+    succeed, the other refused: the first line written stands, in one file."""
+    with app.app_context():
+        service, _ = _batches(app)
+    store, batch_id = service.store, "batch_" + "1" * 32
+    store.queued(batch_id, 3, 0, 4)
+    assert store.finish_line(batch_id, 3, '{"custom_id": "c", "ok": 1}', ok=True)
+    assert not store.finish_line(batch_id, 3, '{"custom_id": "c", "ok": 0}', ok=False)
+    assert store.finished_lines(batch_id, "output") == {3: '{"custom_id": "c", "ok": 1}'}
+    assert store.finished_lines(batch_id, "errors") == {} and store.pending(batch_id) == {}
+    assert store.counts(batch_id) == (1, 0)
