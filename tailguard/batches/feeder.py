@@ -230,6 +230,8 @@ class BatchFeeder:
             lines, found = index_input(data, record["endpoint"], max_lines=self.max_lines,
                                        max_bytes=self.max_file_bytes)
             errors = [e.to_dict() for e in found]
+        if not self._hold():
+            return  # the parse outlasted the lease: the new holder validates it
         if errors:
             if self.store.set_status(batch_id, {VALIDATING}, FAILED,
                                      {"errors": {"object": "list", "data": errors}}):
