@@ -35,7 +35,8 @@ def upload():
     if upload is None:
         raise InvalidField("send the file as the multipart field 'file'", field="file")
     purpose = request.form.get("purpose", "")
-    return jsonify(get_batches().upload(upload.filename or "", purpose, upload.read(),
+    # werkzeug spools a large part to a temporary file: the file is copied from it in chunks
+    return jsonify(get_batches().upload(upload.filename or "", purpose, upload.stream,
                                         g.get("api_key")))
 
 
@@ -68,13 +69,14 @@ def get_file(file_id: str):
 
 @bp.delete("/files/<file_id>")
 def delete_file(file_id: str):
-    """Delete a file (its contents too).
+    """Delete a file (its contents too); not the input of a batch that has not ended (409).
     ---
     delete:
       summary: Delete a file (OpenAI)
       responses:
         200: {description: "{id, object, deleted}", content: {application/json: {schema: {type: object}}}}
         404: OpenAI404
+        409: OpenAI409
     """
     return jsonify(get_batches().delete_file(file_id, g.get("api_key")))
 

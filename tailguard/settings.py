@@ -343,9 +343,10 @@ BATCH_OUTPUT_TTL_S = Setting(
     "How long a batch's output and error files are kept after it ends, in seconds (OpenAI keeps "
     "them 30 days); input files stay until deleted.")
 BATCH_MAX_BYTES_PER_KEY = Setting(
-    "TAILGUARD_BATCH_MAX_BYTES_PER_KEY", 0, int,
+    "TAILGUARD_BATCH_MAX_BYTES_PER_KEY", 10 * 1024 ** 3, int,
     "Most bytes of Batch API files (inputs and outputs) one API key may store; past it an upload "
-    "is a 429 quota_exceeded. 0: no bound but the disk's.")
+    "is a 429 quota_exceeded. The default, 10 GiB, holds 25 inputs of the largest size with "
+    "their outputs. 0: no bound but the disk's.")
 BATCH_MAX_RUNNING_PER_KEY = Setting(
     "TAILGUARD_BATCH_MAX_RUNNING_PER_KEY", 20, int,
     "Most batches one API key may have not yet ended; creating another is a 429 quota_exceeded. "

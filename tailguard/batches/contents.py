@@ -5,7 +5,9 @@ Metadata is in Redis (``store``); a file's contents are named by its id alone.""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
+from typing import BinaryIO
 
 from tailguard.errors import ConfigError
 
@@ -31,15 +33,16 @@ class Contents:
             self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             os.chmod(self._dir, 0o700)
 
-    def put(self, file_id: str, data: bytes) -> None:
+    def put(self, file_id: str, data: bytes | BinaryIO) -> None:
+        """Store `data`: bytes, or a stream copied in chunks (an upload is never held whole)."""
         if self._fs is not None:
             with self._fs.open(f"{self._root}/{file_id}", "wb") as out:
-                out.write(data)
+                _write(out, data)
             return
         tmp = self._dir / f".{file_id}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as out:
-            out.write(data)
+            _write(out, data)
         os.replace(tmp, self._dir / file_id)
 
     def get(self, file_id: str) -> bytes | None:
@@ -52,6 +55,17 @@ class Contents:
         except FileNotFoundError:
             return None
 
+    def read_range(self, file_id: str, start: int, end: int) -> bytes | None:
+        """Bytes `start` to `end` of the contents, or None when there are none."""
+        try:
+            if self._fs is not None:
+                return self._fs.cat_file(f"{self._root}/{file_id}", start=start, end=end)
+            with open(self._dir / file_id, "rb") as src:
+                src.seek(start)
+                return src.read(end - start)
+        except FileNotFoundError:
+            return None
+
     def delete(self, file_id: str) -> None:
         try:
             if self._fs is not None:
@@ -60,3 +74,22 @@ class Contents:
                 (self._dir / file_id).unlink()
         except FileNotFoundError:
             pass
+
+
+#: the chunk a stream is copied in
+CHUNK_BYTES = 1 << 20
+
+
+def _write(out: BinaryIO, data: bytes | BinaryIO) -> None:
+    if isinstance(data, bytes | bytearray):
+        out.write(data)
+    else:
+        shutil.copyfileobj(data, out, CHUNK_BYTES)
+
+
+def stream_size(stream: BinaryIO) -> int:
+    """The bytes left in a seekable stream, read from its position without reading them."""
+    here = stream.tell()
+    end = stream.seek(0, os.SEEK_END)
+    stream.seek(here)
+    return end - here

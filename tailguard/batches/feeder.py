@@ -6,7 +6,8 @@ Each tick it reads, from Redis alone (level-triggered: a feeder killed mid-batch
 replaced within a lease and carries on), every batch not yet ended, in turn from a rotating
 start (round-robin), and for each:
 
-- ``validating``: reads its input file (``lines.parse_input``): ``failed`` with OpenAI's
+- ``validating``: reads its input file (``lines.index_input``: each line's custom_id and
+  where it lies in the file are kept, its body read when it is queued): ``failed`` with OpenAI's
   errors, or ``in_progress`` with its line count;
 - collects the lines whose jobs ended: an output line, an error line, or (a job that expired
   in its queue or lost its worker: nothing ran to its end) the line queued again, at most
@@ -15,9 +16,10 @@ start (round-robin), and for each:
   or running, each through the gateway's one submit path as a synchronous OpenAI request is
   (validated and rendered by vLLM, costed, capped, admitted; its cost drawn from the key's
   batch tokens bucket, of its tokens/min, apart from its other requests'), placed as
-  ``batch``; a lane
-  that refuses (429, 503) stops the tick's feeding: the lane's backlog bounds the batches.
-  A body the render layer refuses is the line's error line. Each line's job id is
+  ``batch``. A refusal (429: the lane's backlog, the owner's tokens bucket or fair share)
+  holds back that batch alone until the next tick, so one tenant's limits never stall
+  another's batch; a 503 (no live worker, Redis full) stops the tick's feeding of every
+  batch. A body the render layer refuses is the line's error line. Each line's job id is
   deterministic (``lines.line_job_id``) and created only if absent: a line queued twice runs
   once;
 - past its completion window: the lines still queued or running are cancelled and written
@@ -25,10 +27,17 @@ start (round-robin), and for each:
 - ``cancelling`` (POST .../cancel): nothing more is queued; once its queued and running lines
   have finished, the rest are ``batch_cancelled`` errors and it ends ``cancelled``;
 - once every line ended: ``finalizing``, the output and error files written, ``completed``.
+
+The input is read again (a feeder that took over, or restarted) under the limits it was
+validated with, not today's; the API refuses to delete the input of a batch not yet ended.
+Input that is gone or changed all the same ends the batch ``failed``, its finished lines
+written to its files first. Each batch's step renews the lease and stops the tick once
+another process holds it: a long parse cannot leave two feeders writing.
 """
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import hashlib
 import json
@@ -45,11 +54,13 @@ from tailguard.batches.lines import (
     ENDPOINTS,
     EXPIRED_MESSAGE,
     InputLine,
+    LineIndex,
     error_line,
+    index_input,
     jsonl,
+    line_body,
     line_job_id,
     output_line,
-    parse_input,
 )
 from tailguard.batches.objects import (
     CANCELLED,
@@ -93,6 +104,8 @@ RETRIED = frozenset({JobExpired.code, WorkerLost.code, MessageLost.code})
 LEASE_PERIODS = 10
 #: how often expired output files are deleted, in seconds
 SWEEP_S = 60
+#: a line not queued now: refused for its batch (429), or the lane unavailable to all (503)
+HELD, CLOSED = "held", "closed"
 
 
 def result_file_id(batch_id: str, kind: str) -> str:
@@ -112,7 +125,7 @@ class BatchFeeder:
         self.max_lines, self.max_file_bytes = max_lines, max_file_bytes
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{id(self)}"
         self._lease = Lease(store.redis, keys.BATCH_FEEDER_LEASE)
-        self._lines: dict[str, list[InputLine]] = {}  # batch id -> its parsed input, while it runs
+        self._lines: dict[str, LineIndex] = {}  # batch id -> its input's index, while it runs
         self._turn = 0
         self._next_sweep = 0
         self._stopping = threading.Event()
@@ -144,8 +157,7 @@ class BatchFeeder:
 
     def tick(self) -> bool:
         """One pass over the batches if this process holds the lease; whether it does."""
-        if not self._lease.hold(self.owner, max(1.0, LEASE_PERIODS * self.period_s)):
-            self._lines.clear()  # another process feeds: its view, not this cache, is current
+        if not self._hold():
             return False
         now = self.store.now()
         if now >= self._next_sweep:
@@ -156,6 +168,8 @@ class BatchFeeder:
         start = self._turn % len(active) if active else 0
         lane_open = True
         for batch_id in active[start:] + active[:start]:
+            if not self._hold():
+                return False  # another process feeds now (a long parse outlasted the lease)
             try:
                 lane_open = self.step(batch_id, now, lane_open)
             except redis.RedisError:
@@ -163,6 +177,13 @@ class BatchFeeder:
             except Exception:  # one batch's bug must not hold up the others
                 log.exception("batch %s: the feeder's step failed", batch_id)
         return True
+
+    def _hold(self) -> bool:
+        """Take or renew the lease; whether this process feeds now."""
+        if self._lease.hold(self.owner, max(1.0, LEASE_PERIODS * self.period_s)):
+            return True
+        self._lines.clear()  # another process feeds: its view, not this cache, is current
+        return False
 
     def step(self, batch_id: str, now: int, lane_open: bool) -> bool:
         """Move one batch on; whether the lane still takes lines this tick."""
@@ -203,43 +224,72 @@ class BatchFeeder:
         batch_id = record["id"]
         data = self.store.contents.get(record["input_file_id"])
         if data is None:
-            lines, errors = [], [{"code": "invalid_file", "message": "the input file is gone",
-                                  "param": "input_file_id", "line": None}]
+            lines, errors = None, [{"code": "invalid_file", "message": "the input file is gone",
+                                    "param": "input_file_id", "line": None}]
         else:
-            lines, found = parse_input(data, record["endpoint"], max_lines=self.max_lines,
+            lines, found = index_input(data, record["endpoint"], max_lines=self.max_lines,
                                        max_bytes=self.max_file_bytes)
             errors = [e.to_dict() for e in found]
+        if not self._hold():
+            return  # the parse outlasted the lease: the new holder validates it
         if errors:
             if self.store.set_status(batch_id, {VALIDATING}, FAILED,
                                      {"errors": {"object": "list", "data": errors}}):
                 self.store.ended(batch_id, 0, 0)
             return
-        if self.store.set_status(batch_id, {VALIDATING}, IN_PROGRESS, {"total": len(lines)}):
+        if lines is not None and self.store.set_status(batch_id, {VALIDATING}, IN_PROGRESS,
+                                                       {"total": len(lines)}):
             self._lines[batch_id] = lines
 
-    def lines(self, record: dict[str, Any]) -> list[InputLine] | None:
-        """The batch's parsed input (read again after a restart); None after failing it."""
+    def lines(self, record: dict[str, Any]) -> LineIndex | None:
+        """The batch's input's index (read again after a restart); None after failing it."""
         batch_id = record["id"]
         if batch_id not in self._lines:
-            data = self.store.contents.get(record["input_file_id"])
-            parsed, errors = ([], []) if not record.get("total") else (
-                parse_input(data or b"", record["endpoint"], max_lines=self.max_lines,
-                            max_bytes=self.max_file_bytes))
-            if errors or len(parsed) != record.get("total", 0):
-                # its input was deleted (or the limits changed) while it ran
-                self.store.set_status(batch_id, {IN_PROGRESS, CANCELLING, FINALIZING}, FAILED, {
-                    "errors": {"object": "list", "data": [{
-                        "code": "invalid_file", "param": "input_file_id", "line": None,
-                        "message": "the input file was deleted or changed while the batch ran"}]}})
-                self.store.ended(batch_id, *self.store.counts(batch_id))
+            parsed = self._read_again(record)
+            if parsed is None:
+                self.fail_unreadable(record)
                 return None
+            if not self._hold():
+                return None  # the parse outlasted the lease: the new holder carries on
             self._lines[batch_id] = parsed
         return self._lines[batch_id]
 
+    def _read_again(self, record: dict[str, Any]) -> LineIndex | None:
+        """The input of a batch validated before: its `total` lines, or None when its contents
+        are gone or no longer those lines. The limits were checked at validating: lowered
+        since, they apply to new batches only."""
+        total = record.get("total") or 0
+        data = self.store.contents.get(record["input_file_id"]) if total else b""
+        if data is None:
+            return None
+        if not total:
+            return LineIndex([], array.array("q"))
+        index, errors = index_input(data, record["endpoint"], max_lines=total,
+                                    max_bytes=len(data))
+        return None if errors or len(index) != total else index
+
+    def fail_unreadable(self, record: dict[str, Any]) -> None:
+        """Its input went while it ran: no more lines can be queued or matched to their
+        custom_id. The lines in flight are cancelled; the finished ones are written to its
+        output and error files (never dropped), and it ends ``failed``."""
+        batch_id = record["id"]
+        self.store.set_status(batch_id, {IN_PROGRESS, CANCELLING}, FINALIZING, {
+            "ending": FAILED, "errors": {"object": "list", "data": [{
+                "code": "invalid_file", "param": "input_file_id", "line": None,
+                "message": "the input file was deleted or changed while the batch ran; the "
+                           "lines that had finished are in its output and error files"}]}})
+        for index, attempt in self.store.pending(batch_id).items():
+            self.gateway.cancel(line_job_id(batch_id, index, attempt),
+                                reason="the batch's input file is gone", missing_ok=True)
+        record = self.store.batch(batch_id)
+        if record is not None and record["status"] == FINALIZING:
+            self.finalize(record, None)
+
     # -- running ---------------------------------------------------------------------------
 
-    def feed(self, record: dict[str, Any], lines: list[InputLine]) -> bool:
-        """Queue lines until the batch has its most in flight; False once the lane refuses."""
+    def feed(self, record: dict[str, Any], lines: LineIndex) -> bool:
+        """Queue lines until the batch has its most in flight or a line is refused; False
+        once the lane is unavailable (503) to every batch."""
         batch_id = record["id"]
         room = self.lines_in_flight - len(self.store.pending(batch_id))
         retries = self.store.retries(batch_id)
@@ -253,9 +303,14 @@ class BatchFeeder:
                 index, attempt, next_index = cursor, 0, cursor + 1
             else:
                 return True
-            outcome = self._queue(record, index, attempt, lines[index], caller)
-            if outcome is None:
-                return False
+            body = self._body(record, lines, index)
+            if body is None:
+                self.fail_unreadable(record)
+                return True
+            outcome = self._queue(record, index, attempt, InputLine(lines.custom_ids[index], body),
+                                  caller)
+            if outcome in (HELD, CLOSED):
+                return outcome == HELD
             if outcome == "queued":
                 self.store.queued(batch_id, index, attempt, next_index)
                 room -= 1
@@ -273,10 +328,19 @@ class BatchFeeder:
         return key if key is not None else Unauthenticated(
             "the API key that created this batch was revoked")
 
+    def _body(self, record: dict[str, Any], lines: LineIndex, index: int) -> dict[str, Any] | None:
+        """Line `index`'s body, read from the input file; None when the file is gone."""
+        raw = self.store.contents.read_range(record["input_file_id"], *lines.span(index))
+        try:
+            return None if raw is None else line_body(raw)
+        except (ValueError, KeyError, TypeError):
+            return None  # the file changed under the batch
+
     def _queue(self, record: dict[str, Any], index: int, attempt: int, line: InputLine,
-               caller: ApiKey | None | Unauthenticated) -> str | None:
+               caller: ApiKey | None | Unauthenticated) -> str:
         """Queue one line's attempt: "queued", its error line (a line the synchronous
-        endpoint would have refused), or None when the lane refuses now (retried later)."""
+        endpoint would have refused), HELD when it is refused now (429: this batch waits for
+        the next tick) or CLOSED when the lane is unavailable (503: every batch waits)."""
         job_id = line_job_id(record["id"], index, attempt)
         if self.store.redis.exists(keys.job_key(job_id)):
             return "queued"
@@ -288,21 +352,23 @@ class BatchFeeder:
                 raise InvalidField("stream is not served in a batch", field="stream")
             self.gateway.submit(dataclasses.replace(job, priority="batch"), caller, job_id=job_id,
                                 token_bucket=BATCH_TOKENS)
-        except (Refused, Unavailable):
-            return None
+        except Refused:
+            return HELD
+        except Unavailable:
+            return CLOSED
         except JobStateConflict:
             return "queued"
         except TailguardError as exc:
             return _dumps(output_line(line.custom_id, job_id, exc.http_status, openai_error(exc)))
         return "queued"
 
-    def collect(self, record: dict[str, Any], lines: list[InputLine]) -> None:
+    def collect(self, record: dict[str, Any], lines: LineIndex) -> None:
         """Write the line of every line whose job ended (or queue it again)."""
         batch_id = record["id"]
         for index, attempt in self.store.pending(batch_id).items():
             job_id = line_job_id(batch_id, index, attempt)
             job = self.gateway.store.settle(job_id)
-            custom_id = lines[index].custom_id
+            custom_id = lines.custom_ids[index]
             if job is None:
                 err: TailguardError = InternalJobError(f"the record of job {job_id} expired "
                                                        "before its line was collected")
@@ -335,17 +401,18 @@ class BatchFeeder:
 
     # -- finalizing ------------------------------------------------------------------------
 
-    def finalize(self, record: dict[str, Any], lines: list[InputLine]) -> None:
+    def finalize(self, record: dict[str, Any], lines: LineIndex | None) -> None:
         """Write the output and error files (one line per input line between them, in input
-        order), then end the batch as its `ending` says."""
+        order; the finished lines alone when its input is gone, `lines` None), then end the
+        batch as its `ending` says."""
         batch_id, ending = record["id"], record.get("ending", COMPLETED)
         outputs = self.store.finished_lines(batch_id, "output")
         errors = self.store.finished_lines(batch_id, "errors")
         code, message = (("batch_expired", EXPIRED_MESSAGE) if ending == EXPIRED
                          else ("batch_cancelled", CANCELLED_MESSAGE))
-        for index, line in enumerate(lines):
+        for index, custom_id in enumerate(lines.custom_ids if lines is not None else ()):
             if index not in outputs and index not in errors:
-                errors[index] = _dumps(error_line(line.custom_id, None, code, message))
+                errors[index] = _dumps(error_line(custom_id, None, code, message))
         fields: dict[str, Any] = {}
         expires_at = self.store.now() + self.store.output_ttl_s
         for kind, found in (("output", outputs), ("error", errors)):

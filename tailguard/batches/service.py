@@ -8,8 +8,9 @@ admin key, or no key (open mode), sees all.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
+from tailguard.batches.contents import stream_size
 from tailguard.batches.lines import COMPLETION_WINDOWS, ENDPOINTS
 from tailguard.batches.objects import (
     CANCELLING,
@@ -74,18 +75,21 @@ class BatchService:
 
     # -- files ---------------------------------------------------------------------------
 
-    def upload(self, filename: str, purpose: str, data: bytes,
+    def upload(self, filename: str, purpose: str, data: BinaryIO,
                caller: ApiKey | None) -> dict[str, Any]:
+        """Store an uploaded file from its stream (seekable: its size is known before a byte of
+        it is copied, and it is copied in chunks, never held whole)."""
         if purpose != PURPOSE_INPUT:
             raise InvalidField(f"purpose must be {PURPOSE_INPUT!r}: this API keeps batch input "
                                "files only", field="purpose")
         self._check_storage()
-        if len(data) > self.max_file_bytes:
-            raise BodyTooLarge(f"the file has {len(data)} bytes, more than the "
+        size = stream_size(data)
+        if size > self.max_file_bytes:
+            raise BodyTooLarge(f"the file has {size} bytes, more than the "
                                f"{self.max_file_bytes} taken (TAILGUARD_BATCH_MAX_FILE_BYTES)",
                                field="file")
         if caller is not None and self.max_bytes_per_key and (
-                stored := self.store.stored_bytes(caller.id)) + len(data) > self.max_bytes_per_key:
+                stored := self.store.stored_bytes(caller.id)) + size > self.max_bytes_per_key:
             raise QuotaExceeded(f"key {caller.name!r} stores {stored} bytes of files; this one "
                                 f"would pass its {self.max_bytes_per_key} "
                                 "(TAILGUARD_BATCH_MAX_BYTES_PER_KEY): delete files first",
@@ -111,7 +115,14 @@ class BatchService:
         return data
 
     def delete_file(self, file_id: str, caller: ApiKey | None) -> dict[str, Any]:
-        self.store.delete_file(self._file(file_id, caller))
+        """Delete a file, unless a batch not yet ended reads it (JobStateConflict, 409): its
+        feeder may read its input again, and its lines' results need their custom_ids."""
+        record = self._file(file_id, caller)
+        if (users := self.store.batches_reading(file_id)):
+            raise JobStateConflict(f"file {file_id} is the input of batch {users[0]}, which has "
+                                   "not ended: cancel the batch or wait for its end, then delete "
+                                   "the file", field="file_id")
+        self.store.delete_file(record)
         return {"id": file_id, "object": "file", "deleted": True}
 
     def files(self, caller: ApiKey | None, after: str | None, limit: str | None,

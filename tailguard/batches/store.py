@@ -5,18 +5,19 @@ A file or batch record is a hash; indexes are sorted sets by created_at, one of 
 and one per API key (a caller's listing reads its own). A batch's status moves only by a
 compare-and-set on the Redis clock (set_batch_status.lua). While a batch runs, its lines are
 a ``pending`` hash (line -> attempt: queued or running), a ``retry`` hash (line -> its next
-attempt), and ``output`` / ``errors`` hashes of finished lines, each written once (HSETNX),
-so a collector that runs twice writes nothing twice; they go when its files are written.
+attempt), and ``output`` / ``errors`` hashes of finished lines, a line written once in one of
+the two (finish_batch_line.lua), so a collector that runs twice writes nothing twice; they go
+when its files are written.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, BinaryIO
 
 import redis
 
-from tailguard.batches.contents import Contents
+from tailguard.batches.contents import Contents, stream_size
 from tailguard.batches.objects import ENDED, batch_object, decode, encode, file_object
 from tailguard.redis import keys, lua
 
@@ -34,6 +35,7 @@ class BatchStore:
         #: how long output and error files, and an ended batch's record, are kept
         self.output_ttl_s = output_ttl_s
         self._set_status = lua.Script(client, "clock", "set_batch_status")
+        self._finish_line = lua.Script(client, "finish_batch_line")
 
     def now(self) -> int:
         sec, _ = self.redis.time()
@@ -48,23 +50,30 @@ class BatchStore:
     # -- files ---------------------------------------------------------------------------
 
     def add_file(self, file_id: str, *, filename: str, purpose: str, owner: str | None,
-                 data: bytes, expires_at: int | None = None) -> dict[str, Any]:
-        """Store the contents, then the record (a record never names missing contents)."""
+                 data: bytes | BinaryIO, expires_at: int | None = None) -> dict[str, Any]:
+        """Store the contents (bytes, or a seekable stream copied in chunks), then the record
+        (a record never names missing contents)."""
+        size = len(data) if isinstance(data, bytes | bytearray) else stream_size(data)
         self.contents.put(file_id, data)
-        before = self.redis.hget(keys.file_key(file_id), "bytes")  # a result file written again
         order = self._order()
-        record = {"id": file_id, "bytes": len(data), "created_at": int(order),
+        record = {"id": file_id, "bytes": size, "created_at": int(order),
                   "filename": filename, "purpose": purpose, "owner": owner or "",
                   "expires_at": expires_at}
-        pipe = self.redis.pipeline()
-        pipe.hset(keys.file_key(file_id), mapping=encode(record))
-        for index in {keys.files_key(None), keys.files_key(owner or None)}:
-            pipe.zadd(index, {file_id: order})
-        if expires_at is not None:
-            pipe.zadd(keys.FILES_EXPIRING, {file_id: expires_at})
-        for total in {keys.files_bytes_key(None), keys.files_bytes_key(owner or None)}:
-            pipe.incrby(total, len(data) - int(before or 0))
-        pipe.execute()
+
+        def write(pipe: Any) -> None:
+            # a result file written again counts its change in size only, once however many
+            # processes write it at once (the record is watched: redis-py's transaction)
+            before = pipe.hget(keys.file_key(file_id), "bytes")
+            pipe.multi()
+            pipe.hset(keys.file_key(file_id), mapping=encode(record))
+            for index in {keys.files_key(None), keys.files_key(owner or None)}:
+                pipe.zadd(index, {file_id: order})
+            if expires_at is not None:
+                pipe.zadd(keys.FILES_EXPIRING, {file_id: expires_at})
+            for total in {keys.files_bytes_key(None), keys.files_bytes_key(owner or None)}:
+                pipe.incrby(total, size - int(before or 0))
+
+        self.redis.transaction(write, keys.file_key(file_id))
         return record
 
     def file(self, file_id: str) -> dict[str, Any] | None:
@@ -145,6 +154,15 @@ class BatchStore:
     def active(self) -> list[str]:
         return sorted(_text(b) for b in self.redis.smembers(keys.BATCHES_ACTIVE))
 
+    def batches_reading(self, file_id: str) -> list[str]:
+        """The batches not yet ended whose input is `file_id`."""
+        active = self.active()
+        pipe = self.redis.pipeline()
+        for batch_id in active:
+            pipe.hget(keys.batch_key(batch_id), "input_file_id")
+        return [b for b, f in zip(active, pipe.execute() if active else [])
+                if f is not None and _text(f) == file_id]
+
     def running_of(self, owner: str) -> int:
         """How many of the batches not yet ended are `owner`'s."""
         pipe = self.redis.pipeline()
@@ -205,15 +223,14 @@ class BatchStore:
         pipe.execute()
 
     def finish_line(self, batch_id: str, index: int, line: str, ok: bool,
-                    next_index: int | None = None) -> None:
-        """Line `index` ended with its output (`ok`) or error line; written once."""
-        pipe = self.redis.pipeline()
-        pipe.hsetnx(keys.batch_lines_key(batch_id, "output" if ok else "errors"), str(index), line)
-        pipe.hdel(keys.batch_lines_key(batch_id, "pending"), str(index))
-        pipe.hdel(keys.batch_lines_key(batch_id, "retry"), str(index))
-        if next_index is not None:
-            pipe.hset(keys.batch_key(batch_id), "next", next_index)
-        pipe.execute()
+                    next_index: int | None = None) -> bool:
+        """Line `index` ended with its output (`ok`) or error line: written once, in one of
+        the two (finish_batch_line.lua); whether this call wrote it."""
+        return bool(self._finish_line(
+            [*(keys.batch_lines_key(batch_id, p) for p in ("output", "errors", "pending", "retry")),
+             keys.batch_key(batch_id)],
+            index=index, line=line, ok=ok,
+            **({"next_index": next_index} if next_index is not None else {})))
 
     def counts(self, batch_id: str) -> tuple[int, int]:
         """Lines ended with an output line, and with an error line."""

@@ -21,6 +21,7 @@ This is the only module of the API that imports vLLM, and only its frontend
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -246,13 +247,11 @@ class OpenAIFrontend:
         return self._tokenization("detokenize", body)
 
     def _tokenization(self, what: str, body: Any) -> Answer:
-        from pydantic import TypeAdapter, ValidationError
-        from vllm.entrypoints.serve.tokenize.protocol import DetokenizeRequest, TokenizeRequest
+        from pydantic import ValidationError
 
         state = self._ready()
         try:
-            request = TypeAdapter(TokenizeRequest if what == "tokenize" else DetokenizeRequest
-                                  ).validate_python(body)
+            request = _tokenization_adapter(what).validate_python(body)
         except ValidationError as exc:
             raise _validation_error(exc) from None
         serving = state.serving_tokenization
@@ -267,6 +266,17 @@ class OpenAIFrontend:
 
         self._ready()
         return __version__
+
+
+@functools.cache
+def _tokenization_adapter(what: str) -> Any:
+    """vLLM's /tokenize or /detokenize request type as a pydantic TypeAdapter, kept: a chat
+    message's content parts are validated lazily, by an iterator that panics (pydantic-core's
+    PanicException, a BaseException) once the adapter that made it was collected."""
+    from pydantic import TypeAdapter
+    from vllm.entrypoints.serve.tokenize.protocol import DetokenizeRequest, TokenizeRequest
+
+    return TypeAdapter(TokenizeRequest if what == "tokenize" else DetokenizeRequest)
 
 
 def _field_names(model: Any) -> frozenset[str]:

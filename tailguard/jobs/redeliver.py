@@ -84,7 +84,9 @@ class Redeliverer:
         self.store = store
         self.connect = connect
         self.after_s = after_s
-        self.lanes = list(lanes)  # whose lost messages this pass looks for
+        # whose lost messages this pass looks for: every lane of the table (one lease, so the
+        # process that holds it looks for all of them), whatever lanes its own process serves
+        self.lanes = list(lanes)
         self.confirm_s = confirm_s
         self.lease_s = lease_s if lease_s is not None else max(LEASE_MIN_S, 3 * confirm_s)
         self.owner = f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"

@@ -52,14 +52,17 @@ def test_api_and_worker_metrics_after_real_requests(api_url, workers, redis_serv
     worker = requests.get(f"http://127.0.0.1:{workers.metrics_ports['short']}/metrics", timeout=10).text
     assert 'tailguard_worker_running_requests{worker="short@' in worker
     assert "tailguard_worker_completed_requests_total" in worker
-    # vLLM's own series, from the same process, labelled with the worker and its lane
+    # vLLM's own series, from the same process, labelled with the worker; its lanes apart
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
                  "vllm:kv_cache_usage_perc"):
-        assert any(line.startswith(name + "{") and 'lane="short"' in line
-                   and 'worker="short@' in line for line in worker.splitlines()), name
+        assert any(line.startswith(name + "{") and 'worker="short@' in line
+                   and "lane=" not in line for line in worker.splitlines()), name
+    assert any(line.startswith('tailguard_worker_lanes_info{lane="short",worker="short@')
+               for line in worker.splitlines())
     long_worker = requests.get(f"http://127.0.0.1:{workers.metrics_ports['long']}/metrics",
                                timeout=10).text
-    assert 'lane="long,batch"' in long_worker and 'lane="short"' not in long_worker
+    assert 'tailguard_worker_lanes_info{lane="batch"' in long_worker
+    assert 'lane="short"' not in long_worker
 
     env = {**os.environ, settings.REDIS_URL.env: redis_server}
     stats = json.loads(subprocess.run(

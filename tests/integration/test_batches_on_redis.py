@@ -15,7 +15,7 @@ from app.gateway_ext import BATCHES_EXTENSION, _batches, get_gateway
 from tailguard import settings
 from tailguard.batches.feeder import BatchFeeder
 from tailguard.batches.lines import line_job_id
-from tailguard.gateway.api_keys import ApiKey, ApiKeyStore
+from tailguard.gateway.api_keys import BATCH_TOKENS, ApiKey, ApiKeyStore
 from tailguard.jobs.store import QUEUED, RUNNING, SUCCEEDED
 from tailguard.jobs.stream import DeltaWriter
 from tailguard.redis import keys
@@ -366,10 +366,13 @@ def test_a_keys_stored_bytes_and_running_batches_are_bounded(keys_app, redis_cli
                            content_type="multipart/form-data", headers=a)
         assert over.status_code == 429 and over.get_json()["error"]["code"] == "quota_exceeded"
         upload(client, data, b)  # another key's room is its own
-        create(client, file_id, a)
+        batch_id = create(client, file_id, a)["id"]
         again = client.post("/v1/batches", json={"input_file_id": file_id, "completion_window": "24h",
                                                  "endpoint": "/v1/chat/completions"}, headers=a)
         assert again.status_code == 429 and "Retry-After" in again.headers
+        assert client.delete(f"/v1/files/{file_id}", headers=a).status_code == 409  # its input
+        assert client.post(f"/v1/batches/{batch_id}/cancel", headers=a).status_code == 200
+        feeder_of(keys_app).tick()  # nothing of it ran: it ends cancelled at once
         assert client.delete(f"/v1/files/{file_id}", headers=a).status_code == 200
         assert upload(client, data, a)["bytes"] == len(data)  # deleting gave the room back
     finally:
@@ -400,3 +403,154 @@ def test_a_keys_batch_lines_draw_on_a_tokens_bucket_of_their_own(keys_app, redis
         assert job[b"owner"] == key.id.encode() and job[b"api_key"] == b"a"
     finally:
         keys_app.extensions.pop(BATCHES_EXTENSION, None)
+
+
+def test_the_input_file_of_a_batch_not_yet_ended_cannot_be_deleted(client, app, model):
+    """OpenAI keeps the input of a running batch: its delete is a 409 (OpenAI's error shape)
+    until the batch ended; then the file goes as any other."""
+    batch = create(client, upload(client, chat_lines(model, 3))["id"])
+    feeder = feeder_of(app)
+    feeder.tick()
+    resp = client.delete(f"/v1/files/{batch['input_file_id']}")
+    assert resp.status_code == 409, resp.get_json()
+    error = resp.get_json()["error"]
+    assert error["type"] == "invalid_request_error" and batch["id"] in error["message"]
+    assert client.get(f"/v1/files/{batch['input_file_id']}/content").status_code == 200
+    drive(app, client, batch["id"], feeder)
+    assert client.delete(f"/v1/files/{batch['input_file_id']}").status_code == 200
+
+
+def test_lower_limits_after_a_restart_do_not_fail_a_batch_validated_under_the_old_ones(
+        client, app, model):
+    """The limits are checked once, at validating: a feeder started since with lower ones
+    (reading the input again: nothing of it is cached) runs the batch to its end."""
+    n = 6
+    batch = create(client, upload(client, chat_lines(model, n))["id"])
+    first = feeder_of(app, "before")
+    first.tick()
+    first.close()
+    with app.app_context():
+        service, _ = _batches(app)
+        second = BatchFeeder(service.store, get_gateway(), lines_in_flight=4, period_s=0.1,
+                             max_lines=2, max_file_bytes=64, owner="after")
+    done = drive(app, client, batch["id"], second)
+    assert done["status"] == "completed" and done["request_counts"]["completed"] == n
+
+
+def test_a_batch_whose_input_vanished_mid_run_ends_failed_with_its_finished_lines_written(
+        client, app, model, redis_client):
+    """Contents lost under a running batch (a wiped disk, a changed file: the API refuses the
+    delete): the feeder that reads its input again cannot queue or match more lines, and ends
+    it failed, its finished lines in its output file, never dropped."""
+    n = 6
+    batch = create(client, upload(client, chat_lines(model, n))["id"])
+    first = feeder_of(app, "before", in_flight=2)
+    first.store.jobs = first.gateway.store
+    first.tick()
+    run_queued(first.store, batch["id"], {0, 1})
+    first.tick()  # lines 0 and 1 collected, 2 and 3 queued
+    first.close()
+    first.store.contents.delete(batch["input_file_id"])
+    done = drive(app, client, batch["id"], feeder_of(app, "after"), until=("failed",))
+    assert done["errors"]["data"][0]["code"] == "invalid_file" and done["failed_at"]
+    out = read_file(client, done["output_file_id"])
+    assert [x["custom_id"] for x in out] == ["req-0", "req-1"]
+    assert done["request_counts"]["completed"] == 2
+    for index in (2, 3):  # queued, never to be matched to a line: cancelled
+        job = redis_client.hget(keys.job_key(line_job_id(batch["id"], index)), "status")
+        assert job == b"cancelled"
+    assert not redis_client.sismember(keys.BATCHES_ACTIVE, batch["id"])
+
+
+def test_one_keys_refused_lines_hold_back_its_batch_alone(keys_app, redis_client, tmp_path, model):
+    """A key over its batch tokens per minute has its lines refused (429): that holds back its
+    own batch, not another key's in the same feeder tick, whichever the tick reaches first."""
+    keys_app.config[settings.BATCH_STORAGE.env] = str(tmp_path / "files")
+    keys_app.extensions.pop(BATCHES_EXTENSION, None)
+    try:
+        store = ApiKeyStore(redis_client)
+        secrets = {name: store.add(ApiKey(name, tokens_per_min=600)) for name in ("a", "b")}
+        headers = {n: {"Authorization": f"Bearer {s}"} for n, s in secrets.items()}
+        client = keys_app.test_client()
+        batches = {n: create(client, upload(client, chat_lines(model, 12), headers[n])["id"],
+                             headers[n])["id"] for n in ("a", "b")}
+        feeder = feeder_of(keys_app, in_flight=2)
+        feeder.store.jobs = feeder.gateway.store
+        feeder.gateway.api_keys.take_tokens(store.lookup(secrets["a"]), 600, BATCH_TOKENS)
+        for _ in range(4):  # each batch first in two of the ticks
+            feeder.tick()
+            assert feeder.store.pending(batches["a"]) == {}  # its bucket is empty
+            assert len(feeder.store.pending(batches["b"])) == 2
+            run_queued(feeder.store, batches["b"], set(range(12)))
+    finally:
+        keys_app.extensions.pop(BATCHES_EXTENSION, None)
+
+
+def test_a_feeder_whose_lease_lapsed_during_a_long_parse_writes_nothing(client, app, model,
+                                                                        monkeypatch):
+    """A parse of a large input can outlast the feeder's lease: another process takes over
+    meanwhile. The first one, its parse done, finds the lease gone and stops there: it
+    collects, queues and counts nothing while the other one feeds."""
+    n = 8
+    batch = create(client, upload(client, chat_lines(model, n))["id"])
+    before = feeder_of(app, "before", in_flight=2)
+    before.tick()
+    before.close()
+    slow, other = feeder_of(app, "slow", in_flight=2), feeder_of(app, "other", in_flight=2)
+    store = slow.store
+    store.jobs = slow.gateway.store
+    read = store.contents.get
+    left = []
+
+    def state():
+        return (store.pending(batch["id"]), store.batch(batch["id"])["next"],
+                store.counts(batch["id"]))
+
+    def long_read(file_id):
+        if not left:  # the lease lapses while this process parses; another one feeds
+            left.append(None)  # (its own read of the input goes through)
+            store.redis.delete(keys.BATCH_FEEDER_LEASE)
+            for _ in range(2):
+                assert other.tick()
+                run_queued(store, batch["id"], set(range(n)))
+            left[0] = state()
+        return read(file_id)
+
+    monkeypatch.setattr(store.contents, "get", long_read)
+    slow.tick()
+    assert left and left[0][2] == (2, 0)  # the other one collected the first two lines
+    assert state() == left[0]  # the slow one collected and queued nothing after its parse
+    assert store.redis.get(keys.BATCH_FEEDER_LEASE) == b"other"
+
+
+class ChunksOnly(io.BytesIO):
+    """An upload's stream that refuses to be read whole (as a large upload must never be)."""
+
+    def read(self, size=-1):
+        assert size is not None and 0 < size <= 1 << 20, f"read({size}): the whole upload"
+        return super().read(size)
+
+
+def test_an_upload_is_copied_in_chunks_and_a_keys_files_are_bounded_by_default(app, model):
+    with app.app_context():
+        service, _ = _batches(app)
+    assert service.max_bytes_per_key == settings.BATCH_MAX_BYTES_PER_KEY.default > 0
+    data = b'{"pad": "' + b"x" * (3 << 20) + b'"}\n'
+    record = service.upload("big.jsonl", "batch", ChunksOnly(data), None)
+    assert record["bytes"] == len(data)
+    assert service.store.contents.get(record["id"]) == data
+    assert service.store.stored_bytes(None) == len(data)
+
+
+def test_a_line_finished_twice_is_in_one_file_once(app, redis_client):
+    """Two collectors of one line (feeders a lease apart) that disagree, one seeing it
+    succeed, the other refused: the first line written stands, in one file."""
+    with app.app_context():
+        service, _ = _batches(app)
+    store, batch_id = service.store, "batch_" + "1" * 32
+    store.queued(batch_id, 3, 0, 4)
+    assert store.finish_line(batch_id, 3, '{"custom_id": "c", "ok": 1}', ok=True)
+    assert not store.finish_line(batch_id, 3, '{"custom_id": "c", "ok": 0}', ok=False)
+    assert store.finished_lines(batch_id, "output") == {3: '{"custom_id": "c", "ok": 1}'}
+    assert store.finished_lines(batch_id, "errors") == {} and store.pending(batch_id) == {}
+    assert store.counts(batch_id) == (1, 0)

@@ -212,3 +212,19 @@ def test_what_a_key_runs_counts_toward_its_share_when_no_work_is_held(store):
     assert store.transition(flood[0], {RUNNING}, SUCCEEDED, {})[0]
     assert store.held_work(LANE).running == {"flood": (SLOTS - 1) * COST}
     assert take(store) == (quiet[0], "quiet")  # released at the freed slot
+
+
+def test_a_job_that_ends_after_its_lanes_fair_hash_lapsed_leaves_the_running_tokens(store):
+    """The fair hash lapses `queue_ttl_s + 60` after the last job was held; a job that started
+    before and ends after (a lull in arrivals, a long job) is still taken out of what its key
+    runs: the job itself says it was counted, so the count returns to zero."""
+    now = store.redis.time()[0]
+    store.redis.zadd(keys.lane_workers_key(LANE), {"w1@host": now + 60})
+    [job_id] = submit(store, "flood", 1)
+    assert take(store) == (job_id, "flood")
+    assert store.start(job_id, "w1@host").started
+    assert store.held_work(LANE).running == {"flood": COST}
+    store.redis.delete(keys.lane_fair_key(LANE))  # the lull: its TTL passed
+    assert store.transition(job_id, {RUNNING}, SUCCEEDED, {})[0]
+    assert store.held_work(LANE).running == {}
+    assert not store.redis.exists(keys.lane_running_tokens_key(LANE))

@@ -20,7 +20,8 @@ SCRIPTS = {"create_job": ("clock", "lane_counts", "fair_release", "create_job"),
            "record_served": ("record_served",), "take_tokens": ("clock", "take_tokens"),
            "append_delta": ("append_delta",), "hold_lease": ("hold_lease",),
            "release_lease": ("release_lease",),
-           "set_batch_status": ("clock", "set_batch_status")}
+           "set_batch_status": ("clock", "set_batch_status"),
+           "finish_batch_line": ("finish_batch_line",)}
 
 
 def test_every_script_file_is_listed_here():

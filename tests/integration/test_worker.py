@@ -126,3 +126,21 @@ def test_timestamps_come_from_one_clock(redis_client):
     assert job["submitted_at"] == pytest.approx(submitted, abs=1e-6)
     assert job["expires_at"] == pytest.approx(submitted + 5, abs=1e-5)
     assert 0 < redis_client.ttl(f"tailguard:job:{job_id}") <= settings.JOB_TTL_S.default
+
+
+def test_the_redelivery_pass_a_worker_runs_covers_every_lane_not_only_its_own(
+        client, run_worker, redis_client, monkeypatch):
+    """One lease, one process running the passes: whichever worker holds it looks for lost
+    messages on every lane of the lanes table. Here a `short` worker finds the `long` job
+    whose message vanished, and fails it as message_lost."""
+    from tailguard.lanes.table import load_lanes
+
+    monkeypatch.setenv(settings.REDELIVER_AFTER_S.env, "0")
+    store = JobStore(redis_client)
+    job_id = "cd" * 16
+    store.create(job_id, {"lane": "long", "cost": 10}, queue_ttl_s=load_lanes()["long"].queue_ttl_s)
+    # its message is nowhere: taken off the list by a connection that then dropped
+    with run_worker(["short"]):
+        wait_for(lambda: store.status(job_id) == FAILED, 30,
+                 "the short worker's pass to fail the long job")
+    assert store.get(job_id)["error"]["code"] == "message_lost"

@@ -11,7 +11,9 @@ from openai.types import Batch, FileObject
 from tailguard.batches.lines import (
     MAX_REPORTED_ERRORS,
     error_line,
+    index_input,
     jsonl,
+    line_body,
     line_job_id,
     output_line,
     parse_input,
@@ -46,6 +48,24 @@ def test_a_good_file_gives_its_lines_in_order():
     lines, errors = parse(line("x"), line("y"), line("z"))
     assert errors == [] and [ln.custom_id for ln in lines] == ["x", "y", "z"]
     assert lines[0].body == {"model": "m", "messages": []}
+
+
+def test_a_running_batchs_index_keeps_custom_ids_and_spans_not_bodies():
+    """What the feeder keeps of each running batch's input: a small part of the file (parsed
+    bodies take about 3x its bytes); a line's body is read back from its span."""
+    import tracemalloc
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "x " * 500}], "max_tokens": 8}
+    data = b"\n" + jsonl([line(f"req-{i}", body=body) for i in range(5000)])
+    tracemalloc.start()
+    try:
+        index, errors = index_input(data, CHAT, max_lines=50_000, max_bytes=200 << 20)
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert not errors and len(index) == 5000 and index.custom_ids[4999] == "req-4999"
+    assert held < len(data) / 10, (held, len(data))
+    assert line_body(data[slice(*index.span(7))]) == body
 
 
 def test_blank_lines_and_a_missing_final_newline_are_fine():

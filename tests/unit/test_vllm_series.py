@@ -1,11 +1,12 @@
-"""vLLM's own series on a worker's metrics port: each sample labelled with the worker and the
-lanes it serves at the scrape (tailguard/observe/vllm_series.py)."""
+"""vLLM's own series on a worker's metrics port: each sample labelled with the worker, one label
+set for the engine's life; the lanes it serves at the scrape as an info series
+(tailguard/observe/vllm_series.py)."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from tailguard.observe.vllm_series import VllmSeriesCollector, lane_label
+from tailguard.observe.vllm_series import VllmSeriesCollector
 
 
 def vllms_registry() -> CollectorRegistry:
@@ -27,26 +28,23 @@ def scrape(collector: VllmSeriesCollector) -> str:
     return generate_latest(served).decode()
 
 
-def test_vllms_series_get_the_worker_and_its_lanes_as_they_are_at_each_scrape():
+def test_vllms_series_keep_one_label_set_and_the_lanes_are_an_info_series():
     lanes = ["short"]
-    collector = VllmSeriesCollector("short@h", lambda: lanes, source=vllms_registry())
+    collector = VllmSeriesCollector("w1@h", lambda: lanes, source=vllms_registry())
     text = scrape(collector)
-    assert 'vllm:num_requests_running{engine="0",lane="short",model_name="m",worker="short@h"} 3.0' \
-        in text
-    assert 'vllm:kv_cache_usage_perc{engine="0",lane="short",model_name="m",worker="short@h"} 0.25' \
-        in text
-    assert 'vllm:prompt_tokens_total{engine="0",lane="short",model_name="m",worker="short@h"} 7.0' \
-        in text
-    assert ('vllm:time_to_first_token_seconds_bucket{engine="0",lane="short",le="0.1",'
-            'model_name="m",worker="short@h"} 1.0') in text
+    assert 'vllm:num_requests_running{engine="0",model_name="m",worker="w1@h"} 3.0' in text
+    assert 'vllm:kv_cache_usage_perc{engine="0",model_name="m",worker="w1@h"} 0.25' in text
+    assert 'vllm:prompt_tokens_total{engine="0",model_name="m",worker="w1@h"} 7.0' in text
+    assert ('vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1",model_name="m",'
+            'worker="w1@h"} 1.0') in text
+    assert 'tailguard_worker_lanes_info{lane="short",worker="w1@h"} 1.0' in text
     assert "tailguard_other" not in text  # only vLLM's
-    lanes[:] = ["long", "batch"]  # a lane move, with the engine left warm
+    before = {line.rsplit(" ", 1)[0] for line in text.splitlines() if line.startswith("vllm:")}
+    lanes[:] = ["long", "batch"]  # the worker's lanes change, its engine left warm
     text = scrape(collector)
-    assert 'vllm:num_requests_running{engine="0",lane="long,batch",model_name="m",' \
-           'worker="short@h"} 3.0' in text
+    # the same series go on (a counter's rate stays whole); only the info series follow
+    assert {line.rsplit(" ", 1)[0] for line in text.splitlines() if line.startswith("vllm:")} \
+        == before
+    assert 'tailguard_worker_lanes_info{lane="long",worker="w1@h"} 1.0' in text
+    assert 'tailguard_worker_lanes_info{lane="batch",worker="w1@h"} 1.0' in text
     assert 'lane="short"' not in text
-
-
-def test_a_worker_of_several_lanes_is_one_series_per_engine():
-    assert lane_label(["long", "batch"]) == "long,batch"
-    assert lane_label(["short"]) == "short"

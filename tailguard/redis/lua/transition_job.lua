@@ -77,15 +77,21 @@ elseif cur == 'running' then
   redis.call('HDEL', KEYS[4], KEYS[1])
   if lane then redis.call('ZREM', string.format(a.lane_keys.running, lane), KEYS[1]) end
 end
-if lane and a.fair and (a.to == 'running' or cur == 'running')
-   and redis.call('HEXISTS', string.format(a.fair.fair, lane), 'queue') == 1 then
-  -- what each key runs on a fair lane (fair admission counts it with what the key has held)
-  local key, cost = redis.call('HGET', KEYS[1], 'api_key'), tonumber(redis.call('HGET', KEYS[1], 'cost'))
-  if key and cost and a.to ~= cur then
-    local tokens = string.format(a.fair.running_tokens, lane)
-    if redis.call('HINCRBY', tokens, key, a.to == 'running' and cost or -cost) <= 0 then
-      redis.call('HDEL', tokens, key)
-    end
+if lane and a.fair and a.to ~= cur and (a.to == 'running' or cur == 'running') then
+  -- what each key runs on a fair lane (fair admission counts it with what the key has held):
+  -- the job keeps what it added (fair_running), so it is taken out whatever became of the
+  -- lane's fair hash meanwhile (it lapses after a lull)
+  local key, tokens = redis.call('HGET', KEYS[1], 'api_key'), string.format(a.fair.running_tokens, lane)
+  local counted = tonumber(redis.call('HGET', KEYS[1], 'fair_running'))
+  if counted and key then
+    if redis.call('HINCRBY', tokens, key, -counted) <= 0 then redis.call('HDEL', tokens, key) end
+    redis.call('HDEL', KEYS[1], 'fair_running')
+  end
+  local cost = tonumber(redis.call('HGET', KEYS[1], 'cost'))
+  if a.to == 'running' and key and cost
+     and redis.call('HEXISTS', string.format(a.fair.fair, lane), 'queue') == 1 then
+    redis.call('HINCRBY', tokens, key, cost)
+    redis.call('HSET', KEYS[1], 'fair_running', cost)
     if redis.call('TTL', tokens) < 3600 then redis.call('EXPIRE', tokens, 86400) end
   end
 end
