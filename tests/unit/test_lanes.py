@@ -213,8 +213,8 @@ def test_the_cpu_host_lanes_file_is_the_packaged_one_with_its_own_sizes():
     assert dataclasses.replace(cpu["short"], max_num_seqs=packaged["short"].max_num_seqs,
                                max_wait_s=packaged["short"].max_wait_s) == packaged["short"]
     for name in ("long", "batch"):
-        assert dataclasses.replace(cpu[name], max_running=packaged[name].max_running) \
-            == packaged[name]
+        assert dataclasses.replace(cpu[name], max_running=packaged[name].max_running,
+                                   max_num_seqs=packaged[name].max_num_seqs) == packaged[name]
     assert [(w.name, w.lanes, w.engine) for w in cpu.workers] == \
         [(w.name, w.lanes, w.engine) for w in packaged.workers]
     assert [w.replicas for w in cpu.workers] == [2]
