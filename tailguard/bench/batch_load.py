@@ -11,8 +11,8 @@ batch's output tokens/s as a share of the capacity the interactive load leaves i
   one of their interactive lanes (`long`) has a job queued (the batch lane is served only while
   they have none), else their slots not running an interactive job. Slot-time is valued at the
   batch's own rate per slot with all slots full. Both approximations err toward a higher share:
-  a long job borrowed by another worker counts as taking one of their slots, and on a CPU host a
-  step's cost grows with its batch, so a line in a small batch runs faster than the full-batch
+  a long job on the batch lane's engine counts as taking one of its slots, and on a CPU host
+  a step's cost grows with its batch, so a line in a small batch runs faster than the full-batch
   rate per slot (on a GPU, the second is small).
 
 Lines are completions with `ignore_eos`, so each line done is exactly its `max_tokens` of

@@ -77,7 +77,7 @@ class Sample:
     finished: bool = False  # that job reached a terminal state
     job_id: str | None = None
     lane: str | None = None
-    worker: str | None = None  # the worker that ran the job (a borrowing one, for another lane)
+    worker: str | None = None  # the worker that ran the job
     http_status: int | None = None
     queued_s: float | None = None  # server: submission -> start on a worker
     #: server: the worker's generate() call -> the engine's first token (the rest of the

@@ -517,7 +517,7 @@ class EngineHost:
         generate(); a non-streamed one's response body comes back in the result. ``extra``
         is what the ``tailguard`` field of the final chunks and the response says besides
         the finish reason (lane, max_tokens, max_tokens_capped). ``priority`` is added to
-        the request's own vLLM priority (a borrowed job's: after the worker's own).
+        the request's own vLLM priority (its lane's place in the worker's order).
 
         The deadline and ``should_cancel`` work as in generate(), by aborting the engine
         requests: vLLM's serving layer then ends the stream or builds the response itself

@@ -18,7 +18,7 @@ Why derived fields are refused rather than given a precedence: each has a second
 that must agree with the engine. ``max_num_seqs`` is also the worker's thread count and
 admission's batch slots, ``max_model_len`` the API's cost cap, ``model`` the tokenizer the
 API counts prompts with, ``dtype`` a choice per CPU family, ``scheduling_policy`` what
-borrowing relies on, ``disable_log_stats`` what ``TAILGUARD_VLLM_METRICS`` promises. An
+a worker serving several lanes relies on (each lane at its vLLM priority), ``disable_log_stats`` what ``TAILGUARD_VLLM_METRICS`` promises. An
 engine value that won would make the engine disagree with them; one that lost would be
 ignored without a word.
 """
@@ -49,8 +49,8 @@ DERIVED: dict[str, str] = {
     "max_model_len": "the lanes' max_model_len (also the API's cost cap)",
     "dtype": f"${settings.DTYPE.env}",
     "disable_log_stats": f"${settings.VLLM_METRICS.env}",
-    "scheduling_policy": ('borrow_engine: "priority" when borrowed jobs run in the worker\'s own '
-                          "engine, vLLM's default otherwise"),
+    "scheduling_policy": ('the worker\'s lanes: "priority" when it serves several (each lane at '
+                          "its place in their order), vLLM's default otherwise"),
 }
 #: the engine fields whose product is the number of GPUs one engine takes (vLLM's
 #: ParallelConfig: world size x data parallel size)

@@ -1,5 +1,5 @@
 """A lease in Redis: one key that one process at a time holds, so that every process may run a
-loop (the lane controller, the batch feeder, the redelivery passes) and only one does its work.
+loop (the batch feeder, the redelivery passes) and only one does its work.
 A holder renews it every period; one that dies loses it when it lapses, one that stops gives it
 up at once."""
 

@@ -1,4 +1,4 @@
-"""One worker process: its runtime, the jobs it runs, the work it borrows.
+"""One worker process: its runtime, the jobs it runs, the lanes it takes them from.
 
 Owns the worker runtime (``runtime``: engine, heartbeat, lane gate, built when the
 Celery consumer is ready, its parts started and stopped in a declared order; no other

@@ -3,8 +3,8 @@
 -- running jobs follows in that step too: a job enters it with its worker when it starts
 -- running and leaves it with any other state; so does its lane's running zset (admission's
 -- slots in use), which a job enters only when its worker serves its lane (a live member of
--- the lane's workers: a borrowed job runs in another lane's worker and takes no slot of its
--- own lane), scored by when the API would settle it as worker_lost.
+-- the lane's workers: a worker that no longer advertises the lane takes no slot of it),
+-- scored by when the API would settle it as worker_lost.
 -- KEYS[1] job hash, KEYS[2] its stream, KEYS[3] the stream of finished jobs,
 -- KEYS[4] the running jobs' index (job key -> worker)
 -- ARGV[1] JSON {
