@@ -17,10 +17,10 @@ worker's engine as written: the file's top-level ``[engine]`` for every worker, 
 Why derived fields are refused rather than given a precedence: each has a second reader
 that must agree with the engine. ``max_num_seqs`` is also the worker's thread count and
 admission's batch slots, ``max_model_len`` the API's cost cap, ``model`` the tokenizer the
-API counts prompts with, ``dtype`` a choice per CPU family, ``scheduling_policy`` what
-a worker serving several lanes relies on (each lane at its vLLM priority), ``disable_log_stats`` what ``TAILGUARD_VLLM_METRICS`` promises. An
-engine value that won would make the engine disagree with them; one that lost would be
-ignored without a word.
+API counts prompts with, ``dtype`` a choice per CPU family, ``scheduling_policy`` what a worker
+serving several lanes relies on (each lane at its vLLM priority), ``disable_log_stats`` what
+``TAILGUARD_VLLM_METRICS`` promises. An engine value that won would make the engine disagree
+with them; one that lost would be ignored without a word.
 """
 
 from __future__ import annotations
