@@ -33,6 +33,7 @@ from typing import Any
 
 from tailguard.lanes.table import LaneTable
 from tailguard.plan.compare import FLEET_SETUP, Arrivals, Limits, Row, run
+from tailguard.plan.search import fewest
 from tailguard.plan.stepmodel import StepModel
 
 #: the most engines the search tries
@@ -76,19 +77,7 @@ def engines_needed(simulate: Callable[[int], Row], target_s: float,
             rows[n] = simulate(n)
         return meets(rows[n], target_s)
 
-    hi = 1
-    while not ok(hi):
-        if hi >= max_engines:
-            return None, rows
-        hi *= 2
-    lo = hi // 2  # lo fails (or is 0), hi meets
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if ok(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi, rows
+    return fewest(ok, max_engines), rows
 
 
 def size(arrivals_at: Callable[[float], Arrivals], rates: Sequence[float], table: LaneTable,

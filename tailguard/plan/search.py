@@ -18,7 +18,7 @@ handful of requests.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from tailguard.lanes.table import Lane, LaneTable, engine_settings_for
@@ -122,9 +122,15 @@ def least_engines(classes: Sequence[ClassLoad], lanes: Sequence[Lane], group: En
         return evaluate(classes, lanes, [replace(group, count=n)], model, targets,
                         duration_s=duration_s, seed=seed, fair=fair).met
 
+    return fewest(ok, MAX_ENGINES)
+
+
+def fewest(ok: Callable[[int], bool], most: int) -> int | None:
+    """The least n >= 1 with ok(n), ok being monotone (None: not within `most`): doubling to
+    a count that meets, then bisecting below it."""
     hi = 1
     while not ok(hi):
-        if hi >= MAX_ENGINES:
+        if hi >= most:
             return None
         hi *= 2
     lo = hi // 2  # lo fails (or is 0), hi meets
