@@ -22,7 +22,7 @@ check-wheel: $(TEST_STAMP)   ## build the wheel, install it in a clean venv, run
 test-fast: $(TEST_STAMP)     ## pure tests only
 	$(VENV)/bin/python -m pytest -m "not integration and not fuzz and not e2e and not faults and not multihost"
 
-bench: $(TEST_STAMP)         ## short-request tail latency: shared queue vs lanes vs plain vLLM (direct) vs tuned vLLM (direct-tuned), real engines, small demo model (~16 min); BENCH_ARGS=... to change
+bench: $(TEST_STAMP)         ## short-request tail latency: tailguard (lanes) vs the fleet users deploy (a tuned vllm serve per engine behind vllm-router, both policies) vs one tuned vLLM on all cores, real engines, small demo model; BENCH_ARGS=... to change
 	$(VENV)/bin/tailguard bench $(BENCH_ARGS)
 
 install: $(STAMP)

