@@ -302,17 +302,22 @@ def metric_labels(text: str, sample: str) -> list[dict[str, str]]:
 
 
 @check1("vllm_metrics", "metrics", "vLLM's own vllm:* series where its engines are (tailguard: "
-        "each worker's port, labelled with the worker and its lanes)", Call("metrics"))
+        "each worker's port, labelled with the worker, its lanes in tailguard_worker_lanes_info)",
+        Call("metrics"))
 def _vllm_metrics(a: Answer, ctx: Context) -> str:
     need(a.status == 200 and isinstance(a.body, str), a.brief())
     missing = [name for name in VLLM_METRIC_SAMPLES if not metric_labels(a.body, name)]
     need(not missing, f"missing {', '.join(missing)}")
     engines = metric_labels(a.body, "vllm:num_requests_running")
-    if ctx.side == "tailguard":  # one engine per worker: each says whose and which lanes
-        unlabelled = [e for e in engines if not (e.get("worker") and e.get("lane"))]
-        need(not unlabelled, f"a series without worker and lane: {unlabelled[:1]}")
+    if ctx.side == "tailguard":  # one engine per worker: each says whose; its lanes apart
+        unlabelled = [e for e in engines if not e.get("worker")]
+        need(not unlabelled, f"a series without worker: {unlabelled[:1]}")
+        lanes = metric_labels(a.body, "tailguard_worker_lanes_info")
+        workers = {e["worker"] for e in engines}
+        need(workers <= {x.get("worker") for x in lanes},
+             f"a worker without tailguard_worker_lanes_info: {sorted(workers)}")
         return (f"{len(VLLM_METRIC_SAMPLES)} series, {len(engines)} engine(s), lanes "
-                + ", ".join(sorted(e["lane"] for e in engines)))
+                + ", ".join(sorted({x["lane"] for x in lanes})))
     return f"{len(VLLM_METRIC_SAMPLES)} series, {len(engines)} engine(s)"
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 
 import httpx
 import openai
@@ -80,6 +81,11 @@ def test_another_keys_file_and_batch_are_404s_to_the_sdk(keys_app, secrets, work
         assert a.files.content(source.id).text.strip() == json.dumps(line)
     finally:
         a.batches.cancel(batch.id)
+        # a file a batch still reads cannot be deleted (409): once it has ended, it can
+        for _ in range(100):
+            if a.batches.retrieve(batch.id).status in ("cancelled", "completed", "failed"):
+                break
+            time.sleep(0.1)
         a.files.delete(source.id)  # stored under the checkout's state directory
 
 

@@ -204,12 +204,15 @@ def test_the_metrics_check_wants_vllms_series_and_on_tailguard_whose_they_are():
     assert c.calls[0].route == "metrics"
     vllms = 'engine="0",model_name="m"'
     assert judge(c, [Answer(200, body=_exposition(vllms))], VLLM).status == "pass"
-    # tailguard's: each worker's engine, labelled with the worker and its lanes
+    # tailguard's: each worker's engine, labelled with the worker, its lanes in an info series
     assert judge(c, [Answer(200, body=_exposition(vllms))], TG).status == "fail"
-    workers = "\n".join((_exposition(vllms + ',lane="short",worker="short@h"'),
-                         _exposition(vllms + ',lane="long,batch",worker="long@h"')))
-    r = judge(c, [Answer(200, body=workers)], TG)
-    assert r.status == "pass" and "2 engine(s), lanes long,batch, short" in r.detail
+    workers = "\n".join((_exposition(vllms + ',worker="short@h"'),
+                         _exposition(vllms + ',worker="long@h"')))
+    assert judge(c, [Answer(200, body=workers)], TG).status == "fail"  # whose lanes?
+    info = "\n".join(f'tailguard_worker_lanes_info{{lane="{lane}",worker="{w}"}} 1.0'
+                     for lane, w in (("short", "short@h"), ("long", "long@h"), ("batch", "long@h")))
+    r = judge(c, [Answer(200, body=workers + "\n" + info)], TG)
+    assert r.status == "pass" and "2 engine(s), lanes batch, long, short" in r.detail
     missing = judge(c, [Answer(200, body="vllm:num_requests_running{} 0")], VLLM)
     assert missing.status == "fail" and "vllm:kv_cache_usage_perc" in missing.detail
     assert judge(c, [Answer(None, error="refused")], VLLM).status == "fail"
