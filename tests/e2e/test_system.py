@@ -69,7 +69,7 @@ def test_concurrent_requests_are_batched_in_one_engine(api, workers):
 
 
 def test_deadline_aborts_the_engine_request(api, workers):
-    # batch.deadline_s is 0.5 s in tests/lanes.test.toml; 1,500 tokens take ~2 s on the tiny model
+    # batch.deadline_s is 1 s in tests/lanes.test.toml; 1,500 tokens take ~2 s on the tiny model
     done = run(api, workers, prompt="写一篇1000字的人工智能文章", max_tokens=1500, ignore_eos=True,
                priority="batch")
     assert done["lane"] == "batch" and done["status"] == "succeeded", done

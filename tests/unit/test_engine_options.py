@@ -63,7 +63,7 @@ def test_the_shipped_file_has_no_engine_table_to_check():
     ("engine = {max_model_len = 8192}", "", "workers[0].engine.max_model_len", "max_model_len"),
     ("engine = {dtype = \"half\"}", "", "workers[0].engine.dtype", "TAILGUARD_DTYPE"),
     ("engine = {scheduling_policy = \"fcfs\"}", "", "workers[0].engine.scheduling_policy",
-     "borrow_engine"),
+     "the worker's lanes"),
     ("engine = {tensor_parallel_size = 0}", "", "workers[0].engine.tensor_parallel_size",
      "integer >= 1"),
     ("engine = {tensor_parallel_size = \"2\"}", "", "workers[0].engine.tensor_parallel_size",
