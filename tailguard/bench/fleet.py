@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from tailguard import settings
 from tailguard.bench.topology import (
     FLEET,
     FLEET_P2,
@@ -64,6 +65,17 @@ class FleetSpec:
 
     def engine_slots(self) -> dict[str, int]:
         return {r.name: r.max_num_seqs for r in self.replicas}
+
+    def replica_argv(self, replica: DirectSpec, model: str, port: int,
+                     nice: int | None = None) -> tuple[str, ...]:
+        """A replica's server; one on a front-end core runs at `nice`
+        (TAILGUARD_ENGINE_NICE), as tailguard's engine on that core does, so the load generator
+        and the router there are not starved by it."""
+        nice = settings.ENGINE_NICE.get() if nice is None else nice
+        argv = replica.argv(model, port)
+        if nice > 0 and set(replica.pin.cores) & set(self.cpus):
+            return ("nice", "-n", str(nice), *argv)
+        return argv
 
     def router_argv(self, port: int, replica_ports: list[int], metrics_port: int,
                     router: str | None = None) -> tuple[str, ...]:
@@ -139,7 +151,7 @@ class RunningFleet(RunningTopology):
     def start(self, timeout_s: float = 600.0) -> str:
         with self._killed_on_failure():
             for r, port in zip(self.spec.replicas, self.replica_ports):
-                self.group.start(ChildSpec(r.name, r.argv(self.model, port),
+                self.group.start(ChildSpec(r.name, self.spec.replica_argv(r, self.model, port),
                                            env={**r.env(), "PYTHONUNBUFFERED": "1"}, cpus=r.cpus))
             try:
                 self.group.wait_until(lambda: all(_answers(u + "/health")

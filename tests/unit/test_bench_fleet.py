@@ -55,6 +55,10 @@ def test_a_replica_per_engine_on_its_cores_with_its_slots_and_the_tuned_flags(ta
     assert [w.to_dict()["cores"] for w in fleet.workers] == [[0], [1]]
     d = fleet.to_dict()
     assert d["router"] == "vllm-router" and d["policy"] == "cache_aware" and len(d["replicas"]) == 2
+    # the replica on the front-end core runs at the engine nice, as tailguard's engine there does
+    assert fleet.replica_argv(fleet.replicas[1], "/m", 8102, nice=10)[:3] == ("nice", "-n", "10")
+    assert fleet.replica_argv(r0, "/m", 8101, nice=10)[0] != "nice"
+    assert fleet.replica_argv(fleet.replicas[1], "/m", 8102, nice=0)[0] != "nice"
 
 
 def test_a_tuned_setting_vllm_would_refuse_is_refused_before_anything_starts(table):
