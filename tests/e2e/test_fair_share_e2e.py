@@ -42,8 +42,8 @@ def auth(secret: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {secret}"}
 
 
-def submit(http, secret: str) -> str:
-    resp = http.post("/v1/jobs", json=JOB, headers=auth(secret))
+def submit(http, secret: str, **job) -> str:
+    resp = http.post("/v1/jobs", json={**JOB, **job}, headers=auth(secret))
     assert resp.status_code == 202, resp.get_json()
     return resp.get_json()["id"]
 
@@ -83,9 +83,10 @@ def test_weights_two_to_one_give_about_two_to_one_service(http, secrets):
     """Both keys flood at once; while both are backlogged the weight-2 key is served twice as
     often (arrival order would serve them alike: 15 of the first 30 each)."""
     owners: dict[str, str] = {}
-    for _ in range(30):
-        owners[submit(http, secrets["heavy"])] = "heavy"
-        owners[submit(http, secrets["light"])] = "light"
+    for _ in range(30):  # the short lane's longest jobs, so the lane stays backlogged while the
+        # submits go on (on a loaded machine 24-token jobs drained as fast as they came)
+        owners[submit(http, secrets["heavy"], max_tokens=64)] = "heavy"
+        owners[submit(http, secrets["light"], max_tokens=64)] = "light"
     order = finish(http, secrets, owners)
     first = [owners[j] for j in order[:30]]
     # the first 4 went straight to the free slots (2 each), then 2:1 for 26: about 19 and 11
