@@ -49,9 +49,9 @@ def _on_worker_ready(sender=None, **_: Any) -> None:
     """
     try:
         queues = [q.name for q in sender.task_consumer.queues]
-        setup(sender.app, sender.hostname, queues, consumer=sender)
+        runtime = setup(sender.app, sender.hostname, queues, consumer=sender)
         # one message per engine slot (the pool may have been given more threads: -c)
-        _set_prefetch(sender, slots_for(load_lanes().lanes_for_queues(queues)))
+        _set_prefetch(sender, slots_for(runtime.lanes))
     except Exception:
         log.critical("this worker cannot set up, so it exits", exc_info=True)
         exit_worker()

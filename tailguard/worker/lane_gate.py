@@ -59,7 +59,7 @@ class LaneGate:
         """Celery received a task message (consumer thread): count it, and stop consuming a lane
         that reached its limit with it."""
         lane = lane_of_task(task_name)
-        if lane not in self._names or lane is None:
+        if lane not in self._names:
             return
         self._consumer_thread = threading.get_ident()
         with self._lock:
