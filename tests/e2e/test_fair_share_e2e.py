@@ -65,8 +65,10 @@ def finish(http, secrets: dict[str, str], owners: dict[str, str]) -> list[str]:
 def test_a_quiet_keys_jobs_do_not_wait_behind_a_flood(http, secrets, redis_client_noflush):
     """The flood sends 10x the quiet key's requests first; the quiet key's start after at most
     about one of the flood's held jobs each, not after all of them."""
-    flood = [submit(http, secrets["flood"]) for _ in range(40)]
-    quiet = [submit(http, secrets["quiet"]) for _ in range(4)]
+    # the short lane's longest jobs, so the lane stays full while the submits go on (24-token
+    # jobs drained on a loaded CI machine: 14 of 40 held)
+    flood = [submit(http, secrets["flood"], max_tokens=64) for _ in range(40)]
+    quiet = [submit(http, secrets["quiet"], max_tokens=64) for _ in range(4)]
     store = JobStore(redis_client_noflush)
     held = set(store.held_jobs("short")) & set(flood)  # what the flood still had waiting
     assert len(held) >= 16, f"only {len(held)} flood jobs held: the flood did not fill the lane"
