@@ -176,7 +176,8 @@ def build_gateway(config: Mapping[str, Any]) -> Gateway:
         settings.OPENAI_ARGS.get(config), lanes.engine, on_ignored=metrics.on_ignored_fields)
     # Every finished request, whoever ended it: one log line, metrics, `tailguard stats`,
     # and the lane's measured service rate (admission).
-    finished = FinishedConsumer(client, [log_request, metrics.observe, stats.record, load.record])
+    finished = FinishedConsumer(client, [log_request, metrics.observe, stats.record, load.record],
+                                keep_s=settings.RECORD_TTL_S.get(config))
     # Ends dead workers' running jobs within seconds, read or not (workers reap too).
     reaper = None
     if config["TAILGUARD_REAP_RUNNING"]:

@@ -5,7 +5,7 @@
 #      them: the e2e tier's session workers, then the fault and multi-host tiers' own;
 #   2. the tiers without an engine (unit, integration, fuzz), then the tests that bring up a
 #      whole system of their own (`tailguard bench`, `tailguard up`, the batch fault test's
-#      API and two workers), so the two processes take about as long.
+#      API and two workers, the short soak's `tailguard up`), so the two processes take about as long.
 # Each process starts its own redis-server; between them at most about five engines run,
 # which fits 24 GiB (the suite's engines have a 256 MiB KV cache: tests/lanes.test.toml).
 # The second process's output follows the first's; the exit status is non-zero if either
@@ -15,7 +15,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
 WHOLE_SYSTEMS=(tests/e2e/test_bench_smoke.py tests/e2e/test_up_default_model.py
-               tests/faults/test_batch_faults.py)
+               tests/faults/test_batch_faults.py tests/faults/test_soak.py)
 ENGINE_TIERS=(tests/e2e tests/faults tests/multihost)
 OTHER_TIERS=(tests/unit tests/integration tests/fuzz "${WHOLE_SYSTEMS[@]}")
 log="$(mktemp)"

@@ -32,6 +32,8 @@ GROUP = "gateway"
 #: An entry delivered to a consumer and not acked for this long is taken over by another:
 #: its API process died between reading and acking (handling takes milliseconds).
 CLAIM_IDLE_MS = 30_000
+#: How often a consumer trims the stream's entries older than its records live.
+TRIM_EVERY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -98,9 +100,14 @@ class FinishedConsumer:
     """Reads the finished stream and hands each record to `sinks` (log, metrics, stats)."""
 
     def __init__(self, client: redis.Redis, sinks: list[Callable[[FinishedRequest], None]], *,
-                 consumer: str | None = None, claim_idle_ms: int = CLAIM_IDLE_MS) -> None:
+                 consumer: str | None = None, claim_idle_ms: int = CLAIM_IDLE_MS,
+                 keep_s: float | None = None) -> None:
         self.client = client
         self.claim_idle_ms = claim_idle_ms
+        # entries older than this name records gone by now (TAILGUARD_RECORD_TTL_S): trimmed,
+        # so the stream holds about a record TTL's worth instead of growing to its cap
+        self.keep_s = keep_s
+        self._next_trim = 0.0
         self.sinks = sinks
         self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}"
         self._stop = threading.Event()
@@ -140,7 +147,21 @@ class FinishedConsumer:
                                            count=count, block=block_ms if start == ">" else None)
             for _stream, entries in reply or []:
                 handled += self._handle_all(entries)
+        self._trim()
         return handled
+
+    def _trim(self) -> None:
+        """Drop the entries older than keep_s, at most once a TRIM_EVERY_S (Redis's clock:
+        entry ids are its milliseconds)."""
+        if self.keep_s is None:
+            return
+        seconds, micros = self.client.time()
+        now = seconds + micros / 1e6
+        if now < self._next_trim:
+            return
+        self._next_trim = now + TRIM_EVERY_S
+        self.client.xtrim(keys.FINISHED_STREAM, minid=f"{int((now - self.keep_s) * 1000)}-0",
+                          approximate=True)
 
     def _handle_all(self, entries: list) -> int:
         for entry_id, fields in entries:

@@ -195,6 +195,20 @@ def test_entries_pending_on_a_dead_consumer_are_claimed(redis_client, client):
     assert redis_client.xpending(keys.FINISHED_STREAM, GROUP)["pending"] == 0
 
 
+def test_entries_older_than_the_records_are_trimmed(redis_client):
+    """The consumer trims what names records gone (older than keep_s), not what is newer."""
+    now_ms = int(redis_client.time()[0]) * 1000
+    old = [redis_client.xadd(keys.FINISHED_STREAM, {"key": keys.job_key(f"{i:032x}")},
+                             id=f"{now_ms - 600_000 + i}-0") for i in range(300)]
+    new = redis_client.xadd(keys.FINISHED_STREAM, {"key": keys.job_key(f"{999:032x}")})
+    consumer = FinishedConsumer(redis_client, [], consumer="trimmer", keep_s=60)
+    consumer.run_once()
+    left = [entry_id for entry_id, _ in redis_client.xrange(keys.FINISHED_STREAM)]
+    assert new in left and len(left) < len(old)  # approximate: whole nodes of old entries go
+    FinishedConsumer(redis_client, [], consumer="keeper").run_once()
+    assert redis_client.xlen(keys.FINISHED_STREAM) == len(left)  # no keep_s: nothing trimmed
+
+
 def record(i, lane, e2e, queued=0.0, prompt=10, out=20, status="succeeded", at=1_800_000_000.0,
            api_key=None):
     return FinishedRequest(

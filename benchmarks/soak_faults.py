@@ -1,0 +1,691 @@
+"""A soak that breaks things on purpose: the whole system under `tailguard up`, loaded from four
+keys for a set time while a fault drawn at random is injected every 45-90 s; then it checks
+that nothing was lost, run twice or left behind.
+
+    .venv/bin/python benchmarks/soak_faults.py --duration 1800          (from the repository root)
+    .venv/bin/python benchmarks/soak_faults.py --short                  (what CI runs: ~3 minutes)
+
+The system: `tailguard up` (embedded Redis with its AOF, the API under gunicorn in keys mode,
+two identical workers each hosting one engine that serves short, long and batch in order:
+benchmarks/soak.lanes.toml, Flower), on the tiny test model, with its own TAILGUARD_HOME and
+ports; `up` restarts what dies, as a process supervisor in production would.
+
+The load, the whole time: keys `soak-a` and `soak-b` send the interactive mix (short and long
+requests as native jobs, non-streamed and streamed OpenAI completions, and native jobs they
+cancel after a moment), key `soak-flood` floods the short lane, key `soak-batch` runs a Batch API
+batch (2,000 lines by default) started at the beginning.
+
+The faults (one at a time, `--fault-every` s apart, drawn at random from a deck of the six,
+so each comes up once in every six):
+  worker_kill      kill -9 of one worker's process group (its engine included)
+  redis_restart    kill -9 of redis-server: `up` restarts it from its append-only file
+  api_restart      kill -9 of the API's process group: `up` starts it again
+  worker_freeze    SIGSTOP of one worker's process group for 30 s, then SIGCONT
+  input_delete     DELETE of the running batch's input file (must be refused: 409)
+  lease_kill       kill -9 of the process holding the redelivery or the batch-feeder lease
+
+Checked at the end (after a drain), and printed with the faults and the requests by outcome:
+  - every job the clients were given an id for is terminal and readable, and every job record
+    in Redis is terminal (stuck: 0); each is on the finished stream once (lost, twice: 0);
+  - the batch ended `completed` with exactly one output or error line per input line;
+  - the lanes' counters are at zero at rest (queued, backlog, running, held, fair-share
+    tokens, running jobs, the Celery queues, kombu's unacked messages);
+  - Redis memory back within 10% of its baseline once the (scaled-down) record TTLs passed;
+  - no 5xx answer but 503, and no 503 outside a Redis outage but `no_live_worker` while no
+    worker was up; no request past its lane's queue TTL + deadline without an answer.
+
+Writes soak.json under --out and exits 1 when a check failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import redis
+import requests
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tailguard import settings  # noqa: E402
+from tailguard.host.redis_server import free_port  # noqa: E402
+from tailguard.jobs.store import TERMINAL  # noqa: E402
+from tailguard.lanes.table import load_lanes  # noqa: E402
+from tailguard.redis import keys  # noqa: E402
+
+LANES = ROOT / "benchmarks" / "soak.lanes.toml"
+FAULTS = ("worker_kill", "redis_restart", "api_restart", "worker_freeze", "input_delete",
+          "lease_kill")
+FREEZE_S = 30.0
+#: a client's wait for one answer (a long-poll's included): above every bounded server wait
+HTTP_TIMEOUT_S = 30
+#: an OpenAI call's wait for its answer: above the longest lane's queue TTL + deadline
+OPENAI_TIMEOUT_S = (10, 240)
+
+
+# -- the system under `tailguard up` -------------------------------------------------------
+
+@dataclass
+class Up:
+    home: Path
+    api_port: int
+    redis_port: int
+    env: dict[str, str]
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    def start(self, log: Path) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "tailguard.cli", "up"], cwd=ROOT,
+                                     env=self.env, stdout=open(log, "w"),
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def redis(self) -> redis.Redis:
+        os.environ[settings.HOME.env] = str(self.home)  # settings.redis_url reads its password
+        return redis.Redis.from_url(settings.redis_url(self.redis_port), socket_timeout=10)
+
+    def children(self) -> list[psutil.Process]:
+        """`up`'s children: each the leader of its own process group."""
+        try:
+            return psutil.Process(self.proc.pid).children()
+        except psutil.NoSuchProcess:
+            return []
+
+    def child(self, role: str) -> list[psutil.Process]:
+        found = []
+        for p in self.children():
+            try:
+                line = " ".join(p.cmdline())
+            except psutil.Error:
+                continue
+            if ((role == "redis" and "redis-server" in line)
+                    or (role == "api" and "gunicorn" in line)
+                    or (role == "worker" and " worker " in f"{line} " and "gunicorn" not in line)):
+                found.append(p)
+        return found
+
+    def wait_ready(self, workers: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"tailguard up exited with {self.proc.returncode}")
+            try:
+                health = requests.get(self.url + "/healthz", timeout=5)
+                ready = (health.status_code == 200
+                         and health.json().get("workers_per_lane", {}).get("short", 0) >= workers
+                         and requests.get(self.url + "/health", timeout=5).status_code == 200)
+            except (requests.RequestException, ValueError):
+                ready = False
+            if ready:
+                return
+            time.sleep(1)
+        raise RuntimeError(f"the system was not ready within {timeout_s:.0f} s")
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for p in self.child("worker"):  # their warm stop is no soak's business
+            _signal_group(p.pid, signal.SIGKILL)
+        os.killpg(self.proc.pid, signal.SIGINT)
+        try:
+            self.proc.wait(120)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(os.getpgid(pid), sig)
+    except ProcessLookupError:
+        pass
+
+
+# -- what the clients saw -------------------------------------------------------------------
+
+@dataclass
+class Seen:
+    """Every answer, by route and outcome; the job ids given out and whose they are."""
+
+    outcomes: Counter = field(default_factory=Counter)
+    jobs: dict[str, str] = field(default_factory=dict)  # job id -> key name
+    server_errors: list[dict] = field(default_factory=list)  # 5xx, with when and what
+    unanswered: list[dict] = field(default_factory=list)  # client timeouts
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def count(self, route: str, outcome: object) -> None:
+        with self.lock:
+            self.outcomes[f"{route} {outcome}"] += 1
+
+    def accepted(self, job_id: str | None, key: str) -> None:
+        if job_id:
+            with self.lock:
+                self.jobs[job_id] = key
+
+    def answer(self, route: str, resp: requests.Response) -> None:
+        code = ""
+        if resp.status_code >= 400:
+            try:
+                code = resp.json()["error"]["code"]
+            except (ValueError, KeyError, TypeError):
+                code = "?"
+        self.count(route, f"{resp.status_code}{' ' + code if code else ''}")
+        if resp.status_code >= 500:
+            with self.lock:
+                self.server_errors.append({"t": time.time(), "route": route,
+                                           "status": resp.status_code, "code": code})
+
+    def failed(self, route: str, exc: Exception, waited_s: float) -> None:
+        self.count(route, type(exc).__name__)
+        if isinstance(exc, requests.Timeout):
+            with self.lock:
+                self.unanswered.append({"t": time.time(), "route": route, "waited_s": waited_s})
+
+
+class Load:
+    """One key's requests at Poisson arrivals, each on the pool, until stopped."""
+
+    def __init__(self, up: Up, seen: Seen, key: str, secret: str, rate: float, *,
+                 long_share: float, model: str, kinds: tuple[str, ...], seed: int) -> None:
+        self.up, self.seen, self.key, self.rate = up, seen, key, rate
+        self.auth = {"Authorization": f"Bearer {secret}"}
+        self.long_share, self.model, self.kinds = long_share, model, kinds
+        self.rng = random.Random(seed)
+
+    def run(self, pool: ThreadPoolExecutor, stop: threading.Event) -> None:
+        i = 0
+        while not stop.wait(self.rng.expovariate(self.rate)):
+            i += 1
+            kind = self.rng.choice(self.kinds)
+            # a cancelled job is a long one, so the DELETE finds it queued or running
+            long = kind == "cancel" or self.rng.random() < self.long_share
+            max_tokens = self.rng.randint(300, 600) if long else self.rng.randint(8, 64)
+            pool.submit(self._one, kind, f"{self.key} {i}", max_tokens, self.rng.uniform(0, 1))
+
+    def _one(self, kind: str, prompt: str, max_tokens: int, cancel_after_s: float) -> None:
+        t0 = time.monotonic()
+        route = kind
+        try:
+            if kind in ("job", "cancel"):
+                resp = requests.post(self.up.url + "/v1/jobs", headers=self.auth,
+                                     json={"prompt": prompt, "max_tokens": max_tokens,
+                                           "ignore_eos": True}, timeout=HTTP_TIMEOUT_S)
+                self.seen.answer(route, resp)
+                if resp.status_code == 202:
+                    job_id = resp.json()["id"]
+                    self.seen.accepted(job_id, self.key)
+                    if kind == "cancel":
+                        time.sleep(cancel_after_s)
+                        route = "cancel DELETE"
+                        self.seen.answer(route, requests.delete(
+                            f"{self.up.url}/v1/jobs/{job_id}", headers=self.auth,
+                            timeout=HTTP_TIMEOUT_S))
+            else:
+                self._openai(kind == "stream", prompt, max_tokens)
+        except requests.RequestException as exc:
+            self.seen.failed(route, exc, time.monotonic() - t0)
+
+    def _openai(self, stream: bool, prompt: str, max_tokens: int) -> None:
+        route = "stream" if stream else "completion"
+        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens,
+                "ignore_eos": True, "stream": stream}
+        with requests.post(self.up.url + "/v1/completions", headers=self.auth, json=body,
+                           stream=stream, timeout=OPENAI_TIMEOUT_S) as resp:
+            self.seen.accepted(resp.headers.get("X-Tailguard-Job-Id"), self.key)
+            if not stream or resp.status_code != 200:
+                self.seen.answer(route, resp)
+                return
+            ended = "cut"
+            for line in resp.iter_lines(decode_unicode=True):
+                if line == "data: [DONE]":
+                    ended = "[DONE]"
+                elif line.startswith("data: ") and '"error"' in line:
+                    ended = "error " + json.loads(line[6:])["error"].get("code", "?")
+            self.seen.count(route, f"200 {ended}")
+
+
+class Watcher:
+    """Reads each job the clients were given an id for through the API until it is terminal,
+    as a client polling it would, while its record lives (the soak's record TTLs are short)."""
+
+    def __init__(self, up: Up, seen: Seen, secrets: dict[str, str]) -> None:
+        self.up, self.seen, self.secrets = up, seen, secrets
+        self.states: dict[str, str] = {}
+
+    def run(self, stop: threading.Event, every_s: float = 2.0) -> None:
+        while not stop.wait(every_s):
+            self.poll()
+
+    def poll(self) -> None:
+        with self.seen.lock:
+            jobs = list(self.seen.jobs.items())
+        for job_id, key in jobs:
+            if self.states.get(job_id) in TERMINAL:
+                continue
+            try:
+                resp = requests.get(f"{self.up.url}/v1/jobs/{job_id}", timeout=HTTP_TIMEOUT_S,
+                                    headers={"Authorization": f"Bearer {self.secrets[key]}"})
+            except requests.RequestException:
+                return  # the API restarts: the next round reads on
+            if resp.status_code == 200:
+                self.states[job_id] = resp.json()["status"]
+            elif resp.status_code == 404:
+                self.states[job_id] = "unreadable (404)"  # gone before it was read terminal
+            elif resp.status_code != 503:
+                self.states[job_id] = f"HTTP {resp.status_code}"
+
+    def open(self) -> list[str]:
+        return [j for j in self.seen.jobs if self.states.get(j) not in TERMINAL]
+
+
+# -- the batch ------------------------------------------------------------------------------
+
+class Batch:
+    def __init__(self, up: Up, secret: str, model: str, lines: int) -> None:
+        self.up, self.model, self.lines = up, model, lines
+        self.auth = {"Authorization": f"Bearer {secret}"}
+        self.file_id = self.batch_id = None
+
+    def start(self) -> None:
+        body = "".join(json.dumps({"custom_id": f"line-{i}", "method": "POST",
+                                   "url": "/v1/completions",
+                                   "body": {"model": self.model, "prompt": f"batch line {i}",
+                                            "max_tokens": 8}}) + "\n"
+                       for i in range(self.lines))
+        resp = requests.post(self.up.url + "/v1/files", headers=self.auth,
+                             files={"file": ("soak.jsonl", io.BytesIO(body.encode()))},
+                             data={"purpose": "batch"}, timeout=HTTP_TIMEOUT_S)
+        resp.raise_for_status()
+        self.file_id = resp.json()["id"]
+        resp = requests.post(self.up.url + "/v1/batches", headers=self.auth,
+                             json={"input_file_id": self.file_id, "endpoint": "/v1/completions",
+                                   "completion_window": "24h"}, timeout=HTTP_TIMEOUT_S)
+        resp.raise_for_status()
+        self.batch_id = resp.json()["id"]
+
+    def status(self) -> dict:
+        return requests.get(f"{self.up.url}/v1/batches/{self.batch_id}", headers=self.auth,
+                            timeout=HTTP_TIMEOUT_S).json()
+
+    def delete_input(self) -> int:
+        return requests.delete(f"{self.up.url}/v1/files/{self.file_id}", headers=self.auth,
+                               timeout=HTTP_TIMEOUT_S).status_code
+
+    def results(self, record: dict) -> dict[str, Any]:
+        """Each custom_id's lines across the output and error files."""
+        ids: Counter = Counter()
+        for part in ("output_file_id", "error_file_id"):
+            if record.get(part):
+                text = requests.get(f"{self.up.url}/v1/files/{record[part]}/content",
+                                    headers=self.auth, timeout=HTTP_TIMEOUT_S).text
+                ids.update(json.loads(line)["custom_id"] for line in text.splitlines() if line)
+        return {"status": record["status"], "lines": self.lines,
+                "request_counts": record.get("request_counts"),
+                "custom_ids": len(ids), "twice": sum(1 for n in ids.values() if n > 1),
+                "missing": self.lines - len(ids)}
+
+
+# -- the faults -----------------------------------------------------------------------------
+
+@dataclass
+class Fault:
+    kind: str
+    at_s: float
+    target: str = ""
+    answer: str = ""
+    ended_at: float = 0.0  # wall clock, for the windows in which a 503 is expected
+
+
+class Injector:
+    def __init__(self, up: Up, batch: Batch, rng: random.Random, every_s: tuple[float, float],
+                 t0: float) -> None:
+        self.up, self.batch, self.rng, self.every_s, self.t0 = up, batch, rng, every_s, t0
+        self.faults: list[Fault] = []
+        self.redis_down: list[tuple[float, float]] = []  # wall-clock windows
+        self.workers_down: list[tuple[float, float]] = []
+
+    def run(self, stop: threading.Event) -> None:
+        deck: list[str] = []
+        while not stop.wait(self.rng.uniform(*self.every_s)):
+            if not deck:  # drawn at random without replacement: every kind comes up each round
+                deck = self.rng.sample(FAULTS, len(FAULTS))
+            kind = deck.pop()
+            fault = Fault(kind, round(time.monotonic() - self.t0, 1))
+            started = time.time()
+            try:
+                getattr(self, kind)(fault, stop)
+            except (OSError, RuntimeError, IndexError, ValueError, psutil.Error, redis.RedisError,
+                    requests.RequestException) as exc:  # said, not hidden
+                fault.answer = f"not injected: {type(exc).__name__}: {exc}"
+            fault.ended_at = time.time()
+            self.faults.append(fault)
+            print(f"[soak] t={fault.at_s:7.1f}s {kind:14} {fault.target} {fault.answer}",
+                  flush=True)
+            if kind == "redis_restart":
+                self.redis_down.append((started, self._back(self._redis_answers)))
+
+    def _back(self, ready, timeout_s: float = 120) -> float:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not ready():
+            time.sleep(0.2)
+        return time.time()
+
+    def _redis_answers(self) -> bool:
+        try:
+            client = self.up.redis()
+            return bool(client.ping())
+        except redis.RedisError:
+            return False
+
+    def _worker(self) -> psutil.Process:
+        workers = self.up.child("worker")
+        if not workers:
+            raise RuntimeError("no worker process running")
+        return self.rng.choice(workers)
+
+    def worker_kill(self, fault: Fault, stop: threading.Event) -> None:
+        victim = self._worker()
+        fault.target = f"pid {victim.pid}"
+        _signal_group(victim.pid, signal.SIGKILL)
+
+    def worker_freeze(self, fault: Fault, stop: threading.Event) -> None:
+        victim = self._worker()
+        fault.target = f"pid {victim.pid}"
+        _signal_group(victim.pid, signal.SIGSTOP)
+        try:
+            time.sleep(FREEZE_S)
+        finally:
+            _signal_group(victim.pid, signal.SIGCONT)
+
+    def redis_restart(self, fault: Fault, stop: threading.Event) -> None:
+        victim = self.up.child("redis")[0]
+        fault.target = f"pid {victim.pid}"
+        victim.kill()
+
+    def api_restart(self, fault: Fault, stop: threading.Event) -> None:
+        victim = self.up.child("api")[0]
+        fault.target = f"pid {victim.pid}"
+        _signal_group(victim.pid, signal.SIGKILL)
+
+    def input_delete(self, fault: Fault, stop: threading.Event) -> None:
+        fault.target = self.batch.file_id
+        status = self.batch.status().get("status")
+        fault.answer = f"{self.batch.delete_input()} (batch {status})"
+
+    def lease_kill(self, fault: Fault, stop: threading.Event) -> None:
+        which = self.rng.choice((keys.REDELIVER_LEASE, keys.BATCH_FEEDER_LEASE))
+        owner = (self.up.redis().get(which) or b"").decode()
+        # owners are "<host>-<pid>-<id>" (redelivery) or "<host>:<pid>:<id>" (the feeder)
+        pid = int(owner.replace(":", "-").split("-")[-2]) if owner else 0
+        if not pid:
+            raise RuntimeError(f"nobody holds {which}")
+        fault.target = f"{which.rsplit(':', 2)[-2]} holder pid {pid}"
+        if pid in {p.pid for p in self.up.child("worker")}:
+            _signal_group(pid, signal.SIGKILL)  # a worker: with its engine, as worker_kill
+        else:
+            os.kill(pid, signal.SIGKILL)  # an API process alone: gunicorn starts another
+
+
+# -- the checks -----------------------------------------------------------------------------
+
+def job_records(client: redis.Redis) -> dict[str, dict]:
+    out = {}
+    for key in client.scan_iter(f"{keys.PREFIX}:job:*", count=1000):
+        name = key.decode()
+        if not name.endswith(":stream"):
+            out[keys.job_id_of(name)] = {k.decode(): v.decode() for k, v in
+                                         client.hgetall(key).items()
+                                         if k in (b"status", b"lane", b"submitted_at")}
+    return out
+
+
+def drain(up: Up, watcher: Watcher, batch: Batch, timeout_s: float) -> dict:
+    """Until every job known is terminal (as read through the API), every job record in Redis
+    too, and the batch ended."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        watcher.poll()
+        records = job_records(up.redis())
+        open_records = {j: r for j, r in records.items() if r.get("status") not in TERMINAL}
+        record = batch.status()
+        settled = (not watcher.open() and not open_records
+                   and record.get("status") in ("completed", "failed", "cancelled", "expired"))
+        if settled or time.monotonic() > deadline:
+            return {"states": dict(watcher.states), "open_records": open_records,
+                    "batch": record}
+        time.sleep(2)
+
+
+def lane_counters(client: redis.Redis, lanes: list[str]) -> dict[str, int]:
+    """Everything that counts work in flight; all zero at rest."""
+    out: dict[str, int] = {"running_jobs": client.hlen(keys.RUNNING_JOBS),
+                           "unacked": client.hlen("unacked")}
+    for lane in lanes:
+        out[f"{lane}.queued"] = client.zcard(keys.lane_queued_key(lane))
+        out[f"{lane}.backlog"] = int(client.get(keys.lane_backlog_key(lane)) or 0)
+        out[f"{lane}.running"] = client.zcard(keys.lane_running_key(lane))
+        out[f"{lane}.held_tokens"] = sum(int(float(v)) for v in
+                                         client.hvals(keys.lane_held_tokens_key(lane)))
+        out[f"{lane}.running_tokens"] = sum(int(float(v)) for v in
+                                            client.hvals(keys.lane_running_tokens_key(lane)))
+        out[f"{lane}.held_jobs"] = sum(client.llen(k) for k in
+                                       client.scan_iter(keys.lane_held_key(lane, "*")))
+        out[f"{lane}.celery_queue"] = sum(client.llen(k) for k in client.scan_iter(f"{lane}*")
+                                          if client.type(k) == b"list")
+    return out
+
+
+def used_memory(client: redis.Redis) -> int:
+    return int(client.info("memory")["used_memory"])
+
+
+def memory_back(client: redis.Redis, baseline: int, within_s: float) -> dict:
+    deadline = time.monotonic() + within_s
+    while True:
+        now = used_memory(client)
+        if now <= baseline * 1.10 or time.monotonic() > deadline:
+            return {"baseline": baseline, "end": now, "ratio": round(now / baseline, 3)}
+        time.sleep(5)
+
+
+def expected_503(t: float, seen_windows: list[tuple[float, float]], grace_s: float = 10) -> bool:
+    return any(a - 1 <= t <= b + grace_s for a, b in seen_windows)
+
+
+# -- the run --------------------------------------------------------------------------------
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--duration", type=float, default=1800, help="seconds of load and faults")
+    ap.add_argument("--fault-every", default="45,90", help="seconds between faults: MIN,MAX")
+    ap.add_argument("--batch-lines", type=int, default=2000)
+    ap.add_argument("--rate", type=float, default=0.5, help="req/s of each of soak-a and soak-b")
+    ap.add_argument("--flood-rate", type=float, default=2.0, help="req/s of soak-flood")
+    ap.add_argument("--long-share", type=float, default=0.1)
+    ap.add_argument("--ttl-scale", type=float, default=60,
+                    help="the record and output TTLs are the defaults divided by this")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--short", action="store_true",
+                    help="CI's form: 125 s, faults 12-16 s apart (each kind once), 200 batch lines")
+    ap.add_argument("--model", default=str(ROOT / ".tailguard" / "test-models" / "tiny"))
+    ap.add_argument("--out", default="")
+    args = ap.parse_args(argv)
+    if args.short:
+        args.duration, args.fault_every, args.batch_lines, args.ttl_scale = 125, "12,16", 200, 240
+    return args
+
+
+def system_env(args: argparse.Namespace, home: Path, ports: dict[str, int], model: str) -> dict:
+    ttl = {settings.RECORD_TTL_S.env: max(20, round(settings.RECORD_TTL_S.default / args.ttl_scale)),
+           settings.OUTPUT_TTL_S.env: max(20, round(settings.OUTPUT_TTL_S.default / args.ttl_scale)),
+           settings.BATCH_OUTPUT_TTL_S.env: 3600}
+    return {**os.environ, settings.HOME.env: str(home), settings.MODEL.env: model,
+            settings.LANES_FILE.env: str(LANES), settings.API_AUTH.env: settings.AUTH_KEYS,
+            settings.API_PORT.env: str(ports["api"]), settings.FLOWER_PORT.env: str(ports["flower"]),
+            settings.REDIS_PORT.env: str(ports["redis"]), settings.WORKER_METRICS_PORT.env: "0",
+            settings.WORKER_HEARTBEAT_S.env: "1", settings.WORKER_LOST_GRACE_S.env: "5",
+            settings.CRASH_LOOP_RESTARTS.env: "1000", "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1", **{k: str(v) for k, v in ttl.items()}}
+
+
+def add_keys(env: dict) -> dict[str, str]:
+    secrets = {}
+    for name in ("soak-a", "soak-b", "soak-flood", "soak-batch"):
+        secrets[name] = subprocess.run([sys.executable, "-m", "tailguard.cli", "keys", "add", name],
+                                       env=env, cwd=ROOT, check=True, capture_output=True,
+                                       text=True).stdout.strip()
+    return secrets
+
+
+def run(args: argparse.Namespace) -> dict:
+    from tailguard.model.demo import build_demo_model
+
+    model = args.model if Path(args.model, "config.json").exists() else \
+        str(build_demo_model(Path(args.model), size="tiny"))
+    out = Path(args.out or tempfile.mkdtemp(prefix="tailguard-soak-"))
+    out.mkdir(parents=True, exist_ok=True)
+    ports = {"api": free_port(), "flower": free_port(), "redis": free_port()}
+    env = system_env(args, out / "home", ports, model)
+    up = Up(out / "home", ports["api"], ports["redis"], env)
+    lanes = [lane.name for lane in load_lanes(LANES).lanes]
+    report: dict[str, Any] = {"args": vars(args), "cpu": _cpu()}
+    up.start(out / "up.log")
+    try:
+        up.wait_ready(workers=2, timeout_s=600)
+        secrets = add_keys(env)
+        served = requests.get(up.url + "/v1/models", timeout=HTTP_TIMEOUT_S,
+                              headers={"Authorization": f"Bearer {secrets['soak-a']}"})
+        model_id = served.json()["data"][0]["id"]
+        seen = Seen()
+        # warm-up: one request of each kind, so the baseline has Redis's scripts and clients
+        warm = Load(up, seen, "soak-a", secrets["soak-a"], 1, long_share=0, model=model_id,
+                    kinds=(), seed=args.seed)
+        for kind in ("job", "completion", "stream"):
+            warm._one(kind, "warm-up", 8, 0)
+        time.sleep(3)
+        baseline = used_memory(up.redis())
+        seen = Seen()
+        batch = Batch(up, secrets["soak-batch"], model_id, args.batch_lines)
+        batch.start()
+        rng = random.Random(args.seed)
+        t0 = time.monotonic()
+        injector = Injector(up, batch, rng, tuple(float(x) for x in args.fault_every.split(",")),
+                            t0)
+        mixed = ("job", "job", "completion", "stream", "cancel")
+        loads = [Load(up, seen, k, secrets[k], args.rate, long_share=args.long_share,
+                      model=model_id, kinds=mixed, seed=args.seed + i)
+                 for i, k in enumerate(("soak-a", "soak-b"))]
+        loads.append(Load(up, seen, "soak-flood", secrets["soak-flood"], args.flood_rate,
+                          long_share=0, model=model_id, kinds=("job", "completion"),
+                          seed=args.seed + 7))
+        stop = threading.Event()
+        with ThreadPoolExecutor(max_workers=256) as pool:
+            threads = [threading.Thread(target=load.run, args=(pool, stop), daemon=True)
+                       for load in loads]
+            threads.append(threading.Thread(target=injector.run, args=(stop,), daemon=True))
+            watching = threading.Event()
+            watcher = Watcher(up, seen, secrets)
+            watch = threading.Thread(target=watcher.run, args=(watching,), daemon=True)
+            watch.start()
+            for t in threads:
+                t.start()
+            stop.wait(args.duration)
+            stop.set()
+            for t in threads:
+                t.join(FREEZE_S + 60)
+        # the pool has drained: every request sent has its answer (or its client timeout)
+        print(f"[soak] load stopped after {time.monotonic() - t0:.0f} s; draining", flush=True)
+        up.wait_ready(workers=2, timeout_s=300)  # a fault's restart finished
+        longest = max(lane.queue_ttl_s + lane.deadline_s for lane in load_lanes(LANES).lanes
+                      if lane.priority != "batch")
+        drained = drain(up, watcher, batch, timeout_s=longest + 600)
+        watching.set()
+        client = up.redis()
+        finished = Counter(keys.job_id_of(f[b"key"].decode())
+                           for _, f in client.xrange(keys.FINISHED_STREAM))
+        line_jobs = set(finished) - set(seen.jobs)  # the batch's lines and the warm-up's
+        counters = lane_counters(client, lanes)
+        memory = memory_back(client, baseline,
+                             within_s=int(env[settings.RECORD_TTL_S.env]) + 120)
+        windows = injector.redis_down
+        unexpected_5xx = [e for e in seen.server_errors
+                          if e["status"] != 503 or not (expected_503(e["t"], windows)
+                                                        or e["code"] == "no_live_worker")]
+        report.update({
+            "faults": [asdict(f) for f in injector.faults],
+            "faults_injected": sum(1 for f in injector.faults
+                                   if not f.answer.startswith("not injected")),
+            "faults_by_kind": dict(Counter(f.kind for f in injector.faults)),
+            "requests_by_outcome": dict(sorted(seen.outcomes.items())),
+            "jobs_accepted": len(seen.jobs),
+            "jobs_by_state": dict(Counter(drained["states"].values())),
+            "stuck": sorted(watcher.open()) + sorted(drained["open_records"]),
+            "lost": sorted(j for j in seen.jobs if finished[j] == 0),
+            "twice": sorted(j for j, n in finished.items() if n > 1),
+            "batch": batch.results(drained["batch"]),
+            "batch_line_jobs_finished": len(line_jobs),
+            "counters_at_rest": {k: v for k, v in counters.items() if v},
+            "memory": memory,
+            "unexpected_5xx": unexpected_5xx,
+            "unanswered": seen.unanswered,
+        })
+        report["failures"] = failures(report)
+    finally:
+        up.stop()
+        (out / "soak.json").write_text(json.dumps(report, indent=1, default=str))
+    print(json.dumps({k: v for k, v in report.items() if k != "faults"}, indent=1, default=str))
+    print(f"report: {out / 'soak.json'}; the system's log: {out / 'up.log'}")
+    return report
+
+
+def failures(report: dict) -> list[str]:
+    """Which of the soak's checks failed, in words."""
+    out = []
+    for name in ("stuck", "lost", "twice", "unexpected_5xx", "unanswered"):
+        if report[name]:
+            out.append(f"{name}: {len(report[name])}")
+    batch = report["batch"]
+    if batch["status"] != "completed" or batch["missing"] or batch["twice"]:
+        out.append(f"batch: {batch}")
+    if report["counters_at_rest"]:
+        out.append(f"counters not at zero at rest: {report['counters_at_rest']}")
+    if report["memory"]["ratio"] > 1.10:
+        out.append(f"Redis memory {report['memory']['ratio']}x its baseline")
+    return out
+
+
+def _cpu() -> str:
+    try:
+        name = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                    if line.startswith("model name"))
+    except (OSError, StopIteration):
+        name = "unknown"
+    return f"{name}, {os.cpu_count()} cores"
+
+
+def main(argv: list[str] | None = None) -> int:
+    report = run(parse(argv))
+    print("FAILED: " + "; ".join(report["failures"]) if report.get("failures")
+          else "soak: every check passed")
+    return 1 if report.get("failures", ["not run to its end"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
