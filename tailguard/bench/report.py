@@ -1031,10 +1031,10 @@ def render_text(report: dict) -> str:
                     f"{_fmt_x(r['lanes_short_p99_over_tuned'])}"] if report.get("tuned") else []),
                  *([f"  lanes / static lanes (no controller) "
                     f"{_fmt_x(r['lanes_short_p99_over_static'])}"] if report.get("static") else []),
-                 f"  lanes / shared output tok/s of class {long!r}: "
-                 f"{_fmt_x(r['lanes_long_tok_s_over_shared'])}",
-                 f"  lanes / direct output tok/s of class {long!r}: "
-                 f"{_fmt_x(r['lanes_long_tok_s_over_direct'])}", ""]
+                 *([f"  lanes / shared output tok/s of class {long!r}: "
+                    f"{_fmt_x(r['lanes_long_tok_s_over_shared'])}",
+                    f"  lanes / direct output tok/s of class {long!r}: "
+                    f"{_fmt_x(r['lanes_long_tok_s_over_direct'])}"] if long else []), ""]
     lines += prefix_cache_lines(report)
     lines += [t["line"] for t in report["targets"]]
     for topo, t in report["topologies"].items():
