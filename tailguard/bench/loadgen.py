@@ -449,7 +449,11 @@ def run_sessions(client: Client, sessions: Sequence[Session], *, duration_s: flo
         pool.shutdown(wait=False, cancel_futures=True)  # as run_phase
         raise
     pool.shutdown(wait=True)
-    return [sample for s in sessions for sample in samples[s.id]]
+    out = [sample for s in sessions for sample in samples[s.id]]
+    for sample in out:  # as run_phase: jobs that did not end, looked up once more
+        if sample.accepted and not sample.finished and client.jobs:
+            client.settle(sample, wait_s=10)
+    return out
 
 
 def closed_loop(client: Client, request: BenchRequest, *, concurrency: int, duration_s: float,

@@ -3,7 +3,7 @@
 `tailguard plan --prefix-cache 8,64` (tailguard/plan/command.py). For a fleet of N GPUs, one
 engine each (tailguard's fleet: every engine serves every lane of the lanes file, a central
 queue per lane; tailguard/plan/sim.py, ``FLEET``), each engine with a prefix cache of
-``kv_tokens``, two simulations of the same requests per workload:
+``kv_tokens`` found in whole blocks of 16 tokens (a GPU's), two simulations of the same requests per workload:
 
 * **any free engine** (today): a request goes to whichever engine frees a slot first, whatever
   it served before;
@@ -65,7 +65,7 @@ class Row:
 
 def simulation(workload: str, table: LaneTable, model: StepModel, gpus: int, rate: float, *,
                duration_s: float, kv_tokens: int, affinity: Affinity | None,
-               seed: int = 0) -> Simulation:
+               seed: int = 0, block_tokens: int = 16) -> Simulation:
     """One run of `workload` at `rate` requests/s on `gpus` engines; run to its end."""
     if workload not in WORKLOADS:
         raise ValueError(f"a prefix workload is one of {WORKLOADS}, got {workload!r}")
@@ -74,7 +74,7 @@ def simulation(workload: str, table: LaneTable, model: StepModel, gpus: int, rat
     group = EngineGroup(tuple(l.name for l in lanes), gpus, slots_for(lanes), name="worker",
                         dispatch=FLEET)
     sim = Simulation(classes, lanes, [group], model, seed=seed, prefix_cache_tokens=kv_tokens,
-                     affinity=affinity)
+                     prefix_block_tokens=block_tokens, affinity=affinity)
     if workload == CHAT:
         sim.add_sessions(chat_sessions(rate, duration_s, seed))
     else:

@@ -37,8 +37,9 @@ What it models, and how the real system does it:
 * **Prefix cache** (with ``prefix_cache_tokens``): each engine holds the prefixes it served in
   an LRU of that many tokens (tailguard/plan/prefix_cache.py): a request's prefixes when its
   prompt is prefilled, a conversation's whole turn (prompt and output) when it ends. A request
-  an engine admits skips the prefill of the longest of its prefixes the engine holds (all of
-  its prompt but the last token at most, which vLLM always computes).
+  an engine admits skips the prefill of the longest of its prefixes the engine holds, in whole
+  blocks of ``prefix_block_tokens`` (vLLM caches full blocks only: 16 tokens on a GPU, 128 on
+  its CPU backend), all of its prompt but the last token at most (which vLLM always computes).
 * **Sessions** (``add_sessions``): a conversation's next turn arrives its think time after the
   previous turn's end, its prompt the previous prompt and output and the user's new tokens; a
   turn that does not succeed ends its session.
@@ -231,7 +232,7 @@ class Simulation:
     def __init__(self, classes: Sequence[ClassLoad], lanes: Sequence[Lane],
                  groups: Sequence[EngineGroup], model: StepModel, *, seed: int = 0,
                  fair: Mapping[str, float] | None = None,
-                 prefix_cache_tokens: int | None = None,
+                 prefix_cache_tokens: int | None = None, prefix_block_tokens: int = 16,
                  affinity: Affinity | None = None) -> None:
         self.classes = classes
         self.lanes = lanes  # in the table's order, as `place` takes them
@@ -249,6 +250,7 @@ class Simulation:
         if prefix_cache_tokens is not None:
             for e in self.engines:
                 e.cache = PrefixCache(prefix_cache_tokens)
+        self.block = max(1, prefix_block_tokens)
         self.affinity = affinity
         #: (affinity) prefix name -> the engines that served it last, by name, the latest last
         self.index: dict[str, tuple[str, ...]] = {}
@@ -500,7 +502,8 @@ class Simulation:
     def take(self, e: _Engine, r: _Req, t: float) -> None:
         """`e` admits `r` (and steps, if it was idle); its prefix cache may skip some prefill."""
         if e.cache is not None:
-            r.cached = min(e.cache.lookup(r.prefix), max(r.prompt - 1, 0))
+            held = min(e.cache.lookup(r.prefix), max(r.prompt - 1, 0))
+            r.cached = held - held % self.block
             r.prefilled = r.cached
             self.prefix_queries += r.prompt
             self.prefix_hits += r.cached

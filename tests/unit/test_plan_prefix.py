@@ -54,7 +54,7 @@ def _fleet(engines: int, affinity: Affinity | None = None, kv: int = 10_000,
                 max_model_len=1 << 20, max_num_seqs=slots)
     classes = [ClassLoad(n, 0.0, Lengths.fixed(1), Lengths.fixed(1)) for n in ("doc", "chat")]
     return Simulation(classes, [lane], [EngineGroup(("only",), engines, slots, dispatch=FLEET)],
-                      MODEL, prefix_cache_tokens=kv, affinity=affinity)
+                      MODEL, prefix_cache_tokens=kv, prefix_block_tokens=1, affinity=affinity)
 
 
 def test_a_hit_skips_its_prefill_and_is_counted():
@@ -75,6 +75,14 @@ def test_a_whole_prompt_held_still_computes_its_last_token():
     s.add_prefixed([PrefixedArrival(t, "doc", 500, 1, (("doc/0", 500),)) for t in (0.0, 50.0)])
     s.run()
     assert max(r.cached for r in s.done) == 499
+
+
+def test_a_hit_counts_whole_blocks_only():
+    s = _fleet(1)
+    s.block = 128  # vLLM's CPU backend's
+    s.add_prefixed([PrefixedArrival(t, "doc", 1040, 2, (("doc/0", 1000),)) for t in (0.0, 50.0)])
+    s.run()
+    assert max(r.cached for r in s.done) == 896  # 7 blocks of the 1,000 tokens held
 
 
 def test_a_conversations_next_turn_follows_its_answer_and_think_time():
