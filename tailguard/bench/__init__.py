@@ -15,7 +15,8 @@ Each topology sees two phases with the same short-request arrivals: ``baseline``
 can say how much long traffic hurts short requests in each.
 
 Parts, one per file: ``workload`` (what to send, pure; its prompts and seeded arrivals
-are ``tailguard.plan.synthetic``'s), ``azure_trace`` (the Azure LLM inference traces
+are ``tailguard.plan.synthetic``'s), ``sessions`` (the chat and shared-doc workloads, whose
+requests share prefixes, pure), ``azure_trace`` (the Azure LLM inference traces
 2023 as workloads; the files, CC BY 4.0, with their licence and attribution in
 ``traces/``), ``loadgen`` (sending it and timing each streamed request), ``topology``
 (bringing one system up and down), ``fleet`` (the router fleet's specs and processes),

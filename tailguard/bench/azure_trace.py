@@ -34,7 +34,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from tailguard.bench.workload import BenchRequest, Workload, _finish
+from tailguard.bench.workload import BenchRequest, Workload, finish
 from tailguard.errors import RequestError
 from tailguard.lanes.placement import place
 from tailguard.lanes.table import Lane
@@ -200,7 +200,7 @@ def trace_workload(name: str, *, lanes: Sequence[Lane], model_max_len: int | Non
                                  "output": _median([r.generated_tokens for r in win.rows])},
     }
     params["described"] = describe(params)
-    return _finish(name, requests, max_requests, short_class=used[0] if used else None,
+    return finish(name, requests, max_requests, short_class=used[0] if used else None,
                    long_class=used[-1] if len(used) > 1 else None, params=params)
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from tailguard.bench.engine_watch import free_slot_refusals
+from tailguard.bench.engine_watch import free_slot_refusals, prefix_hit_rate
 from tailguard.bench.goodput import Slo, meets, slo_text
 from tailguard.bench.loadgen import REFUSED, Sample
 from tailguard.bench.topology import FLEET, FLEET_P2
@@ -60,14 +60,17 @@ def class_row(samples: list[Sample], slo: Slo, free_slot: int | None) -> dict[st
 def topology_rows(samples: list[Sample], classes: Iterable[str], slos: dict[str, Slo],
                   engines: dict[str, Any] | None, slots: dict[str, int] | None,
                   class_engines: dict[str, list[str]] | None) -> dict[str, Any]:
-    """Every class of one topology's phase (`class_row`), and how many requests each of its
-    engines served (`engines`: the phase's EngineWatch figures; None: not watched)."""
+    """Every class of one topology's phase (`class_row`), how many requests each of its
+    engines served and its prefix cache's hit rate (`engines`: the phase's EngineWatch
+    figures; None: not watched)."""
     free = (free_slot_refusals(samples, engines["series"], slots, class_engines)
             if engines and slots else {})
     rows = {cls: class_row([s for s in samples if s.cls == cls], slos[cls],
                            free.get(cls, 0) if engines and slots else None)
             for cls in classes}
-    return {"classes": rows, "engine_served": (engines or {}).get("served")}
+    cache = (engines or {}).get("prefix_cache")
+    return {"classes": rows, "engine_served": (engines or {}).get("served"),
+            "prefix_cache": prefix_hit_rate(cache) if cache else None}
 
 
 def better_fleet(rows: dict[str, dict[str, Any]], tok_s: dict[str, float | None]) -> str | None:
@@ -126,8 +129,9 @@ def render(peers: dict[str, Any]) -> str:
            + "; ".join(f"{c} {v} ms" for c, v in t.items())
            + f"; client retries of a 429/503: {peers['retries'] or 'off'})\n",
            "| topology | class | sent | served | within target | refused 429 | refused 503 | "
-           "refused with a free slot | retried | e2e P99 | TTFT P99 | served per engine |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+           "refused with a free slot | retried | e2e P99 | TTFT P99 | served per engine | "
+           "prefix cache hits |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for topo, row in peers["rows"].items():
         split = ", ".join(f"{e} {n}" for e, n in (row["engine_served"] or {}).items())
         for i, (cls, c) in enumerate(row["classes"].items()):
@@ -135,8 +139,16 @@ def render(peers: dict[str, Any]) -> str:
             out.append(f"| {topo} | {cls} | {c['sent']} | {c['served']} | {c['within_target']} | "
                        f"{c['refused_429']} | {c['refused_503']} | {free} | {c['retried']} | "
                        f"{_cell(c['e2e_p99_s'])} | {_cell(c['ttft_p99_s'])} | "
-                       f"{'' if i else split} |")  # every class together: on its first row
+                       f"{'' if i else split} | {'' if i else hit_text(row.get('prefix_cache'))} |")
+            # every class together: on its first row
     return "\n".join(out) + "\n"
+
+
+def hit_text(cache: dict[str, Any] | None) -> str:
+    """A topology's prefix-cache hit rate over a phase, as a cell: `n/a` when unread."""
+    if not cache or cache["hit_rate"] is None:
+        return "n/a"
+    return f"{cache['hit_rate']:.1%}" + (" (some engines unread)" if cache["unread"] else "")
 
 
 def _cell(v: float | None) -> str:

@@ -6,7 +6,10 @@ metrics port (tailguard/observe/vllm_series.py), a plain vLLM server on its own 
 `EngineWatch` scrapes each one every `INTERVAL_S` during a phase and keeps
 ``vllm:num_requests_running`` (summed over the engine's series) with the wall-clock time
 of the scrape, and ``vllm:request_success_total`` at the phase's start and end: how the
-requests split between the engines (a router's replicas, tailguard's workers).
+requests split between the engines (a router's replicas, tailguard's workers). The prefix
+cache's counters, ``vllm:prefix_cache_queries`` and ``vllm:prefix_cache_hits`` (tokens looked
+up and found), are read at the same two moments: their deltas over every engine of the
+topology are its hit rate over the phase (`prefix_cache`), the warm-up before it left out.
 
 `free_slot_refusals` then counts, per class, the requests refused (429 or 503) at a moment
 when an engine that may serve the class ran fewer requests than its batch slots
@@ -32,17 +35,22 @@ from tailguard.bench.loadgen import Sample
 
 RUNNING = "vllm:num_requests_running"
 SUCCESS = "vllm:request_success"  # a counter: its samples are vllm:request_success_total
+#: vLLM's prefix cache counters (vllm/v1/metrics/loggers.py), in tokens
+PREFIX_QUERIES = "vllm:prefix_cache_queries"
+PREFIX_HITS = "vllm:prefix_cache_hits"
+#: the families read; each summed over its series
+READ = (RUNNING, SUCCESS, PREFIX_QUERIES, PREFIX_HITS)
 #: Seconds between two scrapes of every engine: fine enough against a request's lifetime
 #: here (a short one takes 0.5-4 s), cheap for the engines (a scrape is a few ms of CPU).
 INTERVAL_S = 0.25
 
 
 def parse_series(text: str) -> dict[str, float]:
-    """`RUNNING` and `SUCCESS` (each summed over its series) from one /metrics page; a
+    """The families of `READ` (each summed over its series) from one /metrics page; a
     name missing from the page is missing from the answer."""
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
-        if family.name in (RUNNING, SUCCESS):
+        if family.name in READ:
             values = [s.value for s in family.samples
                       if s.name in (family.name, family.name + "_total")]
             out[family.name] = sum(values)
@@ -65,12 +73,12 @@ class EngineWatch:
         self.urls = dict(urls)
         self.interval_s = interval_s
         self.series: dict[str, list[tuple[float, float]]] = {name: [] for name in self.urls}
-        self.first: dict[str, float | None] = {}
+        self.first: dict[str, dict[str, float] | None] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-watch", daemon=True)
 
     def start(self) -> EngineWatch:
-        self.first = {name: _success(url) for name, url in self.urls.items()}
+        self.first = {name: scrape(url) for name, url in self.urls.items()}
         self._thread.start()
         return self
 
@@ -84,20 +92,48 @@ class EngineWatch:
 
     def stop(self) -> dict[str, Any]:
         """{"series": {engine: [[wall time, running], ...]}, "served": {engine: requests
-        that succeeded meanwhile, None when unread}}."""
+        that succeeded meanwhile, None when unread}, "prefix_cache": {engine: {"queries",
+        "hits"} meanwhile, None when unread}}."""
         self._stop.set()
         self._thread.join()
-        last = {name: _success(url) for name, url in self.urls.items()}
-        served = {name: None if self.first.get(name) is None or last[name] is None
-                  else round(last[name] - self.first[name])  # type: ignore[operator]
-                  for name in self.urls}
+        last = {name: scrape(url) for name, url in self.urls.items()}
+        served = {}
+        for name in self.urls:
+            d = delta(self.first.get(name), last[name], SUCCESS)
+            served[name] = None if d is None else round(d)
         return {"series": {name: [list(p) for p in points] for name, points in self.series.items()},
-                "served": served}
+                "served": served,
+                "prefix_cache": {name: prefix_delta(self.first.get(name), last[name])
+                                 for name in self.urls}}
 
 
-def _success(url: str) -> float | None:
-    got = scrape(url)
-    return None if got is None else got.get(SUCCESS)
+def delta(first: Mapping[str, float] | None, last: Mapping[str, float] | None,
+          name: str) -> float | None:
+    """How much counter `name` grew between two scrapes (None: either unread or without it)."""
+    if first is None or last is None or name not in first or name not in last:
+        return None
+    return last[name] - first[name]
+
+
+def prefix_delta(first: Mapping[str, float] | None,
+                 last: Mapping[str, float] | None) -> dict[str, float] | None:
+    """One engine's prefix-cache tokens queried and hit between two scrapes, or None."""
+    queries, hits = delta(first, last, PREFIX_QUERIES), delta(first, last, PREFIX_HITS)
+    if queries is None or hits is None:
+        return None
+    return {"queries": queries, "hits": hits}
+
+
+def prefix_hit_rate(per_engine: Mapping[str, Mapping[str, float] | None]) -> dict[str, Any]:
+    """A topology's prefix cache over a phase: every engine's tokens queried and hit summed,
+    and hits / queries (None when no engine was read or none was queried). Engines left
+    unread are named in `unread`: a rate over the others only."""
+    read = {e: d for e, d in per_engine.items() if d is not None}
+    queries = sum(d["queries"] for d in read.values())
+    hits = sum(d["hits"] for d in read.values())
+    return {"queries": queries, "hits": hits,
+            "hit_rate": hits / queries if read and queries > 0 else None,
+            "unread": sorted(e for e, d in per_engine.items() if d is None)}
 
 
 def running_at(series: list[tuple[float, float]] | list[list[float]], t: float) -> float | None:

@@ -31,12 +31,13 @@ import json
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from tailguard.bench.sessions import Session, turn_prompt
 from tailguard.bench.workload import BenchRequest
 
 #: Job states that end a job (tailguard.jobs.store.TERMINAL, repeated so this module stays import-light).
@@ -101,6 +102,8 @@ class Sample:
     retry_after_s: float | None = None  # a refusal's Retry-After, None when it had none
     attempts: int = 0  # requests sent (1 + retries of refusals)
     refused_at: list[float] = field(default_factory=list)  # wall clock of each refusal answer
+    session: int | None = None  # chat: its session (shared-doc: its document)
+    turn: int = 0  # chat: its turn in the session
 
     @property
     def lag_s(self) -> float | None:
@@ -173,9 +176,10 @@ class Client:
         finally:
             conn.close()
 
-    def stream(self, req: BenchRequest, sample: Sample, t0: float, deadline: float) -> None:
+    def stream(self, req: BenchRequest, sample: Sample, t0: float, deadline: float,
+               answer: list[str] | None = None) -> None:
         """Send one streamed completion (again after a refusal, up to `retries` times) and
-        fill `sample` in; never raises."""
+        fill `sample` in, the text streamed into `answer` when given; never raises."""
         fields = {"model": self.model, "prompt": req.prompt, "max_tokens": req.max_tokens,
                   "ignore_eos": req.ignore_eos, "stream": True,
                   "stream_options": {"include_usage": True}}
@@ -185,13 +189,13 @@ class Client:
         sent = time.perf_counter()  # latency counts from the first send, retries included
         sample.sent_s = sent - t0
         sample.sent_at = time.time()
-        done = self._send(body, req, sample, sent, deadline)
+        done = self._send(body, req, sample, sent, deadline, answer)
         while sample.status == REFUSED and sample.attempts <= self.retries:
             delay = retry_delay(sample.attempts - 1, sample.retry_after_s, self.rng.random())
             if time.perf_counter() + delay > deadline:
                 break
             time.sleep(delay)
-            done = self._send(body, req, sample, sent, deadline)
+            done = self._send(body, req, sample, sent, deadline, answer)
         if sample.accepted and self.jobs:
             self.settle(sample, wait_s=5 if done else 0)
         elif sample.accepted:  # a plain server: the stream is all there is
@@ -204,9 +208,11 @@ class Client:
             sample.error = "cut by the lane deadline"
 
     def _send(self, body: bytes, req: BenchRequest, sample: Sample, sent: float,
-              deadline: float) -> bool:
+              deadline: float, answer: list[str] | None = None) -> bool:
         """One attempt: whether its stream reached [DONE]; a refusal leaves `sample` REFUSED."""
         sample.attempts += 1
+        if answer is not None:
+            answer.clear()
         sample.status, sample.error, sample.refusal, sample.retry_after_s = "sent", None, None, None
         conn = self._conn(READ_TIMEOUT_S if self.jobs else
                           max(READ_TIMEOUT_S, min(deadline - time.perf_counter(), 86400.0)))
@@ -225,7 +231,7 @@ class Client:
             sample.job_id = resp.getheader("X-Tailguard-Job-Id")
             sample.lane = resp.getheader("X-Tailguard-Lane")
             sample.accepted = sample.job_id is not None or not self.jobs
-            return self._read_events(resp, sample, sent, deadline)
+            return self._read_events(resp, sample, sent, deadline, answer)
         except (OSError, http.client.HTTPException, ValueError) as exc:
             sample.status, sample.error = "client_error", f"{type(exc).__name__}: {exc}"
             return False
@@ -233,7 +239,7 @@ class Client:
             conn.close()  # mid-stream, this makes the API cancel the job
 
     def _read_events(self, resp: http.client.HTTPResponse, sample: Sample, sent: float,
-                     deadline: float) -> bool:
+                     deadline: float, answer: list[str] | None = None) -> bool:
         """Read a 200's event stream into `sample` (TTFT, gaps, chunks, usage, an error event)
         until [DONE] (True) or its end or the phase's deadline (False)."""
         last_text: float | None = None
@@ -264,6 +270,8 @@ class Client:
             choices = chunk.get("choices") or ()
             if choices and first_choice is None:
                 first_choice = now
+            if answer is not None:
+                answer.extend(c.get("text") or "" for c in choices)
             if any(c.get("text") for c in choices):
                 if last_text is None:
                     sample.ttft_s = now - sent
@@ -346,8 +354,8 @@ def run_phase(client: Client, requests: tuple[BenchRequest, ...] | list[BenchReq
     `drain_s` after it are abandoned (closing the stream cancels the job) and
     reported as `timeout`. Jobs that did not end are looked up once more at the end.
     """
-    samples = [Sample(r.cls, r.max_tokens, r.arrival_s, planned_prompt_tokens=r.prompt_tokens)
-               for r in requests]
+    samples = [Sample(r.cls, r.max_tokens, r.arrival_s, planned_prompt_tokens=r.prompt_tokens,
+                      session=r.session, turn=r.turn) for r in requests]
     t0 = time.perf_counter() + 0.1
     deadline = t0 + max(duration_s, max((r.arrival_s for r in requests), default=0)) + drain_s
     lock = threading.Lock()
@@ -379,6 +387,73 @@ def run_phase(client: Client, requests: tuple[BenchRequest, ...] | list[BenchReq
         if s.accepted and not s.finished and client.jobs:
             client.settle(s, wait_s=10)
     return samples
+
+
+def run_sessions(client: Client, sessions: Sequence[Session], *, duration_s: float,
+                 drain_s: float, max_in_flight: int = 512,
+                 on_done: Callable[[Sample], None] | None = None) -> list[Sample]:
+    """Start each session at its arrival time (open loop) and send its turns one after another:
+    a turn after the previous answer has arrived and the turn's think time has passed, its
+    prompt the conversation with the answers as streamed (tailguard/bench/sessions.py). A
+    session whose turn failed sends no more (its later turns stay ``not_sent``), as a user
+    whose answer never came. A turn's `Sample.arrival_s` is when it became due; its lag,
+    the time it waited past that for a sender. Bounded in time as `run_phase`."""
+    samples = {s.id: [Sample(s.cls, t.max_tokens, s.arrival_s, session=s.id, turn=k)
+                      for k, t in enumerate(s.turns)] for s in sessions}
+    t0 = time.perf_counter() + 0.1
+    deadline = t0 + max(duration_s, max((s.arrival_s for s in sessions), default=0)) + drain_s
+    lock = threading.Lock()
+
+    def done(sample: Sample) -> None:
+        if on_done is not None:
+            with lock:
+                on_done(sample)
+
+    def one(session: Session) -> None:
+        users: list[str] = []
+        answers: list[str] = []
+        mine = samples[session.id]
+        for k, turn in enumerate(session.turns):
+            sample = mine[k]
+            if k:
+                sample.arrival_s = time.perf_counter() + turn.think_s - t0
+                if t0 + sample.arrival_s > deadline:
+                    sample.error = "due after the phase's end"
+                    for rest in mine[k:]:
+                        done(rest)
+                    return
+                time.sleep(turn.think_s)
+            users.append(turn.user)
+            req = BenchRequest(session.cls, turn_prompt(session.system, users, answers),
+                               turn.max_tokens, sample.arrival_s, session=session.id, turn=k)
+            answer: list[str] = []
+            client.stream(req, sample, t0, deadline, answer)
+            done(sample)
+            if not sample.ok:
+                for rest in mine[k + 1:]:
+                    rest.error = f"turn {k} of its session failed"
+                    done(rest)
+                return
+            answers.append("".join(answer))
+
+    pool = ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="bench-session")
+    try:
+        for session in sorted(sessions, key=lambda s: s.arrival_s):
+            delay = t0 + session.arrival_s - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            if time.perf_counter() > deadline:
+                break
+            pool.submit(one, session)
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)  # as run_phase
+        raise
+    pool.shutdown(wait=True)
+    out = [sample for s in sessions for sample in samples[s.id]]
+    for sample in out:  # as run_phase: jobs that did not end, looked up once more
+        if sample.accepted and not sample.finished and client.jobs:
+            client.settle(sample, wait_s=10)
+    return out
 
 
 def closed_loop(client: Client, request: BenchRequest, *, concurrency: int, duration_s: float,

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from tailguard.bench import comparison
+from tailguard.bench.engine_watch import prefix_hit_rate
 from tailguard.bench.exactly_once import describe as describe_exactly_once
 from tailguard.bench.goodput import (
     DEFAULT_LONG_SLO,
@@ -913,8 +914,35 @@ def build_report(*, config: dict[str, Any], workload: dict[str, Any],
         report["overload"] = {name: overload_figures(phases, workload["short_class"],
                                                      workload["params"])
                               for name, phases in samples.items()}
+    report["prefix_cache"] = prefix_cache(report)
     report["targets"] = targets(report)
     return report
+
+
+def prefix_cache(report: dict) -> dict[str, dict[str, Any]]:
+    """Per topology and phase, its engines' prefix-cache hit rate over the phase (after the
+    warm-up; tailguard/bench/engine_watch.py), where its engines were watched."""
+    out: dict[str, dict[str, Any]] = {}
+    for topo, t in report["topologies"].items():
+        for phase, host in (t.get("host") or {}).items():
+            cache = ((host or {}).get("engines") or {}).get("prefix_cache")
+            if cache:
+                out.setdefault(topo, {})[phase] = prefix_hit_rate(cache)
+    return out
+
+
+def prefix_cache_lines(report: dict) -> list[str]:
+    """The hit rates as text: a line per topology, its phases' rates."""
+    by_topo = report.get("prefix_cache") or {}
+    if not by_topo:
+        return []
+    out = ["prefix cache hits (prompt tokens found in an engine's cache / looked up, over the "
+           "measured phase, the warm-up left out):"]
+    for topo, phases in by_topo.items():
+        out.append(f"  {topo}: " + "; ".join(
+            f"{phase} {comparison.hit_text(c)} ({c['hits']:.0f} of {c['queries']:.0f})"
+            for phase, c in phases.items()))
+    return out
 
 
 # --- text --------------------------------------------------------------------------------
@@ -1003,10 +1031,11 @@ def render_text(report: dict) -> str:
                     f"{_fmt_x(r['lanes_short_p99_over_tuned'])}"] if report.get("tuned") else []),
                  *([f"  lanes / static lanes (no controller) "
                     f"{_fmt_x(r['lanes_short_p99_over_static'])}"] if report.get("static") else []),
-                 f"  lanes / shared output tok/s of class {long!r}: "
-                 f"{_fmt_x(r['lanes_long_tok_s_over_shared'])}",
-                 f"  lanes / direct output tok/s of class {long!r}: "
-                 f"{_fmt_x(r['lanes_long_tok_s_over_direct'])}", ""]
+                 *([f"  lanes / shared output tok/s of class {long!r}: "
+                    f"{_fmt_x(r['lanes_long_tok_s_over_shared'])}",
+                    f"  lanes / direct output tok/s of class {long!r}: "
+                    f"{_fmt_x(r['lanes_long_tok_s_over_direct'])}"] if long else []), ""]
+    lines += prefix_cache_lines(report)
     lines += [t["line"] for t in report["targets"]]
     for topo, t in report["topologies"].items():
         own = [f"{phase} {h['frontend_cpu_s']:g} s in {h['wall_s']:g} s "

@@ -5,6 +5,7 @@
     tailguard bench --workload azure-mix --rate 3 --token-scale 0.25 --duration 120
     tailguard bench --workload burst --rate 2 --burst-size 8 --duration 60
     tailguard bench --workload shift --rate 2.5 --shift-window 60 --shift-long-shares 0.05,0.25,0.05
+    tailguard bench --workload chat --rate 1 --think-time 3 --topologies lanes,fleet,direct-tuned
 
 Writes ``report.json``, ``bench.png``, ``samples.jsonl`` (every request) and the
 processes' logs under ``--out`` (default ``$TAILGUARD_HOME/bench/<time>``), and
@@ -44,9 +45,28 @@ from tailguard.bench.exactly_once import finished_counts
 from tailguard.bench.fleet import FleetSpec, RunningFleet, fleet_specs
 from tailguard.bench.goodput import DEFAULT_LONG_SLO, DEFAULT_SHORT_SLO, Slo, parse_slo, slo_text
 from tailguard.bench.host import Watch, engines_idle
-from tailguard.bench.loadgen import Client, Sample, closed_loop, run_phase, served_model_name
+from tailguard.bench.loadgen import (
+    Client,
+    Sample,
+    closed_loop,
+    run_phase,
+    run_sessions,
+    served_model_name,
+)
 from tailguard.bench.redis_watch import RedisWatch
 from tailguard.bench.report import OVERHEAD, PROBE, build_report, capacity_rps, render_text
+from tailguard.bench.sessions import (
+    CHAT,
+    CHAT_TURNS,
+    DOC_TOKENS,
+    DOCS,
+    SHARED_DOC,
+    SYSTEM_TOKENS,
+    THINK_S,
+    USER_TOKENS,
+    chat_workload,
+    shared_doc_workload,
+)
 from tailguard.bench.stall_watch import StallWatch
 from tailguard.bench.stall_watch import describe as describe_stalls
 from tailguard.bench.topology import (
@@ -108,7 +128,10 @@ if TYPE_CHECKING:
 #: A topology of the run: tailguard's, vLLM's own server, or vLLM's router fleet.
 Spec = TopologySpec | DirectSpec | FleetSpec
 
-WORKLOADS = ("seed", "mixed", "overhead", OVERLOAD, BURST, SHIFT, BATCH, TENANTS, *TRACES)
+WORKLOADS = ("seed", "mixed", "overhead", OVERLOAD, BURST, SHIFT, BATCH, TENANTS, CHAT,
+             SHARED_DOC, *TRACES)
+#: workloads whose requests share prefixes: warmed up with prompts that share none of them
+PREFIXED = (CHAT, SHARED_DOC)
 
 
 @dataclass(frozen=True)
@@ -170,7 +193,9 @@ class BenchConfig:
     # Defaults: on 2 cores and the small demo model, a load where long traffic hurts
     # short requests in `shared` (see docs/benchmarks.md).
     rate: float = option(2.5, "requests/s, all classes together (Poisson arrivals per class; "
-                              "burst: the short stream's; traces: the window's mean)")
+                              "burst: the short stream's; traces: the window's mean; chat: "
+                              "offered, sessions arriving at --rate / the mean turns per "
+                              "session)")
     long_share: float = option(0.2, "mixed: the share of --rate that is long requests")
     # None (not from the command line): a timed trace's own length
     duration_s: float | None = option(90.0, "seconds of arrivals per phase", flag="--duration")
@@ -222,6 +247,17 @@ class BenchConfig:
                 "(azure-mix: the conversation trace's, 77 s before the code one's; default: 20 "
                 "minutes in, where both services are busy)", flag="--trace-start")
     burst_size: int = option(8, "burst: long requests that arrive at once")
+    chat_turns: tuple[int, ...] = option(
+        CHAT_TURNS, "chat: LOW,HIGH turns per session (uniform)", parse=_ints,
+        text=lambda v: ",".join(map(str, v)))
+    think_time_s: float = option(
+        THINK_S, "chat: the user's mean think time between an answer and the next turn "
+                 "(exponential), seconds", flag="--think-time")
+    system_prompt_tokens: int = option(SYSTEM_TOKENS,
+                                       "chat: the system prompt every session starts with")
+    user_tokens: int = option(USER_TOKENS, "chat: tokens of a user turn; shared-doc: of a question")
+    docs: int = option(DOCS, "shared-doc: the documents the questions are about")
+    doc_tokens: int = option(DOC_TOKENS, "shared-doc: tokens of each document")
     shift_long_shares: tuple[float, ...] = option(
         SHIFT_LONG_SHARES, "shift: the long share of --rate in each window, in order",
         parse=_floats, text=lambda v: ",".join(f"{x:g}" for x in v))
@@ -336,6 +372,8 @@ def _workload(cfg: BenchConfig, count_tokens: Callable[[str], int] | None,
         return tenants_workload(cfg.rate, cfg.duration_s or 60.0, cfg.seed,
                                 factor=cfg.overload_factor, short_tokens=cfg.short_tokens,
                                 max_requests=cfg.max_requests)
+    if cfg.workload in PREFIXED:
+        return _prefixed_workload(cfg, count_tokens)
     if cfg.workload == "seed":
         return seed_workload(cfg.rate, cfg.duration_s or 60.0, cfg.seed, cfg.max_requests)
     if cfg.workload == "mixed":
@@ -358,6 +396,21 @@ def _workload(cfg: BenchConfig, count_tokens: Callable[[str], int] | None,
         return jsonl_workload(cfg.workload, cfg.rate, cfg.duration_s, cfg.seed, cfg.max_requests)
     raise ValueError(f"--workload must be {', '.join(WORKLOADS)} or a .jsonl file, "
                      f"not {cfg.workload!r}")
+
+
+def _prefixed_workload(cfg: BenchConfig, count_tokens: Callable[[str], int] | None) -> Workload:
+    if cfg.workload == CHAT:
+        if len(cfg.chat_turns) != 2:
+            raise ValueError("--chat-turns wants LOW,HIGH")
+        return chat_workload(cfg.rate, cfg.duration_s or 60.0, cfg.seed,
+                             turns=(cfg.chat_turns[0], cfg.chat_turns[1]),
+                             think_s=cfg.think_time_s, system_tokens=cfg.system_prompt_tokens,
+                             user_tokens=cfg.user_tokens, answer_tokens=cfg.short_tokens,
+                             count_tokens=count_tokens, max_requests=cfg.max_requests)
+    return shared_doc_workload(cfg.rate, cfg.duration_s or 60.0, cfg.seed, docs=cfg.docs,
+                               doc_tokens=cfg.doc_tokens, question_tokens=cfg.user_tokens,
+                               answer_tokens=cfg.short_tokens, count_tokens=count_tokens,
+                               max_requests=cfg.max_requests)
 
 
 def phases_of(workload: Workload, baseline: bool) -> dict[str, Workload]:
@@ -444,11 +497,15 @@ class _Progress:
 
 
 def _warm(client: Client, workload: Workload, per_class: int, engines: int) -> None:
-    """Send a few requests of each class at once and wait: first-request costs go here."""
+    """Send a few requests of each class at once and wait: first-request costs go here. A
+    workload with shared prefixes is warmed with its first prompt's words reversed (as long,
+    sharing no prefix), so no engine's prefix cache holds a measured prefix beforehand."""
     reqs: list[BenchRequest] = []
     for cls in workload.classes:
         first = next(r for r in workload.requests if r.cls == cls)
-        reqs += [BenchRequest(cls, first.prompt, min(first.max_tokens, 32), 0.0)
+        prompt = (" ".join(reversed(first.prompt.split())) if workload.name in PREFIXED
+                  else first.prompt)
+        reqs += [BenchRequest(cls, prompt, min(first.max_tokens, 32), 0.0)
                  for _ in range(per_class * engines)]
     if reqs:
         run_phase(client, reqs, duration_s=0, drain_s=300)
@@ -478,9 +535,14 @@ def _timed_phase(client: Client, topo: str, phase: str, wl: Workload, cfg: Bench
     watch, stall_watch = Watch(), StallWatch()
     engines = EngineWatch(engine_urls).start() if engine_urls else None
     try:
-        samples = run_phase(client, wl.requests, duration_s=wl.params.get("duration_s") or 0,
-                            drain_s=cfg.drain_s, max_in_flight=cfg.max_in_flight,
-                            on_done=bar.done)
+        if wl.sessions:  # turn after turn, each on its previous answer
+            samples = run_sessions(client, wl.sessions, duration_s=wl.params.get("duration_s") or 0,
+                                   drain_s=cfg.drain_s, max_in_flight=cfg.max_in_flight,
+                                   on_done=bar.done)
+        else:
+            samples = run_phase(client, wl.requests, duration_s=wl.params.get("duration_s") or 0,
+                                drain_s=cfg.drain_s, max_in_flight=cfg.max_in_flight,
+                                on_done=bar.done)
     finally:
         bar.close()
     host = hosts[phase] = watch.stop()

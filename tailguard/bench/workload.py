@@ -27,6 +27,8 @@
 * ``azure-conv``, ``azure-code``, ``azure-mix``: the Azure LLM inference traces
   2023 (``azure_trace``), their lengths scaled and arrivals stretched to the host,
   classes by the lanes file's own rule.
+* ``chat``, ``shared-doc``: requests that share prefixes (conversations resent turn after
+  turn, questions over a few documents), in ``sessions``.
 * a JSONL trace: one request per line, ``{"prompt", "max_tokens", "class"?,
   "arrival_s"?, "ignore_eos"?}``; without ``arrival_s`` the lines are sent in
   order (cycling) at Poisson arrivals of the given rate.
@@ -59,6 +61,9 @@ class BenchRequest:
     arrival_s: float  # offset from the start of the phase
     ignore_eos: bool = True  # fixed output lengths, as benchmarks need
     prompt_tokens: int | None = None  # the prompt's length in the served tokenizer, when built for one
+    #: chat: its session and turn (tailguard/bench/sessions.py); shared-doc: its document
+    session: int | None = None
+    turn: int = 0
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,9 @@ class Workload:
     short_class: str | None = SHORT  # the class whose tail latency the product protects
     long_class: str | None = LONG  # the class that hurts it
     params: dict[str, Any] = field(default_factory=dict)
+    #: chat: the sessions its requests are the turns of (tailguard/bench/sessions.py), sent
+    #: turn after turn as the answers arrive instead of at the requests' arrival times
+    sessions: tuple[Any, ...] = ()
 
     @property
     def classes(self) -> list[str]:
@@ -85,8 +93,9 @@ class Workload:
         return {c: sum(1 for r in self.requests if r.cls == c) for c in self.classes}
 
 
-def _finish(name: str, requests: list[BenchRequest], max_requests: int | None,
-            **kw: Any) -> Workload:
+def finish(name: str, requests: list[BenchRequest], max_requests: int | None,
+           **kw: Any) -> Workload:
+    """The workload of `requests` sorted by arrival, the first `max_requests` of them."""
     requests.sort(key=lambda r: (r.arrival_s, r.cls))
     if max_requests is not None:
         requests = requests[:max_requests]
@@ -101,7 +110,7 @@ def seed_workload(rate: float, duration_s: float, seed: int = 0,
         rng = class_stream(seed, cls)
         for t in poisson_arrivals(rate / len(SEED_MAX_TOKENS), duration_s, rng):
             requests.append(BenchRequest(cls, rng.choice(SEED_PROMPTS), max_tokens, t))
-    return _finish("seed", requests, max_requests,
+    return finish("seed", requests, max_requests,
                    params={"rate": rate, "duration_s": duration_s, "seed": seed,
                            "max_tokens": dict(SEED_MAX_TOKENS)})
 
@@ -121,7 +130,7 @@ def mixed_workload(rate: float, long_share: float, duration_s: float, seed: int 
     for t in poisson_arrivals(rate * long_share, duration_s, rng):
         requests.append(BenchRequest(LONG, long_prompt(long_prompt_tokens, rng, count_tokens),
                                      long_tokens, t))
-    return _finish("mixed", requests, max_requests,
+    return finish("mixed", requests, max_requests,
                    params={"rate": rate, "long_share": long_share, "duration_s": duration_s,
                            "seed": seed, "short_rate": rate * (1 - long_share),
                            "long_rate": rate * long_share, "short_tokens": short_tokens,
@@ -169,7 +178,7 @@ def burst_workload(rate: float, duration_s: float, *, burst_size: int,
     rng = class_stream(seed, LONG)
     requests += [BenchRequest(LONG, long_prompt(long_prompt_tokens, rng, count_tokens),
                               long_tokens, at) for _ in range(burst_size)]
-    return _finish(BURST, requests, max_requests,
+    return finish(BURST, requests, max_requests,
                    params={"rate": rate, "duration_s": duration_s, "seed": seed,
                            "short_rate": rate, "short_tokens": short_tokens,
                            "burst_size": burst_size, "burst_at_s": at,
@@ -196,7 +205,7 @@ def overhead_workload(seed: int = 0, count_tokens: Callable[[str], int] | None =
     times = poisson_arrivals(rate, float("inf"), rng, max_count=prompts)
     requests = [BenchRequest(SHORT, long_prompt(input_tokens, rng, count_tokens), output_tokens, t)
                 for t in times]
-    return _finish("overhead", requests, None, long_class=None,
+    return finish("overhead", requests, None, long_class=None,
                    params={"rate": rate, "duration_s": times[-1] if times else 0.0, "seed": seed,
                            "input_tokens": input_tokens, "output_tokens": output_tokens,
                            "prompts": prompts})
@@ -230,7 +239,7 @@ def add_burst(workload: Workload, capacity_rps: float) -> Workload:
     burst = [BenchRequest(SHORT, rng.choice(SEED_PROMPTS), p["short_tokens"],
                           p["burst_start_s"] + t)
              for t in poisson_arrivals(extra, p["burst_s"], rng)]
-    return _finish(workload.name, list(workload.requests) + burst, None,
+    return finish(workload.name, list(workload.requests) + burst, None,
                    short_class=workload.short_class, long_class=workload.long_class,
                    params={**p, "capacity_rps": capacity_rps,
                            "burst_short_rate": p["short_rate"] + extra})
@@ -253,7 +262,7 @@ def tenants_workload(rate: float, duration_s: float, seed: int = 0, *, factor: f
     rng = class_stream(seed, TENANT_A)
     requests = [BenchRequest(TENANT_A, rng.choice(SEED_PROMPTS), short_tokens, t)
                 for t in poisson_arrivals(rate, duration_s, rng)]
-    return _finish(TENANTS, requests, max_requests, short_class=TENANT_A, long_class=None,
+    return finish(TENANTS, requests, max_requests, short_class=TENANT_A, long_class=None,
                    params={"rate": rate, "duration_s": duration_s, "seed": seed,
                            "factor": factor, "short_tokens": short_tokens,
                            "described": f"tenants: key A's short requests at {rate:g} req/s for "
@@ -268,7 +277,7 @@ def add_flood(workload: Workload, capacity_rps: float) -> Workload:
     rng = class_stream(p["seed"], TENANT_B)
     flood = [BenchRequest(TENANT_B, rng.choice(SEED_PROMPTS), p["short_tokens"], t)
              for t in poisson_arrivals(p["factor"] * capacity_rps, p["duration_s"], rng)]
-    return _finish(workload.name, list(workload.requests) + flood, None,
+    return finish(workload.name, list(workload.requests) + flood, None,
                    short_class=TENANT_A, long_class=None,
                    params={**p, "capacity_rps": capacity_rps,
                            "flood_rate": p["factor"] * capacity_rps})
@@ -319,7 +328,7 @@ def shift_workload(rate: float, long_shares: tuple[float, ...] = SHIFT_LONG_SHAR
                         "long_rate": rate * share})
     mix = ", ".join(f"{w['name']} {w['short_rate']:.3g} short/s + {w['long_rate']:.3g} long/s"
                     for w in windows)
-    return _finish(SHIFT, requests, max_requests, params={
+    return finish(SHIFT, requests, max_requests, params={
         "rate": rate, "long_shares": list(long_shares), "window_s": window_s,
         "duration_s": window_s * len(long_shares), "seed": seed, "windows": windows,
         "short_tokens": short_tokens, "long_prompt_tokens": long_prompt_tokens,
@@ -408,7 +417,7 @@ def jsonl_workload(path: str | Path, rate: float, duration_s: float | None, seed
         times = poisson_arrivals(rate, duration_s, class_stream(seed, "jsonl"))
         requests = [req(records[i % len(records)], t) for i, t in enumerate(times)]
     classes = {r.cls for r in requests}
-    return _finish(path.stem, requests, max_requests,
+    return finish(path.stem, requests, max_requests,
                    short_class=SHORT if SHORT in classes else None,
                    long_class=LONG if LONG in classes else None,
                    params={"file": str(path), "rate": rate, "duration_s": duration_s, "seed": seed})

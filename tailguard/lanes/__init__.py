@@ -6,6 +6,7 @@ imported), where a request goes and what it may ask for (``placement``), whether
 takes it now (``admission``), the order and share of each API key in a lane (``fair_share``),
 what a request's latency targets may be and decide (``latency_targets``) and the order in
 which an engine takes work from the lanes it serves, within each one's per-engine limit
-(``dispatch``).
+(``dispatch``), and which engine a request whose prefix an engine holds is offered to first
+(``affinity``).
 May import: ``tailguard.errors``, ``tailguard.settings``.
 """

@@ -12,6 +12,9 @@ batching, whose step time comes from a short profile of the real engine.
 * ``azure``: a window of the Azure trace the bench replays, as arrivals;
 * ``compare``: tailguard's fleet, one shared engine per GPU, a router fleet and static lanes,
   per fleet size (``--compare-fleet``);
+* ``prefix_cache``: an engine's prefix cache, an LRU of named prefixes bounded in tokens;
+* ``prefix``: the prefix cache at fleet scale, any free engine against prefix affinity, on the
+  chat and shared-doc workloads (``--prefix-cache``);
 * ``keda``: the engines the fleet needs per load and an autoscaler's threshold (``--keda``);
 * ``search``: the fewest engines per lane group that meet the targets;
 * ``synthetic``: the requests both tools make (prompts of a length, seeded Poisson arrivals);

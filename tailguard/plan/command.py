@@ -9,7 +9,9 @@ from pathlib import Path
 import click
 
 from tailguard.errors import ConfigError
+from tailguard.lanes.affinity import Affinity
 from tailguard.lanes.table import default_lanes_path, load_lanes
+from tailguard.plan.prefix import KV_TOKENS
 from tailguard.plan.search import (
     Plan,
     Targets,
@@ -86,7 +88,21 @@ def _target(text: str) -> tuple[str, float]:
                    "trace, for fleets of these GPU counts, e.g. 8,64 (the lanes file: --lanes, "
                    "else the packaged GPU one; --duration defaults to 60 here)")
 @click.option("--per-gpu", default="1,2,3,4", show_default=True,
-              help="with --compare-fleet: the trace's requests per second per GPU, each a run")
+              help="with --compare-fleet: the trace's requests per second per GPU, each a run "
+                   "(with --prefix-cache: the workload's, default 8,16)")
+@click.option("--prefix-cache", "prefix_gpus", metavar="GPUS",
+              help="the prefix cache on fleets of these GPU counts, e.g. 8,64: its hit rate and "
+                   "the TTFT of the chat and shared-doc workloads (tailguard bench's) with any "
+                   "free engine taking a request (today) and with prefix affinity "
+                   "(tailguard/lanes/affinity.py); --duration defaults to 60 here")
+@click.option("--kv-cache-tokens", type=int, default=KV_TOKENS, show_default=True,
+              help="with --prefix-cache: each engine's prefix cache, in tokens")
+@click.option("--affinity-extra", type=int, default=Affinity().max_extra, show_default=True,
+              help="with --prefix-cache: a prefix's engine is passed over when it runs (and has "
+                   "offered) more than this many requests above the least loaded engine")
+@click.option("--affinity-wait", type=float, default=Affinity().max_wait_s, show_default=True,
+              help="with --prefix-cache: seconds a request offered to its prefix's engine waits "
+                   "for a slot there before any engine may take it")
 @click.option("--keda", "keda_rates", metavar="RATES",
               help="the engines the fleet needs at each of these loads (requests/s of the Azure "
                    "trace window, e.g. 8,32,128) to keep the short P99 within --target (default "
@@ -112,11 +128,15 @@ def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | Non
          class_specs: tuple[str, ...], workload_file: Path | None, rate: float | None, scale: float,
          lanes_file: Path | None, topology_name: str, target_specs: tuple[str, ...], max_queue_s: float,
          engines: int | None, split: str | None, duration: float, seed: int,
-         validate: bool, compare_gpus: str | None, per_gpu: str, keda_rates: str | None,
+         validate: bool, compare_gpus: str | None, per_gpu: str, prefix_gpus: str | None,
+         kv_cache_tokens: int, affinity_extra: int, affinity_wait: float,
+         keda_rates: str | None,
          max_running_specs: tuple[str, ...], engine_slots: int | None, token_scale: float,
          by_key: bool, weight_specs: tuple[str, ...], as_json: bool) -> None:
     """How many engines each lane needs: a simulation of the lanes and of continuously
     batching engines whose step time comes from `--profile`."""
+    # long for its parameters (click passes every option of every mode here); each mode's
+    # work is a function of its own
     given = click.get_current_context().get_parameter_source
     seed_given = given("seed").name != "DEFAULT"
     if profile_out:
@@ -138,6 +158,11 @@ def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | Non
     if compare_gpus:
         _compare(model, compare_gpus, lanes_file, per_gpu, _max_running(max_running_specs),
                  engine_slots, token_scale, trace_s, seed, as_json)
+        return
+    if prefix_gpus:
+        _prefix(model, prefix_gpus, lanes_file,
+                per_gpu if given("per_gpu").name != "DEFAULT" else "8,16", kv_cache_tokens,
+                affinity_extra, affinity_wait, trace_s, seed, as_json)
         return
     if keda_rates:
         _keda(model, keda_rates, lanes_file, _max_running(max_running_specs), engine_slots,
@@ -247,6 +272,28 @@ def _compare(model: StepModel, gpus_text: str, lanes_file: Path | None, per_gpu_
         click.echo(f"the Azure trace (azure-mix from {azure.START_S:g} s) for {duration:g} s, "
                    f"tokens x {token_scale:g}; simulated")
         click.echo(render(points))
+
+
+def _prefix(model: StepModel, gpus_text: str, lanes_file: Path | None, per_gpu_text: str,
+            kv_tokens: int, extra: int, wait_s: float, duration: float, seed: int,
+            as_json: bool) -> None:
+    """`--prefix-cache GPUS`: tailguard/plan/prefix.py's rows."""
+    from tailguard.plan.prefix import compare, render
+
+    try:
+        rows = compare(load_lanes(lanes_file or default_lanes_path()), model,
+                       [int(n) for n in gpus_text.split(",")],
+                       [float(x) for x in per_gpu_text.split(",")], duration_s=duration,
+                       kv_tokens=kv_tokens, affinity=Affinity(extra, wait_s), seed=seed)
+    except (ValueError, ConfigError) as exc:
+        raise click.UsageError(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps({"rows": [r.to_dict() for r in rows]}, indent=2))
+    else:
+        click.echo(f"chat and shared-doc for {duration:g} s, {kv_tokens} tokens of prefix cache "
+                   f"per engine, affinity within {extra} requests of the least loaded engine, "
+                   f"offers waiting at most {wait_s:g} s; simulated")
+        click.echo(render(rows))
 
 
 def _keda(model: StepModel, rates_text: str, lanes_file: Path | None,

@@ -26,6 +26,23 @@ What it models, and how the real system does it:
 
   A request that waited longer than its lane's ``queue_ttl_s`` expires without reaching an
   engine.
+
+  With ``affinity`` (fleet dispatch only), a request whose prefix some engines served last
+  (their prefill of it done: a document, a conversation's turn ended) is offered to the least
+  loaded of them first (tailguard/lanes/affinity.py, the rule): it takes it at once
+  when it has room for the lane, else the offer waits for one of its slots (taken before its
+  lane's queue when ``next_lane`` names that lane) until ``max_wait_s``, then joins its lane's
+  queue at the tail; an engine more loaded than the least loaded one by over ``max_extra``
+  (requests running and offered) gets no offer.
+* **Prefix cache** (with ``prefix_cache_tokens``): each engine holds the prefixes it served in
+  an LRU of that many tokens (tailguard/plan/prefix_cache.py): a request's prefixes when its
+  prompt is prefilled, a conversation's whole turn (prompt and output) when it ends. A request
+  an engine admits skips the prefill of the longest of its prefixes the engine holds, in whole
+  blocks of ``prefix_block_tokens`` (vLLM caches full blocks only: 16 tokens on a GPU, 128 on
+  its CPU backend), all of its prompt but the last token at most (which vLLM always computes).
+* **Sessions** (``add_sessions``): a conversation's next turn arrives its think time after the
+  previous turn's end, its prompt the previous prompt and output and the user's new tokens; a
+  turn that does not succeed ends its session.
 * **Engines**: continuous batching. Each step decodes one token for every sequence past
   its prompt and prefills up to ``max_batched_tokens`` prompt tokens (chunked), in vLLM's
   priority order: the lane's rank in the lanes table (short first), then admission; a request
@@ -58,8 +75,8 @@ What it models, and how the real system does it:
   two plus ``StepModel.overhead_s``. Throughput per class is its output tokens over the
   span from its first arrival to its last finish (the bench's definition).
 
-Not modelled: the KV cache (every admitted request fits), preemption by vLLM, the API's own
-limits, rate_limit, network time beyond ``overhead_s``.
+Not modelled: the KV cache's room for running requests (every admitted request fits),
+preemption by vLLM, the API's own limits, rate_limit, network time beyond ``overhead_s``.
 """
 
 from __future__ import annotations
@@ -74,12 +91,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tailguard.errors import NoLaneForRequest, PromptTooLong
+from tailguard.lanes.affinity import Affinity, holders, offer_to, remember
 from tailguard.lanes.dispatch import next_lane
 from tailguard.lanes.fair_share import FairQueue
 from tailguard.lanes.placement import place, request_cost
 from tailguard.lanes.table import Lane
+from tailguard.plan.prefix_cache import Prefix, PrefixCache
 from tailguard.plan.stepmodel import StepModel
-from tailguard.plan.workload import ClassLoad
+from tailguard.plan.workload import ChatSession, ClassLoad, PrefixedArrival
 
 #: how requests reach engines (module docstring, "Dispatch")
 DEDICATED, FLEET, ROUTER = "strict", "fleet", "router"
@@ -137,6 +156,11 @@ class _Req:
     first: float | None = None
     end: float | None = None
     status: str = "queued"
+    prefix: tuple[Prefix, ...] = ()  # what of its prompt an engine may hold, shortest first
+    keep: str | None = None  # a conversation's name: its turn stays cached under it
+    follow: tuple[ChatSession, int] | None = None  # its session and turn
+    cached: int = 0  # prompt tokens its engine's prefix cache held
+    offered: _Engine | None = None  # (affinity) the engine it waits for
 
 
 @dataclass(eq=False)
@@ -154,6 +178,8 @@ class _Engine:
     name: str = ""
     #: (FLEET) when it last took a request: Redis answers the worker blocked longest first
     turn: int = 0
+    cache: PrefixCache | None = None
+    offers: list[_Req] = field(default_factory=list)  # (affinity) waiting for it, oldest first
 
 
 @dataclass(frozen=True)
@@ -205,7 +231,9 @@ class Simulation:
 
     def __init__(self, classes: Sequence[ClassLoad], lanes: Sequence[Lane],
                  groups: Sequence[EngineGroup], model: StepModel, *, seed: int = 0,
-                 fair: Mapping[str, float] | None = None) -> None:
+                 fair: Mapping[str, float] | None = None,
+                 prefix_cache_tokens: int | None = None, prefix_block_tokens: int = 16,
+                 affinity: Affinity | None = None) -> None:
         self.classes = classes
         self.lanes = lanes  # in the table's order, as `place` takes them
         self.model = model
@@ -219,6 +247,19 @@ class Simulation:
             self.engines += [_new_engine(g, k) for k in range(1, g.count + 1)]
             if g.frontend and g.count:
                 self.front = self.engines[-1]
+        if prefix_cache_tokens is not None:
+            for e in self.engines:
+                e.cache = PrefixCache(prefix_cache_tokens)
+        self.block = max(1, prefix_block_tokens)
+        self.affinity = affinity
+        #: (affinity) prefix name -> the engines that served it last, by name, the latest last
+        self.index: dict[str, tuple[str, ...]] = {}
+        self.named = {e.name: e for e in self.engines}
+        #: prompt tokens looked up in the engines' prefix caches, and found
+        self.prefix_queries = self.prefix_hits = 0
+        #: (affinity) requests taken by their prefix's engine at once, after waiting for it,
+        #: given up after waiting, and not offered (no holder, or it was overloaded)
+        self.offers = {"at_once": 0, "waited": 0, "given_up": 0, "not_offered": 0}
         self.serving = {name: [e for e in self.engines if name in e.lanes]
                         for name in self.by_name}
         if any(len({e.dispatch for e in es}) > 1 for es in self.serving.values()):
@@ -259,12 +300,31 @@ class Simulation:
         for t, name, prompt, max_tokens in arrivals:
             self.push(t, "arrive", (by_class[name], prompt, max_tokens))
 
+    def add_prefixed(self, arrivals: Sequence[PrefixedArrival]) -> None:
+        """Requests whose prompts begin with named prefixes (a shared document)."""
+        by_class = {c.name: c for c in self.classes}
+        for a in arrivals:
+            self.push(a.t, "arrive", (by_class[a.cls], a.prompt, a.max_tokens, a.prefix, a.keep))
+
+    def add_sessions(self, sessions: Sequence[ChatSession]) -> None:
+        """Conversations: each one's first turn at its arrival, the next ones as they end."""
+        for s in sessions:
+            self.push(s.arrival_s, "turn", (s, 0, s.system[1]))
+
+    def turn(self, t: float, session: ChatSession, k: int, context: int) -> None:
+        """Turn `k` of `session` arrives, after `context` tokens of conversation so far."""
+        user, max_tokens, _ = session.turns[k]
+        chain = (session.system,) + (((session.key, context),) if k else ())
+        c = next(c for c in self.classes if c.name == session.cls)
+        self.arrive(t, c, context + user, max_tokens, chain, session.key, (session, k))
+
     def push(self, t: float, kind: str, payload: Any) -> None:
         heapq.heappush(self.events, (t, next(self._seq), kind, payload))
 
     def run(self) -> dict[str, ClassResult]:
         """Every event to the last; per-class results."""
-        apply = {"arrive": self.arrive, "step": self.step_ended}
+        apply = {"arrive": self.arrive, "step": self.step_ended, "turn": self.turn,
+                 "give_up": self.give_up}
         while self.events:
             t, _, kind, payload = heapq.heappop(self.events)
             self.backlog_area += self.backlog * (t - self.now)
@@ -277,7 +337,9 @@ class Simulation:
         """The cost tokens queued, averaged over the run so far."""
         return self.backlog_area / self.now if self.now > 0 else 0.0
 
-    def arrive(self, t: float, c: ClassLoad, prompt: int, max_tokens: int) -> None:
+    def arrive(self, t: float, c: ClassLoad, prompt: int, max_tokens: int,
+               prefix: tuple[Prefix, ...] = (), keep: str | None = None,
+               follow: tuple[ChatSession, int] | None = None) -> None:
         """Place a request as the API does and hand it to its lane."""
         try:
             p = place(self.lanes, priority=c.priority, prompt_tokens=prompt,
@@ -288,13 +350,21 @@ class Simulation:
         if p.lane not in self.simulated:
             return  # a lane this fleet does not simulate (see simulate's docstring)
         r = _Req(c.name, p.lane, t, prompt, p.max_tokens, rank=self.rank[p.lane],
-                 cost=request_cost(prompt, p.max_tokens))
+                 cost=request_cost(prompt, p.max_tokens), prefix=prefix, keep=keep,
+                 follow=follow)
         self.charge(t, self.model.frontend_s_per_request)
         self.enqueue(r, t)
 
     def finish(self, r: _Req, t: float, status: str) -> None:
         r.end, r.status = t, status
         self.done.append(r)
+        if r.where is not None and r.where.cache is not None and r.keep:
+            r.where.cache.put(r.keep, r.prompt + r.out)  # the whole turn, for the next one
+            self.served(r.keep, r.where)
+        if status == "succeeded" and r.follow is not None:
+            session, k = r.follow
+            if k + 1 < len(session.turns):
+                self.push(t + session.turns[k + 1][2], "turn", (session, k + 1, r.prompt + r.out))
 
     # -- the front end's share of its core
 
@@ -357,19 +427,86 @@ class Simulation:
             heapq.heappush(e.waiting, (r.rank, next(self._seq), r))
             self.refill(e, t)
             return
+        if dispatch == FLEET and self.affinity is not None and self.offer(r, t):
+            return
+        self.to_lane_queue(r, t)
+
+    def to_lane_queue(self, r: _Req, t: float) -> None:
+        """`r` joins its lane's queue; under fleet dispatch the first free engine may take it."""
+        serving = self.serving[r.lane]
         if self.fair is not None:
             self.fair[r.lane].push(r.cls, r, r.cost)
         else:
             self.queues[r.lane].append(r)
-        if dispatch == FLEET:
+        if serving[0].dispatch == FLEET:
             free = sorted((e for e in serving if len(e.reqs) < e.slots), key=lambda e: e.turn)
             for e in free:  # the first free slot that may take it (its lane's queue is FIFO)
                 self.refill(e, t)
                 if r.start is not None:
                     return
 
+    # -- prefix affinity (tailguard/lanes/affinity.py)
+
+    def has_room(self, e: _Engine, lane: str) -> bool:
+        """Whether `e` may start a request of `lane` now (a free slot, the lane's limit)."""
+        lanes = [self.by_name[name] for name in e.lanes]
+        return len(e.reqs) < e.slots and next_lane(lanes, e.running, {lane: 1}) == lane
+
+    def offer(self, r: _Req, t: float) -> bool:
+        """Offer `r` to the engine that served its prefix last, if the rule says so: taken at
+        once when it has room, else waiting for it until the offer is given up. Whether offered."""
+        assert self.affinity is not None
+        names = [name for name, _ in r.prefix] + ([r.keep] if r.keep else [])
+        load = {o.name: len(o.reqs) + len(o.offers) for o in self.serving[r.lane]}
+        chosen = offer_to(holders(names, self.index), load, self.affinity)
+        if chosen is None:
+            self.offers["not_offered"] += 1
+            return False
+        e = self.named[chosen]
+        if self.has_room(e, r.lane):
+            self.offers["at_once"] += 1
+            self.backlog -= r.cost
+            self.take(e, r, t)
+            return True
+        r.offered = e
+        e.offers.append(r)
+        self.push(t + self.affinity.max_wait_s, "give_up", (r,))
+        return True
+
+    def served(self, key: str, e: _Engine) -> None:
+        """(affinity) `e` holds prefix `key` now: the index names it, the latest."""
+        if self.affinity is not None:
+            self.index[key] = remember(self.index.get(key, ()), e.name, self.affinity)
+
+    def give_up(self, t: float, r: _Req) -> None:
+        """`r`'s offer has waited its longest: unless taken, it joins its lane's queue."""
+        e = r.offered
+        if e is None or r.start is not None or r not in e.offers:
+            return
+        e.offers.remove(r)
+        r.offered = None
+        self.offers["given_up"] += 1
+        self.to_lane_queue(r, t)
+
+    def take_offer(self, e: _Engine, lane: str, t: float) -> _Req | None:
+        """`e`'s oldest offer of `lane` (within its TTL), if any."""
+        for r in list(e.offers):
+            if r.lane == lane:
+                e.offers.remove(r)
+                r.offered = None
+                if self.unexpired(r, t):
+                    self.offers["waited"] += 1
+                    return r
+        return None
+
     def take(self, e: _Engine, r: _Req, t: float) -> None:
-        """`e` admits `r` (and steps, if it was idle)."""
+        """`e` admits `r` (and steps, if it was idle); its prefix cache may skip some prefill."""
+        if e.cache is not None:
+            held = min(e.cache.lookup(r.prefix), max(r.prompt - 1, 0))
+            r.cached = held - held % self.block
+            r.prefilled = r.cached
+            self.prefix_queries += r.prompt
+            self.prefix_hits += r.cached
         r.start, r.status, r.where = t, "running", e
         e.reqs.append(r)
         e.running[r.lane] = e.running.get(r.lane, 0) + 1
@@ -396,15 +533,21 @@ class Simulation:
             return None
         if e.dispatch == FLEET:
             lanes = [self.by_name[name] for name in e.lanes]
-            while (name := next_lane(lanes, e.running,
-                                     {n: self.queued(n) for n in e.lanes})) is not None:
-                if (r := self.pop(name, t)) is not None:
+            while (name := next_lane(lanes, e.running, self.visible(e))) is not None:
+                if (r := self.take_offer(e, name, t) or self.pop(name, t)) is not None:
                     return r
             return None
         for name in e.lanes:  # DEDICATED: its lanes in strict order
             if (r := self.pop(name, t)) is not None:
                 return r
         return None
+
+    def visible(self, e: _Engine) -> dict[str, int]:
+        """What waits for `e` per lane: its lanes' queues and the offers made to it."""
+        waiting = {n: self.queued(n) for n in e.lanes}
+        for r in e.offers:
+            waiting[r.lane] = waiting.get(r.lane, 0) + 1
+        return waiting
 
     # -- engine steps
 
@@ -454,6 +597,11 @@ class Simulation:
                     continue
                 if r.first is None:
                     r.first = t
+                    if e.cache is not None:  # its prompt's blocks, now computed
+                        for name, tokens in r.prefix:
+                            e.cache.put(name, tokens)
+                        if r.prefix and not r.keep:
+                            self.served(r.prefix[-1][0], e)
             r.out += 1
             tokens += 1
         self.charge(t, self.model.frontend_s_per_token * tokens)

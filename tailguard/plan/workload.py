@@ -1,6 +1,8 @@
 """What the simulated fleet is asked to do: classes with Poisson arrivals and length distributions.
 
-Three sources, one shape (a list of ``ClassLoad``):
+Three sources, one shape (a list of ``ClassLoad``), and two workloads whose requests share
+prefixes, for the prefix cache (`chat_sessions`, `shared_doc_arrivals`; the bench's ``chat``
+and ``shared-doc`` in tokens, tailguard/bench/sessions.py):
 
 * flags: ``NAME:RATE:PROMPT_TOKENS:OUTPUT_TOKENS[:PRIORITY]``, fixed lengths;
 * a JSONL trace in the bench's format (``{"prompt", "max_tokens", "class"?,
@@ -23,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from tailguard.lanes.table import PRIORITY_CLASSES, LaneTable
-from tailguard.plan.synthetic import CHARS_PER_TOKEN
+from tailguard.plan.prefix_cache import Prefix
+from tailguard.plan.synthetic import CHARS_PER_TOKEN, poisson_arrivals
 
 
 @dataclass(frozen=True)
@@ -152,3 +155,60 @@ def load_classes(path: str | Path, table: LaneTable, rate: float | None = None) 
     if isinstance(doc, dict) and "lanes" in doc and "window" in doc:
         return from_stats(doc, table)
     return from_trace(text.splitlines(), rate)
+
+
+CHAT, SHARED_DOC = "chat", "shared-doc"
+
+
+@dataclass(frozen=True)
+class ChatSession:
+    """A conversation: its turns as (user tokens, max_tokens, think time before it in s)."""
+
+    arrival_s: float
+    key: str  # its name in a prefix cache
+    system: Prefix  # the system prompt every session shares: (name, tokens)
+    turns: tuple[tuple[int, int, float], ...]
+    cls: str = CHAT
+
+
+@dataclass(frozen=True)
+class PrefixedArrival:
+    """A request whose prompt begins with named prefixes (shortest first)."""
+
+    t: float
+    cls: str
+    prompt: int
+    max_tokens: int
+    prefix: tuple[Prefix, ...]
+    keep: str | None = None
+
+
+def chat_sessions(rate: float, duration_s: float, seed: int = 0, *,
+                  turns: tuple[int, int] = (3, 8), think_s: float = 3.0,
+                  system_tokens: int = 300, user_tokens: int = 40,
+                  answer_tokens: int = 64) -> list[ChatSession]:
+    """Sessions at `rate` requests/s offered (sessions at `rate` / the mean turns), each of
+    `turns` turns (uniform), think times exponential of mean `think_s`: the bench's ``chat``."""
+    lo, hi = turns
+    if rate <= 0 or not 1 <= lo <= hi or think_s < 0:
+        raise ValueError("chat: rate > 0, 1 <= turns low <= high, think time >= 0")
+    rng = random.Random(f"tailguard-plan/{seed}/{CHAT}")
+    out = []
+    for i, t in enumerate(poisson_arrivals(rate / ((lo + hi) / 2), duration_s, rng)):
+        n = rng.randint(lo, hi)
+        out.append(ChatSession(t, f"{CHAT}/{i}", (f"{CHAT}/system", system_tokens), tuple(
+            (user_tokens, answer_tokens, 0.0 if k == 0 or not think_s
+             else rng.expovariate(1 / think_s)) for k in range(n))))
+    return out
+
+
+def shared_doc_arrivals(rate: float, duration_s: float, seed: int = 0, *, docs: int = 3,
+                        doc_tokens: int = 1200, question_tokens: int = 40,
+                        answer_tokens: int = 64) -> list[PrefixedArrival]:
+    """Questions over `docs` documents (uniform) at `rate` requests/s: the bench's ``shared-doc``."""
+    if rate <= 0 or docs < 1:
+        raise ValueError("shared-doc: rate > 0, docs >= 1")
+    rng = random.Random(f"tailguard-plan/{seed}/{SHARED_DOC}")
+    return [PrefixedArrival(t, SHARED_DOC, doc_tokens + question_tokens, answer_tokens,
+                            ((f"{SHARED_DOC}/{rng.randrange(docs)}", doc_tokens),))
+            for t in poisson_arrivals(rate, duration_s, rng)]

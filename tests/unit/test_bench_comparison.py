@@ -136,3 +136,25 @@ def test_a_fleet_without_lanes_skips_the_lines():
     lines = {t["name"]: t["line"] for t in r["targets"]}
     assert "lanes short requests within target n/a >= fleet's 4" in lines[
         "within_target_vs_fleet_short"]
+
+
+def test_the_report_gives_each_topologys_prefix_cache_hit_rate():
+    """From the engines' counters over the phase (EngineWatch's prefix_cache), every engine of a
+    topology together; a topology not watched has none."""
+    samples = {"lanes": _run(4), FLEET: _run(4), TUNED: _run(4)}
+    lanes, fleet = _info(0, 0), _info(0, 0)
+    lanes["host"]["mixed"]["engines"]["prefix_cache"] = {
+        "a": {"queries": 3000.0, "hits": 2400.0}, "b": {"queries": 1000.0, "hits": 600.0}}
+    fleet["host"]["mixed"]["engines"]["prefix_cache"] = {
+        "a": {"queries": 2000.0, "hits": 500.0}, "b": None}
+    r = _report(samples, {"lanes": lanes, FLEET: fleet, TUNED: {}})
+    assert r["prefix_cache"]["lanes"]["mixed"]["hit_rate"] == pytest.approx(0.75)
+    assert r["prefix_cache"][FLEET]["mixed"]["unread"] == ["b"]
+    assert TUNED not in r["prefix_cache"]
+    assert r["peers"]["rows"]["lanes"]["prefix_cache"]["hits"] == 3000.0
+    assert r["peers"]["rows"][TUNED]["prefix_cache"] is None
+    text = render_text(r)
+    assert "  lanes: mixed 75.0% (3000 of 4000)" in text
+    assert f"  {FLEET}: mixed 25.0% (some engines unread) (500 of 2000)" in text
+    assert "| a 7, b 3 | 75.0% |" in text and "| n/a |" in text  # the table's column
+    json.dumps(r)

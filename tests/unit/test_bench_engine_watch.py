@@ -8,20 +8,28 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from tailguard.bench.engine_watch import (
+    PREFIX_HITS,
+    PREFIX_QUERIES,
     RUNNING,
     SUCCESS,
     EngineWatch,
     free_slot_refusals,
     parse_series,
+    prefix_delta,
+    prefix_hit_rate,
     running_at,
 )
 from tailguard.bench.loadgen import REFUSED, Sample
 
 
-def vllm_page(running: dict[str, float], success: dict[str, float]) -> str:
+def vllm_page(running: dict[str, float], success: dict[str, float],
+              prefix: tuple[float, float] | None = None) -> str:
     """A /metrics page as vLLM's PrometheusStatLogger writes it: a series per engine, the
-    success counter per finish reason."""
+    success counter per finish reason, and with `prefix` its prefix cache's (queries, hits)."""
     reg = CollectorRegistry()
+    if prefix is not None:
+        for name, n in zip((PREFIX_QUERIES, PREFIX_HITS), prefix):
+            Counter(name, "tokens", ["model_name", "engine"], registry=reg).labels("m", "0").inc(n)
     g = Gauge(RUNNING, "running", ["model_name", "engine"], registry=reg)
     for engine, n in running.items():
         g.labels("m", engine).set(n)
@@ -36,6 +44,30 @@ def test_parse_series_sums_each_engine_and_finish_reason():
     page = vllm_page({"0": 3, "1": 2}, {"length": 5, "stop": 2})
     assert parse_series(page) == {RUNNING: 5.0, SUCCESS: 7.0}
     assert parse_series("") == {}
+    with_prefix = parse_series(vllm_page({"0": 1}, {}, prefix=(1000, 250)))
+    assert (with_prefix[PREFIX_QUERIES], with_prefix[PREFIX_HITS]) == (1000.0, 250.0)
+
+
+def test_vllms_own_counter_names_are_the_ones_read():
+    loggers = pytest.importorskip("vllm.v1.metrics.loggers")
+    source = open(loggers.__file__).read()
+    assert f'name="{PREFIX_QUERIES}"' in source and f'name="{PREFIX_HITS}"' in source
+
+
+def test_a_prefix_delta_is_what_each_counter_grew_by():
+    first = {PREFIX_QUERIES: 100.0, PREFIX_HITS: 40.0}
+    assert prefix_delta(first, {PREFIX_QUERIES: 600.0, PREFIX_HITS: 290.0}) == {
+        "queries": 500.0, "hits": 250.0}
+    assert prefix_delta(None, first) is None and prefix_delta(first, None) is None
+    assert prefix_delta({SUCCESS: 1.0}, first) is None  # a page without the counters
+
+
+def test_a_topologys_hit_rate_sums_its_engines():
+    got = prefix_hit_rate({"e0": {"queries": 600.0, "hits": 300.0},
+                           "e1": {"queries": 400.0, "hits": 0.0}, "gone": None})
+    assert got == {"queries": 1000.0, "hits": 300.0, "hit_rate": 0.3, "unread": ["gone"]}
+    assert prefix_hit_rate({"e0": None})["hit_rate"] is None
+    assert prefix_hit_rate({"e0": {"queries": 0.0, "hits": 0.0}})["hit_rate"] is None
 
 
 def test_running_at_is_the_last_scrape_at_or_before():
@@ -93,7 +125,7 @@ def engine_server():
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.page = vllm_page({"0": 2}, {"length": 10})
+    server.page = vllm_page({"0": 2}, {"length": 10}, prefix=(100, 10))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server
     server.shutdown()
@@ -104,9 +136,10 @@ def test_the_watch_samples_running_and_counts_what_each_engine_served(engine_ser
     url = f"http://127.0.0.1:{engine_server.server_port}/metrics"
     watch = EngineWatch({"e0": url, "gone": "http://127.0.0.1:9/metrics"}, interval_s=0.01)
     watch.start()
-    engine_server.page = vllm_page({"0": 3}, {"length": 13, "stop": 1})
+    engine_server.page = vllm_page({"0": 3}, {"length": 13, "stop": 1}, prefix=(900, 410))
     while not any(p[1] == 3.0 for p in watch.series["e0"]):
         threading.Event().wait(0.01)
     got = watch.stop()
     assert {p[1] for p in got["series"]["e0"]} <= {2.0, 3.0} and got["series"]["gone"] == []
     assert got["served"] == {"e0": 4, "gone": None}
+    assert got["prefix_cache"] == {"e0": {"queries": 800.0, "hits": 400.0}, "gone": None}

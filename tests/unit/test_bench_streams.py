@@ -8,7 +8,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tailguard.bench import loadgen
-from tailguard.bench.loadgen import Client, run_phase
+from tailguard.bench.loadgen import Client, run_phase, run_sessions
+from tailguard.bench.sessions import Session, Turn, turn_prompt
 from tailguard.bench.workload import BenchRequest
 
 #: What the server streams: (seconds to wait first, the SSE line).
@@ -96,3 +97,28 @@ def test_a_plain_server_may_be_silent_while_a_request_waits_in_its_queue(streami
     [api] = run_phase(Client(url, "m"), [BenchRequest("short", "p", 4, 0.0)], duration_s=0,
                       drain_s=30)
     assert api.status == "client_error" and "timed out" in api.error
+
+
+def test_a_session_sends_each_turn_on_the_answer_it_streamed(streaming_server):
+    """Turn k+1's prompt is turn k's with its answer as streamed ("Hello world"), then the
+    next user turn; every turn is sent once the previous one has ended."""
+    session = Session(0, 0.0, "SYS", (Turn("one", 4, 0.0), Turn("two", 4, 0.01),
+                                      Turn("three", 4, 0.01)))
+    client = Client(f"http://127.0.0.1:{streaming_server.server_port}", "m", jobs=False)
+    samples = run_sessions(client, [session], duration_s=0, drain_s=30)
+    assert [s.ok for s in samples] == [True] * 3 and [s.turn for s in samples] == [0, 1, 2]
+    prompts = [b["prompt"] for b in streaming_server.bodies]
+    assert prompts == [turn_prompt("SYS", ["one"], []),
+                       turn_prompt("SYS", ["one", "two"], ["Hello world"]),
+                       turn_prompt("SYS", ["one", "two", "three"], ["Hello world"] * 2)]
+    # each turn became due after the previous answer ended
+    assert samples[1].arrival_s >= samples[0].sent_s + samples[0].e2e_s
+
+
+def test_a_session_whose_turn_failed_sends_no_more(streaming_server):
+    streaming_server.stream = [(0.0, {"error": {"message": "boom"}}), (0.0, "[DONE]")]
+    session = Session(0, 0.0, "SYS", (Turn("one", 4, 0.0), Turn("two", 4, 0.0)))
+    client = Client(f"http://127.0.0.1:{streaming_server.server_port}", "m", jobs=False)
+    first, second = run_sessions(client, [session], duration_s=0, drain_s=30)
+    assert not first.ok and second.status == "not_sent" and "turn 0" in second.error
+    assert len(streaming_server.bodies) == 1

@@ -147,8 +147,9 @@ def test_phases_baseline_is_the_short_class_alone():
     assert list(phases_of(wl, baseline=False)) == ["mixed"]
     assert list(phases_of(wl.only([SHORT]), baseline=True)) == ["mixed"]  # nothing to compare
     assert build_workload(BenchConfig(workload="seed", rate=1, duration_s=10), None).name == "seed"
-    with pytest.raises(ValueError, match="seed, mixed, overhead, overload, burst, shift, batch, tenants, azure-conv, "
-                                         "azure-code, azure-mix or a .jsonl"):
+    with pytest.raises(ValueError, match="seed, mixed, overhead, overload, burst, shift, batch, "
+                                         "tenants, chat, shared-doc, azure-conv, azure-code, "
+                                         "azure-mix or a .jsonl"):
         build_workload(BenchConfig(workload="other"), None)
     json.dumps(cfg.to_dict())  # goes into report.json as is
 

@@ -1,0 +1,78 @@
+"""Prefix affinity: which engine a request is offered to first. Pure rule, no I/O.
+
+vLLM's prefix cache skips the prefill of the prompt blocks an engine has computed before, but
+only on that engine: a conversation's next turn, or a question over a document, is cheap where
+its prefix was served last and a full prefill anywhere else (with N engines and no affinity,
+about 1 time in N on the right one). The rule:
+
+* ``holders``: the engines an index of recently served prefixes names for the longest of the
+  request's prefixes it knows (a conversation so far before a shared system prompt): the last
+  ``Affinity.holders`` engines that served it (``remember``), so a prefix every request shares
+  (a document all questions are about) has several homes;
+* ``offer_to``: the request is offered first to the least loaded of them that may serve the
+  request's lane, when its load (requests running and offered to it) is within ``Affinity.max_extra``
+  of the least loaded engine's that may serve the lane. Otherwise no offer: any free engine
+  takes it from its lane's queue, as without affinity (load beats affinity, as vllm-router's
+  ``cache_aware`` policy balances once the busiest replica has ``--balance-abs-threshold``
+  more requests than the idlest). The bound is relative: a holder with free slots is still
+  passed over while other engines are idler, or a hot prefix (one document every request
+  asks about) would pile its requests onto one engine's batch while the others idle;
+* ``given_up``: an offer waits at most ``Affinity.max_wait_s`` (well under the lane's promise);
+  past it the request goes to its lane's queue for any engine.
+
+The simulator (tailguard/plan/sim.py) runs this rule; a worker-side implementation is to call the
+same functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Affinity:
+    """The rule's two bounds: how much more loaded than the least loaded engine a holder may
+    be, in requests, and how long an offer waits."""
+
+    max_extra: int = 4
+    max_wait_s: float = 0.5
+    holders: int = 4  # engines remembered per prefix
+
+    def __post_init__(self) -> None:
+        if self.max_extra < 0 or self.max_wait_s < 0 or self.holders < 1:
+            raise ValueError("affinity: max_extra and max_wait_s >= 0, holders >= 1")
+
+
+def holders(prefixes: Sequence[str], index: Mapping[str, Sequence[str]]) -> tuple[str, ...]:
+    """The engines `index` (prefix -> the engines that served it last, the latest last) names
+    for the longest of `prefixes` (shortest first) it holds; none when it holds none."""
+    for key in reversed(prefixes):
+        engines = index.get(key)
+        if engines:
+            return tuple(engines)
+    return ()
+
+
+def remember(engines: Sequence[str], engine: str, policy: Affinity) -> tuple[str, ...]:
+    """A prefix's index entry once `engine` has served it: `engine` the latest, the last
+    `policy.holders` kept."""
+    kept = [e for e in engines if e != engine] + [engine]
+    return tuple(kept[-policy.holders:])
+
+
+def offer_to(candidates: Sequence[str], load: Mapping[str, int], policy: Affinity) -> str | None:
+    """The engine to offer a request to first: the least loaded of `candidates` (its prefix's
+    holders) among the engines of `load` (those that may serve the request's lane, each with
+    its requests running and offered to it), when its load is within `policy.max_extra` of the
+    least of all; else None (ties: the latest holder)."""
+    mine = [e for e in reversed(candidates) if e in load]
+    if not mine:
+        return None
+    best = min(mine, key=lambda e: load[e])
+    return best if load[best] <= min(load.values()) + policy.max_extra else None
+
+
+def given_up(offered_at: float, now: float, policy: Affinity) -> bool:
+    """Whether an offer made at `offered_at` has waited its longest at `now`."""
+    return now - offered_at >= policy.max_wait_s

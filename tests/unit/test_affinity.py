@@ -1,0 +1,43 @@
+"""Prefix affinity's rule (tailguard/lanes/affinity.py): which engine a request is offered to."""
+
+import pytest
+
+from tailguard.lanes.affinity import Affinity, given_up, holders, offer_to, remember
+
+POLICY = Affinity(max_extra=2, max_wait_s=0.5, holders=2)
+
+
+def test_the_holders_are_those_of_the_longest_prefix_known():
+    index = {"system": ("e1", "e2"), "chat/7": ("e3",)}
+    assert holders(["system", "chat/7"], index) == ("e3",)  # the conversation before the system
+    assert holders(["system", "chat/8"], index) == ("e1", "e2")
+    assert holders(["chat/9"], index) == ()
+
+
+def test_remember_keeps_the_latest_holders_latest_last():
+    assert remember((), "e1", POLICY) == ("e1",)
+    assert remember(("e1", "e2"), "e3", POLICY) == ("e2", "e3")  # at most POLICY.holders
+    assert remember(("e1", "e2"), "e1", POLICY) == ("e2", "e1")  # served again: the latest
+
+
+@pytest.mark.parametrize("candidates, load, chosen", [
+    (("e1",), {"e1": 3, "e2": 1}, "e1"),          # within max_extra of the least loaded
+    (("e1",), {"e1": 4, "e2": 1}, None),          # past it: load beats affinity
+    (("e1", "e2"), {"e1": 5, "e2": 2, "e3": 0}, "e2"),  # the least loaded holder
+    (("e1", "e2"), {"e1": 1, "e2": 1}, "e2"),     # a tie: the latest holder
+    (("gone",), {"e1": 0}, None),                  # a holder that may not serve the lane
+    ((), {"e1": 0}, None),                         # no holder
+])
+def test_offer_to(candidates, load, chosen):
+    assert offer_to(candidates, load, POLICY) == chosen
+
+
+def test_an_offer_is_given_up_after_its_wait():
+    assert not given_up(10.0, 10.4, POLICY) and given_up(10.0, 10.5, POLICY)
+
+
+def test_the_bounds_are_checked():
+    with pytest.raises(ValueError):
+        Affinity(max_extra=-1)
+    with pytest.raises(ValueError):
+        Affinity(holders=0)
