@@ -99,8 +99,9 @@ class Up:
                                      stderr=subprocess.STDOUT, start_new_session=True)
 
     def redis(self) -> redis.Redis:
-        os.environ[settings.HOME.env] = str(self.home)  # settings.redis_url reads its password
-        return redis.Redis.from_url(settings.redis_url(self.redis_port), socket_timeout=10)
+        """A client of `up`'s embedded Redis (its password where `up` wrote it)."""
+        password = (self.home / settings.REDIS_PASSWORD_FILE).read_text().strip()
+        return redis.Redis(port=self.redis_port, password=password, socket_timeout=10)
 
     def children(self) -> list[psutil.Process]:
         """`up`'s children: each the leader of its own process group."""
@@ -536,7 +537,10 @@ def system_env(args: argparse.Namespace, home: Path, ports: dict[str, int], mode
     ttl = {settings.RECORD_TTL_S.env: max(20, round(settings.RECORD_TTL_S.default / args.ttl_scale)),
            settings.OUTPUT_TTL_S.env: max(20, round(settings.OUTPUT_TTL_S.default / args.ttl_scale)),
            settings.BATCH_OUTPUT_TTL_S.env: 3600}
-    return {**os.environ, settings.HOME.env: str(home), settings.MODEL.env: model,
+    # the embedded Redis, whatever the caller's environment names (the test suite's own)
+    inherited = {k: v for k, v in os.environ.items()
+                 if k not in (settings.REDIS_URL.env, settings.REDIS_ENABLE_COMMANDS.env)}
+    return {**inherited, settings.HOME.env: str(home), settings.MODEL.env: model,
             settings.LANES_FILE.env: str(LANES), settings.API_AUTH.env: settings.AUTH_KEYS,
             settings.API_PORT.env: str(ports["api"]), settings.FLOWER_PORT.env: str(ports["flower"]),
             settings.REDIS_PORT.env: str(ports["redis"]), settings.WORKER_METRICS_PORT.env: "0",
