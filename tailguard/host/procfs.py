@@ -2,7 +2,7 @@
 
 The one reader of ``/proc/<pid>/stat`` (`parse_stat`), used by the bench's CPU
 accounting and by the engine-core roamer, and the one place priorities are changed
-(`renice`, `idle_priority`, `normal_priority_threads`).
+(`renice`).
 """
 
 from __future__ import annotations
@@ -91,23 +91,3 @@ def renice(pids: Iterable[int], nice: int) -> int:
             except OSError:  # ended meanwhile
                 pass
     return changed
-
-def idle_priority() -> None:
-    """Put the calling thread at the kernel's idle CPU priority (SCHED_IDLE). Threads and
-    processes it starts inherit it: called on the thread that builds and starts an engine,
-    it covers that engine's engine-core process and its compute threads, which then only
-    run when the cores have nothing else to do (a borrowing worker's idle engine)."""
-    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-
-
-def normal_priority_threads() -> None:
-    """Once the idle engine is up: this process's threads back at normal priority (its
-    engine-core process stays idle). A thread here at idle priority holding the GIL would
-    be starved by the own engine's compute and stall every thread of the process, own
-    lane's included (a priority inversion: short requests stall behind it)."""
-    for tid in map(int, os.listdir("/proc/self/task")):
-        try:
-            if os.sched_getscheduler(tid) == os.SCHED_IDLE:
-                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
-        except OSError:  # the thread ended meanwhile
-            pass

@@ -348,8 +348,7 @@ def _profile(profile_out: Path, cores: str | None, neighbour_cores: str | None,
     model.save(profile_out)
     click.echo(f"step model: step_s = {model.a_s * 1e3:.3f} ms + {model.decode_s * 1e3:.4f} ms "
                f"x decoding seqs + {model.prefill_s * 1e3:.5f} ms x prefill tokens + "
-               f"{model.context_s * 1e6:.3f} us x context tokens; beside an idle-priority "
-               f"engine +{100 * model.borrow_slowdown:.0f}%, beside a busy neighbour "
+               f"{model.context_s * 1e6:.3f} us x context tokens; beside a busy neighbour "
                f"+{100 * model.neighbour_slowdown:.0f}% -> {profile_out}")
 
 

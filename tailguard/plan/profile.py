@@ -10,16 +10,6 @@ at the end, as the others finish first). Prefill: one request of
 ``p`` prompt tokens and one output token, alone, for each ``p``; its TTFT is the
 step that prefilled it. Each point is the median of ``repeats`` runs.
 
-Borrowing on a CPU host (``borrow_slots`` > 0): a second engine of that many slots is
-started on the same cores at the kernel's idle CPU priority, as a borrowing worker starts
-it (``tasks/worker.py``, `tailguard.host.procfs.idle_priority`), and kept full of the bench's
-long requests (``long_context``-token prompts, ``long_tokens`` out) while the decode
-points at ``BORROW_BATCHES`` are measured again on the own engine. How much longer those
-steps take than without it is ``StepModel.borrow_slowdown`` (``stepmodel.slowdown``):
-what the idle engine costs the own one although the kernel runs it only when the own
-engine leaves the core (caches, memory bandwidth; its streams' threads run on the
-front-end cores, as a worker's do), measured rather than fitted to a bench run.
-
 A neighbour on other cores (``neighbour_cores``): an engine of ``neighbour_slots`` slots
 pinned there, at normal priority (``TAILGUARD_ENGINE_NICE`` where those are the front-end
 cores, as the last worker's engine runs), kept full of the same long requests while the
@@ -57,26 +47,25 @@ from tailguard.plan.stepmodel import StepModel, fit, path_free, slowdown
 BATCHES = (1, 2, 4, 8, 16)
 PROMPTS = (128, 512, 1024, 2000)
 LONG_BATCHES = (1, 4, 8)
-#: decode batch sizes measured again beside a busy idle-priority engine (the short lane's
-#: usual batch: a few requests)
-BORROW_BATCHES = (1, 2, 4)
+#: decode batch sizes measured again beside a busy neighbour (the short lane's usual batch: a
+#: few requests)
+BESIDE_BATCHES = (1, 2, 4)
 
 
 def run_profile(model: str, *, cores: tuple[int, ...] = (), batches: tuple[int, ...] = BATCHES,
                 prompts: tuple[int, ...] = PROMPTS, long_batches: tuple[int, ...] = LONG_BATCHES,
                 long_context: int = 2000, decode_tokens: int = 64, repeats: int = 3,
-                max_model_len: int = 4096, borrow_slots: int = 4, long_tokens: int = 512,
+                max_model_len: int = 4096, long_tokens: int = 512,
                 neighbour_cores: tuple[int, ...] = (), neighbour_slots: int = 8,
                 frontend_cores: tuple[int, ...] = (),
                 say: Callable[[str], None] = print) -> StepModel:
     """Start one engine on `model` (its processes on `cores`, this process's threads on
-    `frontend_cores`), measure, fit, shut it down; with `borrow_slots`, also measure it
-    beside an idle-priority engine, with `neighbour_cores` beside a busy engine there (the
-    module docstring).
+    `frontend_cores`), measure, fit, shut it down; with `neighbour_cores`, also measure it
+    beside a busy engine there (the module docstring).
 
     Long on purpose (~100 lines): one sweep on one live engine, in the order the module
     docstring gives, whose steps share the engine, its thread pool and the decode figures
-    measured alone (the baseline of the two "beside" sweeps); split up, each part would take
+    measured alone (the baseline of the "beside" sweep); split up, each part would take
     them all as arguments. Runs only against a real engine (`tailguard plan --profile`)."""
     from tailguard.engine.host import EngineConfig, EngineHost
     from tailguard.host.cores import Pinning, frontend_env, pin_threads
@@ -137,15 +126,13 @@ def run_profile(model: str, *, cores: tuple[int, ...] = (), batches: tuple[int, 
                 points = []
                 with _busy_engine(dataclasses.replace(config, max_num_seqs=slots),
                                   long_context, long_tokens, count, say, **where):
-                    for n in BORROW_BATCHES:
+                    for n in BESIDE_BATCHES:
                         points.append((n, alone[n], decode_step_s(n)))
                         say(f"decode batch {n:>3} beside {slots} long requests on {other}: "
                             f"{1000 * points[-1][2]:.2f} ms/step "
                             f"({points[-1][2] / points[-1][1]:.2f}x)")
                 return points
 
-            borrowed = (beside("an idle-priority engine on its cores", borrow_slots, idle=True,
-                               cores=cores) if borrow_slots else [])
             neighbour = (beside(f"an engine on cores {','.join(map(str, neighbour_cores))}",
                                 neighbour_slots, cores=neighbour_cores,
                                 frontend=frontend_cores)
@@ -161,12 +148,10 @@ def run_profile(model: str, *, cores: tuple[int, ...] = (), batches: tuple[int, 
     finally:
         host.shutdown()
     return fit(decode, prefill, long_decode,
-               borrow_slowdown=slowdown(borrowed) if borrowed else 0.0,
                neighbour_slowdown=slowdown(neighbour) if neighbour else 0.0, source={
         "model": path_free(model), "pinning": pin.label(), "cpu_count": os.cpu_count(),
         "frontend_cores": list(frontend_cores),
         "decode_tokens": decode_tokens, "repeats": repeats,
-        "borrow_points": [list(x) for x in borrowed], "borrow_slots": borrow_slots,
         "neighbour_points": [list(x) for x in neighbour],
         "neighbour_cores": list(neighbour_cores), "neighbour_slots": neighbour_slots,
         "beside_long": [long_context, long_tokens],
@@ -189,26 +174,22 @@ def _at(nice: int) -> str:
 
 @contextmanager
 def _busy_engine(config: Any, prompt_tokens: int, max_tokens: int, count: Callable[[str], int],
-                 say: Callable[[str], None], idle: bool = False, cores: tuple[int, ...] = (),
+                 say: Callable[[str], None], cores: tuple[int, ...] = (),
                  frontend: tuple[int, ...] = ()) -> Iterator[None]:
     """Within the block, a second engine on `cores` holds `config.max_num_seqs` long
-    requests at all times; after it, they finish and the engine is shut down. `idle`: at
-    the kernel's idle CPU priority, started as a borrowing worker starts its idle engine;
-    else at normal priority, or ``TAILGUARD_ENGINE_NICE`` on the `frontend` cores."""
+    requests at all times; after it, they finish and the engine is shut down. At normal
+    priority, or ``TAILGUARD_ENGINE_NICE`` on the `frontend` cores."""
     from tailguard.engine.host import EngineHost
     from tailguard.host.cores import Pinning
-    from tailguard.host.procfs import idle_priority, normal_priority_threads
     from tailguard.plan.synthetic import long_prompt
 
     other = EngineHost(config)
     started: list[BaseException | int] = []
     env = Pinning(cores=cores).env()
 
-    def start() -> None:  # on its own thread: the priority is the thread's, inherited
+    def start() -> None:  # on its own thread, as a worker starts its engine
         try:
-            if idle:
-                idle_priority()
-            started.append(_start(other, cores, () if idle else frontend))
+            started.append(_start(other, cores, frontend))
         except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
             started.append(exc)
 
@@ -228,9 +209,7 @@ def _busy_engine(config: Any, prompt_tokens: int, max_tokens: int, count: Callab
     nice = started[0]
     if isinstance(nice, BaseException):
         raise nice
-    if idle:
-        normal_priority_threads()
-    say(f"{'idle-priority ' if idle else ''}engine ready in {time.perf_counter() - t0:.1f} s"
+    say(f"engine ready in {time.perf_counter() - t0:.1f} s"
         f" on {Pinning(cores=cores).label()}{_at(nice)}")
     stop = threading.Event()
 

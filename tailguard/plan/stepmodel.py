@@ -33,10 +33,6 @@ class StepModel:
     context_s: float = 0.0  # per token of KV cache the decoding sequences attend to
     max_batched_tokens: int = 2048  # prompt tokens one step may prefill (chunked prefill)
     overhead_s: float = 0.0  # per request, outside the engine: API, broker, streaming
-    #: how much longer the engine's steps take while an idle-priority engine on its cores
-    #: holds borrowed requests (0.25: 25% longer); measured by the profile, no longer simulated
-    #: (borrowing is gone: tailguard/plan/sim.py)
-    borrow_slowdown: float = 0.0
     #: how much longer its steps take while another engine of the host is stepping (its
     #: cores share the caches and the memory bandwidth; tailguard/plan/sim.py)
     neighbour_slowdown: float = 0.0
@@ -55,7 +51,7 @@ class StepModel:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StepModel:
         known = {k: d[k] for k in ("a_s", "decode_s", "prefill_s", "context_s", "max_batched_tokens",
-                                   "overhead_s", "borrow_slowdown", "neighbour_slowdown",
+                                   "overhead_s", "neighbour_slowdown",
                                    "frontend_s_per_request", "frontend_s_per_token", "source")
                  if k in d}
         return cls(**known)
@@ -115,7 +111,7 @@ def fit(decode: Sequence[tuple[int, float]], prefill: Sequence[tuple[int, float]
 
 
 def slowdown(points: Sequence[tuple[int, float, float]]) -> float:
-    """``borrow_slowdown`` or ``neighbour_slowdown`` from (batch size, step seconds alone,
+    """``neighbour_slowdown`` from (batch size, step seconds alone,
     step seconds beside the busy other engine): the median of the ratios, less one (never
     below 0)."""
     if not points:

@@ -161,36 +161,6 @@ first.kill(); second.kill()
     assert (first, second) == (mine, mine + 5)
 
 
-def test_idle_priority_is_the_threads_and_normal_priority_threads_undoes_it():
-    """The thread that calls `idle_priority` (and what it starts) runs at SCHED_IDLE, the
-    others keep theirs; `normal_priority_threads` puts this process's threads back (not its
-    children's, which stay idle). In a process of its own: scheduling is per thread."""
-    script = """
-import os, subprocess, sys, threading
-from tailguard.host.procfs import idle_priority, normal_priority_threads
-seen, ready, done = {}, threading.Event(), threading.Event()
-def start():
-    idle_priority()
-    seen["child"] = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
-                                     stdout=subprocess.DEVNULL)
-    seen["tid"], seen["was"] = threading.get_native_id(), os.sched_getscheduler(0)
-    ready.set()
-    done.wait(30)
-t = threading.Thread(target=start); t.start()
-ready.wait(30)
-main_was = os.sched_getscheduler(0)
-normal_priority_threads()
-print(seen["was"] == os.SCHED_IDLE, main_was == os.SCHED_OTHER,
-      os.sched_getscheduler(seen["tid"]) == os.SCHED_OTHER,
-      os.sched_getscheduler(seen["child"].pid) == os.SCHED_IDLE)
-done.set(); t.join()
-seen["child"].kill()
-"""
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=60, check=True).stdout.split()
-    assert out == ["True"] * 4
-
-
 def test_a_child_runs_on_its_specs_cpus(tmp_path):
     """The front end's processes start on the front-end cores; we stay where we were."""
     mine = os.sched_getaffinity(0)
