@@ -296,6 +296,31 @@ class Watcher:
         return [j for j in self.seen.jobs if self.states.get(j) not in TERMINAL]
 
 
+class FinishedFollower:
+    """Counts each job's entries on the finished stream as they come (the API trims the
+    stream's entries older than the record TTL, so a count read at the end would miss them)."""
+
+    def __init__(self, up: Up) -> None:
+        self.client = up.redis()  # it reconnects by itself after a restart
+        self.counts: Counter = Counter()
+        self._after = "0-0"
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                self.read(block_ms=1000)
+            except redis.RedisError:
+                stop.wait(1)  # Redis restarts: its AOF kept the entries, read on after
+
+    def read(self, block_ms: int | None = None) -> None:
+        reply = self.client.xread({keys.FINISHED_STREAM: self._after}, count=1000,
+                                      block=block_ms)
+        for _stream, entries in reply or []:
+            for entry_id, fields in entries:
+                self.counts[keys.job_id_of(fields[b"key"].decode())] += 1
+                self._after = entry_id
+
+
 # -- the batch ------------------------------------------------------------------------------
 
 class Batch:
@@ -606,8 +631,9 @@ def run(args: argparse.Namespace) -> dict:
             threads.append(threading.Thread(target=injector.run, args=(stop,), daemon=True))
             watching = threading.Event()
             watcher = Watcher(up, seen, secrets)
-            watch = threading.Thread(target=watcher.run, args=(watching,), daemon=True)
-            watch.start()
+            follower = FinishedFollower(up)
+            for target in (watcher.run, follower.run):
+                threading.Thread(target=target, args=(watching,), daemon=True).start()
             for t in threads:
                 t.start()
             stop.wait(args.duration)
@@ -621,9 +647,10 @@ def run(args: argparse.Namespace) -> dict:
                       if lane.priority != "batch")
         drained = drain(up, watcher, batch, timeout_s=longest + 600)
         watching.set()
+        time.sleep(2)  # the follower's last blocking read returned
+        follower.read()
+        finished = follower.counts
         client = up.redis()
-        finished = Counter(keys.job_id_of(f[b"key"].decode())
-                           for _, f in client.xrange(keys.FINISHED_STREAM))
         line_jobs = set(finished) - set(seen.jobs)  # the batch's lines and the warm-up's
         counters = lane_counters(client, lanes)
         memory = memory_back(client, baseline,
