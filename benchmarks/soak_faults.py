@@ -522,12 +522,28 @@ def used_memory(client: redis.Redis) -> int:
     return int(client.info("memory")["used_memory"])
 
 
+def memory_by_kind(client: redis.Redis) -> dict[str, list[int]]:
+    """Keys and their MEMORY USAGE bytes, by kind (the name up to its id): what the memory
+    left above the baseline is."""
+    kinds: dict[str, list[int]] = {}
+    for key in client.scan_iter(count=1000):
+        name = key.decode(errors="replace")
+        parts = name.split(":")
+        kind = ":".join(p if not any(c.isdigit() for c in p) or len(p) < 8 else "*"
+                        for p in parts[:4])
+        entry = kinds.setdefault(kind, [0, 0])
+        entry[0] += 1
+        entry[1] += client.memory_usage(key, samples=0) or 0
+    return dict(sorted(kinds.items(), key=lambda kv: -kv[1][1]))
+
+
 def memory_back(client: redis.Redis, baseline: int, within_s: float) -> dict:
     deadline = time.monotonic() + within_s
     while True:
         now = used_memory(client)
         if now <= baseline * 1.10 or time.monotonic() > deadline:
-            return {"baseline": baseline, "end": now, "ratio": round(now / baseline, 3)}
+            return {"baseline": baseline, "end": now, "ratio": round(now / baseline, 3),
+                    "keys_by_kind": memory_by_kind(client)}
         time.sleep(5)
 
 
@@ -559,8 +575,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def system_env(args: argparse.Namespace, home: Path, ports: dict[str, int], model: str) -> dict:
-    ttl = {settings.RECORD_TTL_S.env: max(20, round(settings.RECORD_TTL_S.default / args.ttl_scale)),
+    record_ttl_s = max(20, round(settings.RECORD_TTL_S.default / args.ttl_scale))
+    ttl = {settings.RECORD_TTL_S.env: record_ttl_s,
            settings.OUTPUT_TTL_S.env: max(20, round(settings.OUTPUT_TTL_S.default / args.ttl_scale)),
+           # the per-minute stats as long as the records (a day's are no soak's business)
+           settings.STATS_RETENTION_S.env: max(60, record_ttl_s),
            settings.BATCH_OUTPUT_TTL_S.env: 3600}
     # the embedded Redis, whatever the caller's environment names (the test suite's own)
     inherited = {k: v for k, v in os.environ.items()
@@ -610,6 +629,7 @@ def run(args: argparse.Namespace) -> dict:
             warm._one(kind, "warm-up", 8, 0)
         time.sleep(3)
         baseline = used_memory(up.redis())
+        report["baseline_keys_by_kind"] = memory_by_kind(up.redis())
         seen = Seen()
         batch = Batch(up, secrets["soak-batch"], model_id, args.batch_lines)
         batch.start()
@@ -654,7 +674,8 @@ def run(args: argparse.Namespace) -> dict:
         line_jobs = set(finished) - set(seen.jobs)  # the batch's lines and the warm-up's
         counters = lane_counters(client, lanes)
         memory = memory_back(client, baseline,
-                             within_s=int(env[settings.RECORD_TTL_S.env]) + 120)
+                             within_s=max(int(env[k]) for k in (settings.RECORD_TTL_S.env,
+                                                                settings.STATS_RETENTION_S.env)) + 120)
         windows = injector.redis_down
         unexpected_5xx = [e for e in seen.server_errors
                           if e["status"] != 503 or not (expected_503(e["t"], windows)
