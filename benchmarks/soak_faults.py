@@ -31,8 +31,9 @@ Checked at the end (after a drain), and printed with the faults and the requests
   - the lanes' counters are at zero at rest (queued, backlog, running, held, fair-share
     tokens, running jobs, the Celery queues, kombu's unacked messages);
   - Redis memory back within 10% of its baseline once the (scaled-down) record TTLs passed;
-  - no 5xx answer but 503, and no 503 outside a Redis outage but `no_live_worker` while no
-    worker was up; no request past its lane's queue TTL + deadline without an answer.
+  - no 5xx answer but 503, and no 503 outside a Redis outage (+10 s) but `no_live_worker`;
+    no client left without an answer past its lane's queue TTL + deadline, and no job ending
+    later than that + 10 s (past_promise).
 
 Writes soak.json under --out and exits 1 when a check failed.
 """
@@ -266,9 +267,26 @@ class Watcher:
     """Reads each job the clients were given an id for through the API until it is terminal,
     as a client polling it would, while its record lives (the soak's record TTLs are short)."""
 
-    def __init__(self, up: Up, seen: Seen, secrets: dict[str, str]) -> None:
+    def __init__(self, up: Up, seen: Seen, secrets: dict[str, str],
+                 promise_s: dict[str, float]) -> None:
         self.up, self.seen, self.secrets = up, seen, secrets
+        self.promise_s = promise_s  # lane -> its queue TTL + deadline
         self.states: dict[str, str] = {}
+        self.late: list[dict] = []  # ended later than its lane promises an answer by
+        self._client = up.redis()
+
+    def _check_time(self, job_id: str, job: dict) -> None:
+        """Its end against its lane's queue TTL + deadline (+ the worker-lost grace and a
+        heartbeat: how late a dead worker's job may be settled), from its record's times."""
+        record = {k.decode(): v.decode() for k, v in
+                  self._client.hgetall(keys.job_key(job_id)).items()}
+        ended = record.get(f"{job['status']}_at")
+        if ended is None or "submitted_at" not in record:
+            return
+        took = float(ended) - float(record["submitted_at"])
+        if took > self.promise_s.get(job.get("lane") or "", 0) + 10:
+            self.late.append({"id": job_id, "lane": job.get("lane"), "status": job["status"],
+                              "took_s": round(took, 1)})
 
     def run(self, stop: threading.Event, every_s: float = 2.0) -> None:
         while not stop.wait(every_s):
@@ -286,7 +304,13 @@ class Watcher:
             except requests.RequestException:
                 return  # the API restarts: the next round reads on
             if resp.status_code == 200:
-                self.states[job_id] = resp.json()["status"]
+                job = resp.json()
+                self.states[job_id] = job["status"]
+                if job["status"] in TERMINAL:
+                    try:
+                        self._check_time(job_id, job)
+                    except redis.RedisError:
+                        pass  # Redis restarts: its end was read, its times are not
             elif resp.status_code == 404:
                 self.states[job_id] = "unreadable (404)"  # gone before it was read terminal
             elif resp.status_code != 503:
@@ -650,7 +674,9 @@ def run(args: argparse.Namespace) -> dict:
                        for load in loads]
             threads.append(threading.Thread(target=injector.run, args=(stop,), daemon=True))
             watching = threading.Event()
-            watcher = Watcher(up, seen, secrets)
+            watcher = Watcher(up, seen, secrets,
+                              {lane.name: lane.queue_ttl_s + lane.deadline_s
+                               for lane in load_lanes(LANES).lanes})
             follower = FinishedFollower(up)
             for target in (watcher.run, follower.run):
                 threading.Thread(target=target, args=(watching,), daemon=True).start()
@@ -697,6 +723,7 @@ def run(args: argparse.Namespace) -> dict:
             "memory": memory,
             "unexpected_5xx": unexpected_5xx,
             "unanswered": seen.unanswered,
+            "past_promise": watcher.late,
         })
         report["failures"] = failures(report)
     finally:
@@ -710,7 +737,7 @@ def run(args: argparse.Namespace) -> dict:
 def failures(report: dict) -> list[str]:
     """Which of the soak's checks failed, in words."""
     out = []
-    for name in ("stuck", "lost", "twice", "unexpected_5xx", "unanswered"):
+    for name in ("stuck", "lost", "twice", "unexpected_5xx", "unanswered", "past_promise"):
         if report[name]:
             out.append(f"{name}: {len(report[name])}")
     batch = report["batch"]
