@@ -88,6 +88,15 @@ def given_up(offered_at: float, now: float, policy: Affinity) -> bool:
     return now - offered_at >= policy.max_wait_s
 
 
+def engine_block_tokens(engine: Mapping[str, object], device: str) -> int:
+    """Tokens per prefix-cache block of the engines: the lanes file's engine ``block_size`` if
+    set, else vLLM's default for the device (128 on a CPU, 16 on a GPU: docs/benchmarks.md)."""
+    size = engine.get("block_size")
+    if isinstance(size, int) and size > 0:
+        return size
+    return 128 if device == "cpu" else 16
+
+
 def block_hashes(token_ids: Sequence[int], block_size: int) -> list[str]:
     """The chained hash of each full block of `token_ids` (vLLM's prefix-cache rule: a block's
     hash covers its parent's hash and its own tokens; a partial last block is never cached)."""

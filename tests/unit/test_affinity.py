@@ -5,6 +5,7 @@ import pytest
 from tailguard.lanes.affinity import (
     Affinity,
     block_hashes,
+    engine_block_tokens,
     given_up,
     holders,
     indexed_depths,
@@ -89,3 +90,10 @@ def test_prefix_keys_are_the_indexed_depths_hashes_shortest_first():
 def test_block_size_must_be_positive():
     with pytest.raises(ValueError):
         block_hashes([1, 2], 0)
+
+
+@pytest.mark.parametrize("engine, device, size", [
+    ({}, "cpu", 128), ({}, "cuda", 16), ({}, "auto", 16), ({"block_size": 32}, "cpu", 32),
+])
+def test_engine_block_tokens(engine, device, size):
+    assert engine_block_tokens(engine, device) == size
