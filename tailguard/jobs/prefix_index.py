@@ -90,11 +90,11 @@ class PrefixIndex:
 
     def taken(self, job_id: str) -> bool:
         """The worker started an offered job: its offer ends (False: no offer, or it lapsed)."""
-        return bool(self._take([], keys=keys.OFFER_KEYS, job=job_id))
+        return bool(self._take([], names=keys.OFFER_KEYS, job=job_id))
 
     def give_up_due(self) -> list[str]:
         """Move the offers past their deadline to their lanes' queues; the jobs moved."""
-        return [_text(j) for j in self._give_up([], keys=keys.OFFER_KEYS, limit=GIVE_UP_BATCH)]
+        return [_text(j) for j in self._give_up([], names=keys.OFFER_KEYS, limit=GIVE_UP_BATCH)]
 
     def offered_jobs(self) -> set[str]:
         """The jobs on a worker's own queue now (the lost-message pass counts them as found)."""

@@ -1,10 +1,10 @@
 -- Offers past their deadline: each job's message leaves its worker's queue for its lane's, once.
--- ARGV[1] JSON {keys: keys.OFFER_KEYS, limit} -> the ids of the jobs moved
+-- ARGV[1] JSON {names: keys.OFFER_KEYS, limit} -> the ids of the jobs moved
 -- LREM takes the message off the worker's queue only if no worker popped it yet: then (and only
 -- then) it goes to the consuming end of its lane's queue (RPUSH: BRPOP pops that end; it waited
 -- longest). A message a worker popped meanwhile is its: the offer counts as taken.
 local a = cjson.decode(ARGV[1])
-local k = a.keys
+local k = a.names
 local moved = {}
 for _, job in ipairs(redis.call('ZRANGEBYSCORE', k.offers, '-inf', now, 'LIMIT', 0, a.limit)) do
   redis.call('ZREM', k.offers, job)

@@ -1,7 +1,7 @@
 -- A worker started an offered job: its offer ends, taken (nothing if the offer lapsed first).
--- ARGV[1] JSON {keys: keys.OFFER_KEYS, job} -> 1 if this call ended the offer, else 0
+-- ARGV[1] JSON {names: keys.OFFER_KEYS, job} -> 1 if this call ended the offer, else 0
 local a = cjson.decode(ARGV[1])
-local k = a.keys
+local k = a.names
 if redis.call('ZREM', k.offers, a.job) == 0 then return 0 end
 local raw = redis.call('HGET', k.messages, a.job)
 redis.call('HDEL', k.messages, a.job)
