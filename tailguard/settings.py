@@ -334,7 +334,7 @@ PREFIX_AFFINITY = Setting(
 PREFIX_AFFINITY_WAIT_S = Setting(
     "TAILGUARD_PREFIX_AFFINITY_WAIT_S", 0.5, float,
     "Longest an offered request waits for its preferred worker before it moves to its lane's "
-    "queue (checked by the redelivery pass, so up to one pass later).")
+    "queue (each API process checks every quarter of it).")
 PREFIX_BLOCK_TOKENS = Setting(
     "TAILGUARD_PREFIX_BLOCK_TOKENS", 0, int,
     "Tokens per block of the engines' prefix cache, as the API names prompt prefixes. 0: the "

@@ -234,6 +234,7 @@ class Gateway:
 
     def start(self) -> None:
         """Start the background work, once (later calls do nothing): recording the auth mode,
+        moving lapsed prefix-affinity offers to their lanes' queues (when on),
         building vLLM's render layer for the OpenAI routes, the finished-jobs consumer, the
         reaper. Called when the serving process starts (after gunicorn's fork: a thread would
         not survive it)."""
@@ -252,6 +253,8 @@ class Gateway:
             self.finished.start()
         if self._reaper is not None:
             self._reaper.start(self._stopping)
+        if self.affinity is not None:
+            self.affinity.index.start(self._stopping)  # lapsed offers move to their lanes' queues
 
     def close(self) -> None:
         """Stop the background threads (finished-stream consumer, reaper, the job-end

@@ -13,8 +13,11 @@ reads and what it decides in Redis, used only when TAILGUARD_PREFIX_AFFINITY is 
   never used (they expire with their prefix);
 * an offer: the job's message goes to the worker's own queue (``keys.worker_queue``) in the step
   that creates the job (create_job.lua), recorded in ``keys.OFFERS`` with its deadline;
-  ``taken`` ends it when the worker starts the job; ``give_up_due`` (the redelivery pass)
-  moves a lapsed offer's message to its lane's queue, exactly once (give_up_offers.lua).
+  ``taken`` ends it when the worker starts the job; ``give_up_due`` moves a lapsed offer's
+  message to its lane's queue, exactly once (give_up_offers.lua), however many processes call
+  it: each API process every quarter of the wait (``start``: a lease would add a round trip
+  and the redelivery pass's 1.5 s gap would quadruple a 0.5 s wait), and the redelivery pass
+  as a backstop.
 
 An offered message is built as any other (routed to its lane's queue: kombu's restore of a lost
 delivery puts it there, never back on a dead worker's queue); only the list it is pushed onto
@@ -23,6 +26,8 @@ differs.
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -35,6 +40,10 @@ from tailguard.redis import keys, lua
 
 #: offers moved per pass at most (the rest at the next)
 GIVE_UP_BATCH = 500
+#: the shortest gap between two passes over the offers, in seconds
+MIN_GIVE_UP_PERIOD_S = 0.05
+
+log = logging.getLogger("tailguard.affinity")
 
 
 class PrefixIndex:
@@ -95,6 +104,23 @@ class PrefixIndex:
     def give_up_due(self) -> list[str]:
         """Move the offers past their deadline to their lanes' queues; the jobs moved."""
         return [_text(j) for j in self._give_up([], names=keys.OFFER_KEYS, limit=GIVE_UP_BATCH)]
+
+    def give_up_forever(self, stop: threading.Event) -> None:
+        """`give_up_due` every quarter of the offers' wait until `stop`; Redis errors logged."""
+        period_s = max(MIN_GIVE_UP_PERIOD_S, self.policy.max_wait_s / 4)
+        while not stop.is_set():
+            try:
+                self.give_up_due()
+            except redis.RedisError as exc:
+                log.warning("prefix offers: %s", exc)
+            stop.wait(period_s)
+
+    def start(self, stop: threading.Event) -> threading.Thread:
+        """Run `give_up_forever` on a daemon thread (the API's)."""
+        thread = threading.Thread(target=self.give_up_forever, args=(stop,),
+                                  name="tailguard-offers", daemon=True)
+        thread.start()
+        return thread
 
     def offered_jobs(self) -> set[str]:
         """The jobs on a worker's own queue now (the lost-message pass counts them as found)."""

@@ -6,6 +6,7 @@ a real Celery worker consumes its own queue ahead of its lane's; off, nothing of
 from __future__ import annotations
 
 import json
+import threading
 from contextlib import contextmanager
 
 import pytest
@@ -131,6 +132,18 @@ def test_a_lapsed_offer_moves_to_its_lanes_queue_exactly_once(lapsing_app, redis
     assert offers.outcomes() == {"made": 1, "given_up": 1}
     assert redis_client.hget(keys.OFFERED, W1) is None
     assert redis_client.hlen(keys.OFFER_MESSAGES) == 0
+
+
+def test_the_api_processes_loop_moves_lapsed_offers(lapsing_app, redis_client, live):
+    job = offered_to(lapsing_app, redis_client)
+    stop = threading.Event()
+    index(redis_client, wait_s=0).start(stop)
+    try:
+        wait_for(lambda: redis_client.llen("short") == 1, what="the offer moved to its lane")
+    finally:
+        stop.set()
+    assert json.loads(redis_client.lindex("short", 0))["headers"]["id"] == job
+    assert redis_client.llen(keys.worker_queue("short", W1)) == 0
 
 
 def test_an_offer_the_worker_took_as_it_lapsed_is_not_moved(lapsing_app, redis_client, live):
