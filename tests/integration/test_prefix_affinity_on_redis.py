@@ -105,6 +105,9 @@ def test_an_indexed_prefix_is_offered_on_its_holders_own_queue(affinity_app, red
     assert redis_client.zscore(keys.OFFERS, job) is not None
     assert int(redis_client.hget(keys.OFFERED, W1)) == 1
     assert index(redis_client).outcomes() == {"made": 1}
+    metrics = client.get("/metrics").data.decode()
+    assert 'tailguard_prefix_offers_total{outcome="made"} 1.0' in metrics
+    assert 'tailguard_prefix_offers_total{outcome="given_up"} 0.0' in metrics
 
 
 def test_a_dead_workers_index_entries_are_not_used(affinity_app, redis_client, live):
@@ -228,6 +231,7 @@ def test_off_nothing_is_indexed_or_offered(client, redis_client, live):
     assert redis_client.hget(keys.job_key(job), "prefixes") is None
     assert redis_client.llen("short") == 1
     assert [k for k in redis_client.keys("*") if b"offers" in k or b".w." in k] == []
+    assert "tailguard_prefix_offers" not in client.get("/metrics").data.decode()
     store = JobStore(redis_client)
     runner = JobRunner(lambda: FirstTokenEngine(), store,
                        lambda job_id: DeltaWriter(redis_client, job_id, flush_s=0), worker=W1)
