@@ -278,3 +278,25 @@ def test_a_celery_worker_consumes_its_own_queue_ahead_of_its_lanes(redis_client,
                                                  queue="long", kwargs={}, expires_s=0.001)
         redis_client.lpush(own, message)
         wait_for(lambda: redis_client.llen(own) == 0)
+
+
+def test_an_openai_chat_is_offered_by_the_tokens_vllm_rendered(affinity_app, redis_client, live):
+    client = affinity_app.test_client()
+    system = {"role": "system", "content": HISTORY}
+
+    def chat(*messages) -> str:
+        resp = client.post("/v1/chat/completions", buffered=False, json={
+            "messages": [system, *messages], "max_tokens": 4, "stream": True})
+        assert resp.status_code == 200, resp.get_data(as_text=True)[:500]
+        resp.close()  # answered once its job is queued: its stream is not under test
+        queued = [json.loads(raw)["headers"]["id"] for raw in redis_client.lrange("short", 0, -1)
+                  + redis_client.lrange(keys.worker_queue("short", W1), 0, -1)]
+        return queued[0]
+
+    first = chat({"role": "user", "content": "hi"})
+    assert redis_client.llen("short") == 1 and len(prefixes_of(redis_client, first)) > 2
+    index(redis_client).remember(prefixes_of(redis_client, first), W1)
+    redis_client.delete("short")
+    second = chat({"role": "user", "content": "hello again"})
+    assert redis_client.lrange(keys.worker_queue("short", W1), 0, -1)
+    assert second != first and redis_client.zscore(keys.OFFERS, second) is not None
