@@ -167,13 +167,14 @@ class PrefixAffinity:
               fields: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
         """The queue for a job with these prompt tokens and the offer to record with it (None:
         its lane's queue). Its prefixes go into its record (`fields`), for its worker to
-        remember once it has served them."""
+        remember once it has served them, and the worker it is offered to (``offered_to``)."""
         prefixes = prefix_keys(token_ids, self.block_tokens)
         if prefixes:
             fields["prefixes"] = " ".join(prefixes)
         worker = self.index.choose(prefixes, lane.name)
         if worker is None:
             return lane.queue, None
+        fields["offered_to"] = worker  # its worker ends the offer as it starts it
         return (keys.worker_queue(lane.queue, worker),
                 self.index.offer_args(job_id, worker, lane.queue))
 

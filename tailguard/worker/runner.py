@@ -167,8 +167,8 @@ class JobRunner:
                     self.expire(job_id)  # unless someone else just ended it: not ours either way
                     raise JobSkipped(f"job {job_id} expired in the queue")
                 moved, state, record = start.started, start.state, start.record
-                if moved and self.offers is not None:
-                    self.offers.taken(job_id)  # an offer to this worker (if any) ends here
+                if moved and self.offers is not None and record.get("offered_to"):
+                    self.offers.taken(job_id)  # its offer ends (whichever worker took it)
             else:
                 moved, state = store.transition(job_id, {RUNNING}, RUNNING, {"worker": self.worker})
                 record = store.get(job_id) or {}

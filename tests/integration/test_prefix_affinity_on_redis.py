@@ -103,6 +103,7 @@ def test_an_indexed_prefix_is_offered_on_its_holders_own_queue(affinity_app, red
     # routed like any message of its lane: kombu's restore puts it back on the lane's queue
     assert message["properties"]["delivery_info"]["routing_key"] == "short"
     assert redis_client.zscore(keys.OFFERS, job) is not None
+    assert redis_client.hget(keys.job_key(job), "offered_to") == W1.encode()
     assert int(redis_client.hget(keys.OFFERED, W1)) == 1
     assert index(redis_client).outcomes() == {"made": 1}
     metrics = client.get("/metrics").data.decode()

@@ -97,3 +97,15 @@ def test_block_size_must_be_positive():
 ])
 def test_engine_block_tokens(engine, device, size):
     assert engine_block_tokens(engine, device) == size
+
+
+def test_prefix_and_worker_queue_names():
+    from tailguard.redis import keys
+
+    assert keys.prefix_holders_key("ab" * 12) == "tailguard:prefix:" + "ab" * 12
+    assert keys.worker_queue("short", "engine-0@host") == "short.w.engine-0@host"
+    for bad in ("", "not hex", "ab"):
+        with pytest.raises(ValueError):
+            keys.prefix_holders_key(bad)
+    with pytest.raises(ValueError):
+        keys.worker_queue("short", "two words")
