@@ -26,7 +26,9 @@ APP_SETTINGS = (settings.REDIS_URL, settings.REDIS_SENTINEL_MASTER, settings.RED
                 settings.MAX_PROMPT_BYTES, settings.METRICS_KEY_NAMES, settings.OPENAI_ARGS,
                 settings.BATCH_STORAGE, settings.BATCH_MAX_LINES, settings.BATCH_MAX_FILE_BYTES,
                 settings.BATCH_OUTPUT_TTL_S, settings.BATCH_LINES_IN_FLIGHT, settings.BATCH_FEED_S,
-                settings.BATCH_MAX_BYTES_PER_KEY, settings.BATCH_MAX_RUNNING_PER_KEY)
+                settings.BATCH_MAX_BYTES_PER_KEY, settings.BATCH_MAX_RUNNING_PER_KEY,
+                settings.PREFIX_AFFINITY, settings.PREFIX_AFFINITY_WAIT_S,
+                settings.PREFIX_BLOCK_TOKENS, settings.PREFIX_INDEX_TTL_S, settings.DEVICE)
 
 
 def init_app(app: Flask, test_config: Mapping[str, Any] | None = None) -> None:

@@ -132,6 +132,7 @@ def build_gateway(config: Mapping[str, Any]) -> Gateway:
     from tailguard.jobs.finished import FinishedConsumer, log_request
     from tailguard.jobs.lane_load import LaneLoadStore
     from tailguard.jobs.liveness import Liveness
+    from tailguard.jobs.prefix_index import PrefixIndex
     from tailguard.jobs.reaper import Reaper
     from tailguard.jobs.redeliver import Redeliverer
     from tailguard.jobs.store import JobStore
@@ -178,6 +179,7 @@ def build_gateway(config: Mapping[str, Any]) -> Gateway:
     # and the lane's measured service rate (admission).
     finished = FinishedConsumer(client, [log_request, metrics.observe, stats.record, load.record],
                                 keep_s=settings.RECORD_TTL_S.get(config))
+    offers = PrefixIndex.from_settings(client, config)  # None: prefix affinity is off
     # Ends dead workers' running jobs within seconds, read or not (workers reap too).
     reaper = None
     if config["TAILGUARD_REAP_RUNNING"]:
@@ -185,7 +187,7 @@ def build_gateway(config: Mapping[str, Any]) -> Gateway:
         reaper = Reaper(store, Liveness(store.redis), heartbeat_s,
                         Redeliverer(store, producer.connection_for_write,
                                     settings.REDELIVER_AFTER_S.get(config), lanes.lanes,
-                                    confirm_s=heartbeat_s))
+                                    confirm_s=heartbeat_s, offers=offers))
     return Gateway(lanes, store, counter, TaskMessages(producer), metrics=metrics,
                    admission=admission, load=load, stats=stats, max_prompt_bytes=max_prompt_bytes,
                    max_waits_per_key=settings.MAX_WAITS_PER_KEY.get(config), openai=openai,
@@ -193,7 +195,23 @@ def build_gateway(config: Mapping[str, Any]) -> Gateway:
                    consume_finished=config["TAILGUARD_CONSUME_FINISHED"], reaper=reaper,
                    # resolved by app.auth when the app was made (open, or keys unless set)
                    auth_mode=settings.API_AUTH.get(config) or None,
-                   fair_share=settings.FAIR_SHARE.get(config))
+                   fair_share=settings.FAIR_SHARE.get(config),
+                   affinity=_prefix_affinity(config, offers, metrics, lanes.engine))
+
+
+def _prefix_affinity(config: Mapping[str, Any], index: Any, metrics: Any,
+                     engine: Mapping[str, Any]) -> Any:
+    """Prefix affinity (a PrefixAffinity) when TAILGUARD_PREFIX_AFFINITY is on (`index`: its
+    PrefixIndex; its offers exported), else None."""
+    from tailguard.gateway.service import PrefixAffinity
+    from tailguard.lanes.affinity import engine_block_tokens
+
+    if index is None:
+        return None
+    metrics.watch_offers(index.outcomes)
+    block = settings.PREFIX_BLOCK_TOKENS.get(config) or engine_block_tokens(
+        engine, settings.DEVICE.get(config))
+    return PrefixAffinity(index, block)
 
 
 def build_batches(config: Mapping[str, Any], gateway: Gateway) -> tuple[BatchService, BatchFeeder]:

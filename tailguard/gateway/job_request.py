@@ -9,7 +9,7 @@ its lane's task carry.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +49,10 @@ class JobRequest:
                                + (" (capped)" if placement.max_tokens_capped else ""),
                                field="min_tokens")
         return placement
+
+    def token_ids(self, encode: Callable[[str, bool], list[int]]) -> Sequence[int]:
+        """Its prompt's token ids (prefix affinity names its prefixes by them)."""
+        return encode(self.prompt, self.add_special_tokens)
 
     def record_fields(self, job_id: str) -> dict[str, Any]:
         """What the job record keeps of it besides its placement."""

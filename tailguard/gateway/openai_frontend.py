@@ -229,7 +229,8 @@ class OpenAIFrontend:
             vllm_max_tokens=rendered.max_tokens,
             max_tokens=requested_max_tokens(endpoint, split.body),
             priority=split.priority, stream=bool(request.stream), n=rendered.n,
-            prompt_bytes=prompt_text_bytes(split.body), verify=verify)
+            prompt_bytes=prompt_text_bytes(split.body), verify=verify,
+            prompt_ids=tuple(rendered.token_ids))
 
     # ---------------------------------------------------------------- vLLM's other routes
 

@@ -12,7 +12,7 @@ after the job was queued.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -154,6 +154,8 @@ class OpenAIJob:
     verify: Callable[[int], None] = field(default=lambda _: None, compare=False, repr=False)
     #: the X-Request-Id header it came with (None: none), which vLLM prefers to the body's
     header_request_id: str | None = None
+    #: its prompt's token ids, from vLLM's render (prefix affinity names its prefixes by them)
+    prompt_ids: tuple[int, ...] = field(default=(), compare=False, repr=False)
 
     def base_request_id(self, job_id: str) -> str:
         """The base of its vLLM ids, by vLLM's rule (``OpenAIServing._base_request_id``): the
@@ -194,6 +196,10 @@ class OpenAIJob:
         placement = grant(placement, lanes[placement.lane], self)
         self.verify(placement.max_tokens)
         return placement
+
+    def token_ids(self, encode: Callable[[str, bool], list[int]]) -> Sequence[int]:
+        """Its prompt's token ids, as vLLM rendered them (`encode` is not used)."""
+        return self.prompt_ids
 
     def record_fields(self, job_id: str) -> dict[str, Any]:
         """What the job record keeps of it besides its placement: the endpoint it came by

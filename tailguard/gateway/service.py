@@ -16,7 +16,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import redis
@@ -43,6 +43,7 @@ from tailguard.gateway.wait_slots import WaitSlots
 from tailguard.jobs.finished import FinishedConsumer, JobEnds
 from tailguard.jobs.lane_load import LaneLoadStore
 from tailguard.jobs.liveness import Liveness, lane_health
+from tailguard.jobs.prefix_index import PrefixIndex
 from tailguard.jobs.reaper import Reaper
 from tailguard.jobs.store import (
     CANCELLED,
@@ -64,6 +65,7 @@ from tailguard.jobs.stream import (
     with_output,
 )
 from tailguard.lanes.admission import AdmissionPolicy, LaneLoad
+from tailguard.lanes.affinity import prefix_keys
 from tailguard.lanes.latency_targets import (
     LatencyTarget,
     TargetBounds,
@@ -90,6 +92,8 @@ class TokenCounter(Protocol):
     model_max_len: int | None
 
     def count(self, prompt: str, add_special_tokens: bool = True) -> int: ...
+
+    def encode(self, prompt: str, add_special_tokens: bool = True) -> list[int]: ...
 
 
 class Broker(Protocol):
@@ -128,6 +132,10 @@ class Submission(Protocol):
         """What the job record keeps of it besides its placement (``sampling``, ...)."""
         ...
 
+    def token_ids(self, encode: Callable[[str, bool], list[int]]) -> Sequence[int]:
+        """Its prompt's token ids (`encode`: the API's tokenizer, where it has no ids yet)."""
+        ...
+
     def task_kwargs(self, job_id: str, placement: Placement) -> dict[str, Any]:
         """The lane task's keyword arguments of its own (``prompt``, ``sampling``, ...)."""
         ...
@@ -147,6 +155,30 @@ class OpenAIRenderer(Protocol):
     def close(self) -> None: ...
 
 
+class PrefixAffinity:
+    """Where a request is queued with prefix affinity on (TAILGUARD_PREFIX_AFFINITY): the
+    worker that served its prefix lately, first (tailguard/jobs/prefix_index.py)."""
+
+    def __init__(self, index: PrefixIndex, block_tokens: int) -> None:
+        self.index = index
+        self.block_tokens = block_tokens
+
+    def offer(self, token_ids: Sequence[int], lane: Lane, job_id: str,
+              fields: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
+        """The queue for a job with these prompt tokens and the offer to record with it (None:
+        its lane's queue). Its prefixes go into its record (`fields`), for its worker to
+        remember once it has served them, and the worker it is offered to (``offered_to``)."""
+        prefixes = prefix_keys(token_ids, self.block_tokens)
+        if prefixes:
+            fields["prefixes"] = " ".join(prefixes)
+        worker = self.index.choose(prefixes, lane.name)
+        if worker is None:
+            return lane.queue, None
+        fields["offered_to"] = worker  # its worker ends the offer as it starts it
+        return (keys.worker_queue(lane.queue, worker),
+                self.index.offer_args(job_id, worker, lane.queue))
+
+
 class Gateway:
     """The API's one long-lived object, built whole by the app (app/gateway_ext.py): every
     collaborator passed in, its background threads started by `start` and stopped by `close`."""
@@ -159,7 +191,7 @@ class Gateway:
                  openai: OpenAIRenderer | None = None, model: str | None = None,
                  finished: FinishedConsumer | None = None, consume_finished: bool = True,
                  reaper: Reaper | None = None, auth_mode: str | None = None,
-                 fair_share: bool = True) -> None:
+                 fair_share: bool = True, affinity: PrefixAffinity | None = None) -> None:
         self.lanes = lanes
         self.store = store
         self.counter = counter
@@ -172,6 +204,8 @@ class Gateway:
         #: dispatch and refuse in fair order by key (tailguard/lanes/fair_share.py) where
         #: callers have keys; arrival order otherwise
         self.fair_share = fair_share
+        #: offer requests to the worker that served their prefix lately (None: off)
+        self.affinity = affinity
         self.metrics = metrics or GatewayMetrics(lanes.names)
         self.admission = admission or AdmissionPolicy()
         self.load = load or LaneLoadStore(store.redis)
@@ -201,6 +235,7 @@ class Gateway:
 
     def start(self) -> None:
         """Start the background work, once (later calls do nothing): recording the auth mode,
+        moving lapsed prefix-affinity offers to their lanes' queues (when on),
         building vLLM's render layer for the OpenAI routes, the finished-jobs consumer, the
         reaper. Called when the serving process starts (after gunicorn's fork: a thread would
         not survive it)."""
@@ -219,6 +254,8 @@ class Gateway:
             self.finished.start()
         if self._reaper is not None:
             self._reaper.start(self._stopping)
+        if self.affinity is not None:
+            self.affinity.index.start(self._stopping)  # lapsed offers move to their lanes' queues
 
     def close(self) -> None:
         """Stop the background threads (finished-stream consumer, reaper, the job-end
@@ -336,8 +373,12 @@ class Gateway:
                   "deadline_s": lane.deadline_s, **req.task_kwargs(job_id, placement)}
         message = self.broker.build(lane.task_name, task_id=job_id, queue=lane.queue,
                                     expires_s=lane.queue_ttl_s, kwargs=kwargs)
-        self._record(job_id, fields, lane, load, placement.cost, (lane.queue, message), caller,
-                     only_new, fair)
+        queue, offer = lane.queue, None
+        if self.affinity is not None and fair is None:
+            queue, offer = self.affinity.offer(req.token_ids(self.counter.encode), lane, job_id,
+                                               fields)
+        self._record(job_id, fields, lane, load, placement.cost, (queue, message), caller,
+                     only_new, fair, offer)
         self.metrics.on_accepted(lane.name, placement.max_tokens_capped, self._key_label(caller))
         return {"id": job_id, "status": QUEUED, "lane": lane.name, "priority": req.priority,
                 "prompt_tokens": placement.prompt_tokens,
@@ -404,14 +445,14 @@ class Gateway:
 
     def _record(self, job_id: str, fields: dict[str, Any], lane: Lane, load: LaneLoad, cost: int,
                 message: tuple[str, str], caller: ApiKey | None, only_new: bool = False,
-                fair: FairHold | None = None) -> None:
+                fair: FairHold | None = None, offer: dict[str, Any] | None = None) -> None:
         """The record and the lane's message in one step: a worker never runs an unknown job,
         and no record waits for a message that was never sent (with `fair`, it waits held in
         its key's list until its turn: tailguard/redis/lua/fair_release.lua)."""
         try:
             self.store.create(job_id, fields, queue_ttl_s=lane.queue_ttl_s,
                               limits=self.admission.limits(lane, load), message=message,
-                              only_new=only_new, fair=fair)
+                              only_new=only_new, fair=fair, offer=offer)
         except BacklogMoved as moved:
             # Other requests took the room this one was admitted into: decide again on the
             # lane as it is now (it raises, with the Retry-After that load gives).

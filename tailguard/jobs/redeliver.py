@@ -39,7 +39,9 @@ queue are kept for later passes, which then read only the job's state. The lanes
 and the other deliveries are read only when a lane's counts say a message may be missing.
 A job held in fair order (tailguard/redis/lua/fair_release.lua) has its message in its key's
 held list: counted as found; and each pass releases what fits of the held jobs, the backstop
-for a slot freed without a job transition.
+for a slot freed without a job transition. With prefix affinity on (`offers`), a job offered to
+one worker first has its message on that worker's own queue: counted as found too; and each pass
+moves the offers past their deadline to their lanes' queues (tailguard/jobs/prefix_index.py).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from tailguard.errors import MessageLost
+from tailguard.jobs.prefix_index import PrefixIndex
 from tailguard.jobs.store import FAILED, QUEUED, TERMINAL, JobStore
 from tailguard.lanes.table import Lane
 from tailguard.redis import keys
@@ -80,8 +83,10 @@ class Redeliverer:
 
     def __init__(self, store: JobStore, connect: Callable[[], Any], after_s: float,
                  lanes: Sequence[Lane] = (), confirm_s: float = 1.0,
-                 lease_s: float | None = None) -> None:
+                 lease_s: float | None = None, offers: PrefixIndex | None = None) -> None:
         self.store = store
+        #: prefix affinity's offers (None: off)
+        self.offers = offers
         self.connect = connect
         self.after_s = after_s
         # whose lost messages this pass looks for: every lane of the table (one lease, so the
@@ -113,6 +118,8 @@ class Redeliverer:
         if not self.holds_lease():
             self._suspects.clear()  # another process's passes look for them now
             return []
+        if self.offers is not None:
+            self.offers.give_up_due()
         if self._connection is None:
             self._connection = self.connect()
         channel = self._connection.default_channel
@@ -165,12 +172,16 @@ class Redeliverer:
         nowhere: set[str] = set()
         in_flight = client.zcard(qos.unacked_index_key)
         unacked: dict[str, set[str]] | None = None  # queue -> job ids delivered, not acked
+        # jobs offered to one worker first: their messages are on its own queue (every lane's
+        # counted for each lane: a bound, so only more passes skip the lists)
+        offered = self.offers.offered_jobs() if self.offers is not None else set()
         for lane in self.lanes:
             # members "<cost> <job key>" scored by expires_at = submitted_at + queue_ttl_s
             old = {_text(m).split(" ", 1)[1] for m in self.store.redis.zrangebyscore(
                 keys.lane_queued_key(lane.name), now_s, now_s + lane.queue_ttl_s - self.after_s)}
             # a fair lane's jobs held in front of its queue have their messages there
-            listed_count = client.llen(lane.queue) + self.store.held_count(lane.name)
+            listed_count = (client.llen(lane.queue) + self.store.held_count(lane.name)
+                            + len(offered))
             if len(old) <= listed_count + in_flight:
                 continue  # every old job may still have its message: nothing to look for
             if unacked is None:
@@ -179,7 +190,7 @@ class Redeliverer:
             if len(old) <= listed_count + len(delivered):
                 continue
             listed = ({_task_id(raw)[0] for raw in client.lrange(lane.queue, 0, -1)}
-                      | set(self.store.held_jobs(lane.name)))
+                      | set(self.store.held_jobs(lane.name)) | offered)
             nowhere |= {keys.job_id_of(k) for k in old} - listed - delivered
         mono = time.monotonic()
         earlier = self._suspects

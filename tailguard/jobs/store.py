@@ -140,7 +140,7 @@ class JobStore:
     def create(self, job_id: str, fields: dict[str, Any], queue_ttl_s: float,
                limits: BacklogLimits | None = None,
                message: tuple[str, str] | None = None, only_new: bool = False,
-               fair: FairHold | None = None) -> float:
+               fair: FairHold | None = None, offer: dict[str, Any] | None = None) -> float:
         """Store a new queued job and count its cost in its lane's backlog (tailguard.jobs.lane_load);
         returns submitted_at and sets expires_at (Redis clock). With `message` (a queue's
         list, its task message: tailguard.jobs.task_message), push the message too, in the same
@@ -156,6 +156,9 @@ class JobStore:
         held in its key's list and released onto the queue in counter order as slots free
         (tailguard/redis/lua/fair_release.lua), and past `limits` a key within its fair share
         is still admitted (AdmissionPolicy.admit_fairly's rule).
+
+        With `offer` (tailguard.jobs.prefix_index.PrefixIndex.offer_args: `message`'s queue is a
+        worker's own), the offer is recorded in the same step.
         """
         lane = fields["lane"]
         extra = {} if limits is None else {k: v for k, v in (
@@ -168,6 +171,8 @@ class JobStore:
             script_keys.append(queue)
         if only_new:
             extra["only_new"] = True
+        if offer is not None and message is not None and fair is None:
+            extra["offer"] = offer
         if fair is not None and message is not None:
             extra["fair"] = {"patterns": keys.FAIR_KEY_PATTERNS, "lane": lane, "key": fair.key,
                              "weight": fair.weight}

@@ -20,14 +20,24 @@ about 1 time in N on the right one). The rule:
 * ``given_up``: an offer waits at most ``Affinity.max_wait_s`` (well under the lane's promise);
   past it the request goes to its lane's queue for any engine.
 
-The simulator (tailguard/plan/sim.py) runs this rule; a worker-side implementation is to call the
-same functions.
+The simulator (tailguard/plan/sim.py) runs this rule, and so do the API and the workers when
+TAILGUARD_PREFIX_AFFINITY is on (tailguard/jobs/prefix_index.py keeps the index in Redis).
+
+A prefix is named as vLLM's prefix cache names its blocks (``block_hashes``): the hash of block j
+is the hash of block j-1's and block j's tokens, for full blocks only, so two prompts share a
+name exactly where they share every token up to it. The index keeps only some depths
+(``indexed_depths``) to bound Redis work per request.
 """
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+#: blocks indexed at every depth up to this many; deeper, at powers of two only
+DENSE_BLOCKS = 8
 
 
 @dataclass(frozen=True)
@@ -76,3 +86,46 @@ def offer_to(candidates: Sequence[str], load: Mapping[str, int], policy: Affinit
 def given_up(offered_at: float, now: float, policy: Affinity) -> bool:
     """Whether an offer made at `offered_at` has waited its longest at `now`."""
     return now - offered_at >= policy.max_wait_s
+
+
+def engine_block_tokens(engine: Mapping[str, object], device: str) -> int:
+    """Tokens per prefix-cache block of the engines: the lanes file's engine ``block_size`` if
+    set, else vLLM's default for the device (128 on a CPU, 16 on a GPU: docs/benchmarks.md)."""
+    size = engine.get("block_size")
+    if isinstance(size, int) and size > 0:
+        return size
+    return 128 if device == "cpu" else 16
+
+
+def block_hashes(token_ids: Sequence[int], block_size: int) -> list[str]:
+    """The chained hash of each full block of `token_ids` (vLLM's prefix-cache rule: a block's
+    hash covers its parent's hash and its own tokens; a partial last block is never cached)."""
+    if block_size < 1:
+        raise ValueError("block_size must be >= 1")
+    parent = b""
+    out = []
+    for end in range(block_size, len(token_ids) + 1, block_size):
+        block = array("q", token_ids[end - block_size:end]).tobytes()
+        parent = hashlib.blake2b(parent + block, digest_size=12).digest()
+        out.append(parent.hex())
+    return out
+
+
+def indexed_depths(blocks: int, dense: int = DENSE_BLOCKS) -> list[int]:
+    """Which prefix depths (in blocks, 1-based, ascending) of a prompt with `blocks` full blocks
+    the index keeps: every one up to `dense`, then the powers of two, then the whole prompt (a
+    conversation's next turn repeats all of this one)."""
+    depths = list(range(1, min(blocks, dense) + 1))
+    power = 2 * dense
+    while power < blocks:
+        depths.append(power)
+        power *= 2
+    if blocks > dense:
+        depths.append(blocks)
+    return depths
+
+
+def prefix_keys(token_ids: Sequence[int], block_size: int) -> list[str]:
+    """The names of a prompt's indexed prefixes, shortest first (what ``holders`` reads)."""
+    hashes = block_hashes(token_ids, block_size)
+    return [hashes[d - 1] for d in indexed_depths(len(hashes))]

@@ -129,6 +129,29 @@ class LaneBacklogCollector(Collector):
         yield family
 
 
+class PrefixOfferCollector(Collector):
+    """`tailguard_prefix_offers_total{outcome}`: requests offered to the worker that served their
+    prefix lately (made), started by it (taken), or moved to their lane's queue past the offer's
+    wait (given_up), read from Redis when scraped (tailguard/jobs/prefix_index.py): every API
+    process exports the same totals (aggregate with max)."""
+
+    def __init__(self, outcomes: Callable[[], dict[str, int]]) -> None:
+        self.outcomes = outcomes
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        try:
+            counts = self.outcomes()
+        except redis.RedisError:
+            return  # no sample beats a wrong one
+        family = CounterMetricFamily(metric_name("prefix_offers"),
+                                     "Prefix-affinity offers by outcome: made, taken by the "
+                                     "preferred worker, given up (moved to the lane's queue)",
+                                     labels=["outcome"])
+        for outcome in ("made", "taken", "given_up"):
+            family.add_metric([outcome], counts.get(outcome, 0))
+        yield family
+
+
 class StorageCollector(Collector):
     """Redis's memory and keys, read when scraped, named as redis_exporter names them
     (``redis_memory_used_bytes``, ``redis_db_keys{db}``...) under the tailguard_ prefix, and
@@ -239,6 +262,10 @@ class GatewayMetrics:
         if not self._storage_watched:
             self.registry.register(StorageCollector(storage))
             self._storage_watched = True
+
+    def watch_offers(self, outcomes: Callable[[], dict[str, int]]) -> None:
+        """Export prefix affinity's offers (PrefixOfferCollector: prefix affinity is on)."""
+        self.registry.register(PrefixOfferCollector(outcomes))
 
     def key_label(self, name: str, key_id: str) -> str:
         """What the `key` label says of a key: its name only when asked to (/metrics needs no

@@ -142,6 +142,41 @@ def lane_served_key(lane: str) -> str:
     return f"{PREFIX}:lane:{lane}:served"
 
 
+# -- prefix affinity (tailguard/jobs/prefix_index.py) ---------------------------------------
+
+def prefix_holders_key(prefix: str) -> str:
+    """Sorted set of the workers that served a prompt prefix (a block hash:
+    tailguard/lanes/affinity.py) lately, scored by when; the latest few kept, expiring unused."""
+    if not re.fullmatch(r"[0-9a-f]{8,64}", prefix):
+        raise ValueError(f"not a prefix hash: {prefix!r}")
+    return f"{PREFIX}:prefix:{prefix}"
+
+
+def worker_queue(queue: str, worker: str) -> str:
+    """The Celery queue (a Redis list) of a lane's jobs offered to one worker first."""
+    if not worker or any(c.isspace() for c in worker):
+        raise ValueError(f"not a worker name: {worker!r}")
+    return f"{queue}.w.{worker}"
+
+
+OFFERS = f"{PREFIX}:offers"
+"""Sorted set of the jobs offered to one worker first, scored by when the offer lapses (Redis
+clock): then the job moves to its lane's queue."""
+
+OFFER_MESSAGES = f"{PREFIX}:offers:messages"
+"""Hash: job id -> JSON [worker, its queue, the lane's queue, the task message] of an offer."""
+
+OFFERED = f"{PREFIX}:offers:per-worker"
+"""Hash: worker -> how many jobs are offered to it now (its load beside what it runs)."""
+
+OFFER_OUTCOMES = f"{PREFIX}:offers:outcomes"
+"""Hash: outcome (made, taken, given_up) -> offers so, since Redis started (a counter)."""
+
+#: the offer keys as the Lua steps take them
+OFFER_KEYS = {"offers": OFFERS, "messages": OFFER_MESSAGES, "offered": OFFERED,
+              "outcomes": OFFER_OUTCOMES}
+
+
 API_KEYS = f"{PREFIX}:apikeys"
 """Hash of API keys: sha256 hex of the key -> its record (JSON). Keys are never stored."""
 

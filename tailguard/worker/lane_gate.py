@@ -16,6 +16,10 @@ level-triggered: each one compares what the consumer consumes with what the rule
 broker reconnect or a lost step is mended by the next one. A message that arrives for a lane
 already at its limit (a delivery racing a cancel) is ``over``: its task gives it back to its
 queue without running it.
+
+With prefix affinity on, a worker has its own queue per lane (``own``: the jobs offered to it
+first, tailguard/jobs/prefix_index.py), consumed just ahead of the lane's shared queue whenever
+that lane is: its messages are the lane's tasks, so they count as the lane's.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tailguard.lanes.dispatch import LaneLimit, consumable
@@ -42,10 +46,14 @@ class LaneGate:
     """Which of `lanes` (in priority order) a worker consumes now. `consumer` is Celery's
     Consumer (``cancel_task_queue``, ``add_task_queue``, ``call_soon``, ``task_consumer``)."""
 
-    def __init__(self, lanes: Sequence[LaneLimit], consumer: Any) -> None:
+    def __init__(self, lanes: Sequence[LaneLimit], consumer: Any,
+                 own: Mapping[str, str] | None = None) -> None:
         self.lanes = list(lanes)
         self.consumer = consumer
         self._names = {l.name for l in self.lanes}
+        #: lane -> this worker's own queue of it (prefix affinity; empty: off)
+        self.own = dict(own or {})
+        self._queues = self._names | set(self.own.values())
         self._lock = threading.Lock()
         self._jobs: dict[str, str] = {}  # task id -> lane, from receipt to end
         self._over: set[str] = set()
@@ -88,8 +96,9 @@ class LaneGate:
 
     def apply(self) -> None:
         """Make the consumed queues what the rule allows now, in lane order (consumer thread)."""
-        want = list(consumable(self.lanes, self.running()))
-        have = [q.name for q in self.consumer.task_consumer.queues if q.name in self._names]
+        want = [q for lane in consumable(self.lanes, self.running())
+                for q in ([self.own[lane]] if lane in self.own else []) + [lane]]
+        have = [q.name for q in self.consumer.task_consumer.queues if q.name in self._queues]
         if have == want:
             return
         # kombu consumes queues in the order they were added: to open a lane ahead of others

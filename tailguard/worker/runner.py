@@ -56,6 +56,7 @@ from tailguard.errors import (
     JobExpired,
     PoisonRequest,
 )
+from tailguard.jobs.prefix_index import PrefixIndex
 from tailguard.jobs.store import CANCELLED, EXPIRED, FAILED, QUEUED, RUNNING, SUCCEEDED, JobStore
 from tailguard.jobs.stream import OUTAGE_S, DeltaWriter
 
@@ -119,8 +120,11 @@ class JobRunner:
 
     def __init__(self, engine: Callable[[], Engine], store: JobStore,
                  writer_for: Callable[[str], DeltaWriter], worker: str,
-                 engine_died: Callable[[Engine], None] = lambda engine: None) -> None:
+                 engine_died: Callable[[Engine], None] = lambda engine: None,
+                 offers: PrefixIndex | None = None) -> None:
         self.engine = engine
+        #: prefix affinity's index and offers (None: off)
+        self.offers = offers
         self.store = store
         self.writer_for = writer_for
         self.worker = worker
@@ -163,6 +167,8 @@ class JobRunner:
                     self.expire(job_id)  # unless someone else just ended it: not ours either way
                     raise JobSkipped(f"job {job_id} expired in the queue")
                 moved, state, record = start.started, start.state, start.record
+                if moved and self.offers is not None and record.get("offered_to"):
+                    self.offers.taken(job_id)  # its offer ends (whichever worker took it)
             else:
                 moved, state = store.transition(job_id, {RUNNING}, RUNNING, {"worker": self.worker})
                 record = store.get(job_id) or {}
@@ -173,7 +179,7 @@ class JobRunner:
             streamed: list[bool] = []
             try:
                 return self._generate(engine, job, record,
-                                      on_first_token=lambda: streamed.append(True))  # noqa: B023 - called within this try
+                                      on_first_token=self._first_token(record, streamed))
             except EngineDeadError as exc:
                 deaths += 1
                 self.engine_died(engine)
@@ -193,6 +199,20 @@ class JobRunner:
                                                 {"engine_deaths": deaths})
                 if not moved:
                     raise JobSkipped(f"job {job_id} is {state}") from exc
+
+    def _first_token(self, record: dict[str, Any], streamed: list[bool]) -> Callable[[], None]:
+        """What a job's first token does (task thread, once): it is `streamed`; with prefix
+        affinity on, this worker's engine now holds the job's prefixes (its prefill is done)."""
+        prefixes = str(record.get("prefixes") or "").split()
+
+        def first_token() -> None:
+            streamed.append(True)
+            if self.offers is not None and prefixes:
+                try:
+                    self.offers.remember(prefixes, self.worker)
+                except redis.RedisError as exc:  # affinity is a hint: the job goes on
+                    log.warning("could not index the job's prefixes: %s", exc)
+        return first_token
 
     def _fail(self, job_id: str, exc: EngineError, **fields: Any) -> None:
         self.store.transition(job_id, {RUNNING}, FAILED, {"error": exc.to_dict(), **fields})

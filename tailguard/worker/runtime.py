@@ -40,12 +40,14 @@ from tailguard.host.cores import Pinning
 from tailguard.host.devices import device_kind
 from tailguard.host.roaming import EngineCoreRoamer, roamer_for
 from tailguard.jobs.liveness import Liveness
+from tailguard.jobs.prefix_index import PrefixIndex
 from tailguard.jobs.reaper import Reaper
 from tailguard.jobs.redeliver import Redeliverer
 from tailguard.jobs.store import JobStore
 from tailguard.jobs.stream import DeltaWriter, flush_interval, writes_per_s_for
 from tailguard.lanes.table import Lane, LaneTable, check_worker_lanes, load_lanes
 from tailguard.redis import client as redis_client
+from tailguard.redis import keys
 from tailguard.worker import probe
 from tailguard.worker.engine_config import check_engine_options, engine_config
 from tailguard.worker.heartbeat import Heartbeat, lapse_s
@@ -93,6 +95,8 @@ class WorkerRuntime:
     #: the queues it consumes now, within each lane's per-engine limit (None: a worker built
     #: without its Celery consumer, as some tests build one)
     gate: LaneGate | None = None
+    #: prefix affinity's index and offers (None: off)
+    offers: PrefixIndex | None = None
     stopping: threading.Event = field(default_factory=threading.Event)
     keeper: EngineKeeper[EngineHost] = field(init=False)
     #: one runner per lane: each runs its lane's jobs at the lane's vLLM priority
@@ -115,10 +119,11 @@ class WorkerRuntime:
         """A runner whose requests the engine schedules at vLLM `priority` (lower first)."""
         if priority == 0:
             return JobRunner(self.ready_engine, self.store, self._writer_for, self.hostname,
-                             engine_died=self.keeper.died)
+                             engine_died=self.keeper.died, offers=self.offers)
         return JobRunner(lambda: Prioritized(self.ready_engine(), priority), self.store,
                          self._writer_for, self.hostname,
-                         engine_died=lambda engine: self.keeper.died(engine.host))
+                         engine_died=lambda engine: self.keeper.died(engine.host),
+                         offers=self.offers)
 
     @property
     def runner(self) -> JobRunner:
@@ -250,17 +255,22 @@ def setup(app: Celery, hostname: str, queue_names: list[str], *,
         client = redis_client.connect(settings.redis_url(), socket_connect_timeout=5,
                                       health_check_interval=30)
         store = JobStore.from_settings(client)
+        offers = PrefixIndex.from_settings(client)  # None: prefix affinity is off
+        own = {l.name: keys.worker_queue(l.queue, hostname) for l in lanes} if offers else {}
         from tailguard.engine.host import EngineHost
 
         runtime = WorkerRuntime(app=app, hostname=hostname, lanes=lanes, store=store,
                                 all_lanes={l.name: l for l in table},
                                 liveness=Liveness(client),
-                                gate=LaneGate(lanes, consumer) if consumer is not None else None,
+                                gate=LaneGate(lanes, consumer, own) if consumer is not None
+                                else None, offers=offers,
                                 build_engine=functools.partial(
                                     EngineHost, engine_config(lanes, options)),
                                 stream_writes_per_s=writes_per_s_for(
                                     device, settings.STREAM_WRITES_PER_S.get()))
         setattr(app, _APP_ATTR, runtime)
+    if own and runtime.gate is not None:
+        runtime.gate.apply()  # this worker's own queues too, from now (the consumer's thread)
     runtime.roamer = roamer_for(Pinning.from_env(), runtime.engine_core_pid)
     runtime.start(_parts(runtime, eager_engine))
     return runtime
@@ -277,7 +287,8 @@ def _parts(runtime: WorkerRuntime, eager_engine: bool) -> list[Part]:
                           reaper=Reaper(runtime.store, runtime.liveness, period, Redeliverer(
                               runtime.store, runtime.app.connection_for_write,
                               settings.REDELIVER_AFTER_S.get(),
-                              list(runtime.all_lanes.values()), confirm_s=period)))
+                              list(runtime.all_lanes.values()), confirm_s=period,
+                              offers=runtime.offers)))
     parts: list[Part | None] = [
         _metrics_server(runtime, heartbeat),
         _Engines([runtime.keeper], eager=eager_engine),

@@ -21,7 +21,9 @@ SCRIPTS = {"create_job": ("clock", "lane_counts", "fair_release", "create_job"),
            "append_delta": ("append_delta",), "hold_lease": ("hold_lease",),
            "release_lease": ("release_lease",),
            "set_batch_status": ("clock", "set_batch_status"),
-           "finish_batch_line": ("finish_batch_line",)}
+           "finish_batch_line": ("finish_batch_line",),
+           "prefix_lookup": ("clock", "prefix_lookup"), "take_offer": ("take_offer",),
+           "give_up_offers": ("clock", "give_up_offers")}
 
 
 def test_every_script_file_is_listed_here():

@@ -2,7 +2,17 @@
 
 import pytest
 
-from tailguard.lanes.affinity import Affinity, given_up, holders, offer_to, remember
+from tailguard.lanes.affinity import (
+    Affinity,
+    block_hashes,
+    engine_block_tokens,
+    given_up,
+    holders,
+    indexed_depths,
+    offer_to,
+    prefix_keys,
+    remember,
+)
 
 POLICY = Affinity(max_extra=2, max_wait_s=0.5, holders=2)
 
@@ -41,3 +51,61 @@ def test_the_bounds_are_checked():
         Affinity(max_extra=-1)
     with pytest.raises(ValueError):
         Affinity(holders=0)
+
+
+# -- prefix names (block_hashes, indexed_depths, prefix_keys) ---------------------------------
+
+def test_block_hashes_cover_full_blocks_only():
+    assert len(block_hashes(list(range(47)), 16)) == 2
+    assert block_hashes(list(range(15)), 16) == []
+
+
+def test_a_shared_prefix_shares_its_blocks_names_and_no_more():
+    a = block_hashes(list(range(64)), 16)
+    b = block_hashes(list(range(48)) + [999] * 16, 16)
+    assert a[:3] == b[:3] and a[3] != b[3]
+
+
+def test_a_block_name_depends_on_every_token_before_it():
+    # the same second block after a different first one is a different prefix (chained)
+    a = block_hashes([1] * 16 + [2] * 16, 16)
+    b = block_hashes([3] * 16 + [2] * 16, 16)
+    assert a[1] != b[1]
+
+
+@pytest.mark.parametrize("blocks, depths", [
+    (0, []), (1, [1]), (8, list(range(1, 9))), (9, [*range(1, 9), 9]),
+    (16, [*range(1, 9), 16]), (40, [*range(1, 9), 16, 32, 40]), (64, [*range(1, 9), 16, 32, 64]),
+])
+def test_indexed_depths(blocks, depths):
+    assert indexed_depths(blocks) == depths
+
+
+def test_prefix_keys_are_the_indexed_depths_hashes_shortest_first():
+    ids = list(range(16 * 20))
+    hashes = block_hashes(ids, 16)
+    assert prefix_keys(ids, 16) == [hashes[d - 1] for d in [*range(1, 9), 16, 20]]
+
+
+def test_block_size_must_be_positive():
+    with pytest.raises(ValueError):
+        block_hashes([1, 2], 0)
+
+
+@pytest.mark.parametrize("engine, device, size", [
+    ({}, "cpu", 128), ({}, "cuda", 16), ({}, "auto", 16), ({"block_size": 32}, "cpu", 32),
+])
+def test_engine_block_tokens(engine, device, size):
+    assert engine_block_tokens(engine, device) == size
+
+
+def test_prefix_and_worker_queue_names():
+    from tailguard.redis import keys
+
+    assert keys.prefix_holders_key("ab" * 12) == "tailguard:prefix:" + "ab" * 12
+    assert keys.worker_queue("short", "engine-0@host") == "short.w.engine-0@host"
+    for bad in ("", "not hex", "ab"):
+        with pytest.raises(ValueError):
+            keys.prefix_holders_key(bad)
+    with pytest.raises(ValueError):
+        keys.worker_queue("short", "two words")

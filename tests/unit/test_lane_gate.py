@@ -110,3 +110,19 @@ def test_a_message_past_the_limit_is_over_and_an_end_is_counted_once():
     assert gate.running()["long"] == 2
     gate.received("z", "celery.ping")  # not a lane's task: not counted
     assert sum(gate.running().values()) == 2
+
+
+def test_a_workers_own_queues_go_just_ahead_of_their_lanes_and_count_as_them():
+    """Prefix affinity: jobs offered to this worker first wait on its own queue of each lane."""
+    own = {lane: f"{lane}.w.me@host" for lane in ("short", "long", "batch")}
+    consumer = Consumer(["short", "long", "batch"])
+    gate = LaneGate(list(TABLE), consumer, own)
+    gate.apply()
+    assert consumer.queues == ["short.w.me@host", "short", "long.w.me@host", "long",
+                               "batch.w.me@host", "batch"]
+    gate.received("a", "tailguard.generate.long")  # from long's own queue: long's task
+    gate.received("b", "tailguard.generate.long")
+    assert consumer.queues == ["short.w.me@host", "short"]  # long (and batch) at their limit
+    gate.ended("a")
+    assert consumer.queues == ["short.w.me@host", "short", "long.w.me@host", "long",
+                               "batch.w.me@host", "batch"]

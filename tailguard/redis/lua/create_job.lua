@@ -10,7 +10,10 @@
 --               optional fair: {patterns: keys.FAIR_KEY_PATTERNS, lane, key, weight}: the lane
 --               dispatches in fair order by key (fair_release.lua): the message is held in
 --               the key's list and released in counter order, and a request past admission's
---               limits is still admitted within its key's fair share (admit_fairly)}
+--               limits is still admitted within its key's fair share (admit_fairly),
+--               optional offer: {keys: keys.OFFER_KEYS, job, worker, lane_queue, wait_s}: KEYS[5]
+--               is that worker's own queue (prefix affinity: tailguard/jobs/prefix_index.py);
+--               the offer is recorded with the message, lapsing wait_s from now}
 -- -> submitted_at (expires_at = submitted_at + queue_ttl_s); or, when the lane is past a
 --    limit (requests admitted meanwhile by other API threads), {backlog, queued, running}
 --    and nothing stored; 'exists' when only_new and the job exists
@@ -90,6 +93,13 @@ if a.message and a.fair then
             a.cost, KEYS[1], a.message)
 elseif a.message then
   redis.call('LPUSH', KEYS[5], a.message)
+  if a.offer then
+    local o = a.offer
+    redis.call('ZADD', o.keys.offers, now + o.wait_s, o.job)
+    redis.call('HSET', o.keys.messages, o.job, cjson.encode({o.worker, KEYS[5], o.lane_queue, a.message}))
+    redis.call('HINCRBY', o.keys.offered, o.worker, 1)
+    redis.call('HINCRBY', o.keys.outcomes, 'made', 1)
+  end
 end
 for i = 2, 3 do
   if redis.call('TTL', KEYS[i]) < keep then redis.call('EXPIRE', KEYS[i], keep) end
