@@ -65,6 +65,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tailguard import settings  # noqa: E402
+from tailguard.engine.warmup import cpu_description  # noqa: E402
 from tailguard.host.redis_server import free_port  # noqa: E402
 from tailguard.jobs.store import TERMINAL  # noqa: E402
 from tailguard.lanes.table import load_lanes  # noqa: E402
@@ -637,7 +638,8 @@ def run(args: argparse.Namespace) -> dict:
     env = system_env(args, out / "home", ports, model)
     up = Up(out / "home", ports["api"], ports["redis"], env)
     lanes = [lane.name for lane in load_lanes(LANES).lanes]
-    report: dict[str, Any] = {"args": vars(args), "cpu": _cpu()}
+    report: dict[str, Any] = {"args": vars(args),
+                              "cpu": f"{cpu_description()}, {os.cpu_count()} cores"}
     up.start(out / "up.log")
     try:
         up.wait_ready(workers=2, timeout_s=600)
@@ -748,15 +750,6 @@ def failures(report: dict) -> list[str]:
     if report["memory"]["ratio"] > 1.10:
         out.append(f"Redis memory {report['memory']['ratio']}x its baseline")
     return out
-
-
-def _cpu() -> str:
-    try:
-        name = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                    if line.startswith("model name"))
-    except (OSError, StopIteration):
-        name = "unknown"
-    return f"{name}, {os.cpu_count()} cores"
 
 
 def main(argv: list[str] | None = None) -> int:
