@@ -28,7 +28,31 @@ def sample(text: str, name: str, **labels) -> float | None:
     return None
 
 
+def wait_quiet(redis_url: str, timeout_s: float = 90) -> None:
+    """Until no job of an earlier test runs or waits and the API has read every finished one,
+    so a count taken now moves by this test's jobs alone."""
+    import redis
+
+    from tailguard.jobs.finished import GROUP
+    from tailguard.redis import keys
+
+    client = redis.Redis.from_url(redis_url)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        groups = {g["name"]: g for g in client.xinfo_groups(keys.FINISHED_STREAM)} \
+            if client.exists(keys.FINISHED_STREAM) else {}
+        group = groups.get(GROUP.encode()) or groups.get(GROUP) or {}
+        busy = (client.hlen(keys.RUNNING_JOBS)
+                + sum(client.zcard(keys.lane_queued_key(lane)) for lane in ("short", "long", "batch"))
+                + int(group.get("pending") or 0) + int(group.get("lag") or 0))
+        if not busy:
+            break
+        time.sleep(0.5)
+    client.close()
+
+
 def test_api_and_worker_metrics_after_real_requests(api_url, workers, redis_server):
+    wait_quiet(redis_server)  # an earlier test's job ending meanwhile would count too
     before = requests.get(api_url + "/metrics", timeout=10).text
     n0 = sample(before, "tailguard_e2e_request_latency_seconds_count", lane="short") or 0
     ids = [requests.post(api_url + "/v1/jobs", json={"prompt": f"p{i}", "max_tokens": 8},
