@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -151,15 +152,13 @@ class FinishedConsumer:
         return handled
 
     def _trim(self) -> None:
-        """Drop the entries older than keep_s, at most once a TRIM_EVERY_S (Redis's clock:
-        entry ids are its milliseconds)."""
-        if self.keep_s is None:
+        """Drop the entries older than keep_s, at most once a TRIM_EVERY_S (this process's
+        clock paces it; the cutoff is Redis's: entry ids are its milliseconds)."""
+        if self.keep_s is None or time.monotonic() < self._next_trim:
             return
+        self._next_trim = time.monotonic() + TRIM_EVERY_S
         seconds, micros = self.client.time()
         now = seconds + micros / 1e6
-        if now < self._next_trim:
-            return
-        self._next_trim = now + TRIM_EVERY_S
         self.client.xtrim(keys.FINISHED_STREAM, minid=f"{int((now - self.keep_s) * 1000)}-0",
                           approximate=True)
 
