@@ -14,10 +14,14 @@ router forwards.
   the busiest replica has ``--balance-abs-threshold`` 64 more requests than the idlest);
 * ``fleet-p2``: ``power_of_two`` (the less loaded of two replicas drawn at random).
 
-A replica's server process runs on all the run's cores, as `direct`'s does; its compute
-threads are bound to its engine's cores (``VLLM_CPU_OMP_THREADS_BIND``) and its KV cache
-is one engine's (``VLLM_CPU_KVCACHE_SPACE``). The router runs on the front-end cores, where
-tailguard's API runs. The specs are pure; only `RunningFleet` starts processes.
+Each replica is placed as tailguard places its own worker: its server process (HTTP,
+tokenization, the token stream: tailguard's API and worker threads) on the front-end cores,
+and once it is up, vLLM's processes under it (the engine core, which busy-polls while a step
+runs, and the model runner) on its engine's cores, its compute threads bound there
+(``VLLM_CPU_OMP_THREADS_BIND``), at ``TAILGUARD_ENGINE_NICE`` where those are front-end
+cores; its KV cache is one engine's (``VLLM_CPU_KVCACHE_SPACE``). Left anywhere, each
+replica's engine core polled on the other replica's core and took half of it. The router runs
+on the front-end cores too. The specs are pure; only `RunningFleet` starts processes.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from tailguard.bench.topology import (
     direct_spec,
 )
 from tailguard.bench.tuned import check_setting, tuned_flags
+from tailguard.host.procfs import descendants, move_threads, renice
 from tailguard.host.procs import ChildFailed, ChildSpec, Group
 from tailguard.lanes.table import LaneTable
 
@@ -66,16 +71,11 @@ class FleetSpec:
     def engine_slots(self) -> dict[str, int]:
         return {r.name: r.max_num_seqs for r in self.replicas}
 
-    def replica_argv(self, replica: DirectSpec, model: str, port: int,
-                     nice: int | None = None) -> tuple[str, ...]:
-        """A replica's server; one on a front-end core runs at `nice`
-        (TAILGUARD_ENGINE_NICE), as tailguard's engine on that core does, so the load generator
-        and the router there are not starved by it."""
+    def engine_nice(self, replica: DirectSpec, nice: int | None = None) -> int:
+        """The nice value of a replica's vLLM processes: `nice` (TAILGUARD_ENGINE_NICE) when
+        its cores include a front-end core, as tailguard's engine there runs; else 0."""
         nice = settings.ENGINE_NICE.get() if nice is None else nice
-        argv = replica.argv(model, port)
-        if nice > 0 and set(replica.pin.cores) & set(self.cpus):
-            return ("nice", "-n", str(nice), *argv)
-        return argv
+        return max(0, nice) if set(replica.pin.cores) & set(self.cpus) else 0
 
     def router_argv(self, port: int, replica_ports: list[int], metrics_port: int,
                     router: str | None = None) -> tuple[str, ...]:
@@ -115,8 +115,10 @@ def fleet_specs(engines: tuple[WorkerPlan, ...], table: LaneTable, tuned: tuple[
     for i, w in enumerate(engines):
         one = direct_spec(w.pin, (w,), table, max_model_len=max_model_len, dtype=dtype, cpus=cpus)
         check_setting(*tuned, max_num_seqs=one.max_num_seqs, max_model_len=context)
+        # the server on the front-end cores; its engine moved to its own once up (RunningFleet)
         replicas.append(replace(one, name=f"replica-{i}", max_model_len=context,
-                                extra_args=tuned_flags(*tuned)))
+                                extra_args=tuned_flags(*tuned),
+                                cpus=frontend if w.pin.cores and frontend else cpus))
     return [FleetSpec(name, tuple(replicas), policy, cpus=frontend)
             for name, policy in POLICIES.items()]
 
@@ -151,12 +153,14 @@ class RunningFleet(RunningTopology):
     def start(self, timeout_s: float = 600.0) -> str:
         with self._killed_on_failure():
             for r, port in zip(self.spec.replicas, self.replica_ports):
-                self.group.start(ChildSpec(r.name, self.spec.replica_argv(r, self.model, port),
+                self.group.start(ChildSpec(r.name, r.argv(self.model, port),
                                            env={**r.env(), "PYTHONUNBUFFERED": "1"}, cpus=r.cpus))
             try:
                 self.group.wait_until(lambda: all(_answers(u + "/health")
                                                   for u in self.replica_urls.values()),
                                       timeout_s, "vLLM replicas healthy")
+                for r in self.spec.replicas:
+                    self._place_engine(r)
                 self.group.start(ChildSpec("router", self.spec.router_argv(
                     self.api_port, self.replica_ports, self.metrics_port), cpus=self.spec.cpus))
                 self.group.wait_until(lambda: _answers(self.url + "/v1/models"), 120.0,
@@ -164,6 +168,17 @@ class RunningFleet(RunningTopology):
             except ChildFailed as exc:
                 raise TopologyError(str(exc)) from None
         return self.url
+
+    def _place_engine(self, replica: DirectSpec) -> None:
+        """vLLM's processes under `replica`'s server onto its engine's cores (its compute
+        threads are bound there already), at its engine nice."""
+        if not replica.pin.cores:
+            return  # a GPU replica: nothing to place
+        engine = descendants(self.group[replica.name].proc.pid)
+        move_threads(engine, replica.pin.cores)
+        nice = self.spec.engine_nice(replica)
+        if nice:
+            renice(engine, nice)
 
 
 def _answers(url: str) -> bool:

@@ -91,3 +91,23 @@ def renice(pids: Iterable[int], nice: int) -> int:
             except OSError:  # ended meanwhile
                 pass
     return changed
+
+
+def move_threads(pids: Iterable[int], cores: tuple[int, ...]) -> int:
+    """Every thread of the processes `pids` onto `cores`, but those already bound within them
+    (vLLM's compute threads, one per core); how many moved. Threads they start later inherit
+    their creator's cores. A process or thread that ended meanwhile is skipped."""
+    moved = 0
+    for pid in pids:
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                if not os.sched_getaffinity(tid) <= set(cores):
+                    os.sched_setaffinity(tid, cores)
+                    moved += 1
+            except OSError:  # ended meanwhile
+                pass
+    return moved

@@ -51,14 +51,15 @@ def test_a_replica_per_engine_on_its_cores_with_its_slots_and_the_tuned_flags(ta
     env = r0.env()
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0" and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert fleet.replicas[1].env()["VLLM_CPU_OMP_THREADS_BIND"] == "1"
-    assert r0.cpus == (0, 1)  # the server process where direct's runs; its compute threads bound
+    # every server on the front-end core, as tailguard's API and worker threads run; its vLLM
+    # processes are moved to its own cores once up (RunningFleet)
+    assert [r.cpus for r in fleet.replicas] == [(1,), (1,)]
     assert [w.to_dict()["cores"] for w in fleet.workers] == [[0], [1]]
     d = fleet.to_dict()
     assert d["router"] == "vllm-router" and d["policy"] == "cache_aware" and len(d["replicas"]) == 2
-    # the replica on the front-end core runs at the engine nice, as tailguard's engine there does
-    assert fleet.replica_argv(fleet.replicas[1], "/m", 8102, nice=10)[:3] == ("nice", "-n", "10")
-    assert fleet.replica_argv(r0, "/m", 8101, nice=10)[0] != "nice"
-    assert fleet.replica_argv(fleet.replicas[1], "/m", 8102, nice=0)[0] != "nice"
+    # the engine on the front-end core runs at the engine nice, as tailguard's engine there does
+    assert fleet.engine_nice(fleet.replicas[1], 10) == 10
+    assert fleet.engine_nice(r0, 10) == 0 and fleet.engine_nice(fleet.replicas[1], 0) == 0
 
 
 def test_a_tuned_setting_vllm_would_refuse_is_refused_before_anything_starts(table):

@@ -172,3 +172,27 @@ def test_a_child_runs_on_its_specs_cpus(tmp_path):
     assert child.proc.wait(30) == 0
     assert (tmp_path / "probe.log").read_text().strip() == f"[{core}]"
     assert os.sched_getaffinity(0) == mine
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_move_threads_moves_a_process_onto_cores_but_threads_bound_within_them():
+    """A child's threads move onto the cores given; one already bound to a core among them
+    (vLLM's compute threads) keeps its own binding."""
+    a, b = sorted(os.sched_getaffinity(0))[:2]
+    script = f"""
+import os, subprocess, sys, time
+from tailguard.host.procfs import move_threads
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+inside = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+os.sched_setaffinity(inside.pid, {{{b}}})
+time.sleep(0.2)
+moved = move_threads([child.pid, inside.pid], ({a}, {b}))
+print(moved, sorted(os.sched_getaffinity(child.pid)), sorted(os.sched_getaffinity(inside.pid)))
+moved_again = move_threads([child.pid], ({a},))
+print(moved_again, sorted(os.sched_getaffinity(child.pid)))
+child.kill(); inside.kill()
+"""
+    lines = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           timeout=60, check=True).stdout.splitlines()
+    assert lines[0].split(" ", 1)[1] == f"[{a}, {b}] [{b}]"
+    assert lines[1].split(" ", 1)[1] == f"[{a}]" and int(lines[1].split()[0]) >= 1
