@@ -15,6 +15,9 @@ API (in-process, its reaper and its offers' give-up thread running as in product
   none run twice;
 * once A's heartbeat has lapsed (A absent from liveness), a request whose deepest prefix the
   index names A alone for is not offered to A at all: B serves it.
+
+How long the offered requests took to start is printed as a `FAULT-FIGURE {...}` line (run
+with -s), as fault_system.py's tests print theirs.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import socket
 
 import pytest
+from fault_system import figure
 from fault_workers import (
     START_TIMEOUT_S,
     Worker,
@@ -160,6 +164,9 @@ def test_kill_9_of_the_preferred_worker(db, api, two_workers):
     assert counts["made"] == 1 + sum(1 for j in ids if after[j].get("offered_to")), counts
     assert counts["made"] == counts["taken"] + counts["given_up"], counts
     assert counts["given_up"] >= len(to_a), counts
+    figure(fault="prefix_affinity_worker_kill", wait_s=WAIT_S, offered_to_dead=len(to_a),
+           started_after_s=[round(after[j]["running_at"] - after[j]["submitted_at"], 3)
+                            for j in ids], offers=counts)
 
     # A absent from liveness: the index still names it alone for the tail, but a request
     # with the tail is offered to B, the live holder of the shared prefix under it
