@@ -32,7 +32,8 @@ LONG_TTFT_TARGET_S = 10.0
 BETTER_FLEET_RULE = ("the fleet with more requests within target (every class), then the "
                      "higher output tok/s")
 #: The figures compared, each with whether more is better.
-COMPARED = {"served": True, "within_target": True, "refused_free_slot": False}
+COMPARED = {"served": True, "within_target": True, "refused_free_slot": False,
+            "e2e_p99_s": False, "ttft_p99_s": False}
 
 
 def targets(short_slo: Slo, long_slo: Slo) -> tuple[Slo, Slo]:
@@ -119,7 +120,9 @@ def comparison(report: dict[str, Any], samples: dict[str, dict[str, list[Sample]
             "retries": report["config"].get("retries", 0), "rows": rows, "output_tok_s": tok_s,
             "better_fleet": fleet, "rule": BETTER_FLEET_RULE, "tuned": tuned,
             "vs_fleet": ratios(mine, rows[fleet]) if mine and fleet else None,
-            "vs_tuned": ratios(mine, rows[tuned]) if mine and tuned in rows else None}
+            "vs_tuned": ratios(mine, rows[tuned]) if mine and tuned in rows else None,
+            "output_vs": {p: _ratio(tok_s.get(TAILGUARD), tok_s.get(p))
+                          for p in (fleet, tuned) if mine and p in rows}}
 
 
 def render(peers: dict[str, Any]) -> str:
@@ -190,7 +193,8 @@ def lines(peers: dict[str, Any], line: Callable[..., None]) -> None:
         if r:
             line(f"peers_{key}", None, f"lanes / {peer}: " + "; ".join(
                 f"{cls} " + ", ".join(f"{k.replace('_', ' ')} {_fmt_x(v)}" for k, v in f.items())
-                for cls, f in r.items()), info=True)
+                for cls, f in r.items())
+                + f"; output tok/s {_fmt_x((peers.get('output_vs') or {}).get(peer))}", info=True)
     for topo, row in rows.items():
         if row["engine_served"]:
             line(f"engine_split_{topo}", None, f"{topo}: requests served per engine: "

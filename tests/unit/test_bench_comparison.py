@@ -97,12 +97,15 @@ def test_the_report_compares_lanes_with_the_better_fleet_and_tuned_vllm():
     assert p["vs_fleet"]["short"]["within_target"] == pytest.approx(8 / 7)
     assert p["vs_tuned"]["short"]["within_target"] == pytest.approx(8 / 5)
     assert p["vs_fleet"]["long"]["within_target"] == pytest.approx(1.0)
+    assert set(p["vs_fleet"]["short"]) >= {"e2e_p99_s", "ttft_p99_s"}
+    assert set(p["output_vs"]) == {p["better_fleet"], TUNED}
     s = statuses(r)
     assert (s["within_target_vs_fleet_short"], s["within_target_vs_fleet_long"],
             s["short_refused_free_slot"]) == ("PASS", "PASS", "PASS")
     assert s["peers_vs_fleet"] == s["peers_vs_tuned"] == s["engine_split_fleet"] == "INFO"
     lines = {t["name"]: t["line"] for t in r["targets"]}
     assert "(client retries 2)" in lines["within_target_vs_fleet_short"]
+    assert "e2e p99 s" in lines["peers_vs_fleet"] and "output tok/s" in lines["peers_vs_fleet"]
     text = render_text(r)
     assert "client retries of a 429/503: 2" in text
     assert f"| {FLEET_P2} | short | 7 | 7 | 7 | 0 | 0 | 0 | 0 | 0.500 | 0.050 | a 7, b 3 |" in text
