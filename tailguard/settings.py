@@ -105,6 +105,12 @@ ENGINE_NICE = Setting(
     "TAILGUARD_ENGINE_NICE", 10, int,
     "CPU host: the nice value of an engine whose cores the front end shares "
     "(TAILGUARD_FRONTEND_CORES), so front-end work runs first there; 0 leaves it as is.")
+FRONTEND_ENGINE_MAX_RUNNING = Setting(
+    "TAILGUARD_FRONTEND_ENGINE_MAX_RUNNING", 3, int,
+    "CPU host: every lane's per-engine limit (max_running) on an engine whose cores the front end "
+    "shares, cut to this: it starts a short job only while it runs fewer jobs than this, since it "
+    "steps slower than the others and the central queue gives them the rest. 0: its lanes' "
+    "limits alone (docs/cpu-hosts.md).")
 ENGINE_CORE_ROAM = Setting(
     "TAILGUARD_ENGINE_CORE_ROAM", True, _bool,
     "CPU host: an engine whose cores are not the front end's moves its vLLM engine-core process "

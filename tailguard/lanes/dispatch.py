@@ -24,11 +24,18 @@ limit also counts the lanes after it, so a lane closes when a lane after it fill
 and a batch lane only while every interactive lane is too (then the list order serves it last). The
 simulator (tailguard/plan/sim.py) calls ``next_lane``; the worker (tasks/worker.py) calls
 ``consumable``.
+
+An engine may also have every lane's limit cut to a cap (``capped``): on a CPU host, the engine
+whose cores the front end shares steps slower than the others, so it starts a short job only
+while it runs fewer than ``TAILGUARD_FRONTEND_ENGINE_MAX_RUNNING`` jobs, and a long one while
+fewer long and batch ones; the central queue gives the rest to the faster engines
+(docs/cpu-hosts.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 
@@ -43,6 +50,33 @@ class LaneLimit(Protocol):
 
     @property
     def engine_slots(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class CappedLane:
+    """`lane` on an engine whose per-engine limits are cut to `cap` (`capped`)."""
+
+    lane: LaneLimit
+    cap: int
+
+    @property
+    def name(self) -> str:
+        return self.lane.name
+
+    @property
+    def priority(self) -> str:
+        return self.lane.priority
+
+    @property
+    def engine_slots(self) -> int:
+        return min(self.lane.engine_slots, self.cap)
+
+
+def capped(lanes: Sequence[LaneLimit], cap: int) -> list[LaneLimit]:
+    """`lanes` with each one's per-engine limit cut to `cap` (a lane's limit counts its jobs and
+    those of the lanes after it, so the first lane's caps the whole engine's starts of it);
+    `cap` <= 0: as they are."""
+    return [CappedLane(l, cap) for l in lanes] if cap > 0 else list(lanes)
 
 
 def below_limit(lanes: Sequence[LaneLimit], i: int, running: Mapping[str, int]) -> bool:

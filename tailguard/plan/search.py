@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from tailguard import settings
 from tailguard.lanes.table import Lane, LaneTable, engine_settings_for
 from tailguard.plan.sim import ClassResult, EngineGroup, simulate
 from tailguard.plan.stepmodel import StepModel
@@ -100,7 +101,7 @@ def evaluate(classes: Sequence[ClassLoad], lanes: Sequence[Lane], groups: Sequen
         scaled = [c.scaled(factor) for c in classes]
         sub = simulate(scaled, lanes, [replace(g, count=min(SIM_ENGINES, g.count))], model,
                        duration_s=duration_s * _stretch(scaled, duration_s, factor), seed=seed,
-                       fair=fair)
+                       fair=fair, frontend_cap=settings.FRONTEND_ENGINE_MAX_RUNNING.get())
         for name, r in sub.items():
             if r.n:
                 results[name] = replace(r, tokens_per_s=r.tokens_per_s / factor)

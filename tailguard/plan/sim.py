@@ -92,7 +92,7 @@ from typing import Any
 
 from tailguard.errors import NoLaneForRequest, PromptTooLong
 from tailguard.lanes.affinity import Affinity, holders, offer_to, remember
-from tailguard.lanes.dispatch import next_lane
+from tailguard.lanes.dispatch import LaneLimit, capped, next_lane
 from tailguard.lanes.fair_share import FairQueue
 from tailguard.lanes.placement import place, request_cost
 from tailguard.lanes.table import Lane
@@ -202,19 +202,22 @@ class ClassResult:
 def simulate(classes: Sequence[ClassLoad], lanes: Sequence[Lane], groups: Sequence[EngineGroup],
              model: StepModel, *, duration_s: float, seed: int = 0,
              arrivals: Sequence[tuple[float, str, int, int]] | None = None,
-             fair: Mapping[str, float] | None = None) -> dict[str, ClassResult]:
+             fair: Mapping[str, float] | None = None, frontend_cap: int = 0
+             ) -> dict[str, ClassResult]:
     """Run `duration_s` of arrivals to completion; per-class results.
 
     `arrivals`, (time, class name, prompt tokens, max_tokens), replays a given request
     list (a bench run's) instead of drawing Poisson arrivals and lengths from `classes`.
     `fair`: each class is one API key's traffic, dispatched in fair order by key with these
     weights (a class not named: 1), as the API does in keys mode (tailguard/lanes/fair_share.py).
+    `frontend_cap`: the front end's engine's lane limits cut to it, as its worker's are
+    (``TAILGUARD_FRONTEND_ENGINE_MAX_RUNNING``; 0: not cut).
 
     Requests placed on a lane no group serves are left out (not counted), so one lane
     group can be simulated alone: lanes that share no engine interact only through
     ``neighbour_slowdown`` (then among the engines simulated).
     """
-    sim = Simulation(classes, lanes, groups, model, seed=seed, fair=fair)
+    sim = Simulation(classes, lanes, groups, model, seed=seed, fair=fair, frontend_cap=frontend_cap)
     if arrivals is None:
         sim.draw_arrivals(duration_s)
     else:
@@ -233,8 +236,10 @@ class Simulation:
                  groups: Sequence[EngineGroup], model: StepModel, *, seed: int = 0,
                  fair: Mapping[str, float] | None = None,
                  prefix_cache_tokens: int | None = None, prefix_block_tokens: int = 16,
-                 affinity: Affinity | None = None) -> None:
+                 affinity: Affinity | None = None, frontend_cap: int = 0) -> None:
         self.classes = classes
+        #: the front end's engine's lane limits cut to this (TAILGUARD_FRONTEND_ENGINE_MAX_RUNNING)
+        self.frontend_cap = frontend_cap
         self.lanes = lanes  # in the table's order, as `place` takes them
         self.model = model
         self.seed = seed
@@ -449,8 +454,13 @@ class Simulation:
 
     def has_room(self, e: _Engine, lane: str) -> bool:
         """Whether `e` may start a request of `lane` now (a free slot, the lane's limit)."""
+        return len(e.reqs) < e.slots and next_lane(self.limits(e), e.running, {lane: 1}) == lane
+
+    def limits(self, e: _Engine) -> list[LaneLimit]:
+        """`e`'s lanes in its order, their limits as its worker's gate has them (`capped` on the
+        front end's engine)."""
         lanes = [self.by_name[name] for name in e.lanes]
-        return len(e.reqs) < e.slots and next_lane(lanes, e.running, {lane: 1}) == lane
+        return capped(lanes, self.frontend_cap) if e is self.front else lanes
 
     def offer(self, r: _Req, t: float) -> bool:
         """Offer `r` to the engine that served its prefix last, if the rule says so: taken at
@@ -532,7 +542,7 @@ class Simulation:
                     return r
             return None
         if e.dispatch == FLEET:
-            lanes = [self.by_name[name] for name in e.lanes]
+            lanes = self.limits(e)
             while (name := next_lane(lanes, e.running, self.visible(e))) is not None:
                 if (r := self.take_offer(e, name, t) or self.pop(name, t)) is not None:
                     return r

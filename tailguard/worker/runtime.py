@@ -36,7 +36,7 @@ from celery.worker import state as worker_state
 
 from tailguard import settings
 from tailguard.engine.keeper import IDLE, SERVING, EngineKeeper
-from tailguard.host.cores import Pinning
+from tailguard.host.cores import Pinning, shares_frontend
 from tailguard.host.devices import device_kind
 from tailguard.host.roaming import EngineCoreRoamer, roamer_for
 from tailguard.jobs.liveness import Liveness
@@ -45,6 +45,7 @@ from tailguard.jobs.reaper import Reaper
 from tailguard.jobs.redeliver import Redeliverer
 from tailguard.jobs.store import JobStore
 from tailguard.jobs.stream import DeltaWriter, flush_interval, writes_per_s_for
+from tailguard.lanes.dispatch import capped
 from tailguard.lanes.table import Lane, LaneTable, check_worker_lanes, load_lanes
 from tailguard.redis import client as redis_client
 from tailguard.redis import keys
@@ -262,7 +263,8 @@ def setup(app: Celery, hostname: str, queue_names: list[str], *,
         runtime = WorkerRuntime(app=app, hostname=hostname, lanes=lanes, store=store,
                                 all_lanes={l.name: l for l in table},
                                 liveness=Liveness(client),
-                                gate=LaneGate(lanes, consumer, own) if consumer is not None
+                                gate=LaneGate(capped(lanes, _engine_cap()), consumer, own)
+                                if consumer is not None
                                 else None, offers=offers,
                                 build_engine=functools.partial(
                                     EngineHost, engine_config(lanes, options)),
@@ -366,3 +368,13 @@ def engine_stats_of(runtime: WorkerRuntime) -> HostStats:
 
     engine = runtime.engine
     return engine.stats() if engine is not None else HostStats()
+
+
+def _engine_cap() -> int:
+    """What this worker's engine's per-engine lane limits are cut to:
+    TAILGUARD_FRONTEND_ENGINE_MAX_RUNNING where the front end shares its cores (it steps
+    slower); 0, its lanes' limits alone, elsewhere."""
+    cap = settings.FRONTEND_ENGINE_MAX_RUNNING.get() if shares_frontend(Pinning.from_env()) else 0
+    if cap > 0:
+        log.info("this engine shares the front end's cores: its lanes' limits cut to %d", cap)
+    return cap

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tailguard.lanes.dispatch import consumable, next_lane
+from tailguard.lanes.dispatch import capped, consumable, next_lane
 from tailguard.lanes.table import parse_lanes
 
 TABLE = parse_lanes({
@@ -58,3 +58,21 @@ def test_consuming_the_open_queues_in_order_takes_what_next_lane_takes():
             open_ = consumable(LANES, running)
             broker = next((q for q in open_ if waiting.get(q)), None)
             assert broker in (next_lane(LANES, running, waiting), None)
+
+
+def test_a_capped_engine_has_every_lanes_limit_cut_to_its_cap():
+    three = capped(LANES, 3)
+    assert [l.name for l in three] == ["short", "long", "batch"]
+    assert [l.engine_slots for l in three] == [3, 3, 2]  # batch's own 2 stays below the cap
+    assert [l.priority for l in three] == ["interactive", "interactive", "batch"]
+    assert consumable(three, {"short": 2}) == ("short", "long", "batch")
+    # short starts only while fewer than 3 run here, every lane counted; long and batch as
+    # their own limits say, cut to 3
+    assert consumable(three, {"short": 3}) == ("long",)  # batch never past a closed short
+    assert consumable(three, {"short": 1, "long": 2}) == ("long",)
+    assert consumable(three, {"long": 3}) == ()
+    assert next_lane(three, {"long": 2}, {"short": 1, "long": 1}) == "short"
+    assert next_lane(three, {"long": 3}, {"short": 1}) is None
+    # the uncapped engine beside it still takes a short job there
+    assert next_lane(LANES, {"long": 3}, {"short": 1}) == "short"
+    assert capped(LANES, 0) == LANES and capped(LANES, -1) == LANES
