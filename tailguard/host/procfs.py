@@ -8,7 +8,7 @@ accounting and by the engine-core roamer, and the one place priorities are chang
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 #: and its model runners ``VLLM::Worker`` (``_TP0``, ...; vllm.utils.system_utils.set_process_title,
@@ -78,18 +78,13 @@ def renice(pids: Iterable[int], nice: int) -> int:
     nice needs no privilege. A process or thread that ended meanwhile is skipped.
     """
     changed = 0
-    for pid in pids:
+    for tid in _threads(pids):
         try:
-            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                if os.getpriority(os.PRIO_PROCESS, tid) < nice:
-                    os.setpriority(os.PRIO_PROCESS, tid, nice)
-                    changed += 1
-            except OSError:  # ended meanwhile
-                pass
+            if os.getpriority(os.PRIO_PROCESS, tid) < nice:
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+                changed += 1
+        except OSError:  # ended meanwhile
+            pass
     return changed
 
 
@@ -98,16 +93,21 @@ def move_threads(pids: Iterable[int], cores: tuple[int, ...]) -> int:
     (vLLM's compute threads, one per core); how many moved. Threads they start later inherit
     their creator's cores. A process or thread that ended meanwhile is skipped."""
     moved = 0
+    for tid in _threads(pids):
+        try:
+            if not os.sched_getaffinity(tid) <= set(cores):
+                os.sched_setaffinity(tid, cores)
+                moved += 1
+        except OSError:  # ended meanwhile
+            pass
+    return moved
+
+
+def _threads(pids: Iterable[int]) -> Iterator[int]:
+    """The thread ids of the processes `pids` (a process that ended meanwhile has none)."""
     for pid in pids:
         try:
-            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+            tids = os.listdir(f"/proc/{pid}/task")
         except OSError:
             continue
-        for tid in tids:
-            try:
-                if not os.sched_getaffinity(tid) <= set(cores):
-                    os.sched_setaffinity(tid, cores)
-                    moved += 1
-            except OSError:  # ended meanwhile
-                pass
-    return moved
+        yield from (int(t) for t in tids)
