@@ -27,6 +27,7 @@ on the front-end cores too. The specs are pure; only `RunningFleet` starts proce
 from __future__ import annotations
 
 import shutil
+import socket
 import sys
 import urllib.request
 from dataclasses import dataclass, replace
@@ -46,6 +47,7 @@ from tailguard.bench.topology import (
 from tailguard.bench.tuned import check_setting, tuned_flags
 from tailguard.host.procfs import descendants, move_threads, renice
 from tailguard.host.procs import ChildFailed, ChildSpec, Group
+from tailguard.host.redis_server import free_port
 from tailguard.lanes.table import LaneTable
 
 #: The router's load-balancing policy of each fleet topology (vllm-router's --policy).
@@ -161,6 +163,10 @@ class RunningFleet(RunningTopology):
                                       timeout_s, "vLLM replicas healthy")
                 for r in self.spec.replicas:
                     self._place_engine(r)
+                # ports picked before the replicas started may be theirs now (vLLM binds ports
+                # of its own as it starts): the router's are picked again where taken
+                self.api_port, self.metrics_port = map(_still_free, (self.api_port,
+                                                                     self.metrics_port))
                 self.group.start(ChildSpec("router", self.spec.router_argv(
                     self.api_port, self.replica_ports, self.metrics_port), cpus=self.spec.cpus))
                 self.group.wait_until(lambda: _answers(self.url + "/v1/models"), 120.0,
@@ -188,3 +194,13 @@ def _answers(url: str) -> bool:
             return resp.status == 200
     except (OSError, ValueError):
         return False
+
+
+def _still_free(port: int) -> int:
+    """`port` if nothing listens on it now, else another free one."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return port
+        except OSError:
+            return free_port()

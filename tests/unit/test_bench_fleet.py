@@ -1,5 +1,6 @@
 """The `fleet` peer: a tuned vLLM server per engine behind vllm-router (tailguard/bench/fleet.py)."""
 
+import socket
 import tomllib
 
 import pytest
@@ -93,3 +94,14 @@ def test_the_run_builds_the_fleets_on_the_lanes_topologys_engines(table):
     assert [r.pin for r in fleet.replicas] == [w.pin for w in lanes.workers]
     args = fleet.replicas[0].extra_args  # the sweep's first setting
     assert args[args.index("--max-num-batched-tokens") + 1] == "512"
+
+
+def test_a_port_taken_since_it_was_picked_is_picked_again():
+    from tailguard.bench.fleet import _still_free
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        other = _still_free(port)
+        assert other != port and _still_free(other) == other
