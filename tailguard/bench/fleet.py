@@ -27,7 +27,6 @@ on the front-end cores too. The specs are pure; only `RunningFleet` starts proce
 from __future__ import annotations
 
 import shutil
-import socket
 import sys
 import urllib.request
 from dataclasses import dataclass, replace
@@ -47,7 +46,7 @@ from tailguard.bench.topology import (
 from tailguard.bench.tuned import check_setting, tuned_flags
 from tailguard.host.procfs import descendants, move_threads, renice
 from tailguard.host.procs import ChildFailed, ChildSpec, Group
-from tailguard.host.redis_server import free_port
+from tailguard.host.redis_server import free_port, port_in_use
 from tailguard.lanes.table import LaneTable
 
 #: The router's load-balancing policy of each fleet topology (vllm-router's --policy).
@@ -198,9 +197,4 @@ def _answers(url: str) -> bool:
 
 def _still_free(port: int) -> int:
     """`port` if nothing listens on it now, else another free one."""
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return port
-        except OSError:
-            return free_port()
+    return free_port() if port_in_use(port) else port
