@@ -34,14 +34,15 @@ class JobRequest:
         return self
 
     def place(self, lanes: LaneTable, count_prompt: Callable[[str, bool], int],
-              model_max_len: int | None, prefer: Prefer | None = None) -> Placement:
+              model_max_len: int | None, prefer: Prefer | None = None,
+              cached_tokens: int = 0) -> Placement:
         """Its lane, max_tokens and cost, its prompt counted by `count_prompt` (which refuses
         one past the API's byte bound before the tokenizer spends CPU on it); InvalidField
         when min_tokens is above the max_tokens it gets."""
         placement = place(lanes.lanes, priority=self.priority,
                           prompt_tokens=count_prompt(self.prompt, self.add_special_tokens),
                           requested_max_tokens=self.max_tokens, model_max_len=model_max_len,
-                          prefer=prefer)
+                          prefer=prefer, cached_tokens=cached_tokens)
         min_tokens = self.sampling.get("min_tokens", 0)
         if min_tokens > placement.max_tokens:
             raise InvalidField(f"min_tokens ({min_tokens}) must be <= max_tokens, which is "

@@ -186,13 +186,14 @@ class OpenAIJob:
                                       "priority": clamp_vllm_priority(sent, bounds)})
 
     def place(self, lanes: LaneTable, count_prompt: Callable[[str, bool], int],
-              model_max_len: int | None, prefer: Prefer | None = None) -> Placement:
+              model_max_len: int | None, prefer: Prefer | None = None,
+              cached_tokens: int = 0) -> Placement:
         """Its lane, granted vLLM's own max_tokens within it (`grant`); its prompt was counted
         by vLLM's render (and its bytes checked before that), so `count_prompt` is not used.
         InvalidField for anything vLLM refuses at the granted max_tokens."""
         placement = place(lanes.lanes, priority=self.priority, prompt_tokens=self.prompt_tokens,
                           requested_max_tokens=self.max_tokens, model_max_len=model_max_len,
-                          prefer=prefer)
+                          prefer=prefer, cached_tokens=cached_tokens)
         placement = grant(placement, lanes[placement.lane], self)
         self.verify(placement.max_tokens)
         return placement
@@ -222,10 +223,10 @@ def grant(placement: Placement, lane: Lane, job: OpenAIJob) -> Placement:
     if job.max_tokens is not None:
         granted = min(granted, placement.max_tokens)
     elif lane.max_cost is not None:
-        granted = min(granted, lane.max_cost - placement.prompt_tokens)
+        granted = min(granted, lane.max_cost - placement.new_prompt_tokens)
     return replace(placement, requested_max_tokens=job.max_tokens, max_tokens=granted,
                    max_tokens_capped=granted < job.vllm_max_tokens,
-                   cost=request_cost(placement.prompt_tokens, job.n * granted))
+                   cost=request_cost(placement.new_prompt_tokens, job.n * granted))
 
 
 def task_argument(job: OpenAIJob, job_id: str, placement: Placement) -> dict[str, Any]:

@@ -11,6 +11,7 @@ Native and OpenAI requests take one submit path (`Submission`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import threading
@@ -65,7 +66,7 @@ from tailguard.jobs.stream import (
     with_output,
 )
 from tailguard.lanes.admission import AdmissionPolicy, LaneLoad
-from tailguard.lanes.affinity import prefix_keys
+from tailguard.lanes.affinity import Holdings, prefix_depths
 from tailguard.lanes.latency_targets import (
     LatencyTarget,
     TargetBounds,
@@ -122,10 +123,11 @@ class Submission(Protocol):
         ...
 
     def place(self, lanes: LaneTable, count_prompt: Callable[[str, bool], int],
-              model_max_len: int | None, prefer: Prefer | None = None) -> Placement:
+              model_max_len: int | None, prefer: Prefer | None = None,
+              cached_tokens: int = 0) -> Placement:
         """Its lane (with `prefer`, placement.place's preference among the lanes that accept
-        it), max_tokens and cost; InvalidField (or PromptTooLong, from `count_prompt`) for what
-        could never run there."""
+        it; `cached_tokens` of its prompt left out of its cost), max_tokens and cost;
+        InvalidField (or PromptTooLong, from `count_prompt`) for what could never run there."""
         ...
 
     def record_fields(self, job_id: str) -> dict[str, Any]:
@@ -163,20 +165,23 @@ class PrefixAffinity:
         self.index = index
         self.block_tokens = block_tokens
 
-    def offer(self, token_ids: Sequence[int], lane: Lane, job_id: str,
+    def look_up(self, token_ids: Sequence[int], lanes: Sequence[Lane]) -> Holdings:
+        """What the index holds for a prompt of these tokens, with `lanes`' live workers."""
+        named = prefix_depths(token_ids, self.block_tokens)
+        return self.index.look_up([k for k, _ in named], [d for _, d in named], lanes)
+
+    def offer(self, holdings: Holdings, worker: str | None, lane: Lane, job_id: str,
               fields: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
-        """The queue for a job with these prompt tokens and the offer to record with it (None:
-        its lane's queue). Its prefixes go into its record (`fields`), for its worker to
-        remember once it has served them, and the worker it is offered to (``offered_to``)."""
-        prefixes = prefix_keys(token_ids, self.block_tokens)
-        if prefixes:
-            fields["prefixes"] = " ".join(prefixes)
-        worker = self.index.choose(prefixes, lane.name)
+        """The queue for a job with these `holdings` offered to `worker` (None: to none) and
+        the offer to record with it (None: its lane's queue). Its prefixes go into its record
+        (`fields`), for its worker to remember once it has served them, and the worker it is
+        offered to (``offered_to``)."""
+        if holdings.prefixes:
+            fields["prefixes"] = " ".join(holdings.prefixes)
         if worker is None:
             return lane.queue, None
         fields["offered_to"] = worker  # its worker ends the offer as it starts it
-        return (keys.worker_queue(lane.queue, worker),
-                self.index.offer_args(job_id, worker, lane.queue))
+        return keys.worker_queue(lane.queue, worker), self.index.offer_args(job_id, worker, lane)
 
 
 class Gateway:
@@ -255,7 +260,8 @@ class Gateway:
         if self._reaper is not None:
             self._reaper.start(self._stopping)
         if self.affinity is not None:
-            self.affinity.index.start(self._stopping)  # lapsed offers move to their lanes' queues
+            # lapsed offers move to their lanes' queues
+            self.affinity.index.start(self._stopping, self.lanes.lanes)
 
     def close(self) -> None:
         """Stop the background threads (finished-stream consumer, reaper, the job-end
@@ -350,12 +356,13 @@ class Gateway:
         loads: dict[str, LaneLoad] = {}  # each lane's read once
         prefer = preferring_lanes_in_time(target, lambda p: self._predicted_wait_s(p, loads)
                                           + self.admission.first_token_s(p.prompt_tokens))
-        placement = req.place(self.lanes, self._count_prompt, self.counter.model_max_len, prefer)
+        fair = self._fair_hold(caller)
+        holdings = self._holdings(req) if fair is None else None
+        placement, offered_to = self._place(req, prefer, holdings)
         if caller is not None:
             check_cost(caller, placement.cost)
         lane = self.lanes[placement.lane]
         load = loads.get(lane.name) or self.load.load(lane.name)
-        fair = self._fair_hold(caller)
         wait_s = self._admit(lane, load, placement, caller, target, token_bucket, fair)
         only_new = job_id is not None
         job_id = job_id or uuid.uuid4().hex
@@ -374,9 +381,8 @@ class Gateway:
         message = self.broker.build(lane.task_name, task_id=job_id, queue=lane.queue,
                                     expires_s=lane.queue_ttl_s, kwargs=kwargs)
         queue, offer = lane.queue, None
-        if self.affinity is not None and fair is None:
-            queue, offer = self.affinity.offer(req.token_ids(self.counter.encode), lane, job_id,
-                                               fields)
+        if self.affinity is not None and holdings is not None:
+            queue, offer = self.affinity.offer(holdings, offered_to, lane, job_id, fields)
         self._record(job_id, fields, lane, load, placement.cost, (queue, message), caller,
                      only_new, fair, offer)
         self.metrics.on_accepted(lane.name, placement.max_tokens_capped, self._key_label(caller))
@@ -387,6 +393,31 @@ class Gateway:
                 "max_tokens_capped": placement.max_tokens_capped, "cost": placement.cost,
                 "estimated_start_s": round(wait_s, 3),
                 **({"latency_target": target.to_dict()} if target.asked else {})}
+
+    def _holdings(self, req: Submission) -> Holdings | None:
+        """What prefix affinity's index holds for `req`'s prompt (None: affinity is off)."""
+        if self.affinity is None:
+            return None
+        lanes = [l for l in self.lanes if l.priority == req.priority]
+        return self.affinity.look_up(req.token_ids(self.counter.encode), lanes)
+
+    def _place(self, req: Submission, prefer: Prefer,
+               holdings: Holdings | None) -> tuple[Placement, str | None]:
+        """`req`'s placement and the worker prefix affinity offers it to (None: none). The
+        prompt tokens a live worker holds leave its cost when it is offered to one: a
+        conversation's turn is classed by what its engine computes, its history excluded."""
+        place = functools.partial(req.place, self.lanes, self._count_prompt,
+                                  self.counter.model_max_len, prefer)
+        if holdings is None:
+            return place(), None
+        cached = holdings.cached_tokens(self.affinity.block_tokens)
+        if cached:
+            placement = place(cached_tokens=cached)
+            worker = holdings.offer_to(placement.lane, self.affinity.index.policy)
+            if worker is not None:
+                return placement, worker
+        placement = place()
+        return placement, holdings.offer_to(placement.lane, self.affinity.index.policy)
 
     def _predicted_wait_s(self, placement: Placement, loads: dict[str, LaneLoad]) -> float:
         """The wait admission predicts for a request placed so (its lane's load read into

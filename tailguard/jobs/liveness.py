@@ -17,6 +17,7 @@ missed periods. Readers drop lapsed members as they read.
 from __future__ import annotations
 
 import collections
+from collections.abc import Mapping
 
 import redis
 
@@ -32,15 +33,22 @@ class Liveness:
         self._live = lua.Script(client, "clock", "live_count", "live_workers")
         self._members = lua.Script(client, "clock", "live_members")
 
-    def heartbeat(self, lanes: list[str], worker: str, ttl_s: float) -> None:
-        """Mark `worker` as serving `lanes` for the next `ttl_s` seconds."""
+    def heartbeat(self, lanes: list[str], worker: str, ttl_s: float,
+                  slots: Mapping[str, int] | None = None) -> None:
+        """Mark `worker` as serving `lanes` for the next `ttl_s` seconds, with `slots` (lane ->
+        its per-engine limit there, which prefix affinity reads) where given."""
         for lane in lanes:
-            self._heartbeat([keys.lane_workers_key(lane)], worker=worker, ttl_s=ttl_s)
+            if slots is not None and lane in slots:
+                self._heartbeat([keys.lane_workers_key(lane), keys.lane_worker_slots_key(lane)],
+                                worker=worker, ttl_s=ttl_s, slots=slots[lane])
+            else:
+                self._heartbeat([keys.lane_workers_key(lane)], worker=worker, ttl_s=ttl_s)
 
     def forget(self, lanes: list[str], worker: str) -> None:
         """Withdraw `worker` from `lanes` at once (a clean stop need not wait for the lapse)."""
         for lane in lanes:
             self.redis.zrem(keys.lane_workers_key(lane), worker)
+            self.redis.hdel(keys.lane_worker_slots_key(lane), worker)
 
     def worker_alive(self, worker: str, ttl_s: float) -> None:
         """Mark the `worker` process as alive for the next `ttl_s` seconds."""

@@ -7,8 +7,9 @@ reads and what it decides in Redis, used only when TAILGUARD_PREFIX_AFFINITY is 
   workers that served it, a sorted set by time (ZADD then trimming by rank is ``remember``),
   expiring ``ttl_s`` after its last use. A worker writes it once a job's prefill is done (its
   first token): the simulator found writing at take time worse;
-* ``choose``: at submit, one script reads the prefixes' holders and each live worker of the lane
-  with its load (jobs it runs + offered to it); ``holders`` and ``offer_to`` decide. A worker
+* ``look_up``: at submit, one script reads the prefixes' holders and each live worker of the
+  request's class's lanes with its load (jobs it runs + offered to it) and its limit there (its
+  heartbeat advertises it: ``keys.lane_worker_slots_key``); ``Holdings`` decides. A worker
   whose heartbeat lapsed is neither a holder nor a candidate, so a dead worker's entries are
   never used (they expire with their prefix);
 * an offer: the job's message goes to the worker's own queue (``keys.worker_queue``) in the step
@@ -35,7 +36,8 @@ from typing import Any
 import redis
 
 from tailguard import settings
-from tailguard.lanes.affinity import Affinity, holders, offer_to
+from tailguard.lanes.affinity import Affinity, Holdings, offer_wait_s
+from tailguard.lanes.table import Lane
 from tailguard.redis import keys, lua
 
 #: offers moved per pass at most (the rest at the next)
@@ -66,23 +68,30 @@ class PrefixIndex:
         return cls(client, Affinity(max_wait_s=settings.PREFIX_AFFINITY_WAIT_S.get(config)),
                    ttl_s=settings.PREFIX_INDEX_TTL_S.get(config))
 
-    def choose(self, prefixes: Sequence[str], lane: str) -> str | None:
-        """The worker serving `lane` to offer a request with `prefixes` (shortest first) to,
-        or None (no live holder, or each is too busy: the lane's queue)."""
-        if not prefixes:
-            return None
-        reply = self._lookup([keys.lane_workers_key(lane), keys.RUNNING_JOBS, keys.OFFERED,
-                              *(keys.prefix_holders_key(p) for p in prefixes)])
-        flat = [_text(v) for v in reply[0]]
-        load = {flat[i]: int(flat[i + 1]) for i in range(0, len(flat), 2)}
-        index = {p: [_text(w) for w in held] for p, held in zip(prefixes, reply[1:], strict=True)}
-        return offer_to(holders(prefixes, index), load, self.policy)
+    def look_up(self, prefixes: Sequence[str], depths: Sequence[int],
+                lanes: Sequence[Lane]) -> Holdings:
+        """What the index holds for a prompt with `prefixes` (shortest first, `depths` in
+        blocks), and the live workers of `lanes` (a worker that advertised no limit for a
+        lane: the lane's ``engine_slots``)."""
+        lane_keys = [k for l in lanes
+                     for k in (keys.lane_workers_key(l.name), keys.lane_worker_slots_key(l.name))]
+        reply = self._lookup([keys.RUNNING_JOBS, keys.OFFERED, *lane_keys,
+                              *(keys.prefix_holders_key(p) for p in prefixes)],
+                             lanes=len(lanes), slots=[l.engine_slots for l in lanes])
+        engines = {}
+        for lane, flat in zip(lanes, reply[:len(lanes)], strict=True):
+            engines[lane.name] = {_text(flat[i]): (int(flat[i + 1]), int(flat[i + 2]))
+                                  for i in range(0, len(flat), 3)}
+        held = {p: tuple(_text(w) for w in ws)
+                for p, ws in zip(prefixes, reply[len(lanes):], strict=True)}
+        return Holdings(tuple(prefixes), tuple(depths), engines, held)
 
-    def offer_args(self, job_id: str, worker: str, lane_queue: str) -> dict[str, Any]:
-        """What JobStore.create records an offer to `worker` with (its deadline: now +
-        ``max_wait_s`` on Redis's clock)."""
+    def offer_args(self, job_id: str, worker: str, lane: Lane) -> dict[str, Any]:
+        """What JobStore.create records an offer of a job of `lane` to `worker` with (its
+        deadline: now + ``offer_wait_s`` on Redis's clock)."""
         return {"keys": keys.OFFER_KEYS, "job": job_id, "worker": worker,
-                "lane_queue": lane_queue, "wait_s": self.policy.max_wait_s}
+                "lane_queue": lane.queue,
+                "wait_s": offer_wait_s(self.policy, lane.max_wait_s)}
 
     def remember(self, prefixes: Sequence[str], worker: str) -> None:
         """`worker` has served `prefixes` (its prefill is done): it is their latest holder."""
@@ -105,9 +114,10 @@ class PrefixIndex:
         """Move the offers past their deadline to their lanes' queues; the jobs moved."""
         return [_text(j) for j in self._give_up([], names=keys.OFFER_KEYS, limit=GIVE_UP_BATCH)]
 
-    def give_up_forever(self, stop: threading.Event) -> None:
-        """`give_up_due` every quarter of the offers' wait until `stop`; Redis errors logged."""
-        period_s = max(MIN_GIVE_UP_PERIOD_S, self.policy.max_wait_s / 4)
+    def give_up_forever(self, stop: threading.Event, wait_s: float | None = None) -> None:
+        """`give_up_due` every quarter of the shortest offer's wait (`wait_s`, else the
+        policy's) until `stop`; Redis errors logged."""
+        period_s = max(MIN_GIVE_UP_PERIOD_S, (wait_s or self.policy.max_wait_s) / 4)
         while not stop.is_set():
             try:
                 self.give_up_due()
@@ -115,9 +125,11 @@ class PrefixIndex:
                 log.warning("prefix offers: %s", exc)
             stop.wait(period_s)
 
-    def start(self, stop: threading.Event) -> threading.Thread:
-        """Run `give_up_forever` on a daemon thread (the API's)."""
-        thread = threading.Thread(target=self.give_up_forever, args=(stop,),
+    def start(self, stop: threading.Event, lanes: Sequence[Lane] = ()) -> threading.Thread:
+        """Run `give_up_forever` on a daemon thread (the API's), as often as the shortest
+        offer of `lanes` needs."""
+        wait_s = min((offer_wait_s(self.policy, l.max_wait_s) for l in lanes), default=None)
+        thread = threading.Thread(target=self.give_up_forever, args=(stop, wait_s),
                                   name="tailguard-offers", daemon=True)
         thread.start()
         return thread

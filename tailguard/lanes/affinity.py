@@ -10,15 +10,22 @@ about 1 time in N on the right one). The rule:
   ``Affinity.holders`` engines that served it (``remember``), so a prefix every request shares
   (a document all questions are about) has several homes;
 * ``offer_to``: the request is offered first to the least loaded of them that may serve the
-  request's lane, when its load (requests running and offered to it) is within ``Affinity.max_extra``
-  of the least loaded engine's that may serve the lane. Otherwise no offer: any free engine
-  takes it from its lane's queue, as without affinity (load beats affinity, as vllm-router's
-  ``cache_aware`` policy balances once the busiest replica has ``--balance-abs-threshold``
-  more requests than the idlest). The bound is relative: a holder with free slots is still
-  passed over while other engines are idler, or a hot prefix (one document every request
-  asks about) would pile its requests onto one engine's batch while the others idle;
-* ``given_up``: an offer waits at most ``Affinity.max_wait_s`` (well under the lane's promise);
-  past it the request goes to its lane's queue for any engine.
+  request's lane and has room for it (its load, requests running and offered to it, under its
+  limit for the lane), when that load is also within ``Affinity.max_extra`` of the least
+  loaded engine's that may serve the lane. Otherwise no offer: any free engine takes it from
+  its lane's queue, as without affinity (load beats affinity, as vllm-router's ``cache_aware``
+  policy balances once the busiest replica has ``--balance-abs-threshold`` more requests than
+  the idlest). A full holder is never waited for: a request parked behind it would wait while
+  another engine has a free slot, which costs more than the prefill the cache would skip. The
+  second bound is relative: a holder with free slots is still passed over while other engines
+  are idler, or a hot prefix (one document every request asks about) would pile its requests
+  onto one engine's batch while the others idle;
+* ``given_up``: an offer waits at most ``offer_wait_s`` (``Affinity.max_wait_s``, and no longer
+  than its lane's wait promise); past it the request goes to its lane's queue for any engine.
+  An offer goes only to an engine with room, so the wait is the engine's pick-up, not a queue;
+* ``cached_tokens``: the prompt tokens a live holder has in its prefix cache, which the
+  request's cost leaves out when its lane is chosen (a conversation's next turn is classed by
+  what its engine must compute: its new tokens and its output, not its whole history).
 
 The simulator (tailguard/plan/sim.py) runs this rule, and so do the API and the workers when
 TAILGUARD_PREFIX_AFFINITY is on (tailguard/jobs/prefix_index.py keeps the index in Redis).
@@ -42,8 +49,8 @@ DENSE_BLOCKS = 8
 
 @dataclass(frozen=True)
 class Affinity:
-    """The rule's two bounds: how much more loaded than the least loaded engine a holder may
-    be, in requests, and how long an offer waits."""
+    """The rule's bounds: how much more loaded than the least loaded engine a holder may be, in
+    requests, and how long an offer waits at most."""
 
     max_extra: int = 4
     max_wait_s: float = 0.5
@@ -71,21 +78,35 @@ def remember(engines: Sequence[str], engine: str, policy: Affinity) -> tuple[str
     return tuple(kept[-policy.holders:])
 
 
-def offer_to(candidates: Sequence[str], load: Mapping[str, int], policy: Affinity) -> str | None:
+def offer_to(candidates: Sequence[str], load: Mapping[str, int], slots: Mapping[str, int],
+             policy: Affinity) -> str | None:
     """The engine to offer a request to first: the least loaded of `candidates` (its prefix's
     holders) among the engines of `load` (those that may serve the request's lane, each with
-    its requests running and offered to it), when its load is within `policy.max_extra` of the
-    least of all; else None (ties: the latest holder)."""
-    mine = [e for e in reversed(candidates) if e in load]
-    if not mine:
+    its requests running and offered to it) whose load is under its `slots` (its limit for the
+    lane), when that load is within `policy.max_extra` of the least of all; else None (ties:
+    the latest holder)."""
+    roomy = [e for e in reversed(candidates) if e in load and load[e] < slots.get(e, 0)]
+    if not roomy:
         return None
-    best = min(mine, key=lambda e: load[e])
+    best = min(roomy, key=lambda e: load[e])
     return best if load[best] <= min(load.values()) + policy.max_extra else None
 
 
-def given_up(offered_at: float, now: float, policy: Affinity) -> bool:
-    """Whether an offer made at `offered_at` has waited its longest at `now`."""
-    return now - offered_at >= policy.max_wait_s
+def offer_wait_s(policy: Affinity, lane_wait_s: float | None) -> float:
+    """How long an offer of a request of a lane with wait promise `lane_wait_s` (None: none)
+    waits for its engine at most."""
+    return policy.max_wait_s if lane_wait_s is None else min(policy.max_wait_s, lane_wait_s)
+
+
+def cached_tokens(prefixes: Sequence[str], depths: Sequence[int], held: Sequence[str],
+                  block_size: int) -> int:
+    """The prompt tokens in some live engine's prefix cache: the longest of `prefixes` (with
+    their `depths` in blocks, as ``prefix_depths`` gives them) that is in `held`, in tokens."""
+    known = set(held)
+    for key, depth in zip(reversed(prefixes), reversed(depths), strict=True):
+        if key in known:
+            return depth * block_size
+    return 0
 
 
 def engine_block_tokens(engine: Mapping[str, object], device: str) -> int:
@@ -127,5 +148,34 @@ def indexed_depths(blocks: int, dense: int = DENSE_BLOCKS) -> list[int]:
 
 def prefix_keys(token_ids: Sequence[int], block_size: int) -> list[str]:
     """The names of a prompt's indexed prefixes, shortest first (what ``holders`` reads)."""
+    return [key for key, _ in prefix_depths(token_ids, block_size)]
+
+
+def prefix_depths(token_ids: Sequence[int], block_size: int) -> list[tuple[str, int]]:
+    """A prompt's indexed prefixes, shortest first, each with its depth in blocks."""
     hashes = block_hashes(token_ids, block_size)
-    return [hashes[d - 1] for d in indexed_depths(len(hashes))]
+    return [(hashes[d - 1], d) for d in indexed_depths(len(hashes))]
+
+
+@dataclass(frozen=True)
+class Holdings:
+    """What the index holds for one prompt, read at submit: its indexed prefixes (shortest
+    first) with their depths in blocks, each lane's live engines with their load and limit, and
+    each prefix's live holders (oldest first)."""
+
+    prefixes: tuple[str, ...]
+    depths: tuple[int, ...]
+    engines: Mapping[str, Mapping[str, tuple[int, int]]]  # lane -> engine -> (load, slots)
+    held: Mapping[str, tuple[str, ...]]
+
+    def offer_to(self, lane: str, policy: Affinity) -> str | None:
+        """The engine of `lane` to offer the request to first (``offer_to``), or None."""
+        engines = self.engines.get(lane, {})
+        index = {p: tuple(e for e in held if e in engines) for p, held in self.held.items()}
+        return offer_to(holders(self.prefixes, index), {e: n for e, (n, _) in engines.items()},
+                        {e: s for e, (_, s) in engines.items()}, policy)
+
+    def cached_tokens(self, block_size: int) -> int:
+        """The prompt tokens some live engine holds (``cached_tokens``)."""
+        return cached_tokens(self.prefixes, self.depths,
+                             [p for p, held in self.held.items() if held], block_size)

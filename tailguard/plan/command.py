@@ -100,9 +100,6 @@ def _target(text: str) -> tuple[str, float]:
 @click.option("--affinity-extra", type=int, default=Affinity().max_extra, show_default=True,
               help="with --prefix-cache: a prefix's engine is passed over when it runs (and has "
                    "offered) more than this many requests above the least loaded engine")
-@click.option("--affinity-wait", type=float, default=Affinity().max_wait_s, show_default=True,
-              help="with --prefix-cache: seconds a request offered to its prefix's engine waits "
-                   "for a slot there before any engine may take it")
 @click.option("--keda", "keda_rates", metavar="RATES",
               help="the engines the fleet needs at each of these loads (requests/s of the Azure "
                    "trace window, e.g. 8,32,128) to keep the short P99 within --target (default "
@@ -129,7 +126,7 @@ def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | Non
          lanes_file: Path | None, topology_name: str, target_specs: tuple[str, ...], max_queue_s: float,
          engines: int | None, split: str | None, duration: float, seed: int,
          validate: bool, compare_gpus: str | None, per_gpu: str, prefix_gpus: str | None,
-         kv_cache_tokens: int, affinity_extra: int, affinity_wait: float,
+         kv_cache_tokens: int, affinity_extra: int,
          keda_rates: str | None,
          max_running_specs: tuple[str, ...], engine_slots: int | None, token_scale: float,
          by_key: bool, weight_specs: tuple[str, ...], as_json: bool) -> None:
@@ -162,7 +159,7 @@ def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | Non
     if prefix_gpus:
         _prefix(model, prefix_gpus, lanes_file,
                 per_gpu if given("per_gpu").name != "DEFAULT" else "8,16", kv_cache_tokens,
-                affinity_extra, affinity_wait, trace_s, seed, as_json)
+                affinity_extra, trace_s, seed, as_json)
         return
     if keda_rates:
         _keda(model, keda_rates, lanes_file, _max_running(max_running_specs), engine_slots,
@@ -275,7 +272,7 @@ def _compare(model: StepModel, gpus_text: str, lanes_file: Path | None, per_gpu_
 
 
 def _prefix(model: StepModel, gpus_text: str, lanes_file: Path | None, per_gpu_text: str,
-            kv_tokens: int, extra: int, wait_s: float, duration: float, seed: int,
+            kv_tokens: int, extra: int, duration: float, seed: int,
             as_json: bool) -> None:
     """`--prefix-cache GPUS`: tailguard/plan/prefix.py's rows."""
     from tailguard.plan.prefix import compare, render
@@ -284,15 +281,15 @@ def _prefix(model: StepModel, gpus_text: str, lanes_file: Path | None, per_gpu_t
         rows = compare(load_lanes(lanes_file or default_lanes_path()), model,
                        [int(n) for n in gpus_text.split(",")],
                        [float(x) for x in per_gpu_text.split(",")], duration_s=duration,
-                       kv_tokens=kv_tokens, affinity=Affinity(extra, wait_s), seed=seed)
+                       kv_tokens=kv_tokens, affinity=Affinity(extra), seed=seed)
     except (ValueError, ConfigError) as exc:
         raise click.UsageError(str(exc)) from None
     if as_json:
         click.echo(json.dumps({"rows": [r.to_dict() for r in rows]}, indent=2))
     else:
         click.echo(f"chat and shared-doc for {duration:g} s, {kv_tokens} tokens of prefix cache "
-                   f"per engine, affinity within {extra} requests of the least loaded engine, "
-                   f"offers waiting at most {wait_s:g} s; simulated")
+                   f"per engine, affinity within {extra} requests of the least loaded engine; "
+                   "simulated")
         click.echo(render(rows))
 
 

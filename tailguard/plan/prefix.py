@@ -7,15 +7,14 @@ queue per lane; tailguard/plan/sim.py, ``FLEET``), each engine with a prefix cac
 
 * **any free engine** (today): a request goes to whichever engine frees a slot first, whatever
   it served before;
-* **affinity**: a request is offered first to the engine that served its prefix last, unless
-  that engine is overloaded, for a bounded wait (tailguard/lanes/affinity.py).
+* **affinity**: a request is offered first to an engine that served its prefix last and has
+  room for it, unless that engine is overloaded (tailguard/lanes/affinity.py).
 
 The workloads are the bench's ``chat`` (conversations resent turn after turn, after think
 times, with a shared system prompt) and ``shared-doc`` (questions over a few long documents),
 in tokens (tailguard/plan/workload.py). Each row: the requests, the prefix cache's hit rate
 (prompt tokens found / looked up), TTFT P50 and P99, end-to-end P99, the requests that did not
-succeed, and what affinity did: taken at once by their prefix's engine, after waiting for it,
-given up after waiting, not offered.
+succeed, and what affinity did: taken by their prefix's engine, not offered.
 """
 
 from __future__ import annotations
@@ -118,11 +117,10 @@ def compare(table: LaneTable, model: StepModel, sizes: Sequence[int], per_gpu: S
 def render(rows: Sequence[Row]) -> str:
     out = [f"{'workload':<11}{'GPUs':>5}{'req/s/GPU':>10}  {'dispatch':<16}{'requests':>9}"
            f"{'hit rate':>9}{'TTFT P50':>10}{'TTFT P99':>10}{'e2e P99':>9}{'not ok':>7}  "
-           "affinity: at once / waited / given up / not offered"]
+           "affinity: taken / not offered"]
     for r in rows:
         o = r.offers
-        offers = (f"{o['at_once']} / {o['waited']} / {o['given_up']} / {o['not_offered']}"
-                  if o else "")
+        offers = f"{o['taken']} / {o['not_offered']}" if o else ""
         out.append(f"{r.workload:<11}{r.gpus:>5}{r.per_gpu:>10g}  {r.dispatch:<16}{r.requests:>9}"
                    f"{_pct(r.hit_rate):>9}{_s(r.ttft_p50_s):>10}{_s(r.ttft_p99_s):>10}"
                    f"{_s(r.e2e_p99_s):>9}{r.not_succeeded:>7}  {offers}")

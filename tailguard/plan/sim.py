@@ -29,11 +29,10 @@ What it models, and how the real system does it:
 
   With ``affinity`` (fleet dispatch only), a request whose prefix some engines served last
   (their prefill of it done: a document, a conversation's turn ended) is offered to the least
-  loaded of them first (tailguard/lanes/affinity.py, the rule): it takes it at once
-  when it has room for the lane, else the offer waits for one of its slots (taken before its
-  lane's queue when ``next_lane`` names that lane) until ``max_wait_s``, then joins its lane's
-  queue at the tail; an engine more loaded than the least loaded one by over ``max_extra``
-  (requests running and offered) gets no offer.
+  loaded of them with room for it (requests running under its limit for the lane) first
+  (tailguard/lanes/affinity.py, the rule), which takes it at once (a real worker's pick-up
+  from its own queue is not modelled); a full holder, or one more loaded than the least
+  loaded engine by over ``max_extra``, gets no offer: the request joins its lane's queue.
 * **Prefix cache** (with ``prefix_cache_tokens``): each engine holds the prefixes it served in
   an LRU of that many tokens (tailguard/plan/prefix_cache.py): a request's prefixes when its
   prompt is prefilled, a conversation's whole turn (prompt and output) when it ends. A request
@@ -160,7 +159,6 @@ class _Req:
     keep: str | None = None  # a conversation's name: its turn stays cached under it
     follow: tuple[ChatSession, int] | None = None  # its session and turn
     cached: int = 0  # prompt tokens its engine's prefix cache held
-    offered: _Engine | None = None  # (affinity) the engine it waits for
 
 
 @dataclass(eq=False)
@@ -179,7 +177,6 @@ class _Engine:
     #: (FLEET) when it last took a request: Redis answers the worker blocked longest first
     turn: int = 0
     cache: PrefixCache | None = None
-    offers: list[_Req] = field(default_factory=list)  # (affinity) waiting for it, oldest first
 
 
 @dataclass(frozen=True)
@@ -262,9 +259,9 @@ class Simulation:
         self.named = {e.name: e for e in self.engines}
         #: prompt tokens looked up in the engines' prefix caches, and found
         self.prefix_queries = self.prefix_hits = 0
-        #: (affinity) requests taken by their prefix's engine at once, after waiting for it,
-        #: given up after waiting, and not offered (no holder, or it was overloaded)
-        self.offers = {"at_once": 0, "waited": 0, "given_up": 0, "not_offered": 0}
+        #: (affinity) requests taken by their prefix's engine, and not offered (no holder, or
+        #: none with room)
+        self.offers = {"taken": 0, "not_offered": 0}
         self.serving = {name: [e for e in self.engines if name in e.lanes]
                         for name in self.by_name}
         if any(len({e.dispatch for e in es}) > 1 for es in self.serving.values()):
@@ -328,8 +325,7 @@ class Simulation:
 
     def run(self) -> dict[str, ClassResult]:
         """Every event to the last; per-class results."""
-        apply = {"arrive": self.arrive, "step": self.step_ended, "turn": self.turn,
-                 "give_up": self.give_up}
+        apply = {"arrive": self.arrive, "step": self.step_ended, "turn": self.turn}
         while self.events:
             t, _, kind, payload = heapq.heappop(self.events)
             self.backlog_area += self.backlog * (t - self.now)
@@ -452,62 +448,38 @@ class Simulation:
 
     # -- prefix affinity (tailguard/lanes/affinity.py)
 
-    def has_room(self, e: _Engine, lane: str) -> bool:
-        """Whether `e` may start a request of `lane` now (a free slot, the lane's limit)."""
-        return len(e.reqs) < e.slots and next_lane(self.limits(e), e.running, {lane: 1}) == lane
-
     def limits(self, e: _Engine) -> list[LaneLimit]:
         """`e`'s lanes in its order, their limits as its worker's gate has them (`capped` on the
         front end's engine)."""
         lanes = [self.by_name[name] for name in e.lanes]
         return capped(lanes, self.frontend_cap) if e is self.front else lanes
 
+    def lane_limit(self, e: _Engine, lane: str) -> int:
+        """`e`'s per-engine limit for `lane`, as its worker advertises it."""
+        return next(l.engine_slots for l in self.limits(e) if l.name == lane)
+
     def offer(self, r: _Req, t: float) -> bool:
-        """Offer `r` to the engine that served its prefix last, if the rule says so: taken at
-        once when it has room, else waiting for it until the offer is given up. Whether offered."""
+        """Offer `r` to an engine that served its prefix last and has room for it, if the rule
+        names one: it takes it at once (a real worker picks it up from its own queue). Whether
+        offered."""
         assert self.affinity is not None
         names = [name for name, _ in r.prefix] + ([r.keep] if r.keep else [])
-        load = {o.name: len(o.reqs) + len(o.offers) for o in self.serving[r.lane]}
-        chosen = offer_to(holders(names, self.index), load, self.affinity)
+        serving = self.serving[r.lane]
+        load = {o.name: len(o.reqs) for o in serving}
+        slots = {o.name: min(o.slots, self.lane_limit(o, r.lane)) for o in serving}
+        chosen = offer_to(holders(names, self.index), load, slots, self.affinity)
         if chosen is None:
             self.offers["not_offered"] += 1
             return False
-        e = self.named[chosen]
-        if self.has_room(e, r.lane):
-            self.offers["at_once"] += 1
-            self.backlog -= r.cost
-            self.take(e, r, t)
-            return True
-        r.offered = e
-        e.offers.append(r)
-        self.push(t + self.affinity.max_wait_s, "give_up", (r,))
+        self.offers["taken"] += 1
+        self.backlog -= r.cost
+        self.take(self.named[chosen], r, t)
         return True
 
     def served(self, key: str, e: _Engine) -> None:
         """(affinity) `e` holds prefix `key` now: the index names it, the latest."""
         if self.affinity is not None:
             self.index[key] = remember(self.index.get(key, ()), e.name, self.affinity)
-
-    def give_up(self, t: float, r: _Req) -> None:
-        """`r`'s offer has waited its longest: unless taken, it joins its lane's queue."""
-        e = r.offered
-        if e is None or r.start is not None or r not in e.offers:
-            return
-        e.offers.remove(r)
-        r.offered = None
-        self.offers["given_up"] += 1
-        self.to_lane_queue(r, t)
-
-    def take_offer(self, e: _Engine, lane: str, t: float) -> _Req | None:
-        """`e`'s oldest offer of `lane` (within its TTL), if any."""
-        for r in list(e.offers):
-            if r.lane == lane:
-                e.offers.remove(r)
-                r.offered = None
-                if self.unexpired(r, t):
-                    self.offers["waited"] += 1
-                    return r
-        return None
 
     def take(self, e: _Engine, r: _Req, t: float) -> None:
         """`e` admits `r` (and steps, if it was idle); its prefix cache may skip some prefill."""
@@ -543,8 +515,8 @@ class Simulation:
             return None
         if e.dispatch == FLEET:
             lanes = self.limits(e)
-            while (name := next_lane(lanes, e.running, self.visible(e))) is not None:
-                if (r := self.take_offer(e, name, t) or self.pop(name, t)) is not None:
+            while (name := next_lane(lanes, e.running, self.waiting(e))) is not None:
+                if (r := self.pop(name, t)) is not None:
                     return r
             return None
         for name in e.lanes:  # DEDICATED: its lanes in strict order
@@ -552,12 +524,9 @@ class Simulation:
                 return r
         return None
 
-    def visible(self, e: _Engine) -> dict[str, int]:
-        """What waits for `e` per lane: its lanes' queues and the offers made to it."""
-        waiting = {n: self.queued(n) for n in e.lanes}
-        for r in e.offers:
-            waiting[r.lane] = waiting.get(r.lane, 0) + 1
-        return waiting
+    def waiting(self, e: _Engine) -> dict[str, int]:
+        """What waits for `e` per lane: its lanes' queues."""
+        return {n: self.queued(n) for n in e.lanes}
 
     # -- engine steps
 

@@ -137,6 +137,12 @@ FAIR_KEY_PATTERNS = {"fair": lane_fair_key("%s"), "held": lane_held_key("%s", "%
                      "running_tokens": lane_running_tokens_key("%s")}
 
 
+def lane_worker_slots_key(lane: str) -> str:
+    """Hash of the live workers serving `lane`: worker -> its per-engine limit for the lane
+    (``Lane.engine_slots``, cut on the front end's engine), written with its heartbeat."""
+    return f"{PREFIX}:lane:{lane}:worker-slots"
+
+
 def lane_served_key(lane: str) -> str:
     """Hash of cost tokens served per second (field: the Redis-clock second) over the rate window."""
     return f"{PREFIX}:lane:{lane}:served"

@@ -98,6 +98,9 @@ class WorkerRuntime:
     gate: LaneGate | None = None
     #: prefix affinity's index and offers (None: off)
     offers: PrefixIndex | None = None
+    #: its per-engine limit for each lane, advertised with its heartbeat (prefix affinity
+    #: offers a job only to a worker under it)
+    lane_slots: dict[str, int] = field(default_factory=dict)
     stopping: threading.Event = field(default_factory=threading.Event)
     keeper: EngineKeeper[EngineHost] = field(init=False)
     #: one runner per lane: each runs its lane's jobs at the lane's vLLM priority
@@ -171,7 +174,8 @@ class WorkerRuntime:
         """Tell /healthz this worker serves its lanes (refreshed every heartbeat)."""
         with self._advert_lock:
             if self.serving:
-                self.liveness.heartbeat(self.lane_names, self.hostname, ttl_s=lapse_s())
+                self.liveness.heartbeat(self.lane_names, self.hostname, ttl_s=lapse_s(),
+                                        slots=self.lane_slots or None)
 
     def withdraw(self) -> None:
         """The engine is down: /healthz must not count this worker for its lanes, now."""
@@ -258,14 +262,17 @@ def setup(app: Celery, hostname: str, queue_names: list[str], *,
         store = JobStore.from_settings(client)
         offers = PrefixIndex.from_settings(client)  # None: prefix affinity is off
         own = {l.name: keys.worker_queue(l.queue, hostname) for l in lanes} if offers else {}
+        limits = capped(lanes, _engine_cap())
         from tailguard.engine.host import EngineHost
 
         runtime = WorkerRuntime(app=app, hostname=hostname, lanes=lanes, store=store,
                                 all_lanes={l.name: l for l in table},
                                 liveness=Liveness(client),
-                                gate=LaneGate(capped(lanes, _engine_cap()), consumer, own)
+                                gate=LaneGate(limits, consumer, own)
                                 if consumer is not None
                                 else None, offers=offers,
+                                lane_slots={l.name: l.engine_slots for l in limits}
+                                if offers else {},
                                 build_engine=functools.partial(
                                     EngineHost, engine_config(lanes, options)),
                                 stream_writes_per_s=writes_per_s_for(

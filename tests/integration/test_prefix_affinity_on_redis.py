@@ -124,6 +124,45 @@ def test_an_overloaded_holder_is_passed_over(affinity_app, redis_client, live):
     assert redis_client.llen(keys.worker_queue("short", W1)) == 0 and redis_client.llen("short") == 1
 
 
+def test_a_holder_at_its_advertised_limit_is_passed_over(affinity_app, redis_client, live):
+    live.heartbeat(["short"], W1, 60, slots={"short": 1})  # the front end's engine: cut to 1
+    assert redis_client.hget(keys.lane_worker_slots_key("short"), W1) == b"1"
+    redis_client.hset(keys.OFFERED, W1, 1)  # one job offered to it already: it is full
+    offered_to(affinity_app, redis_client, W1)
+    assert redis_client.llen(keys.worker_queue("short", W1)) == 0 and redis_client.llen("short") == 1
+
+
+def test_a_lapsed_workers_advertised_limit_is_dropped(redis_client, live):
+    live.heartbeat(["short"], W1, 60, slots={"short": 3})
+    redis_client.zadd(keys.lane_workers_key("short"), {W1: 1})  # lapsed long ago
+    live.heartbeat(["short"], W2, 60, slots={"short": 8})  # a heartbeat drops the lapsed ones
+    assert redis_client.hgetall(keys.lane_worker_slots_key("short")) == {W2.encode(): b"8"}
+    live.forget(["short"], W2)
+    assert redis_client.hlen(keys.lane_worker_slots_key("short")) == 0
+
+
+def test_a_turn_is_classed_by_what_its_holder_must_compute(affinity_app, redis_client, live):
+    """A conversation past the short lane's max_cost (256 in the tests' lanes file) whose
+    history a live worker holds goes to the short lane, offered to that worker, its cost
+    without the held tokens; with nobody holding it, the same prompt is long."""
+    client = affinity_app.test_client()
+    history = " ".join([HISTORY] * 3)
+    reply = client.post("/v1/jobs", json={"prompt": history, "max_tokens": 16})
+    assert reply.status_code == 202 and reply.get_json()["lane"] == "long", reply.get_json()
+    full = reply.get_json()
+    live.heartbeat(["long"], W1, 60)
+    index(redis_client).remember(prefixes_of(redis_client, full["id"]), W1)
+    turn = client.post("/v1/jobs", json={"prompt": history + " and one more", "max_tokens": 16})
+    body = turn.get_json()
+    assert turn.status_code == 202 and body["lane"] == "short", body
+    assert body["prompt_tokens"] > full["prompt_tokens"] and body["cost"] < 256 < full["cost"]
+    assert redis_client.hget(keys.job_key(body["id"]), "offered_to") == W1.encode()
+    # held by a worker with no room: no offer, so its whole prompt counts: long
+    redis_client.hset(keys.OFFERED, W1, 4)  # the test lanes' 4 slots
+    again = client.post("/v1/jobs", json={"prompt": history + " and another", "max_tokens": 16})
+    assert again.get_json()["lane"] == "long"
+
+
 def test_a_lapsed_offer_moves_to_its_lanes_queue_exactly_once(lapsing_app, redis_client, live):
     job = offered_to(lapsing_app, redis_client)
     queue = keys.worker_queue("short", W1)

@@ -4,12 +4,15 @@ import pytest
 
 from tailguard.lanes.affinity import (
     Affinity,
+    Holdings,
     block_hashes,
+    cached_tokens,
     engine_block_tokens,
-    given_up,
     holders,
     indexed_depths,
     offer_to,
+    offer_wait_s,
+    prefix_depths,
     prefix_keys,
     remember,
 )
@@ -30,20 +33,52 @@ def test_remember_keeps_the_latest_holders_latest_last():
     assert remember(("e1", "e2"), "e1", POLICY) == ("e2", "e1")  # served again: the latest
 
 
-@pytest.mark.parametrize("candidates, load, chosen", [
-    (("e1",), {"e1": 3, "e2": 1}, "e1"),          # within max_extra of the least loaded
-    (("e1",), {"e1": 4, "e2": 1}, None),          # past it: load beats affinity
-    (("e1", "e2"), {"e1": 5, "e2": 2, "e3": 0}, "e2"),  # the least loaded holder
-    (("e1", "e2"), {"e1": 1, "e2": 1}, "e2"),     # a tie: the latest holder
-    (("gone",), {"e1": 0}, None),                  # a holder that may not serve the lane
-    ((), {"e1": 0}, None),                         # no holder
+ROOM = {"e1": 8, "e2": 8, "e3": 8}
+
+
+@pytest.mark.parametrize("candidates, load, slots, chosen", [
+    (("e1",), {"e1": 3, "e2": 1}, ROOM, "e1"),          # within max_extra of the least loaded
+    (("e1",), {"e1": 4, "e2": 1}, ROOM, None),          # past it: load beats affinity
+    (("e1", "e2"), {"e1": 5, "e2": 2, "e3": 0}, ROOM, "e2"),  # the least loaded holder
+    (("e1", "e2"), {"e1": 1, "e2": 1}, ROOM, "e2"),     # a tie: the latest holder
+    (("gone",), {"e1": 0}, ROOM, None),                  # a holder that may not serve the lane
+    ((), {"e1": 0}, ROOM, None),                         # no holder
+    (("e1",), {"e1": 3, "e2": 3}, {"e1": 3, "e2": 8}, None),  # a full holder is not waited for
+    (("e1", "e2"), {"e1": 2, "e2": 1}, {"e1": 8, "e2": 1}, "e1"),  # the one with room
+    (("e1",), {"e1": 0}, {}, None),                      # no limit known: no room
 ])
-def test_offer_to(candidates, load, chosen):
-    assert offer_to(candidates, load, POLICY) == chosen
+def test_offer_to(candidates, load, slots, chosen):
+    assert offer_to(candidates, load, slots, POLICY) == chosen
 
 
-def test_an_offer_is_given_up_after_its_wait():
-    assert not given_up(10.0, 10.4, POLICY) and given_up(10.0, 10.5, POLICY)
+def test_an_offer_waits_no_longer_than_its_lanes_promise():
+    assert offer_wait_s(POLICY, None) == 0.5
+    assert offer_wait_s(POLICY, 0.1) == 0.1
+    assert offer_wait_s(POLICY, 2.0) == 0.5
+
+
+def test_cached_tokens_are_the_longest_held_prefix():
+    assert cached_tokens(["a", "b", "c"], [1, 2, 4], ["a", "b"], 16) == 32
+    assert cached_tokens(["a", "b", "c"], [1, 2, 4], ["c"], 16) == 64
+    assert cached_tokens(["a", "b"], [1, 2], [], 16) == 0
+
+
+def test_holdings_offer_only_to_live_engines_of_the_lane():
+    h = Holdings(prefixes=("sys", "chat"), depths=(1, 3),
+                 engines={"short": {"e1": (1, 8), "e2": (0, 8)}, "long": {"e3": (0, 4)}},
+                 held={"sys": ("e2",), "chat": ("e3",)})
+    # "chat" is held by e3, which serves only long: for short the system prompt's holder
+    assert h.offer_to("short", POLICY) == "e2"
+    assert h.offer_to("long", POLICY) == "e3"
+    assert h.offer_to("batch", POLICY) is None
+    assert h.cached_tokens(128) == 3 * 128
+    assert Holdings(("x",), (1,), {}, {"x": ()}).cached_tokens(128) == 0
+
+
+def test_prefix_depths_name_the_indexed_prefixes():
+    named = prefix_depths(list(range(16 * 20)), 16)
+    assert [d for _, d in named] == indexed_depths(20)
+    assert [k for k, _ in named] == prefix_keys(list(range(16 * 20)), 16)
 
 
 def test_the_bounds_are_checked():

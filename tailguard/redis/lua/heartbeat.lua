@@ -1,6 +1,16 @@
 -- A worker is alive for a lane until now + ttl_s.
--- KEYS[1] the lane's zset of workers; ARGV[1] JSON {worker, ttl_s}
+-- KEYS[1] the lane's zset of workers; optional KEYS[2] the lane's hash of the workers' limits
+-- (worker -> slots), written with a.slots, its lapsed workers' fields dropped here
+-- ARGV[1] JSON {worker, ttl_s, slots?}
 local a = cjson.decode(ARGV[1])
+local keep = math.ceil(a.ttl_s) * 2
+if KEYS[2] then
+  for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('%.6f', now))) do
+    redis.call('HDEL', KEYS[2], w)
+  end
+  redis.call('HSET', KEYS[2], a.worker, a.slots)
+  redis.call('EXPIRE', KEYS[2], keep)
+end
 redis.call('ZADD', KEYS[1], now + a.ttl_s, a.worker)
-redis.call('EXPIRE', KEYS[1], math.ceil(a.ttl_s) * 2)
+redis.call('EXPIRE', KEYS[1], keep)
 return 1
