@@ -334,13 +334,14 @@ FAIR_SHARE = Setting(
 PREFIX_AFFINITY = Setting(
     "TAILGUARD_PREFIX_AFFINITY", False, _bool,
     "Offer a request first, for at most TAILGUARD_PREFIX_AFFINITY_WAIT_S, to a worker that served "
-    "its prompt's prefix lately (its engine's prefix cache holds it), unless that worker is "
-    "busier than the idlest (docs/lanes.md). Off until measured: every request goes to its "
+    "its prompt's prefix lately (its engine's prefix cache holds it) and has room for it, unless "
+    "that worker is busier than the idlest; its cost then leaves out the tokens held "
+    "(docs/lanes.md). Off until measured: every request goes to its "
     "lane's queue. Keys mode with TAILGUARD_FAIR_SHARE dispatches in fair order instead.")
 PREFIX_AFFINITY_WAIT_S = Setting(
     "TAILGUARD_PREFIX_AFFINITY_WAIT_S", 0.5, float,
     "Longest an offered request waits for its preferred worker before it moves to its lane's "
-    "queue (each API process checks every quarter of it).")
+    "queue, at most its lane's max_wait_s (each API process checks every quarter of it).")
 PREFIX_BLOCK_TOKENS = Setting(
     "TAILGUARD_PREFIX_BLOCK_TOKENS", 0, int,
     "Tokens per block of the engines' prefix cache, as the API names prompt prefixes. 0: the "
