@@ -418,8 +418,9 @@ WORKER_FIELDS: dict[str, FieldDoc] = {
     "name": FieldDoc((str,), "its first lane", "the worker's name (`tailguard worker --worker NAME`)"),
     "lanes": FieldDoc((list,), "required",
                       "the lanes it serves, in priority order: a free slot takes the first "
-                      "lane with a job waiting that is below its `max_running` on this "
-                      "engine; a batch lane only while no interactive lane has one"),
+                      "lane with a job waiting that is below its `max_running` (and "
+                      "`max_ahead`) on this engine; a batch lane only while no interactive "
+                      "lane has one"),
     "devices": FieldDoc((list,), "placed",
                         "CUDA host: the GPUs of its engine, numbered as the process sees them "
                         "(within `CUDA_VISIBLE_DEVICES`), as many as its engine's parallel sizes "
