@@ -8,7 +8,12 @@ in its worker's order (short, then long, then batch), that
 * runs fewer jobs on this engine, its own and those of the lanes after it, than its per-engine
   limit (``Lane.engine_slots``: ``max_running``, else ``max_num_seqs``), so a burst of long and
   batch jobs together never takes more than long's limit and a short job always finds one of
-  the slots left, and
+  the slots left,
+* where it has a ``max_ahead``, finds this engine running fewer jobs of the lanes ahead of it
+  than that: an engine busy with short jobs leaves long ones to the others, since every prompt
+  chunk it prefills lengthens each step of the short jobs decoding beside it (with
+  docs/capacity/gpu-assumed.json, a step with a 2,048-token chunk lasts as long as ~25 decode
+  steps), and
 * is interactive, or no interactive lane of the worker has a job waiting (batch runs only
   on what interactive work leaves).
 
@@ -51,6 +56,9 @@ class LaneLimit(Protocol):
     @property
     def engine_slots(self) -> int: ...
 
+    @property
+    def max_ahead(self) -> int | None: ...
+
 
 @dataclass(frozen=True)
 class CappedLane:
@@ -71,6 +79,10 @@ class CappedLane:
     def engine_slots(self) -> int:
         return min(self.lane.engine_slots, self.cap)
 
+    @property
+    def max_ahead(self) -> int | None:
+        return self.lane.max_ahead
+
 
 def capped(lanes: Sequence[LaneLimit], cap: int) -> list[LaneLimit]:
     """`lanes` with each one's per-engine limit cut to `cap` (a lane's limit counts its jobs and
@@ -81,8 +93,12 @@ def capped(lanes: Sequence[LaneLimit], cap: int) -> list[LaneLimit]:
 
 def below_limit(lanes: Sequence[LaneLimit], i: int, running: Mapping[str, int]) -> bool:
     """Whether one more job of `lanes[i]` may start on an engine running `running` (by lane):
-    its limit bounds its own jobs and those of every lane after it in the order."""
-    return sum(running.get(l.name, 0) for l in lanes[i:]) < lanes[i].engine_slots
+    its limit bounds its own jobs and those of every lane after it in the order, its
+    ``max_ahead`` (if any) those of the lanes before it."""
+    lane = lanes[i]
+    if sum(running.get(l.name, 0) for l in lanes[i:]) >= lane.engine_slots:
+        return False
+    return lane.max_ahead is None or sum(running.get(l.name, 0) for l in lanes[:i]) < lane.max_ahead
 
 
 def next_lane(lanes: Sequence[LaneLimit], running: Mapping[str, int],

@@ -52,6 +52,10 @@ class Lane:
     #: runs at once (None: max_num_seqs); what keeps room on every engine for the lanes ahead of
     #: it (tailguard/lanes/dispatch.py)
     max_running: int | None = None
+    #: this lane's jobs start on an engine only while it runs fewer jobs of the lanes ahead of
+    #: it in a worker's order (None: no bound): long prompts go to engines with few short jobs
+    #: decoding (tailguard/lanes/dispatch.py)
+    max_ahead: int | None = None
     max_model_len: int = 2048
     dedicated: bool = False
     max_backlog_tokens: int | None = None
@@ -256,6 +260,10 @@ LANE_FIELDS: dict[str, FieldDoc] = {
                             "the most requests of this lane and the lanes after it (in a "
                             "worker's order) one engine runs at once: room kept on every engine "
                             "for the lanes ahead of it"),
+    "max_ahead": FieldDoc((int,), "none",
+                          "a request of this lane starts on an engine only while it runs fewer "
+                          "requests of the lanes ahead of it (in a worker's order) than this: "
+                          "long prompts' prefill kept off engines busy with short requests"),
     "max_model_len": FieldDoc((int,), "2048", "engine context (never more than the model's own)"),
     "dedicated": FieldDoc((bool,), "false", "a worker serving this lane serves nothing else"),
     "max_backlog_tokens": FieldDoc((int,), "none",
@@ -293,7 +301,7 @@ def _lane_from(name: str, raw: Any) -> Lane:
         raise ConfigError(f"{where}.priority must be one of {PRIORITY_CLASSES}, got {lane.priority!r}",
                           field=f"{where}.priority")
     for key in ("max_cost", "max_tokens", "default_max_tokens", "deadline_s", "queue_ttl_s",
-                "max_num_seqs", "max_running", "max_model_len", "max_backlog_tokens",
+                "max_num_seqs", "max_running", "max_ahead", "max_model_len", "max_backlog_tokens",
                 "max_wait_s"):
         positive(key, getattr(lane, key))
     if lane.max_backlog_tokens is not None and lane.max_backlog_tokens < lane.max_model_len:
@@ -410,8 +418,9 @@ WORKER_FIELDS: dict[str, FieldDoc] = {
     "name": FieldDoc((str,), "its first lane", "the worker's name (`tailguard worker --worker NAME`)"),
     "lanes": FieldDoc((list,), "required",
                       "the lanes it serves, in priority order: a free slot takes the first "
-                      "lane with a job waiting that is below its `max_running` on this "
-                      "engine; a batch lane only while no interactive lane has one"),
+                      "lane with a job waiting that is below its `max_running` (and "
+                      "`max_ahead`) on this engine; a batch lane only while no interactive "
+                      "lane has one"),
     "devices": FieldDoc((list,), "placed",
                         "CUDA host: the GPUs of its engine, numbered as the process sees them "
                         "(within `CUDA_VISIBLE_DEVICES`), as many as its engine's parallel sizes "

@@ -109,6 +109,10 @@ def _target(text: str) -> tuple[str, float]:
 @click.option("--max-running", "max_running_specs", multiple=True, metavar="LANE=N[,N...]",
               help="with --compare-fleet or --keda: the fleet's per-engine limit of a lane "
                    "instead of the lanes file's max_running; several values: a fleet row each")
+@click.option("--max-ahead", "max_ahead_specs", multiple=True, metavar="LANE=N[,N...]",
+              help="with --compare-fleet: the fleet's max_ahead of a lane (its requests start on "
+                   "an engine running fewer than N of the lanes ahead of it) instead of the "
+                   "lanes file's; several values: a fleet row each (with each --max-running)")
 @click.option("--engine-slots", type=int,
               help="with --compare-fleet or --keda: the fleet's engines run at most this many "
                    "requests (max_num_seqs; default the largest lane's)")
@@ -127,8 +131,8 @@ def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | Non
          engines: int | None, split: str | None, duration: float, seed: int,
          validate: bool, compare_gpus: str | None, per_gpu: str, prefix_gpus: str | None,
          kv_cache_tokens: int, affinity_extra: int,
-         keda_rates: str | None,
-         max_running_specs: tuple[str, ...], engine_slots: int | None, token_scale: float,
+         keda_rates: str | None, max_running_specs: tuple[str, ...],
+         max_ahead_specs: tuple[str, ...], engine_slots: int | None, token_scale: float,
          by_key: bool, weight_specs: tuple[str, ...], as_json: bool) -> None:
     """How many engines each lane needs: a simulation of the lanes and of continuously
     batching engines whose step time comes from `--profile`."""
@@ -154,7 +158,8 @@ def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | Non
     trace_s = duration if given("duration").name != "DEFAULT" else 60.0
     if compare_gpus:
         _compare(model, compare_gpus, lanes_file, per_gpu, _max_running(max_running_specs),
-                 engine_slots, token_scale, trace_s, seed, as_json)
+                 _max_running(max_ahead_specs, "--max-ahead"), engine_slots, token_scale,
+                 trace_s, seed, as_json)
         return
     if prefix_gpus:
         _prefix(model, prefix_gpus, lanes_file,
@@ -225,8 +230,8 @@ def _weights(specs: tuple[str, ...], classes: list[ClassLoad]) -> dict[str, floa
     return out
 
 
-def _max_running(specs: tuple[str, ...]) -> dict[str, list[int]]:
-    """--max-running LANE=N[,N...], each N >= 1."""
+def _max_running(specs: tuple[str, ...], option: str = "--max-running") -> dict[str, list[int]]:
+    """--max-running (or `option`) LANE=N[,N...], each N >= 1."""
     out: dict[str, list[int]] = {}
     for text in specs:
         lane, _, values = text.partition("=")
@@ -236,13 +241,14 @@ def _max_running(specs: tuple[str, ...]) -> dict[str, list[int]]:
             out[lane] = []
         if not lane or not out[lane] or min(out[lane]) < 1:
             raise click.BadParameter(f"{text!r}: LANE=N[,N...], each N >= 1",
-                                     param_hint="--max-running")
+                                     param_hint=option)
     return out
 
 
 def _compare(model: StepModel, gpus_text: str, lanes_file: Path | None, per_gpu_text: str,
-             max_running: dict[str, list[int]], slots: int | None, token_scale: float,
-             duration: float, seed: int, as_json: bool) -> None:
+             max_running: dict[str, list[int]], max_ahead: dict[str, list[int]],
+             slots: int | None, token_scale: float, duration: float, seed: int,
+             as_json: bool) -> None:
     """`--compare-fleet GPUS`: tailguard/plan/compare.py's rows for each fleet size and load."""
     from tailguard.plan import azure
     from tailguard.plan.compare import Point, compare, limit_sweep, render
@@ -256,7 +262,7 @@ def _compare(model: StepModel, gpus_text: str, lanes_file: Path | None, per_gpu_
                                                          duration_s=duration,
                                                          token_scale=token_scale),
                                           table, model, n, sweep=sweep, slots=slots,
-                                          seed=seed))
+                                          ahead_sweep=limit_sweep(max_ahead), seed=seed))
                   for n in sizes for load in loads]
     except (ValueError, ConfigError) as exc:
         raise click.UsageError(str(exc)) from None

@@ -122,10 +122,11 @@ def static_layout(table: LaneTable, gpus: int, arrivals: Arrivals) -> list[Engin
 
 
 def setup(name: str, table: LaneTable, gpus: int, arrivals: Arrivals,
-          limits: Limits | None = None,
-          slots: int | None = None) -> tuple[list[Lane], list[EngineGroup]]:
+          limits: Limits | None = None, slots: int | None = None,
+          ahead: Limits | None = None) -> tuple[list[Lane], list[EngineGroup]]:
     """The lanes and engine groups of one setup (module docstring) on `gpus` GPUs; the fleet's
-    engines with `slots` (their max_num_seqs; None: the largest lane's)."""
+    engines with `slots` (their max_num_seqs; None: the largest lane's), its lanes with the
+    `limits` (max_running) and `ahead` (max_ahead) given instead of the file's."""
     if name == SHARED:
         lane = shared_lane(table)
         return [lane], [EngineGroup((lane.name,), gpus, lane.max_num_seqs)]
@@ -139,24 +140,26 @@ def setup(name: str, table: LaneTable, gpus: int, arrivals: Arrivals,
                                    dispatch=ROUTER)]
     if name != FLEET_SETUP:
         raise ValueError(f"a setup is one of {SETUPS}, got {name!r}")
-    unknown = set(limits or {}) - set(names)
-    if unknown:
-        raise ValueError(f"--max-running names no lane of the file: {', '.join(sorted(unknown))}")
+    for option, given in (("--max-running", limits), ("--max-ahead", ahead)):
+        unknown = set(given or {}) - set(names)
+        if unknown:
+            raise ValueError(f"{option} names no lane of the file: {', '.join(sorted(unknown))}")
     # a limit above the lane's own batch lifts that too (engine_slots is the lesser of the two)
     lanes = [replace(l, max_running=limits[l.name], max_num_seqs=max(l.max_num_seqs,
                                                                       limits[l.name]))
              if l.name in (limits or {}) else l for l in lanes]
+    lanes = [replace(l, max_ahead=ahead[l.name]) if l.name in (ahead or {}) else l for l in lanes]
     return lanes, [EngineGroup(names, gpus, slots or slots_for(lanes), name="worker",
                                dispatch=FLEET)]
 
 
 def run(name: str, arrivals: Arrivals, table: LaneTable, model: StepModel, gpus: int, *,
-        limits: Limits | None = None, slots: int | None = None,
+        limits: Limits | None = None, slots: int | None = None, ahead: Limits | None = None,
         unloaded_p99_s: float | None = None, seed: int = 0, label: str | None = None) -> Row:
     """One row: `arrivals` (time, class, prompt tokens, max_tokens) on the `name` setup."""
     classes = [ClassLoad(c, 0.0, Lengths.fixed(1), Lengths.fixed(1))
                for c in sorted({a[1] for a in arrivals})]
-    lanes, groups = setup(name, table, gpus, arrivals, limits, slots)
+    lanes, groups = setup(name, table, gpus, arrivals, limits, slots, ahead)
     sim = Simulation(classes, lanes, groups, model, seed=seed)
     sim.replay(arrivals)
     results = sim.run()
@@ -186,8 +189,10 @@ def _good(r: Any, overhead_s: float) -> bool:
     return all(b is None or v <= b for v, b in zip((ttft, e2e, tpot), bounds))
 
 
-def fleet_label(limits: Limits) -> str:
-    return FLEET_SETUP + "".join(f" {lane}<={n}" for lane, n in sorted(limits.items()))
+def fleet_label(limits: Limits, ahead: Limits | None = None) -> str:
+    """`fleet long<=16 long:ahead<5`: the limits a fleet row runs with, where given."""
+    return (FLEET_SETUP + "".join(f" {lane}<={n}" for lane, n in sorted(limits.items()))
+            + "".join(f" {lane}:ahead<{n}" for lane, n in sorted((ahead or {}).items())))
 
 
 def limit_sweep(values: Mapping[str, Sequence[int]]) -> list[dict[str, int]]:
@@ -198,13 +203,15 @@ def limit_sweep(values: Mapping[str, Sequence[int]]) -> list[dict[str, int]]:
 
 def compare(arrivals: Arrivals, table: LaneTable, model: StepModel, gpus: int, *,
             sweep: Sequence[Limits] = ({},), slots: int | None = None,
+            ahead_sweep: Sequence[Limits] = ({},),
             seed: int = 0) -> tuple[float | None, list[Row]]:
-    """(the unloaded short P99, the rows): a fleet row per limits of `sweep` (its engines with
-    `slots`), then the others."""
+    """(the unloaded short P99, the rows): a fleet row per limits of `sweep` and max_ahead of
+    `ahead_sweep` (its engines with `slots`), then the others."""
     unloaded = unloaded_short_p99(arrivals, list(table), model)
-    rows = [run(FLEET_SETUP, arrivals, table, model, gpus, limits=limits, slots=slots, seed=seed,
-                unloaded_p99_s=unloaded, label=fleet_label(limits) if limits else None)
-            for limits in sweep]
+    rows = [run(FLEET_SETUP, arrivals, table, model, gpus, limits=limits, slots=slots,
+                ahead=ahead, seed=seed, unloaded_p99_s=unloaded,
+                label=fleet_label(limits, ahead) if limits or ahead else None)
+            for limits in sweep for ahead in ahead_sweep]
     rows += [run(name, arrivals, table, model, gpus, unloaded_p99_s=unloaded, seed=seed)
              for name in (SHARED, ROUTER_SETUP, STATIC)]
     return unloaded, rows
@@ -245,11 +252,12 @@ def verdict(points: Sequence[Point], fleet_name: str = FLEET_SETUP) -> str:
 
 
 def render(points: Sequence[Point]) -> str:
-    out = [f"{'GPUs':>4} {'req/s/GPU':>9}  {'setup':<18}{'goodput':>8}{'short P99':>10}"
+    width = max([18] + [len(r.name) + 1 for p in points for r in p.rows])
+    out = [f"{'GPUs':>4} {'req/s/GPU':>9}  {'setup':<{width}}{'goodput':>8}{'short P99':>10}"
            f"{'short TTFT':>11}{'long TTFT':>10}{'out tok/s':>10}{'not ok':>7}  queues"]
     for p in points:
         for r in p.rows:
-            out.append(f"{p.gpus:>4} {p.per_gpu:>9g}  {r.name:<18}{r.goodput_rps:>8.1f}"
+            out.append(f"{p.gpus:>4} {p.per_gpu:>9g}  {r.name:<{width}}{r.goodput_rps:>8.1f}"
                        f"{_s(r.short_p99_s):>10}{_s(r.short_ttft_p99_s):>11}"
                        f"{_s(r.long_ttft_p99_s):>10}{r.output_tokens_per_s:>10.0f}"
                        f"{r.not_succeeded:>7}  {'yes' if r.queues else ''}")

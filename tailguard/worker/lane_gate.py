@@ -5,8 +5,9 @@ A worker consumes its lanes' queues in priority order (``-Q short,long,batch``, 
 prefetch is per consumer, not per queue, and a reserved message cannot be handed back
 (celery#2564), so without more a burst of long jobs could take every slot. The gate keeps the
 consumed queues to what tailguard/lanes/dispatch.py's ``consumable`` allows: a lane whose jobs
-on this engine reach its limit stops being consumed the moment its last allowed message
-arrives, and is consumed again when one of them ends, in the lane order.
+on this engine reach its limit (or, with ``max_ahead``, whose lanes ahead reach that) stops
+being consumed the moment the message that reaches it arrives, and is consumed again when one
+of those jobs ends, in the lane order.
 
 Counting starts when Celery receives a message (``received``, in the consumer's thread, before
 the message reaches the pool) and ends when its task ends or is revoked (``ended``, any

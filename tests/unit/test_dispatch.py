@@ -60,6 +60,43 @@ def test_consuming_the_open_queues_in_order_takes_what_next_lane_takes():
             assert broker in (next_lane(LANES, running, waiting), None)
 
 
+AHEAD = list(parse_lanes({
+    "lanes": {
+        "short": {"max_cost": 100, "max_tokens": 64, "max_num_seqs": 8},
+        "long": {"max_tokens": 512, "max_num_seqs": 8, "max_ahead": 3},
+        "batch": {"priority": "batch", "max_tokens": 512, "max_num_seqs": 8, "max_running": 2},
+    },
+    "workers": [{"name": "engine", "lanes": ["short", "long", "batch"]}],
+}))
+
+
+@pytest.mark.parametrize("running, waiting, expected", [
+    ({"short": 2}, {"long": 1}, "long"),                      # fewer short than 3 here
+    ({"short": 3}, {"long": 1}, None),                        # 3 short decoding: long goes elsewhere
+    ({"short": 3}, {"long": 1, "short": 1}, "short"),         # short itself is not held back
+    ({"short": 3}, {"long": 1, "batch": 1}, None),            # nor does batch overtake long
+    ({"short": 2, "long": 5}, {"long": 1}, "long"),           # long's jobs do not count
+    ({"short": 2, "long": 8}, {"long": 1}, None),             # its own limit still bounds it
+])
+def test_a_lane_with_max_ahead_starts_only_beside_fewer_jobs_of_the_lanes_ahead(
+        running, waiting, expected):
+    assert next_lane(AHEAD, running, waiting) == expected
+
+
+@pytest.mark.parametrize("running, expected", [
+    ({"short": 2}, ("short", "long", "batch")),
+    ({"short": 3}, ("short",)),                # long closed by short's jobs, batch behind it
+    ({"short": 2, "batch": 2}, ("short", "long")),
+])
+def test_a_worker_stops_consuming_a_lane_whose_max_ahead_is_reached(running, expected):
+    assert consumable(AHEAD, running) == expected
+
+
+def test_a_capped_engine_keeps_its_lanes_max_ahead():
+    assert [l.max_ahead for l in capped(AHEAD, 2)] == [None, 3, None]
+    assert consumable(capped(AHEAD, 4), {"short": 3}) == ("short",)
+
+
 def test_a_capped_engine_has_every_lanes_limit_cut_to_its_cap():
     three = capped(LANES, 3)
     assert [l.name for l in three] == ["short", "long", "batch"]

@@ -75,6 +75,20 @@ def test_a_lane_at_its_limit_stops_being_consumed_and_batch_with_it():
     assert not gate.over("c")
 
 
+def test_short_jobs_reaching_longs_max_ahead_close_long_until_one_ends():
+    table = parse_lanes({"lanes": {"short": {"max_cost": 100, "max_tokens": 64, "max_num_seqs": 4},
+                                   "long": {"max_tokens": 512, "max_num_seqs": 4, "max_ahead": 2}},
+                         "workers": [{"name": "engine", "lanes": ["short", "long"]}]})
+    consumer = Consumer(["short", "long"])
+    gate = LaneGate(list(table), consumer)
+    gate.received("a", "tailguard.generate.short")
+    assert consumer.queues == ["short", "long"]
+    gate.received("b", "tailguard.generate.short")  # two short jobs here: long goes elsewhere
+    assert consumer.queues == ["short"]
+    gate.ended("a")
+    assert consumer.queues == ["short", "long"]
+
+
 def test_a_lanes_limit_counts_the_lanes_after_it():
     gate, consumer = _gate()
     gate.received("b", "tailguard.generate.batch")  # batch full: short, long still open

@@ -173,12 +173,24 @@ def test_a_lanes_per_engine_limit_is_its_max_running_within_its_batch():
     assert table["short"].engine_slots == table["short"].max_num_seqs
 
 
+@pytest.mark.parametrize("field", ["max_running", "max_ahead"])
 @pytest.mark.parametrize("value", [0, -1, True, 1.5])
-def test_a_bad_max_running_is_named(value):
+def test_a_bad_per_engine_limit_is_named(field, value):
     with pytest.raises(ConfigError) as err:
         parse_lanes({**GOOD, "lanes": {**GOOD["lanes"],
-                                      "long": {"max_tokens": 512, "max_running": value}}})
-    assert err.value.field == "lanes.long.max_running"
+                                      "long": {"max_tokens": 512, field: value}}})
+    assert err.value.field == f"lanes.long.{field}"
+
+
+def test_the_gpu_lanes_file_starts_long_only_beside_few_short_jobs():
+    # docs/capacity.md, "The per-engine long limit": long may take all but one slot, but starts
+    # on no engine with 5 short requests decoding; the CPU file keeps its own limits (none)
+    from tailguard.lanes.table import cpu_lanes_path
+
+    gpu, cpu = load_lanes(default_lanes_path()), load_lanes(cpu_lanes_path())
+    assert (gpu["long"].max_ahead, gpu["long"].engine_slots) == (5, 15)
+    assert [l.max_ahead for l in cpu] == [None, None, None]
+    assert gpu["batch"].max_ahead is None and gpu["short"].max_ahead is None
 
 
 @pytest.mark.parametrize("gone", ["borrow", "moves_to", "borrow_max"])
@@ -214,6 +226,7 @@ def test_the_cpu_host_lanes_file_is_the_packaged_one_with_its_own_sizes():
                                max_wait_s=packaged["short"].max_wait_s) == packaged["short"]
     for name in ("long", "batch"):
         assert dataclasses.replace(cpu[name], max_running=packaged[name].max_running,
+                                   max_ahead=packaged[name].max_ahead,
                                    max_num_seqs=packaged[name].max_num_seqs) == packaged[name]
     assert [(w.name, w.lanes, w.engine) for w in cpu.workers] == \
         [(w.name, w.lanes, w.engine) for w in packaged.workers]

@@ -20,6 +20,7 @@ from tailguard.plan.compare import (
     compare,
     limit_sweep,
     render,
+    setup,
     static_layout,
     verdict,
 )
@@ -63,6 +64,17 @@ def test_a_lane_at_its_per_engine_limit_waits_and_a_short_request_still_finds_a_
     assert e.running == {"long": 2} and s.queued("long") == 2  # two slots left free
     s.arrive(0.1, by["short"], 3, 5)
     assert e.running == {"long": 2, "short": 1} and s.queued("short") == 0
+
+
+def test_an_engine_with_short_requests_at_longs_max_ahead_leaves_long_to_another():
+    ls = [lanes(slots=4)[0], Lane(name="long", max_tokens=1000, max_num_seqs=4, max_ahead=2)]
+    s = Simulation(CLASSES[:2], ls, [EngineGroup(("short", "long"), 2, 4, dispatch=FLEET)], UNIT)
+    a, b = s.engines
+    for _ in range(2):  # two short requests decoding on engine a
+        s.take(a, sim._Req("short", "short", 0.0, 3, 5), 0.0)
+    b.turn = a.turn + 1  # a has waited longest: Redis would answer it first
+    s.arrive(0.1, s.classes[1], 200, 50)
+    assert a.running == {"short": 2} and b.running == {"long": 1}
 
 
 def test_batch_runs_only_while_no_interactive_request_waits():
@@ -194,6 +206,27 @@ def test_the_command_compares_the_fleets(tmp_path):
     bad = CliRunner().invoke(plan, ["--step-model", str(model), "--compare-fleet", "2",
                                     "--max-running", "nosuch=2"])
     assert bad.exit_code == 2 and "nosuch" in bad.output
+
+
+def test_the_command_sweeps_max_ahead_with_each_limit(tmp_path):
+    model = tmp_path / "gpu.json"
+    GPU.save(model)
+    out = CliRunner().invoke(plan, ["--step-model", str(model), "--compare-fleet", "2",
+                                    "--per-gpu", "4", "--duration", "10",
+                                    "--max-running", "long=4", "--max-ahead", "long=1,3"])
+    assert out.exit_code == 0, out.output
+    assert "fleet long<=4 long:ahead<1" in out.output and "fleet long<=4 long:ahead<3" in out.output
+    bad = CliRunner().invoke(plan, ["--step-model", str(model), "--compare-fleet", "2",
+                                    "--max-ahead", "long=0"])
+    assert bad.exit_code == 2 and "--max-ahead" in bad.output
+
+
+def test_a_fleet_rows_max_ahead_reaches_its_engines():
+    arrivals = azure.arrivals(list(TABLE), rate=8.0, duration_s=10.0)
+    lanes, _ = setup(FLEET_SETUP, TABLE, 2, arrivals, ahead={"long": 1})
+    assert {l.name: l.max_ahead for l in lanes}["long"] == 1
+    with pytest.raises(ValueError, match="--max-ahead"):
+        setup(FLEET_SETUP, TABLE, 2, arrivals, ahead={"nosuch": 1})
 
 
 # -- --keda
