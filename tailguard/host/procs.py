@@ -6,8 +6,10 @@ servers and workers. A child is described by a `ChildSpec` (plain data, so the
 same child can be started again: a restart policy hooks in where a `Group`
 finds an exited child) and runs as a `Child`:
 
-* in its own session, so a Ctrl-C meant for us does not reach it, and stopping
-  it can end its whole process group (vLLM's engine-core process included);
+* in its own process group, so a Ctrl-C meant for us (the terminal's foreground group) does
+  not reach it, and stopping it can end its whole group (vLLM's engine-core process
+  included); in our session, so nice values rank it against our other children where the
+  kernel groups processes by session (autogroup);
 * pinned before it runs a line, when its spec has a pin: the environment vLLM and
   CUDA read (`Pinning.env`), which places its engine, not the process itself; the
   process itself runs on its spec's `cpus`, the front-end cores (the core plan in
@@ -230,7 +232,10 @@ class Child:
 
 def start(spec: ChildSpec, *, log: Path | None = None, echo: str | None = None,
           append: bool = False) -> Child:
-    """Start `spec`'s program in its own session, pinned as its spec says.
+    """Start `spec`'s program in its own process group (stopped as a group), in our session,
+    pinned as its spec says. Not a session of its own: where the kernel groups processes by
+    session (autogroup), a nice value counts only inside one, and an engine's nice must rank
+    it below the API and Redis that share its cores (docs/cpu-hosts.md).
 
     Output goes to `log` (a file of its own, truncated unless `append`: a restart keeps
     what the crashed run wrote), or with `echo` to our stdout, each line behind that tag,
@@ -243,7 +248,7 @@ def start(spec: ChildSpec, *, log: Path | None = None, echo: str | None = None,
         with children_on(spec.cpus):
             proc = subprocess.Popen(list(spec.argv), cwd=spec.cwd, env=env, stdout=out,
                                     stderr=subprocess.STDOUT if out is not None else None,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+                                    stdin=subprocess.DEVNULL, process_group=0)
     finally:
         if log is not None:
             out.close()  # the child holds its own descriptor
