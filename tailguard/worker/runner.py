@@ -301,7 +301,9 @@ class _Run:
 
     def call(self, engine: Engine, should_cancel: Callable[[], bool],
              on_first_token: Callable[[], None]) -> GenerationResult | OpenAIResult:
-        """Run it on `engine`, streaming to the writer; `on_first_token` once output reached it."""
+        """Run it on `engine`, streaming to the writer; `on_first_token` once its first output
+        is in the writer (after it: what it does, a Redis round trip with prefix affinity on,
+        must not delay the first token's way to the client)."""
         raise NotImplementedError
 
     def closed(self, result: Any) -> None:
@@ -317,12 +319,19 @@ class _NativeRun(_Run):
 
     def call(self, engine: Engine, should_cancel: Callable[[], bool],
              on_first_token: Callable[[], None]) -> GenerationResult:
-        job = self.job
+        job, writer = self.job, self.writer
+        written: list[bool] = []
+
+        def on_delta(text: str) -> None:
+            writer.add(text)
+            if not written:
+                written.append(True)
+                on_first_token()
+
         return engine.generate(
             job.job_id, job.prompt, {**job.sampling, "max_tokens": job.max_tokens},
-            deadline_s=job.deadline_s, on_delta=self.writer.add,
-            should_cancel=should_cancel, on_first_token=on_first_token,
-            add_special_tokens=job.add_special_tokens)
+            deadline_s=job.deadline_s, on_delta=on_delta,
+            should_cancel=should_cancel, add_special_tokens=job.add_special_tokens)
 
     def body(self, result: GenerationResult) -> dict[str, Any]:
         return {"text": result.text, "completion_tokens": result.completion_tokens,
@@ -339,10 +348,10 @@ class _OpenAIRun(_Run):
         written: list[bool] = []
 
         def on_chunks(payloads: list[str]) -> None:
+            writer.add_chunks(payloads)
             if not written:
                 written.append(True)
                 on_first_token()
-            writer.add_chunks(payloads)
 
         request = spec.get("request") or {}
         # the base of vLLM's ids the API chose (the caller's, or the job id: openai_request.py)

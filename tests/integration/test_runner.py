@@ -139,7 +139,8 @@ class DyingEngine(FakeEngine):
         if len(self.calls) < self.deaths:
             self.calls.append((request_id, prompt, sampling))
             for text in self.before:
-                on_first_token()
+                if on_first_token is not None:  # optional, as the real engine has it
+                    on_first_token()
                 on_delta(text)
             raise EngineDeadError("the vLLM engine is dead")
         return super().generate(request_id, prompt, sampling, deadline_s, on_first_token,
