@@ -7,8 +7,6 @@
 * queued and running: how many of the lane's jobs are queued, and how many run on its
   own workers' slots, kept in the same Lua steps as the job records (transition_job.lua):
   what the predicted wait counts free batch slots with.
-* live workers: those whose heartbeat has not lapsed, and the per-engine limits they advertise
-  with it (the front end's engine's cut one: tailguard/lanes/dispatch.py's ``capped``).
 * served: the cost tokens of the lane's requests that ran and finished, per
   Redis-clock second, fed by the finished-request stream (one consumer group,
   so each request counts once whichever API process reads it).
@@ -35,15 +33,13 @@ class LaneLoadStore:
         self._served = lua.Script(client, "record_served")
 
     def load(self, lane: str) -> LaneLoad:
-        backlog, queued, running, served, now, live, advertised, slots = self._load(
+        backlog, queued, running, served, now, live = self._load(
             [keys.lane_queued_key(lane), keys.lane_backlog_key(lane), keys.lane_running_key(lane),
-             keys.lane_served_key(lane), keys.lane_workers_key(lane),
-             keys.lane_worker_slots_key(lane)],
+             keys.lane_served_key(lane), keys.lane_workers_key(lane)],
             window_s=self.window_s)
         return LaneLoad(backlog_tokens=int(backlog), queued_jobs=int(queued),
                         running_jobs=int(running), served_tokens=int(served),
-                        window_s=float(self.window_s), live_workers=int(live), now=float(now),
-                        advertised_workers=int(advertised), advertised_slots=int(slots))
+                        window_s=float(self.window_s), live_workers=int(live), now=float(now))
 
     def record(self, rec: FinishedRequest) -> None:
         """Count a request that ran (a FinishedConsumer sink); one that never started is not

@@ -73,8 +73,6 @@ class LaneLoad:
     window_s: float       # that window
     live_workers: int     # workers serving the lane now
     now: float | None = None  # the Redis clock when these were read (Unix seconds)
-    advertised_workers: int = 0  # of the live workers, those that advertised their limit
-    advertised_slots: int = 0    # the sum of those limits
 
 
 @dataclass(frozen=True)
@@ -101,13 +99,10 @@ class AdmissionPolicy:
         return max(0, prompt_tokens) / self.prefill_tokens_per_s + self.first_step_s
 
     def slots(self, lane: Lane, load: LaneLoad) -> int:
-        """The lane's slots over the fleet: each live worker's per-engine limit for it, as the
-        worker advertised it (cut on the front end's engine), else the lane's (one worker while
-        none is live and requests are admitted anyway, as the prior rate assumes)."""
-        if load.live_workers == 0:
-            return lane.engine_slots
-        unadvertised = max(0, load.live_workers - load.advertised_workers)
-        return load.advertised_slots + lane.engine_slots * unadvertised
+        """The lane's slots over the fleet: its per-engine limit on every live worker serving it
+        (one worker while none is live and requests are admitted anyway, as the prior rate
+        assumes)."""
+        return lane.engine_slots * max(1, load.live_workers)
 
     def service_rate(self, lane: Lane, load: LaneLoad) -> float:
         """Cost tokens per second the lane gets through: measured, never below the prior."""

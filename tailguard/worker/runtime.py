@@ -98,8 +98,8 @@ class WorkerRuntime:
     gate: LaneGate | None = None
     #: prefix affinity's index and offers (None: off)
     offers: PrefixIndex | None = None
-    #: its per-engine limit for each lane, advertised with its heartbeat (admission counts
-    #: the lane's slots with it; prefix affinity offers a job only to a worker under it)
+    #: its per-engine limit for each lane, advertised with its heartbeat (prefix affinity
+    #: offers a job only to a worker under it)
     lane_slots: dict[str, int] = field(default_factory=dict)
     stopping: threading.Event = field(default_factory=threading.Event)
     keeper: EngineKeeper[EngineHost] = field(init=False)
@@ -271,7 +271,8 @@ def setup(app: Celery, hostname: str, queue_names: list[str], *,
                                 gate=LaneGate(limits, consumer, own)
                                 if consumer is not None
                                 else None, offers=offers,
-                                lane_slots={l.name: l.engine_slots for l in limits},
+                                lane_slots={l.name: l.engine_slots for l in limits}
+                                if offers else {},
                                 build_engine=functools.partial(
                                     EngineHost, engine_config(lanes, options)),
                                 stream_writes_per_s=writes_per_s_for(

@@ -155,21 +155,6 @@ def test_a_job_whose_queue_ttl_lapsed_leaves_the_backlog_unsettled(redis_client)
     assert loads.load("batch").backlog_tokens == 0
 
 
-def test_the_lanes_load_counts_the_limits_its_live_workers_advertise(redis_client):
-    from tailguard.jobs.lane_load import LaneLoadStore
-    from tailguard.jobs.liveness import Liveness
-
-    live = Liveness(redis_client)
-    live.heartbeat(["long"], "front@host", 60, slots={"long": 3})  # the front end's engine
-    live.heartbeat(["long"], "core0@host", 60, slots={"long": 4})
-    live.heartbeat(["long"], "old@host", 60)  # a worker of before: no limit advertised
-    load = LaneLoadStore(redis_client).load("long")
-    assert (load.live_workers, load.advertised_workers, load.advertised_slots) == (3, 2, 7)
-    redis_client.zadd(keys.lane_workers_key("long"), {"front@host": 1})  # its heartbeat lapsed
-    load = LaneLoadStore(redis_client).load("long")
-    assert (load.live_workers, load.advertised_workers, load.advertised_slots) == (2, 1, 4)
-
-
 def test_service_rate_is_measured_from_finished_requests(api, redis_client, queue_app):
     from app.gateway_ext import get_gateway
 

@@ -85,14 +85,6 @@ def test_the_limits_are_the_slots_and_the_promise_in_work():
                          load(workers=0)) == BacklogLimits(slots=4, wait_tokens=4000.0)
 
 
-def test_the_slots_are_the_limits_the_live_workers_advertised():
-    # LANE: 4 per engine; of three live workers two advertised theirs, one (the front end's
-    # engine) cut to 3
-    three = dataclasses.replace(load(workers=3), advertised_workers=2, advertised_slots=4 + 3)
-    assert POLICY.slots(LANE, three) == 4 + 3 + 4
-    assert POLICY.slots(LANE, dataclasses.replace(three, live_workers=0)) == 4
-
-
 def test_without_a_bound_or_max_wait_the_queue_ttl_is_the_promise():
     lane = Lane(name="batch", max_tokens=64, max_num_seqs=4, queue_ttl_s=100)
     assert POLICY.admit(lane, load(backlog=3900, queued=39, running=4), 100) == 100.0

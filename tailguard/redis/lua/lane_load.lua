@@ -1,12 +1,10 @@
--- A lane's load for admission: its figures (lane_counts), the cost tokens it served over
--- the rate window, and its live workers with the per-engine limits they advertised.
+-- A lane's load for admission: its figures (lane_counts) and the cost tokens it served over
+-- the rate window.
 -- KEYS[1] the lane's queued zset, KEYS[2] its backlog, KEYS[3] its running zset,
--- KEYS[4] its served-per-second hash, KEYS[5] its workers' zset (live_count), KEYS[6] its
--- workers' limits (hash: worker -> slots): one round trip for everything admission reads, on
--- the request's path
+-- KEYS[4] its served-per-second hash, KEYS[5] its workers' zset (live_count): one round
+-- trip for everything admission reads, on the request's path
 -- ARGV[1] JSON {window_s}
--- -> {backlog tokens, queued jobs, running jobs, served tokens, now as text, live workers,
---     live workers that advertised a limit, the sum of those limits}
+-- -> {backlog tokens, queued jobs, running jobs, served tokens, now as text, live workers}
 local a = cjson.decode(ARGV[1])
 local backlog, queued, running = lane_counts(KEYS[1], KEYS[2], KEYS[3])
 local served, since = 0, math.floor(now - a.window_s)
@@ -14,13 +12,4 @@ local h = redis.call('HGETALL', KEYS[4])
 for i = 1, #h, 2 do
   if tonumber(h[i]) >= since then served = served + tonumber(h[i + 1]) end
 end
-local live = live_count(KEYS[5])
-local advertised, slots = 0, 0
-for _, w in ipairs(redis.call('ZRANGE', KEYS[5], 0, -1)) do
-  local n = redis.call('HGET', KEYS[6], w)
-  if n then
-    advertised = advertised + 1
-    slots = slots + tonumber(n)
-  end
-end
-return {backlog, queued, running, served, string.format('%.6f', now), live, advertised, slots}
+return {backlog, queued, running, served, string.format('%.6f', now), live_count(KEYS[5])}
