@@ -167,8 +167,6 @@ class JobRunner:
                     self.expire(job_id)  # unless someone else just ended it: not ours either way
                     raise JobSkipped(f"job {job_id} expired in the queue")
                 moved, state, record = start.started, start.state, start.record
-                if moved and self.offers is not None and record.get("offered_to"):
-                    self.offers.taken(job_id)  # its offer ends (whichever worker took it)
             else:
                 moved, state = store.transition(job_id, {RUNNING}, RUNNING, {"worker": self.worker})
                 record = store.get(job_id) or {}
@@ -179,7 +177,7 @@ class JobRunner:
             streamed: list[bool] = []
             try:
                 return self._generate(engine, job, record,
-                                      on_first_token=self._first_token(record, streamed))
+                                      on_first_token=self._first_token(job_id, record, streamed))
             except EngineDeadError as exc:
                 deaths += 1
                 self.engine_died(engine)
@@ -200,18 +198,26 @@ class JobRunner:
                 if not moved:
                     raise JobSkipped(f"job {job_id} is {state}") from exc
 
-    def _first_token(self, record: dict[str, Any], streamed: list[bool]) -> Callable[[], None]:
-        """What a job's first token does (task thread, once): it is `streamed`; with prefix
-        affinity on, this worker's engine now holds the job's prefixes (its prefill is done)."""
+    def _first_token(self, job_id: str, record: dict[str, Any],
+                     streamed: list[bool]) -> Callable[[], None]:
+        """What a job's first output does once it is in the stream (task thread, once): it is
+        `streamed`; with prefix affinity on, its offer ends (whichever worker took it: the
+        give-up pass ends one whose job never got this far) and this worker's engine now holds
+        the job's prefixes (its prefill is done). Neither round trip delays the first token."""
         prefixes = str(record.get("prefixes") or "").split()
+        offered = bool(record.get("offered_to"))
 
         def first_token() -> None:
             streamed.append(True)
-            if self.offers is not None and prefixes:
-                try:
+            if self.offers is None:
+                return
+            try:
+                if offered:
+                    self.offers.taken(job_id)
+                if prefixes:
                     self.offers.remember(prefixes, self.worker)
-                except redis.RedisError as exc:  # affinity is a hint: the job goes on
-                    log.warning("could not index the job's prefixes: %s", exc)
+            except redis.RedisError as exc:  # affinity is a hint: the job goes on
+                log.warning("prefix affinity: %s", exc)
         return first_token
 
     def _fail(self, job_id: str, exc: EngineError, **fields: Any) -> None:
