@@ -357,8 +357,7 @@ class Gateway:
         prefer = preferring_lanes_in_time(target, lambda p: self._predicted_wait_s(p, loads)
                                           + self.admission.first_token_s(p.prompt_tokens))
         fair = self._fair_hold(caller)
-        holdings = self._holdings(req) if fair is None else None
-        placement, offered_to = self._place(req, prefer, holdings)
+        placement, offered_to, holdings = self._place(req, prefer, fair)
         if caller is not None:
             check_cost(caller, placement.cost)
         lane = self.lanes[placement.lane]
@@ -394,30 +393,28 @@ class Gateway:
                 "estimated_start_s": round(wait_s, 3),
                 **({"latency_target": target.to_dict()} if target.asked else {})}
 
-    def _holdings(self, req: Submission) -> Holdings | None:
-        """What prefix affinity's index holds for `req`'s prompt (None: affinity is off)."""
-        if self.affinity is None:
-            return None
-        lanes = [l for l in self.lanes if l.priority == req.priority]
-        return self.affinity.look_up(req.token_ids(self.counter.encode), lanes)
-
-    def _place(self, req: Submission, prefer: Prefer,
-               holdings: Holdings | None) -> tuple[Placement, str | None]:
-        """`req`'s placement and the worker prefix affinity offers it to (None: none). The
-        prompt tokens a live worker holds leave its cost when it is offered to one: a
-        conversation's turn is classed by what its engine computes, its history excluded."""
-        place = functools.partial(req.place, self.lanes, self._count_prompt,
+    def _place(self, req: Submission, prefer: Prefer, fair: FairHold | None
+               ) -> tuple[Placement, str | None, Holdings | None]:
+        """`req`'s placement, the worker prefix affinity offers it to (None: none) and what the
+        index holds for its prompt (None: affinity is off, or fair order dispatches it). Placed
+        whole first (the prompt's byte bound before any tokenizing); the tokens a live worker
+        holds then leave its cost when it is offered to that worker: a conversation's turn is
+        classed by what its engine computes, its history excluded."""
+        place = functools.partial(req.place, self.lanes, functools.cache(self._count_prompt),
                                   self.counter.model_max_len, prefer)
-        if holdings is None:
-            return place(), None
+        placement = place()
+        if self.affinity is None or fair is not None:
+            return placement, None, None
+        policy = self.affinity.index.policy
+        holdings = self.affinity.look_up(req.token_ids(self.counter.encode),
+                                         [l for l in self.lanes if l.priority == req.priority])
         cached = holdings.cached_tokens(self.affinity.block_tokens)
         if cached:
-            placement = place(cached_tokens=cached)
-            worker = holdings.offer_to(placement.lane, self.affinity.index.policy)
+            cheaper = place(cached_tokens=cached)
+            worker = holdings.offer_to(cheaper.lane, policy)
             if worker is not None:
-                return placement, worker
-        placement = place()
-        return placement, holdings.offer_to(placement.lane, self.affinity.index.policy)
+                return cheaper, worker, holdings
+        return placement, holdings.offer_to(placement.lane, policy), holdings
 
     def _predicted_wait_s(self, placement: Placement, loads: dict[str, LaneLoad]) -> float:
         """The wait admission predicts for a request placed so (its lane's load read into

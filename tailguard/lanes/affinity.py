@@ -20,8 +20,8 @@ about 1 time in N on the right one). The rule:
   second bound is relative: a holder with free slots is still passed over while other engines
   are idler, or a hot prefix (one document every request asks about) would pile its requests
   onto one engine's batch while the others idle;
-* ``given_up``: an offer waits at most ``offer_wait_s`` (``Affinity.max_wait_s``, and no longer
-  than its lane's wait promise); past it the request goes to its lane's queue for any engine.
+* ``offer_wait_s``: an offer waits at most ``Affinity.max_wait_s``, and no longer than its
+  lane's wait promise; past it the request goes to its lane's queue for any engine.
   An offer goes only to an engine with room, so the wait is the engine's pick-up, not a queue;
 * ``cached_tokens``: the prompt tokens a live holder has in its prefix cache, which the
   request's cost leaves out when its lane is chosen (a conversation's next turn is classed by
@@ -146,13 +146,9 @@ def indexed_depths(blocks: int, dense: int = DENSE_BLOCKS) -> list[int]:
     return depths
 
 
-def prefix_keys(token_ids: Sequence[int], block_size: int) -> list[str]:
-    """The names of a prompt's indexed prefixes, shortest first (what ``holders`` reads)."""
-    return [key for key, _ in prefix_depths(token_ids, block_size)]
-
-
 def prefix_depths(token_ids: Sequence[int], block_size: int) -> list[tuple[str, int]]:
-    """A prompt's indexed prefixes, shortest first, each with its depth in blocks."""
+    """A prompt's indexed prefixes (the names ``holders`` reads), shortest first, each with its
+    depth in blocks."""
     hashes = block_hashes(token_ids, block_size)
     return [(hashes[d - 1], d) for d in indexed_depths(len(hashes))]
 

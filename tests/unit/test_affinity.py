@@ -13,7 +13,6 @@ from tailguard.lanes.affinity import (
     offer_to,
     offer_wait_s,
     prefix_depths,
-    prefix_keys,
     remember,
 )
 
@@ -78,7 +77,8 @@ def test_holdings_offer_only_to_live_engines_of_the_lane():
 def test_prefix_depths_name_the_indexed_prefixes():
     named = prefix_depths(list(range(16 * 20)), 16)
     assert [d for _, d in named] == indexed_depths(20)
-    assert [k for k, _ in named] == prefix_keys(list(range(16 * 20)), 16)
+    hashes = block_hashes(list(range(16 * 20)), 16)
+    assert [k for k, _ in named] == [hashes[d - 1] for d in indexed_depths(20)]
 
 
 def test_the_bounds_are_checked():
@@ -88,7 +88,7 @@ def test_the_bounds_are_checked():
         Affinity(holders=0)
 
 
-# -- prefix names (block_hashes, indexed_depths, prefix_keys) ---------------------------------
+# -- prefix names (block_hashes, indexed_depths, prefix_depths) ---------------------------------
 
 def test_block_hashes_cover_full_blocks_only():
     assert len(block_hashes(list(range(47)), 16)) == 2
@@ -116,10 +116,10 @@ def test_indexed_depths(blocks, depths):
     assert indexed_depths(blocks) == depths
 
 
-def test_prefix_keys_are_the_indexed_depths_hashes_shortest_first():
+def test_prefix_names_are_the_indexed_depths_hashes_shortest_first():
     ids = list(range(16 * 20))
     hashes = block_hashes(ids, 16)
-    assert prefix_keys(ids, 16) == [hashes[d - 1] for d in [*range(1, 9), 16, 20]]
+    assert [k for k, _ in prefix_depths(ids, 16)] == [hashes[d - 1] for d in [*range(1, 9), 16, 20]]
 
 
 def test_block_size_must_be_positive():
