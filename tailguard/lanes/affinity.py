@@ -9,10 +9,10 @@ about 1 time in N on the right one). The rule:
   request's prefixes it knows (a conversation so far before a shared system prompt): the last
   ``Affinity.holders`` engines that served it (``remember``), so a prefix every request shares
   (a document all questions are about) has several homes;
-* ``offer_to``: the request is offered first to the least loaded of them that may serve the
-  request's lane and has room for it (its load, requests running and offered to it, under its
-  limit for the lane), when that load is also within ``Affinity.max_extra`` of the least
-  loaded engine's that may serve the lane. Otherwise no offer: any free engine takes it from
+* ``offer_to``: the request is offered first to the one of them with the most free slots
+  among those that may serve the request's lane and have room for it (its load, requests
+  running and offered to it, under its limit for the lane) within ``Affinity.max_extra`` of
+  the least loaded engine's that may serve the lane. Otherwise no offer: any free engine takes it from
   its lane's queue, as without affinity (load beats affinity, as vllm-router's ``cache_aware``
   policy balances once the busiest replica has ``--balance-abs-threshold`` more requests than
   the idlest). A full holder is never waited for: a request parked behind it would wait while
@@ -80,16 +80,17 @@ def remember(engines: Sequence[str], engine: str, policy: Affinity) -> tuple[str
 
 def offer_to(candidates: Sequence[str], load: Mapping[str, int], slots: Mapping[str, int],
              policy: Affinity) -> str | None:
-    """The engine to offer a request to first: the least loaded of `candidates` (its prefix's
-    holders) among the engines of `load` (those that may serve the request's lane, each with
-    its requests running and offered to it) whose load is under its `slots` (its limit for the
-    lane), when that load is within `policy.max_extra` of the least of all; else None (ties:
-    the latest holder)."""
-    roomy = [e for e in reversed(candidates) if e in load and load[e] < slots.get(e, 0)]
-    if not roomy:
-        return None
-    best = min(roomy, key=lambda e: load[e])
-    return best if load[best] <= min(load.values()) + policy.max_extra else None
+    """The engine to offer a request to first: of `candidates` (its prefix's holders) among the
+    engines of `load` (those that may serve the request's lane, each with its requests running
+    and offered to it), those whose load is under its `slots` (its limit for the lane) and
+    within `policy.max_extra` of the least of all; of them the one with the most free slots
+    (ties: the latest holder); else None. Free slots, not load alone: an engine whose limit is
+    cut (one that shares its cores with the front end) is the slower one, and is chosen only
+    once the other holders are that much busier."""
+    least = min(load.values(), default=0)
+    roomy = [e for e in reversed(candidates)
+             if e in load and load[e] < slots.get(e, 0) and load[e] <= least + policy.max_extra]
+    return max(roomy, key=lambda e: slots[e] - load[e], default=None)
 
 
 def offer_wait_s(policy: Affinity, lane_wait_s: float | None) -> float:

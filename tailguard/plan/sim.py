@@ -28,9 +28,9 @@ What it models, and how the real system does it:
   engine.
 
   With ``affinity`` (fleet dispatch only), a request whose prefix some engines served last
-  (their prefill of it done: a document, a conversation's turn ended) is offered to the least
-  loaded of them with room for it (requests running under its limit for the lane) first
-  (tailguard/lanes/affinity.py, the rule), which takes it at once (a real worker's pick-up
+  (their prefill of it done: a document, a conversation's turn ended) is offered first to the
+  one of them with the most free slots for it (requests running under its limit for the lane;
+  tailguard/lanes/affinity.py, the rule), which takes it at once (a real worker's pick-up
   from its own queue is not modelled); a full holder, or one more loaded than the least
   loaded engine by over ``max_extra``, gets no offer: the request joins its lane's queue.
 * **Prefix cache** (with ``prefix_cache_tokens``): each engine holds the prefixes it served in

@@ -44,6 +44,9 @@ ROOM = {"e1": 8, "e2": 8, "e3": 8}
     ((), {"e1": 0}, ROOM, None),                         # no holder
     (("e1",), {"e1": 3, "e2": 3}, {"e1": 3, "e2": 8}, None),  # a full holder is not waited for
     (("e1", "e2"), {"e1": 2, "e2": 1}, {"e1": 8, "e2": 1}, "e1"),  # the one with room
+    (("e1", "e2"), {"e1": 2, "e2": 0}, {"e1": 8, "e2": 3}, "e1"),  # the most free slots
+    (("e1", "e2"), {"e1": 5, "e2": 0}, {"e1": 8, "e2": 3}, "e2"),  # a tie of free slots: latest
+    (("e1", "e2"), {"e1": 6, "e2": 1}, {"e1": 16, "e2": 3}, "e2"),  # e1 past max_extra
     (("e1",), {"e1": 0}, {}, None),                      # no limit known: no room
 ])
 def test_offer_to(candidates, load, slots, chosen):
