@@ -332,12 +332,12 @@ FAIR_SHARE = Setting(
     "refuse the keys over their fair share of it first (429 over_fair_share). Off: arrival "
     "order. Open mode has one caller, so arrival order.")
 PREFIX_AFFINITY = Setting(
-    "TAILGUARD_PREFIX_AFFINITY", False, _bool,
+    "TAILGUARD_PREFIX_AFFINITY", True, _bool,
     "Offer a request first, for at most TAILGUARD_PREFIX_AFFINITY_WAIT_S, to a worker that served "
     "its prompt's prefix lately (its engine's prefix cache holds it) and has room for it, unless "
     "that worker is busier than the idlest; its cost then leaves out the tokens held "
-    "(docs/lanes.md). Off until measured: every request goes to its "
-    "lane's queue. Keys mode with TAILGUARD_FAIR_SHARE dispatches in fair order instead.")
+    "(docs/lanes.md). Off: every request goes to its lane's queue. Keys mode with "
+    "TAILGUARD_FAIR_SHARE dispatches in fair order instead.")
 PREFIX_AFFINITY_WAIT_S = Setting(
     "TAILGUARD_PREFIX_AFFINITY_WAIT_S", 0.5, float,
     "Longest an offered request waits for its preferred worker before it moves to its lane's "
@@ -346,7 +346,8 @@ PREFIX_BLOCK_TOKENS = Setting(
     "TAILGUARD_PREFIX_BLOCK_TOKENS", 0, int,
     "Tokens per block of the engines' prefix cache, as the API names prompt prefixes. 0: the "
     "lanes file's engine block_size, else vLLM's default for TAILGUARD_DEVICE (128 for cpu; "
-    "16 for cuda and auto: the API cannot see the workers' devices).")
+    "16 for cuda and auto: the API cannot see the workers' devices; `tailguard up` gives its "
+    "children the host's).")
 PREFIX_INDEX_TTL_S = Setting(
     "TAILGUARD_PREFIX_INDEX_TTL_S", 300, int,
     "How long a prefix stays in the affinity index after a worker last served it, in seconds.")

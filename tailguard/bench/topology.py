@@ -329,6 +329,8 @@ class RunningTopology:
                 settings.LANES_FILE.env: str(self.workdir / "lanes.toml"),
                 settings.API_THREADS.env: str(self.api_threads),
                 settings.WORKER_HEARTBEAT_S.env: "1", settings.WORKER_METRICS_PORT.env: "0",
+                # as `tailguard up` tells its children the host's device (the API's prefix blocks)
+                settings.DEVICE.env: "cuda" if any(w.pin.gpus for w in self.spec.workers) else "cpu",
                 "PYTHONUNBUFFERED": "1", **frontend_env(self.spec.frontend), **self.extra_env}
 
     def start_api(self, port: int, env: Mapping[str, str], name: str, timeout_s: float = 120.0) -> str:

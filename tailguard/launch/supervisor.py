@@ -155,6 +155,7 @@ def run_up(binds: Binds | None = None) -> int:
 
     env: dict[str, str] = {}  # what every child gets on top of our environment
     device = device_kind()
+    env[settings.DEVICE.env] = device  # the API's prefix blocks are its engines' (the host's)
     lanes_path, why = lanes_file_for_host(device, settings.LANES_FILE.get())
     table = load_lanes(lanes_path)  # fail before starting anything if the lanes file is bad
     env[settings.LANES_FILE.env] = str(lanes_path)  # the API and every worker read this one

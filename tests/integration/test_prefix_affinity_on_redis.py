@@ -264,8 +264,14 @@ def test_the_worker_ends_its_offer_and_indexes_the_prefixes_at_its_first_token(
         assert redis_client.ttl(keys.prefix_holders_key(prefix)) > 0
 
 
-def test_off_nothing_is_indexed_or_offered(client, redis_client, live):
-    """The suite's default app: TAILGUARD_PREFIX_AFFINITY unset."""
+@pytest.fixture(scope="module")
+def off_app(tiny_model, redis_server):
+    return make_app(tiny_model, redis_server, **{settings.PREFIX_AFFINITY.env: False})
+
+
+def test_off_nothing_is_indexed_or_offered(off_app, redis_client, live):
+    """TAILGUARD_PREFIX_AFFINITY=0 (it is on by default)."""
+    client = off_app.test_client()
     index(redis_client).remember(["ab" * 12], W1)  # even an index written by someone else
     job = submit(client, HISTORY)
     assert redis_client.hget(keys.job_key(job), "prefixes") is None
