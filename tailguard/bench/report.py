@@ -674,6 +674,21 @@ def overload_figures(by_phase: dict[str, list[Sample]], short: str,
     }
 
 
+def _overload_peers(report: dict, samples: dict[str, dict[str, list[Sample]]],
+                    short_slo: Slo, long_slo: Slo) -> dict[str, Any] | None:
+    """The per-class comparison over the whole overload timeline (its windows together), where
+    a fleet got the same timeline as tailguard; None otherwise."""
+    if not set(samples) & set(comparison.FLEETS):
+        return None
+    wl = report["workload"]
+    timeline = {name: {OVERLOAD: [s for w in WINDOWS for s in phases.get(w, [])]}
+                for name, phases in samples.items()}
+    for name, by_phase in timeline.items():
+        report["topologies"][name]["totals"][OVERLOAD] = phase_totals(
+            by_phase[OVERLOAD], wl["short_class"], short_slo, long_slo)
+    return comparison.comparison(report, timeline, short_slo, long_slo, phase=OVERLOAD)
+
+
 def _overload_lines(report: dict, line: Callable[..., None]) -> None:
     """Issue 11's overload lines, per topology (the lanes one: shared has no admission to test)."""
     p = report["workload"]["params"]
@@ -823,6 +838,8 @@ def targets(report: dict) -> list[dict[str, Any]]:
 
     if report["workload"]["name"] == OVERLOAD:
         _overload_lines(report, line)
+        if (report.get("peers") or {}).get("better_fleet"):  # the same timeline sent to a fleet
+            comparison.lines(report["peers"], line)
         _exactly_once_lines(report, line)
         return out
     if report["workload"]["name"] == OVERHEAD:
@@ -894,6 +911,8 @@ def build_report(*, config: dict[str, Any], workload: dict[str, Any],
     report["serving"] = serving(report, OVERHEAD if workload["name"] == OVERHEAD else "mixed")
     report["peers"] = (None if workload["name"] in (OVERHEAD, OVERLOAD, BATCH, TENANTS)
                        else comparison.comparison(report, samples, short_slo, long_slo))
+    if workload["name"] == OVERLOAD:
+        report["peers"] = _overload_peers(report, samples, short_slo, long_slo)
     if workload["name"] == BURST:
         report["burst"] = {name: burst_figures(phases, workload["short_class"],
                                                workload["long_class"],
@@ -910,10 +929,10 @@ def build_report(*, config: dict[str, Any], workload: dict[str, Any],
     if workload["name"] == TENANTS:
         report["tenants"] = {name: tenants_figures(phases, config["metric"])
                              for name, phases in samples.items()}
-    if workload["name"] == OVERLOAD:
+    if workload["name"] == OVERLOAD:  # admission's figures: the fleets have none to test
         report["overload"] = {name: overload_figures(phases, workload["short_class"],
                                                      workload["params"])
-                              for name, phases in samples.items()}
+                              for name, phases in samples.items() if name not in comparison.FLEETS}
     report["prefix_cache"] = prefix_cache(report)
     report["targets"] = targets(report)
     return report
@@ -1017,7 +1036,8 @@ def render_text(report: dict) -> str:
     head = [f"workload: {report['workload']['params']['described']}"] \
         if report["workload"]["params"].get("described") else []
     if report["workload"]["name"] in (OVERHEAD, OVERLOAD, BATCH, TENANTS):
-        lines = [*head, render_tables(report)]
+        lines = [*head, render_tables(report),
+                 *([comparison.render(report["peers"])] if report.get("peers") else [])]
     else:
         lines = [*head, render_tables(report),
                  *([render_shift(report)] if report.get("shift") else []),

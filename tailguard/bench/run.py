@@ -605,19 +605,21 @@ def _probe(client: Client, topo: str, first: BenchRequest, probed: _Probed, cfg:
 def _overload(client: Client, topo: str, workload: Workload, table: LaneTable, limit: int | None,
               count_tokens: Callable[[str], int] | None, cfg: BenchConfig, info: dict[str, Any],
               samples: dict[str, list[Sample]], workers_per_lane: dict[str, int],
-              redis_url: str | None = None) -> Workload:
+              redis_url: str | None = None, engines: dict[str, str] | None = None) -> Workload:
     """Measure the short lane's capacity with a saturation probe (a closed loop, so the lane is
     kept full without a growing queue), then run the overload timeline with its burst at
     `overload_factor` x that capacity. Fills `samples` (the probe, then the windows) and `info`;
-    returns the workload with its burst."""
-
-    first = next(r for r in workload.requests if r.cls == SHORT)
-    capacity = _probe(client, topo, first, _Probed(table, limit, count_tokens), cfg, info,
-                      samples, workers_per_lane)
-    workload = add_burst(workload, capacity)
-    log(f"[{topo}/{PROBE}] capacity {capacity:.2f} req/s; the burst sends short requests at "
-        f"{workload.params['burst_short_rate']:.2f} req/s for {cfg.burst_s:g} s")
-    timeline = _timed_phase(client, topo, OVERLOAD, workload, cfg, info["host"], redis_url)
+    returns the workload with its burst. A `workload` that has its burst already (the lanes
+    topology's probe sized it) runs as it is: a fleet gets the same timeline."""
+    if "capacity_rps" not in workload.params:
+        first = next(r for r in workload.requests if r.cls == SHORT)
+        capacity = _probe(client, topo, first, _Probed(table, limit, count_tokens), cfg, info,
+                          samples, workers_per_lane)
+        workload = add_burst(workload, capacity)
+        log(f"[{topo}/{PROBE}] capacity {capacity:.2f} req/s; the burst sends short requests "
+            f"at {workload.params['burst_short_rate']:.2f} req/s for {cfg.burst_s:g} s")
+    timeline = _timed_phase(client, topo, OVERLOAD, workload, cfg, info["host"], redis_url,
+                            engines)
     samples.update(split_windows(timeline, workload.params))
     return workload
 
@@ -863,8 +865,11 @@ def _specs(cfg: BenchConfig, workload: Workload, table: LaneTable, lanes_topo: T
     direct = direct_spec(pin, replaced, table, max_model_len=limit,
                          dtype=serving_dtype(model, settings.DTYPE.get()),
                          cpus=tuple(cores) if kind == "cpu" else ())
-    # overload tests admission, batch the batch lane: only the lanes topology has them
-    wanted = ("lanes",) if workload.name in (OVERLOAD, BATCH, TENANTS) else cfg.topologies
+    # overload tests admission, batch the batch lane: only the lanes topology has them; the
+    # overload timeline also goes to the fleets named, after lanes (its probe sizes the burst)
+    wanted = (("lanes", *(t for t in cfg.topologies if t in (FLEET, FLEET_P2)))
+              if workload.name == OVERLOAD else
+              ("lanes",) if workload.name in (BATCH, TENANTS) else cfg.topologies)
     specs: dict[str, Spec] = {
         "shared": shared_spec(table, engines=engines, kind=kind, cores=cores),
         "lanes": lanes_topo, DIRECT: direct,
@@ -1038,7 +1043,7 @@ def _measure_topology(cfg: BenchConfig, name: str, spec: Spec,
     if run.workload.name == OVERLOAD:
         run.workload = _overload(client, name, run.workload, run.table, run.limit,
                                  run.count_tokens, cfg, info, samples, spec.workers_per_lane(),
-                                 redis_url)
+                                 redis_url, topo.engine_metrics_urls)
         run.phases = phases_of(run.workload, cfg.baseline)
         return samples
     if run.workload.name == BATCH:

@@ -105,7 +105,8 @@ def test_recovery_is_the_last_abnormal_short_request_after_the_burst():
     assert recovery([], 100, 0.6)["recovered"] is False
 
 
-def overload_run(burst_p99=0.7, expired=False, missing_retry_after=False, lost=False):
+def overload_run(burst_p99=0.7, expired=False, missing_retry_after=False, lost=False,
+                 fleet=None):
     """Reference and recovery: 20 short requests of 0.5 s (P99 0.5 s); the burst: 20 accepted
     with the slowest at `burst_p99` and 10 refused; a long request in each window."""
     ref = [done(sent=i, e2e=0.5 if i != 3 else 0.45) for i in range(20)] + [done(LONG, 1, 20.0)]
@@ -123,6 +124,8 @@ def overload_run(burst_p99=0.7, expired=False, missing_retry_after=False, lost=F
     params = {**timeline(reference_s=100, burst_s=100, recovery_s=100).params,
               "capacity_rps": 4.0, "burst_short_rate": 12.0}
     samples = {"lanes": {"probe": probe, "reference": ref, "burst": burst, "recovery": rec}}
+    if fleet is not None:
+        samples["fleet"] = fleet
     return build_report(
         config={"metric": "e2e_s", "model_label": "m", "engines": 2, "cores_per_engine": "1 core"},
         workload={"name": OVERLOAD, "classes": [SHORT, LONG], "short_class": SHORT,
@@ -171,6 +174,29 @@ def test_overload_lines_fail():
     s = statuses(overload_run(burst_p99=0.8, expired=True, missing_retry_after=True, lost=True)[0])
     assert s["overload_p99_lanes"] == "FAIL"  # 0.8 / 0.5 > 1.5
     assert s["refusals_lanes"] == s["no_expired_lanes"] == s["accepted_finished_lanes"] == "FAIL"
+
+
+def test_the_same_timeline_sent_to_a_fleet_is_compared_within_target():
+    # the fleet refuses nothing and serves every short request, the burst's too late (5 s)
+    fleet = {"reference": [done(sent=i, e2e=0.5) for i in range(20)] + [done(LONG, 1, 20.0)],
+             "burst": [done(sent=100 + i, e2e=5.0) for i in range(30)] + [done(LONG, 130, 25.0)],
+             "recovery": [done(sent=200 + i, e2e=0.5) for i in range(22)] + [done(LONG, 210, 20.0)]}
+    r, _ = overload_run(fleet=fleet)
+    assert set(r["overload"]) == {"lanes"}  # admission's lines: the fleet has none to test
+    peers = r["peers"]
+    assert peers["phase"] == "overload" and peers["better_fleet"] == "fleet"
+    lanes, theirs = peers["rows"]["lanes"]["classes"], peers["rows"]["fleet"]["classes"]
+    assert (lanes["short"]["sent"], theirs["short"]["sent"]) == (72, 72)
+    # lanes: 20 + 20 + 21 served, the 3.0 s one in recovery still within the 4 s target
+    assert (lanes["short"]["within_target"], theirs["short"]["within_target"]) == (61, 42)
+    assert (lanes["short"]["refused_429"], theirs["short"]["refused_429"]) == (11, 0)
+    st = statuses(r)
+    assert st["within_target_vs_fleet_short"] == "PASS" and st["refusals_lanes"] == "PASS"
+    assert "refusals_fleet" not in st
+    assert "per class, overload phase" in render_text(r)
+    json.dumps(r)
+    slow = {**fleet, "burst": [done(sent=100 + i, e2e=0.5) for i in range(30)]}
+    assert statuses(overload_run(fleet=slow)[0])["within_target_vs_fleet_short"] == "FAIL"
 
 
 def test_mixed_load_lines_count_refusals_apart():
