@@ -92,8 +92,6 @@ log = logging.getLogger("tailguard.api")
 class TokenCounter(Protocol):
     model_max_len: int | None
 
-    def count(self, prompt: str, add_special_tokens: bool = True) -> int: ...
-
     def encode(self, prompt: str, add_special_tokens: bool = True) -> list[int]: ...
 
 
@@ -400,13 +398,14 @@ class Gateway:
         whole first (the prompt's byte bound before any tokenizing); the tokens a live worker
         holds then leave its cost when it is offered to that worker: a conversation's turn is
         classed by what its engine computes, its history excluded."""
-        place = functools.partial(req.place, self.lanes, functools.cache(self._count_prompt),
+        encode = functools.cache(self._encode_prompt)  # a native prompt tokenized once
+        place = functools.partial(req.place, self.lanes, lambda p, s: len(encode(p, s)),
                                   self.counter.model_max_len, prefer)
         placement = place()
         if self.affinity is None or fair is not None:
             return placement, None, None
         policy = self.affinity.index.policy
-        holdings = self.affinity.look_up(req.token_ids(self.counter.encode),
+        holdings = self.affinity.look_up(req.token_ids(encode),
                                          [l for l in self.lanes if l.priority == req.priority])
         cached = holdings.cached_tokens(self.affinity.block_tokens)
         if cached:
@@ -509,13 +508,13 @@ class Gateway:
     def _key_label(self, caller: ApiKey | None) -> str | None:
         return None if caller is None else self.metrics.key_label(caller.name, caller.id)
 
-    def _count_prompt(self, prompt: str, add_special_tokens: bool = True) -> int:
-        """A native prompt's tokens; one past the byte bound is refused before the tokenizer
+    def _encode_prompt(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
+        """A native prompt's token ids; one past the byte bound is refused before the tokenizer
         spends CPU on it."""
         if self.max_prompt_bytes is not None and len(prompt) * 4 > self.max_prompt_bytes:
             # at most 4 bytes a character: below that, no need to encode it
             self._check_prompt_bytes(len(prompt.encode("utf-8", "surrogatepass")))
-        return self.counter.count(prompt, add_special_tokens)
+        return self.counter.encode(prompt, add_special_tokens)
 
     def _check_prompt_bytes(self, size: int, field: str = "prompt") -> None:
         if self.max_prompt_bytes is not None and size > self.max_prompt_bytes:

@@ -16,6 +16,7 @@ from e2e_fixtures import http_status, serve
 from tailguard import settings
 from tailguard.host.procs import ChildSpec, tailguard_argv
 from tailguard.host.redis_server import free_port
+from tailguard.redis import keys
 
 pytestmark = pytest.mark.e2e
 
@@ -122,7 +123,12 @@ def test_flower_needs_auth_and_shows_each_lane(flower_url):
         if queues.get("short") and queues.get("long") or time.monotonic() > deadline:
             break
         time.sleep(1)
-    assert queues["short"] == ["short"] and queues["long"] == ["batch", "long"]
+    # each lane, and each worker's own queue of that lane's jobs offered to it (prefix
+    # affinity, on by default: docs/lanes.md)
+    names = {name.split("@")[0]: name for name in workers}
+    assert queues["short"] == ["short", keys.worker_queue("short", names["short"])]
+    assert queues["long"] == sorted(["batch", "long", keys.worker_queue("batch", names["long"]),
+                                     keys.worker_queue("long", names["long"])])
     broker = requests.get(flower_url + "/broker", auth=("ops", "s3cret"), timeout=20)
     assert broker.status_code == 200
     for lane in ("short", "long", "batch"):

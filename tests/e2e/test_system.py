@@ -41,13 +41,19 @@ def test_costly_request_runs_on_the_long_worker(api, workers):
 
 
 def test_each_worker_consumes_only_its_own_lanes(workers):
+    from tailguard.redis import keys
     from tasks import app
 
     inspect = app.control.inspect(timeout=5)
-    queues = {node.split("@")[0]: [q["name"] for q in qs]
-              for node, qs in inspect.active_queues().items()}
-    assert queues == {"short": ["short"], "long": ["long", "batch"]}
-    exchanges = {q["name"]: q["exchange"]["name"] for qs in inspect.active_queues().values() for q in qs}
+    active = inspect.active_queues()
+    lanes = {"short": ["short"], "long": ["long", "batch"]}
+    # each lane's queue just behind the worker's own one of that lane's jobs offered to it
+    # (prefix affinity, on by default: docs/lanes.md)
+    assert {node: [q["name"] for q in qs] for node, qs in active.items()} == {
+        node: [q for lane in lanes[node.split("@")[0]] for q in (keys.worker_queue(lane, node), lane)]
+        for node in active}
+    exchanges = {q["name"]: q["exchange"]["name"] for qs in active.values() for q in qs
+                 if q["name"] in ("short", "long", "batch")}
     assert exchanges == {"short": "short", "long": "long", "batch": "batch"}
     # concurrency = the lanes' max_num_seqs, whether given by `tailguard worker` (-c)
     # or derived by the worker itself from -Q (the plain `celery worker` entry point)

@@ -32,7 +32,7 @@ def tokenized(api_app, keys_app, monkeypatch):
         monkeypatch.setattr(gw, "counter", type("Counting", (), {
             "model": counter.model, "model_max_len": counter.model_max_len,
             "tokenizer_config": counter.tokenizer_config,
-            "count": lambda self, *a, **k: calls.append(1) or counter.count(*a, **k)})())
+            "encode": lambda self, *a, **k: calls.append(1) or counter.encode(*a, **k)})())
     return calls
 
 
