@@ -1042,7 +1042,8 @@ def _measure_topology(cfg: BenchConfig, name: str, spec: Spec,
     redis_url = None if direct else topo.redis_url
     if run.workload.name == OVERLOAD:
         run.workload = _overload(client, name, run.workload, run.table, run.limit,
-                                 run.count_tokens, cfg, info, samples, spec.workers_per_lane(),
+                                 run.count_tokens, cfg, info, samples,
+                                 spec.workers_per_lane() if isinstance(spec, TopologySpec) else {},
                                  redis_url, topo.engine_metrics_urls)
         run.phases = phases_of(run.workload, cfg.baseline)
         return samples
