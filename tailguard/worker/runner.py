@@ -346,12 +346,18 @@ class _NativeRun(_Run):
 
 class _OpenAIRun(_Run):
     """An OpenAI job through vLLM's serving layer: its chunks, or its response once done.
-    "First token" here means its first chunk (the role) reached the stream."""
+    "First token" here means its first chunk (the role) reached the stream; for a
+    non-streamed request, its response did (prefix affinity's index learns of it then)."""
+
+    def __init__(self, job: GenerationJob, record: dict[str, Any], writer: DeltaWriter) -> None:
+        super().__init__(job, record, writer)
+        self._unstreamed: Callable[[], None] = lambda: None  # `call` sets it
 
     def call(self, engine: Engine, should_cancel: Callable[[], bool],
              on_first_token: Callable[[], None]) -> OpenAIResult:
         job, spec, writer = self.job, self.job.openai or {}, self.writer
         written: list[bool] = []
+        self._unstreamed = lambda: None if written else on_first_token()
 
         def on_chunks(payloads: list[str]) -> None:
             writer.add_chunks(payloads)
@@ -373,6 +379,8 @@ class _OpenAIRun(_Run):
     def closed(self, result: OpenAIResult) -> None:
         if result.response is not None:
             self.writer.write_response(result.response)
+            if result.completion_tokens:  # a non-streamed request's prefill is done all the same
+                self._unstreamed()
 
     def body(self, result: OpenAIResult) -> dict[str, Any]:
         return {"completion_tokens": result.completion_tokens,

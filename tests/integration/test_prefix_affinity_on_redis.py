@@ -15,7 +15,7 @@ from kombu import Queue
 from waiting import wait_for
 
 from tailguard import settings
-from tailguard.engine.host import GenerationResult
+from tailguard.engine.host import GenerationResult, OpenAIResult
 from tailguard.jobs.liveness import Liveness
 from tailguard.jobs.prefix_index import PrefixIndex
 from tailguard.jobs.redeliver import Redeliverer
@@ -262,6 +262,30 @@ def test_the_worker_ends_its_offer_and_indexes_the_prefixes_at_its_first_token(
         held = redis_client.zrange(keys.prefix_holders_key(prefix), 0, -1)
         assert held[-1] == W2.encode()
         assert redis_client.ttl(keys.prefix_holders_key(prefix)) > 0
+
+
+class ResponseEngine:
+    """An in-process engine that answers a non-streamed OpenAI request whole: no chunk, so no
+    first-token callback, as vLLM's serving layer does."""
+
+    def openai(self, request_id, endpoint, request, deadline_s, extra=None, on_first_token=None,
+               should_cancel=None, on_chunks=None) -> OpenAIResult:
+        return OpenAIResult('{"object": "text_completion"}', 5, 3, "length", 0.01, 0.02)
+
+
+def test_a_non_streamed_request_indexes_its_prefixes_once_answered(affinity_app, redis_client,
+                                                                     live):
+    job = offered_to(affinity_app, redis_client, W1)
+    offers = index(redis_client)
+    runner = JobRunner(lambda: ResponseEngine(), JobStore(redis_client),
+                       lambda job_id: DeltaWriter(redis_client, job_id, flush_s=0), worker=W2,
+                       offers=offers)
+    spec = {"endpoint": "completion", "capped": False, "prompt_tokens": 5,
+            "request": {"model": "m", "prompt": "hi", "max_tokens": 3, "stream": False}}
+    runner.run(GenerationJob(job, "", max_tokens=3, sampling={}, deadline_s=5, openai=spec))
+    assert offers.outcomes() == {"made": 1, "taken": 1}
+    for prefix in prefixes_of(redis_client, job):
+        assert redis_client.zrange(keys.prefix_holders_key(prefix), 0, -1)[-1] == W2.encode()
 
 
 @pytest.fixture(scope="module")
