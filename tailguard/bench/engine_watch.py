@@ -13,7 +13,8 @@ topology are its hit rate over the phase (`prefix_cache`), the warm-up before it
 
 `free_slot_refusals` then counts, per class, the requests refused (429 or 503) at a moment
 when an engine that may serve the class ran fewer requests than its batch slots
-(``max_num_seqs``): the engine's last scrape at or before the refusal. The engines' own
+(``max_num_seqs``, or the cut limit of an engine that shares the front end's cores:
+`TopologySpec.engine_slots`): the engine's last scrape at or before the refusal. The engines' own
 figures, not admission's: what the issue holds tailguard to ("a short request is never
 refused while an engine that may serve it has a free slot"). A scrape every
 `INTERVAL_S` sees a slot that frees and fills again between two scrapes only by chance.

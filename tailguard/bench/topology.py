@@ -109,10 +109,19 @@ class TopologySpec:
         return frontend_cores([w.pin for w in self.workers], settings.FRONTEND_CORES.get())
 
     def engine_slots(self) -> dict[str, int]:
-        """Each worker's batch slots (its engine's max_num_seqs), by its name."""
+        """Each worker's batch slots, by its name: its engine's max_num_seqs, or fewer where the
+        engine shares the front end's cores and its worker cuts its lanes' limits to
+        TAILGUARD_FRONTEND_ENGINE_MAX_RUNNING (tailguard/worker/runtime.py: it then starts no job
+        of its first lane past that many running, whatever max_num_seqs says)."""
         table = self.table
-        return {w.name: engine_settings_for(table.lanes_for_queues(w.lanes))[0]
-                for w in self.workers}
+        front = set(self.frontend)
+        cap = settings.FRONTEND_ENGINE_MAX_RUNNING.get()
+        slots = {}
+        for w in self.workers:
+            seqs = engine_settings_for(table.lanes_for_queues(w.lanes))[0]
+            cut = cap > 0 and bool(front & set(w.pin.cores))
+            slots[w.name] = min(seqs, cap) if cut else seqs
+        return slots
 
     def workers_per_lane(self) -> dict[str, int]:
         """How many live workers /healthz must report per lane before the topology is ready."""
