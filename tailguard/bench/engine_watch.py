@@ -14,7 +14,8 @@ topology are its hit rate over the phase (`prefix_cache`), the warm-up before it
 `free_slot_refusals` then counts, per class, the requests refused (429 or 503) at a moment
 when an engine that may serve the class ran fewer requests than its batch slots
 (``max_num_seqs``, or the cut limit of an engine that shares the front end's cores:
-`TopologySpec.engine_slots`): the engine's last scrape at or before the refusal. The engines' own
+`TopologySpec.engine_slots`): the engine's last scrape at or before the refusal and its first
+after it (a slot that filled between them went to a job queued before the refusal). The engines' own
 figures, not admission's: what the issue holds tailguard to ("a short request is never
 refused while an engine that may serve it has a free slot"). A scrape every
 `INTERVAL_S` sees a slot that frees and fills again between two scrapes only by chance.
@@ -144,12 +145,23 @@ def running_at(series: list[tuple[float, float]] | list[list[float]], t: float) 
     return series[i - 1][1] if i else None
 
 
+def running_after(series: list[tuple[float, float]] | list[list[float]],
+                  t: float) -> float | None:
+    """An engine's running requests at its first scrape after `t` (None: none came)."""
+    i = bisect.bisect_right([p[0] for p in series], t)
+    return series[i][1] if i < len(series) else None
+
+
 def free_slot_at(t: float, engines: Iterable[str], series: Mapping[str, Any],
                  slots: Mapping[str, int]) -> bool:
-    """Whether one of `engines` ran fewer than its `slots` at `t`, by its scrapes."""
+    """Whether one of `engines` ran fewer than its `slots` at `t`, by its scrapes: at the last
+    one before `t` and at the first after it (where one came). A slot that was free at the
+    scrape before and full at the one after was most likely taken by a job already queued
+    when the request was refused (the engines cannot show their queue): not a free slot."""
     for name in engines:
-        running = running_at(series.get(name) or [], t)
-        if running is not None and running < slots[name]:
+        one = series.get(name) or []
+        before, after = running_at(one, t), running_after(one, t)
+        if before is not None and before < slots[name] and (after is None or after < slots[name]):
             return True
     return False
 

@@ -82,7 +82,7 @@ def refused(cls, *times, status=429):
                   refused_at=list(times), attempts=len(times))
 
 
-SERIES = {"a": [[0.0, 6.0], [5.0, 5.0], [10.0, 6.0]],  # 6 slots: full, then one free from 5 to 10
+SERIES = {"a": [[0.0, 6.0], [5.0, 5.0], [8.0, 5.0], [10.0, 6.0]],  # 6 slots: one free 5-10
           "b": [[0.0, 8.0], [7.0, 2.0]]}               # 8 slots: full until 7
 SLOTS = {"a": 6, "b": 8}
 
@@ -92,6 +92,8 @@ SLOTS = {"a": 6, "b": 8}
     (refused("short", 6.0), None, 1),              # a's slot is free
     (refused("short", 6.0), {"short": ["b"]}, 0),  # ...but only b may serve short
     (refused("short", 8.0), {"short": ["b"]}, 1),  # b has room from 7
+    (refused("short", 9.0), {"short": ["a"]}, 0),  # a's slot full at the next scrape: taken
+    (refused("short", 12.0), {"short": ["a"]}, 0),  # full since 10, no scrape after
     (refused("long", 6.0), {"short": ["b"]}, 1),   # a class not listed: every engine
     (refused("short", 1.0, 6.0), None, 1),         # any attempt's refusal counts once
     (refused("short", 6.0, 8.0), None, 1),
@@ -104,7 +106,7 @@ def test_free_slot_refusals(sample, engines, counted):
 
 
 def test_free_slot_refusals_per_class():
-    samples = [refused("short", 1.0), refused("short", 6.0), refused("long", 8.0),
+    samples = [refused("short", 1.0), refused("short", 6.0), refused("long", 7.0),
                Sample("long", 8, 0.0, status="succeeded", ok=True)]
     assert free_slot_refusals(samples, SERIES, SLOTS, {"short": ["a"], "long": ["a"]}) == \
         {"short": 1, "long": 1}
