@@ -359,7 +359,7 @@ class Gateway:
         if caller is not None:
             check_cost(caller, placement.cost)
         lane = self.lanes[placement.lane]
-        load = loads.get(lane.name) or self.load.load(lane.name)
+        load = loads.get(lane.name) or self._lane_load(lane.name)
         wait_s = self._admit(lane, load, placement, caller, target, token_bucket, fair)
         only_new = job_id is not None
         job_id = job_id or uuid.uuid4().hex
@@ -415,12 +415,16 @@ class Gateway:
                 return cheaper, worker, holdings
         return placement, holdings.offer_to(placement.lane, policy), holdings
 
+    def _lane_load(self, lane: str) -> LaneLoad:
+        """What admission decides on for `lane`, the running jobs that share its slots included."""
+        return self.load.load(lane, self.lanes.sharing(lane))
+
     def _predicted_wait_s(self, placement: Placement, loads: dict[str, LaneLoad]) -> float:
         """The wait admission predicts for a request placed so (its lane's load read into
         `loads` once); none for a lane admission would answer 503 (no worker to serve it)."""
         lane = self.lanes[placement.lane]
         if lane.name not in loads:
-            loads[lane.name] = self.load.load(lane.name)
+            loads[lane.name] = self._lane_load(lane.name)
         load = loads[lane.name]
         if not (load.live_workers or self.admission.admit_without_worker):
             return math.inf
@@ -478,7 +482,8 @@ class Gateway:
         its key's list until its turn: tailguard/redis/lua/fair_release.lua)."""
         try:
             self.store.create(job_id, fields, queue_ttl_s=lane.queue_ttl_s,
-                              limits=self.admission.limits(lane, load), message=message,
+                              limits=self.admission.limits(lane, load, self.lanes.sharing(lane.name)),
+                              message=message,
                               only_new=only_new, fair=fair, offer=offer)
         except BacklogMoved as moved:
             # Other requests took the room this one was admitted into: decide again on the

@@ -6,13 +6,16 @@
   queue TTL lapses.
 * queued and running: how many of the lane's jobs are queued, and how many run on its
   own workers' slots, kept in the same Lua steps as the job records (transition_job.lua):
-  what the predicted wait counts free batch slots with.
+  what the predicted wait counts free batch slots with, beside the running jobs of the lanes
+  that share its slots and the per-engine limits its live workers advertise.
 * served: the cost tokens of the lane's requests that ran and finished, per
   Redis-clock second, fed by the finished-request stream (one consumer group,
   so each request counts once whichever API process reads it).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import redis
 
@@ -32,14 +35,18 @@ class LaneLoadStore:
         self._load = lua.Script(client, "clock", "lane_counts", "live_count", "lane_load")
         self._served = lua.Script(client, "record_served")
 
-    def load(self, lane: str) -> LaneLoad:
-        backlog, queued, running, served, now, live = self._load(
+    def load(self, lane: str, sharing: Sequence[str] = ()) -> LaneLoad:
+        """`lane`'s figures; `sharing`: the lanes whose running jobs take its slots too
+        (LaneTable.sharing)."""
+        backlog, queued, running, served, now, live, shared, slots = self._load(
             [keys.lane_queued_key(lane), keys.lane_backlog_key(lane), keys.lane_running_key(lane),
-             keys.lane_served_key(lane), keys.lane_workers_key(lane)],
+             keys.lane_served_key(lane), keys.lane_workers_key(lane),
+             keys.lane_worker_slots_key(lane), *map(keys.lane_running_key, sharing)],
             window_s=self.window_s)
         return LaneLoad(backlog_tokens=int(backlog), queued_jobs=int(queued),
                         running_jobs=int(running), served_tokens=int(served),
-                        window_s=float(self.window_s), live_workers=int(live), now=float(now))
+                        window_s=float(self.window_s), live_workers=int(live), now=float(now),
+                        sharing_jobs=int(shared), worker_slots=int(slots) or None)
 
     def record(self, rec: FinishedRequest) -> None:
         """Count a request that ran (a FinishedConsumer sink); one that never started is not

@@ -164,6 +164,8 @@ class JobStore:
         extra = {} if limits is None else {k: v for k, v in (
             ("slots", limits.slots), ("max_wait_tokens", limits.wait_tokens),
             ("max_backlog_after", limits.after)) if v is not None}
+        if limits is not None and limits.sharing:
+            extra["sharing"] = [keys.lane_running_key(l) for l in limits.sharing]
         script_keys = [keys.job_key(job_id), keys.lane_queued_key(lane),
                        keys.lane_backlog_key(lane), keys.lane_running_key(lane)]
         if message is not None:
@@ -355,16 +357,19 @@ class JobStart:
 class BacklogMoved(Exception):
     """The lane passed admission's limits between the decision and the store."""
 
-    def __init__(self, backlog_tokens: int, queued_jobs: int, running_jobs: int) -> None:
+    def __init__(self, backlog_tokens: int, queued_jobs: int, running_jobs: int,
+                 sharing_jobs: int = 0) -> None:
         super().__init__(f"the lane now has {queued_jobs} jobs ({backlog_tokens} cost tokens) "
-                         f"queued and {running_jobs} running")
-        self.backlog_tokens, self.queued_jobs, self.running_jobs = (
-            backlog_tokens, queued_jobs, running_jobs)
+                         f"queued and {running_jobs} running (+{sharing_jobs} of the lanes "
+                         "sharing its slots)")
+        self.backlog_tokens, self.queued_jobs, self.running_jobs, self.sharing_jobs = (
+            backlog_tokens, queued_jobs, running_jobs, sharing_jobs)
 
     def moved(self, load: LaneLoad) -> LaneLoad:
         """`load` with the lane's figures as the store found them."""
         return dataclasses.replace(load, backlog_tokens=self.backlog_tokens,
-                                   queued_jobs=self.queued_jobs, running_jobs=self.running_jobs)
+                                   queued_jobs=self.queued_jobs, running_jobs=self.running_jobs,
+                                   sharing_jobs=self.sharing_jobs)
 
 
 def without_text(fields: dict[str, Any]) -> dict[str, Any]:

@@ -7,8 +7,10 @@ prior (``prior_tokens_per_s`` per engine sequence x the lane's slots), so an idl
 or freshly started lane is not judged by the little it was asked to do.
 
 The predicted wait counts the lane's free slots over the whole fleet. Its slots are its
-per-engine limit (``Lane.engine_slots``: tailguard/lanes/dispatch.py) on every live worker
-that serves it (lane heartbeats); the slots in use are the lane's jobs running (Redis keeps
+per-engine limit on every live worker that serves it, as each worker advertises it with its
+heartbeat (``Lane.engine_slots``, cut on the engine that shares the front end's cores:
+tailguard/lanes/dispatch.py); the slots in use are the lane's jobs running and those of the
+lanes after it on its engines (``LaneTable.sharing``: a lane's limit counts them; Redis keeps
 them with the job states, tailguard/redis/lua/transition_job.lua). A request that finds a slot
 left for it (fewer requests queued ahead of it than slots free) predicts no wait,
 however tight the promise: two requests of the usual load that arrive together are
@@ -20,12 +22,11 @@ points, one ends every (one request's cost) / rate seconds, and the new request'
 own cost stands in for that one. That work divided by the rate is the predicted
 wait; with no free slot it is (backlog + cost) / rate.
 
-What it does not see: an engine's slots are shared by its lanes, and a lane's free slot on
-an engine whose batch the other lanes fill is no slot (the lanes file keeps the limits of
-the lanes behind the first within what the batch leaves it: docs/lanes.md), so there the
-prediction can err short; a dead worker's
-jobs hold slots until they are reaped (seconds) while its slots have already left
-the count, so then it errs long.
+What it does not see: which engine each job runs on. The counts are the fleet's, so a
+lane's free slots are right while every engine that serves it serves the lanes after it too
+(the shipped files); where only some do, the others' jobs of those lanes count against it and
+the prediction can err long. A dead worker's jobs hold slots until they are reaped (seconds)
+while its slots have already left the count, so then it errs long too.
 
 A request is refused (429 with Retry-After) when it would push the backlog past
 the lane's ``max_backlog_tokens`` or when its predicted wait exceeds the lane's
@@ -73,6 +74,10 @@ class LaneLoad:
     window_s: float       # that window
     live_workers: int     # workers serving the lane now
     now: float | None = None  # the Redis clock when these were read (Unix seconds)
+    #: the requests of the lanes after it (`LaneTable.sharing`) running on its engines' slots
+    sharing_jobs: int = 0
+    #: its live workers' per-engine limits for it, summed (None: none advertised one)
+    worker_slots: int | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,8 @@ class BacklogLimits:
     slots: int = 0
     wait_tokens: float | None = None
     after: int | None = None
+    #: the lanes whose running jobs take its slots too (`LaneTable.sharing`)
+    sharing: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -99,9 +106,11 @@ class AdmissionPolicy:
         return max(0, prompt_tokens) / self.prefill_tokens_per_s + self.first_step_s
 
     def slots(self, lane: Lane, load: LaneLoad) -> int:
-        """The lane's slots over the fleet: its per-engine limit on every live worker serving it
-        (one worker while none is live and requests are admitted anyway, as the prior rate
-        assumes)."""
+        """The lane's slots over the fleet: the per-engine limits its live workers advertise,
+        else its own limit on each of them (one worker while none is live and requests are
+        admitted anyway, as the prior rate assumes)."""
+        if load.worker_slots:
+            return load.worker_slots
         return lane.engine_slots * max(1, load.live_workers)
 
     def service_rate(self, lane: Lane, load: LaneLoad) -> float:
@@ -113,19 +122,21 @@ class AdmissionPolicy:
         """The work (cost tokens) the lane must do before a request of `cost` tokens gets a
         slot: none if a free slot is left for it, else the queued work beyond the free slots
         plus one request's (see the module docstring). create_job.lua applies the same rule."""
-        free = max(0, self.slots(lane, load) - max(0, load.running_jobs))
+        free = max(0, self.slots(lane, load) - max(0, load.running_jobs)
+                   - max(0, load.sharing_jobs))
         ahead = max(0, load.queued_jobs)
         if ahead < free:
             return 0.0
         beyond = max(0, load.backlog_tokens) * (ahead - free) / ahead if ahead else 0.0
         return beyond + cost
 
-    def limits(self, lane: Lane, load: LaneLoad) -> BacklogLimits:
+    def limits(self, lane: Lane, load: LaneLoad, sharing: tuple[str, ...] = ()) -> BacklogLimits:
         """The bounds `admit` decided within, for the store to check again atomically: a wait
-        within the promise is at most promise x rate of work before the request's slot."""
+        within the promise is at most promise x rate of work before the request's slot;
+        `sharing`, the lanes whose running jobs the store counts against its slots."""
         return BacklogLimits(slots=self.slots(lane, load),
                              wait_tokens=lane.promised_wait_s * self.service_rate(lane, load),
-                             after=lane.max_backlog_tokens)
+                             after=lane.max_backlog_tokens, sharing=sharing)
 
     def admit(self, lane: Lane, load: LaneLoad, cost: int) -> float:
         """The predicted wait in seconds of a request of `cost` tokens, if it is accepted.

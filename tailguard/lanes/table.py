@@ -185,6 +185,14 @@ class LaneTable:
         wanted = tuple(queues)
         return next((w for w in self.workers if w.lanes == wanted), None)
 
+    def sharing(self, lane: str) -> tuple[str, ...]:
+        """The lanes whose running jobs take `lane`'s per-engine slots: those after it on a
+        configured worker that serves it (a lane's limit counts its jobs and those of the lanes
+        after it: tailguard/lanes/dispatch.py), in table order."""
+        after = {l for w in self.workers if lane in w.lanes
+                 for l in w.lanes[w.lanes.index(lane) + 1:]}
+        return tuple(n for n in self.names if n in after)
+
     def lanes_for_queues(self, queues: Iterable[str]) -> list[Lane]:
         """The lanes a worker consuming `queues` serves, in the order given."""
         out = []

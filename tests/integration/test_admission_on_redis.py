@@ -91,8 +91,9 @@ def test_requests_admitted_on_the_same_stale_backlog_cannot_all_enter(api, queue
     with queue_app.app_context():
         gateway = get_gateway()
     real_load = gateway.load.load
-    gateway.load.load = lambda lane: replace(real_load(lane), backlog_tokens=0, queued_jobs=0,
-                                             running_jobs=0)  # stale reads
+    gateway.load.load = lambda lane, sharing=(): replace(
+        real_load(lane, sharing), backlog_tokens=0, queued_jobs=0, running_jobs=0,
+        sharing_jobs=0)  # stale reads
     try:
         codes, ahead = [], []
         for _ in range(40):
@@ -376,3 +377,48 @@ def test_a_ttft_target_short_misses_and_long_meets_is_placed_on_long(api, redis_
     roomy = api.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 60},
                      headers={"x-llm-d-slo-ttft-ms": "60000"})  # short meets it: short
     assert roomy.get_json()["lane"] == "short"
+
+
+def test_the_lanes_after_a_lane_and_the_cut_limits_take_its_free_slots(redis_client):
+    """An engine's limit for its first lane counts the jobs of the lanes after it, and the
+    engine on the front end's cores advertises a cut limit: admission reads both from Redis,
+    and the store's step counts the same (a long job running takes a short slot)."""
+    from tailguard.jobs.lane_load import LaneLoadStore
+    from tailguard.jobs.liveness import Liveness
+    from tailguard.jobs.store import BacklogMoved
+    from tailguard.lanes.admission import AdmissionPolicy
+    from tailguard.lanes.table import Lane
+
+    first, after = "sh-first", "sh-after"
+    lane = Lane(name=first, max_tokens=64, max_num_seqs=4, queue_ttl_s=60, max_wait_s=0.1)
+    live = Liveness(redis_client)
+    live.heartbeat([first, after], "fast@test-host", ttl_s=60, slots={first: 4, after: 2})
+    live.heartbeat([first, after], "front@test-host", ttl_s=60, slots={first: 1, after: 1})
+    store, loads = JobStore(redis_client), LaneLoadStore(redis_client)
+    policy = AdmissionPolicy(prior_tokens_per_s=10.0)
+    ids = (f"{i:032x}" for i in range(50_000, 60_000))
+    for worker in ("fast@test-host", "fast@test-host", "front@test-host"):
+        job = next(ids)
+        store.create(job, {"lane": after, "cost": 500, "deadline_s": 30}, queue_ttl_s=60)
+        assert store.transition(job, {QUEUED}, RUNNING, {"worker": worker})[0]
+    fields = {"lane": first, "cost": 50, "deadline_s": 30}
+    assert loads.load(first).worker_slots == 5 and loads.load(first).sharing_jobs == 0
+    load = loads.load(first, sharing=[after])
+    assert (load.worker_slots, load.running_jobs, load.sharing_jobs) == (5, 0, 3)
+    # 5 slots, 3 taken by the lane after it: two requests start at once, the third waits
+    for expected in (True, True, False):
+        load = loads.load(first, sharing=[after])
+        try:
+            policy.admit(lane, load, 50)
+            admitted = True
+        except WaitTooLong:
+            admitted = False
+        assert admitted == expected
+        try:
+            store.create(next(ids), fields, queue_ttl_s=60,
+                         limits=policy.limits(lane, load, (after,)))
+            stored = True
+        except BacklogMoved as moved:
+            assert moved.moved(load) == load
+            stored = False
+        assert stored == admitted

@@ -100,3 +100,26 @@ def test_no_live_worker_is_a_503_unless_admitted_anyway():
     anyway = AdmissionPolicy(admit_without_worker=True)
     assert anyway.admit(LANE, load(workers=0), 100) == 0.0
     assert anyway.admit(LANE, load(backlog=400, queued=4, workers=0), 100) == 100 / 80.0
+
+
+def test_the_lanes_after_it_and_the_advertised_limits_take_its_free_slots():
+    """A lane's limit counts the jobs of the lanes after it on its engines, and its workers
+    advertise their own (cut) limits: both bound the free slots a request may start in."""
+    lane_load = load(workers=2)  # 4 slots each, as the lane says
+    assert POLICY.slots(LANE, lane_load) == 8
+    cut = dataclasses.replace(lane_load, worker_slots=5)  # one engine cut to 1
+    assert POLICY.slots(LANE, cut) == 5 and POLICY.service_rate(LANE, cut) == 50.0
+    assert POLICY.admit(TIGHT, dataclasses.replace(cut, sharing_jobs=4), 67) == 0.0
+    with pytest.raises(WaitTooLong):  # 3 long + 2 short running fill the 5
+        POLICY.admit(TIGHT, dataclasses.replace(cut, sharing_jobs=3, running_jobs=2), 67)
+    assert POLICY.limits(LANE, cut, ("long",)).sharing == ("long",)
+
+
+def test_a_lane_shares_its_slots_with_the_lanes_after_it_on_its_workers():
+    from tailguard.lanes.table import LaneTable, WorkerSpec
+
+    lanes = tuple(dataclasses.replace(LANE, name=n) for n in ("short", "long", "batch"))
+    every = LaneTable(lanes, (WorkerSpec("engine", ("short", "long", "batch")),))
+    assert every.sharing("short") == ("long", "batch") and every.sharing("batch") == ()
+    split = LaneTable(lanes, (WorkerSpec("s", ("short",)), WorkerSpec("l", ("long", "batch"))))
+    assert split.sharing("short") == () and split.sharing("long") == ("batch",)

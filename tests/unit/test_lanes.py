@@ -221,7 +221,7 @@ def test_the_cpu_host_lanes_file_is_the_packaged_one_with_its_own_sizes():
 
     packaged = load_lanes(default_lanes_path())
     cpu = load_lanes(cpu_lanes_path())
-    assert (cpu["short"].max_num_seqs, cpu["short"].max_wait_s) == (8, 0.1)
+    assert (cpu["short"].max_num_seqs, cpu["short"].max_wait_s) == (8, 0.5)
     assert dataclasses.replace(cpu["short"], max_num_seqs=packaged["short"].max_num_seqs,
                                max_wait_s=packaged["short"].max_wait_s) == packaged["short"]
     for name in ("long", "batch"):

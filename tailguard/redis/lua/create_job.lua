@@ -2,7 +2,8 @@
 -- KEYS[1] job hash, KEYS[2] the lane's queued zset, KEYS[3] the lane's backlog (cost tokens),
 -- KEYS[4] the lane's running zset, optional KEYS[5] the lane's Celery queue (a list)
 -- ARGV[1] JSON {ttl_s, queue_ttl_s, cost, fields: {name: string value},
---               optional slots, max_wait_tokens, max_backlog_after: admission's limits,
+--               optional slots, max_wait_tokens, max_backlog_after, sharing: admission's
+--               limits (sharing: the running zsets of the lanes that take its slots too),
 --               optional message: the job's Celery task message (tailguard/jobs/task_message.py),
 --               pushed onto KEYS[5] with the record: one exists exactly when the other does,
 --               optional only_new: store nothing when the job exists (a batch line's job id
@@ -15,16 +16,17 @@
 --               is that worker's own queue (prefix affinity: tailguard/jobs/prefix_index.py);
 --               the offer is recorded with the message, lapsing wait_s from now}
 -- -> submitted_at (expires_at = submitted_at + queue_ttl_s); or, when the lane is past a
---    limit (requests admitted meanwhile by other API threads), {backlog, queued, running}
---    and nothing stored; 'exists' when only_new and the job exists
+--    limit (requests admitted meanwhile by other API threads), {backlog, queued, running,
+--    sharing lanes' running} and nothing stored; 'exists' when only_new and the job exists
 local a = cjson.decode(ARGV[1])
 if a.only_new and redis.call('EXISTS', KEYS[1]) == 1 then return 'exists' end
 local backlog, queued, running = lane_counts(KEYS[2], KEYS[3], KEYS[4])
+local shared = a.sharing and sharing_count(a.sharing) or 0
 local refuse = a.max_backlog_after and math.max(0, backlog) + a.cost > a.max_backlog_after
 if a.max_wait_tokens and not refuse then
   -- AdmissionPolicy.wait_tokens (tailguard/lanes/admission.py): no wait while a free slot is left
   -- for it, else the queued work beyond the free slots plus one request's
-  local free = math.max(0, a.slots - running)
+  local free = math.max(0, a.slots - running - shared)
   if queued >= free then
     local work = a.cost
     if queued > 0 then work = work + math.max(0, backlog) * (queued - free) / queued end
@@ -77,7 +79,7 @@ if refuse and a.fair then
     end
   end
 end
-if refuse then return {backlog, queued, running} end
+if refuse then return {backlog, queued, running, shared} end
 local expires = now + a.queue_ttl_s
 redis.call('HSET', KEYS[1], 'status', 'queued', 'submitted_at', string.format('%.6f', now),
            'expires_at', string.format('%.6f', expires))

@@ -13,3 +13,14 @@ local function lane_counts(queued_key, backlog_key, running_key)
   return tonumber(redis.call('GET', backlog_key) or '0'), redis.call('ZCARD', queued_key),
          redis.call('ZCARD', running_key)
 end
+
+-- The running jobs of other lanes that take this lane's slots (LaneTable.sharing), their
+-- lapsed members dropped first, as lane_counts drops the lane's own.
+local function sharing_count(running_keys)
+  local n = 0
+  for _, key in ipairs(running_keys) do
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+    n = n + redis.call('ZCARD', key)
+  end
+  return n
+end

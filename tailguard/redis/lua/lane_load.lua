@@ -2,9 +2,12 @@
 -- the rate window.
 -- KEYS[1] the lane's queued zset, KEYS[2] its backlog, KEYS[3] its running zset,
 -- KEYS[4] its served-per-second hash, KEYS[5] its workers' zset (live_count): one round
--- trip for everything admission reads, on the request's path
+-- trip for everything admission reads, on the request's path; KEYS[6] its workers' limits
+-- (worker -> slots, heartbeat.lua), KEYS[7..] the running zsets of the lanes that share its
+-- slots (sharing_count)
 -- ARGV[1] JSON {window_s}
--- -> {backlog tokens, queued jobs, running jobs, served tokens, now as text, live workers}
+-- -> {backlog tokens, queued jobs, running jobs, served tokens, now as text, live workers,
+--     running jobs of the sharing lanes, the live workers' limits summed (0: none advertised)}
 local a = cjson.decode(ARGV[1])
 local backlog, queued, running = lane_counts(KEYS[1], KEYS[2], KEYS[3])
 local served, since = 0, math.floor(now - a.window_s)
@@ -12,4 +15,13 @@ local h = redis.call('HGETALL', KEYS[4])
 for i = 1, #h, 2 do
   if tonumber(h[i]) >= since then served = served + tonumber(h[i + 1]) end
 end
-return {backlog, queued, running, served, string.format('%.6f', now), live_count(KEYS[5])}
+local live = live_count(KEYS[5])
+local slots = 0
+if KEYS[6] and live > 0 then
+  local workers = redis.call('ZRANGE', KEYS[5], 0, -1)
+  for _, n in ipairs(redis.call('HMGET', KEYS[6], unpack(workers))) do
+    slots = slots + (tonumber(n) or 0)
+  end
+end
+local shared = sharing_count({unpack(KEYS, 7)})
+return {backlog, queued, running, served, string.format('%.6f', now), live, shared, slots}
