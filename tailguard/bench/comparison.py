@@ -5,7 +5,7 @@ Issue 42's table. For each topology of the run, on one phase (``mixed``), and ea
 (short, long): requests sent, served (succeeded), within target, refused with 429 and with
 503 (after the client's retries, when it retried: `Sample.attempts`), and refused while an
 engine that may serve the class had a free slot (tailguard/bench/engine_watch.py: from the
-engines' own ``vllm:num_requests_running`` against their slots). Then
+engines' own ``vllm:num_requests_running`` and ``_waiting`` against their slots). Then
 tailguard's (the ``lanes`` topology's) figures over the better of the two router fleets
 (`BETTER_FLEET_RULE`) and over the best tuned vLLM (tailguard/bench/tuned.py).
 
@@ -186,7 +186,7 @@ def lines(peers: dict[str, Any], line: Callable[..., None]) -> None:
     free = (mine or {}).get("classes", {}).get(short, {}).get("refused_free_slot")
     line("short_refused_free_slot", None if free is None else free == 0,
          f"lanes: {_n(free)} {short} requests refused while an engine that may serve them had a "
-         "free slot (its vllm:num_requests_running < its slots)",
+         "free slot (its vllm:num_requests_running + _waiting < its slots)",
          "the lanes topology and its engines' series")
     for peer, key in ((fleet, "vs_fleet"), (peers["tuned"], "vs_tuned")):
         r = peers.get(key)

@@ -4,20 +4,21 @@ while one of them had a free slot.
 Every engine of a topology serves vLLM's Prometheus series: a tailguard worker on its
 metrics port (tailguard/observe/vllm_series.py), a plain vLLM server on its own port. An
 `EngineWatch` scrapes each one every `INTERVAL_S` during a phase and keeps
-``vllm:num_requests_running`` (summed over the engine's series) with the wall-clock time
-of the scrape, and ``vllm:request_success_total`` at the phase's start and end: how the
-requests split between the engines (a router's replicas, tailguard's workers). The prefix
-cache's counters, ``vllm:prefix_cache_queries`` and ``vllm:prefix_cache_hits`` (tokens looked
-up and found), are read at the same two moments: their deltas over every engine of the
+``vllm:num_requests_running`` + ``vllm:num_requests_waiting`` (each summed over the engine's
+series: the requests it holds) with the wall-clock time of the scrape, and
+``vllm:request_success_total`` at the phase's start and end: how the requests split between
+the engines (a router's replicas, tailguard's workers). The prefix cache's counters,
+``vllm:prefix_cache_queries`` and ``vllm:prefix_cache_hits`` (tokens looked up and found), are
+read at the same two moments: their deltas over every engine of the
 topology are its hit rate over the phase (`prefix_cache`), the warm-up before it left out.
 
 `free_slot_refusals` then counts, per class, the requests refused (429 or 503) at a moment
-when an engine that may serve the class ran fewer requests than its batch slots
+when an engine that may serve the class held fewer requests than its batch slots
 (``max_num_seqs``, or the cut limit of an engine that shares the front end's cores:
 `TopologySpec.engine_slots`): the engine's last scrape at or before the refusal and its first
-after it (a slot that filled between them went to a job queued before the refusal). The engines' own
-figures, not admission's: what the issue holds tailguard to ("a short request is never
-refused while an engine that may serve it has a free slot"). A scrape every
+after it (a slot that filled between them went to a job queued before the refusal). The
+engines' own figures, not admission's: what the issue holds tailguard to ("a short request is
+never refused while an engine that may serve it has a free slot"). A scrape every
 `INTERVAL_S` sees a slot that frees and fills again between two scrapes only by chance.
 Only the scraping does I/O.
 """
@@ -36,12 +37,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from tailguard.bench.loadgen import Sample
 
 RUNNING = "vllm:num_requests_running"
+#: requests the engine holds but has not scheduled yet: they take a slot as well
+WAITING = "vllm:num_requests_waiting"
 SUCCESS = "vllm:request_success"  # a counter: its samples are vllm:request_success_total
 #: vLLM's prefix cache counters (vllm/v1/metrics/loggers.py), in tokens
 PREFIX_QUERIES = "vllm:prefix_cache_queries"
 PREFIX_HITS = "vllm:prefix_cache_hits"
 #: the families read; each summed over its series
-READ = (RUNNING, SUCCESS, PREFIX_QUERIES, PREFIX_HITS)
+READ = (RUNNING, WAITING, SUCCESS, PREFIX_QUERIES, PREFIX_HITS)
 #: Seconds between two scrapes of every engine: fine enough against a request's lifetime
 #: here (a short one takes 0.5-4 s), cheap for the engines (a scrape is a few ms of CPU).
 INTERVAL_S = 0.25
@@ -57,6 +60,12 @@ def parse_series(text: str) -> dict[str, float]:
                       if s.name in (family.name, family.name + "_total")]
             out[family.name] = sum(values)
     return out
+
+
+def held(figures: Mapping[str, float]) -> float:
+    """The requests an engine holds: running, and waiting to be scheduled (a request waits
+    there for its prefill's turn: its slot is taken all the same)."""
+    return figures[RUNNING] + figures.get(WAITING, 0.0)
 
 
 def scrape(url: str, timeout_s: float = 2.0) -> dict[str, float] | None:
@@ -89,11 +98,11 @@ class EngineWatch:
             for name, url in self.urls.items():
                 got = scrape(url)
                 if got is not None and RUNNING in got:
-                    self.series[name].append((round(time.time(), 3), got[RUNNING]))
+                    self.series[name].append((round(time.time(), 3), held(got)))
             self._stop.wait(self.interval_s)
 
     def stop(self) -> dict[str, Any]:
-        """{"series": {engine: [[wall time, running], ...]}, "served": {engine: requests
+        """{"series": {engine: [[wall time, running + waiting], ...]}, "served": {engine: requests
         that succeeded meanwhile, None when unread}, "prefix_cache": {engine: {"queries",
         "hits"} meanwhile, None when unread}}."""
         self._stop.set()

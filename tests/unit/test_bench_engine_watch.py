@@ -2,6 +2,7 @@
 free slot (tailguard/bench/engine_watch.py)."""
 
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -13,7 +14,9 @@ from tailguard.bench.engine_watch import (
     RUNNING,
     SUCCESS,
     EngineWatch,
+    WAITING,
     free_slot_refusals,
+    held,
     parse_series,
     prefix_delta,
     prefix_hit_rate,
@@ -23,7 +26,7 @@ from tailguard.bench.loadgen import REFUSED, Sample
 
 
 def vllm_page(running: dict[str, float], success: dict[str, float],
-              prefix: tuple[float, float] | None = None) -> str:
+              prefix: tuple[float, float] | None = None, waiting: float = 0) -> str:
     """A /metrics page as vLLM's PrometheusStatLogger writes it: a series per engine, the
     success counter per finish reason, and with `prefix` its prefix cache's (queries, hits)."""
     reg = CollectorRegistry()
@@ -36,13 +39,14 @@ def vllm_page(running: dict[str, float], success: dict[str, float],
     c = Counter(SUCCESS, "done", ["model_name", "engine", "finished_reason"], registry=reg)
     for reason, n in success.items():
         c.labels("m", "0", reason).inc(n)
-    Gauge("vllm:num_requests_waiting", "waiting", registry=reg).set(9)
+    Gauge(WAITING, "waiting", registry=reg).set(waiting)
     return generate_latest(reg).decode()
 
 
 def test_parse_series_sums_each_engine_and_finish_reason():
-    page = vllm_page({"0": 3, "1": 2}, {"length": 5, "stop": 2})
-    assert parse_series(page) == {RUNNING: 5.0, SUCCESS: 7.0}
+    page = vllm_page({"0": 3, "1": 2}, {"length": 5, "stop": 2}, waiting=9)
+    assert parse_series(page) == {RUNNING: 5.0, WAITING: 9.0, SUCCESS: 7.0}
+    assert held(parse_series(page)) == 14.0 and held({RUNNING: 2.0}) == 2.0
     assert parse_series("") == {}
     with_prefix = parse_series(vllm_page({"0": 1}, {}, prefix=(1000, 250)))
     assert (with_prefix[PREFIX_QUERIES], with_prefix[PREFIX_HITS]) == (1000.0, 250.0)
@@ -52,6 +56,7 @@ def test_vllms_own_counter_names_are_the_ones_read():
     loggers = pytest.importorskip("vllm.v1.metrics.loggers")
     source = open(loggers.__file__).read()
     assert f'name="{PREFIX_QUERIES}"' in source and f'name="{PREFIX_HITS}"' in source
+    assert f'name="{RUNNING}"' in source and f'name="{WAITING}"' in source
 
 
 def test_a_prefix_delta_is_what_each_counter_grew_by():
@@ -138,10 +143,14 @@ def test_the_watch_samples_running_and_counts_what_each_engine_served(engine_ser
     url = f"http://127.0.0.1:{engine_server.server_port}/metrics"
     watch = EngineWatch({"e0": url, "gone": "http://127.0.0.1:9/metrics"}, interval_s=0.01)
     watch.start()
-    engine_server.page = vllm_page({"0": 3}, {"length": 13, "stop": 1}, prefix=(900, 410))
-    while not any(p[1] == 3.0 for p in watch.series["e0"]):
+    engine_server.page = vllm_page({"0": 3}, {"length": 13, "stop": 1}, prefix=(900, 410),
+                                   waiting=1)
+    deadline = time.monotonic() + 30
+    while not any(p[1] == 4.0 for p in watch.series["e0"]) and time.monotonic() < deadline:
         threading.Event().wait(0.01)
     got = watch.stop()
-    assert {p[1] for p in got["series"]["e0"]} <= {2.0, 3.0} and got["series"]["gone"] == []
+    # running and waiting: what the engine holds
+    held = {p[1] for p in got["series"]["e0"]}
+    assert 4.0 in held and held <= {2.0, 4.0} and got["series"]["gone"] == []
     assert got["served"] == {"e0": 4, "gone": None}
     assert got["prefix_cache"] == {"e0": {"queries": 800.0, "hits": 400.0}, "gone": None}
