@@ -46,7 +46,7 @@ from tailguard.jobs.redeliver import Redeliverer
 from tailguard.jobs.store import JobStore
 from tailguard.jobs.stream import DeltaWriter, flush_interval, writes_per_s_for
 from tailguard.lanes.dispatch import capped
-from tailguard.lanes.table import Lane, LaneTable, check_worker_lanes, load_lanes
+from tailguard.lanes.table import Lane, LaneTable, check_worker_lanes, load_lanes, slots_for
 from tailguard.redis import client as redis_client
 from tailguard.redis import keys
 from tailguard.worker import probe
@@ -98,8 +98,8 @@ class WorkerRuntime:
     gate: LaneGate | None = None
     #: prefix affinity's index and offers (None: off)
     offers: PrefixIndex | None = None
-    #: its per-engine limit for each lane, advertised with its heartbeat (prefix affinity
-    #: offers a job only to a worker under it)
+    #: its per-engine limit for each lane, advertised with its heartbeat (admission counts the
+    #: lane's slots with it; prefix affinity offers a job only to a worker under it)
     lane_slots: dict[str, int] = field(default_factory=dict)
     stopping: threading.Event = field(default_factory=threading.Event)
     keeper: EngineKeeper[EngineHost] = field(init=False)
@@ -268,11 +268,10 @@ def setup(app: Celery, hostname: str, queue_names: list[str], *,
         runtime = WorkerRuntime(app=app, hostname=hostname, lanes=lanes, store=store,
                                 all_lanes={l.name: l for l in table},
                                 liveness=Liveness(client),
-                                gate=LaneGate(limits, consumer, own)
+                                gate=LaneGate(limits, consumer, own, slots_for(lanes))
                                 if consumer is not None
                                 else None, offers=offers,
-                                lane_slots={l.name: l.engine_slots for l in limits}
-                                if offers else {},
+                                lane_slots={l.name: l.engine_slots for l in limits},
                                 build_engine=functools.partial(
                                     EngineHost, engine_config(lanes, options)),
                                 stream_writes_per_s=writes_per_s_for(
