@@ -42,9 +42,8 @@ task_acks_late = True
 worker_prefetch_multiplier = 1
 task_reject_on_worker_lost = True
 # After a broker reconnect the consumer starts again at the prefetch tasks/worker.py set (its
-# lanes' batch, plus one where the lane gate bounds what runs); Celery's reduction would
-# restore it toward the pool's size, which a worker that may move between lanes sizes for its
-# largest lane.
+# lanes' batch); Celery's reduction would restore it toward the pool's size, which a worker
+# that may move between lanes sizes for its largest lane.
 worker_enable_prefetch_count_reduction = False
 
 # One direct exchange per lane, named like it, so Flower and `inspect active_queues` read plainly.

@@ -50,10 +50,8 @@ def _on_worker_ready(sender=None, **_: Any) -> None:
     try:
         queues = [q.name for q in sender.task_consumer.queues]
         runtime = setup(sender.app, sender.hostname, queues, consumer=sender)
-        # one message per engine slot (the pool may have been given more threads: -c), and one
-        # more where the lane gate bounds what runs: a job is acknowledged after its task
-        # returns, after the gate opened its lane again (tailguard/worker/lane_gate.py)
-        _set_prefetch(sender, slots_for(runtime.lanes) + (runtime.gate is not None))
+        # one message per engine slot (the pool may have been given more threads: -c)
+        _set_prefetch(sender, slots_for(runtime.lanes))
     except Exception:
         log.critical("this worker cannot set up, so it exits", exc_info=True)
         exit_worker()

@@ -18,13 +18,6 @@ broker reconnect or a lost step is mended by the next one. A message that arrive
 already at its limit (a delivery racing a cancel) is ``over``: its task gives it back to its
 queue without running it.
 
-Nothing is consumed while the engine runs as many jobs as its batch (``slots``), whatever the
-lanes' own limits allow: then no BRPOP is left waiting on a lane that is still open, so the
-moment a job ends the lanes that open are fetched at once. The worker reserves one message more
-than its batch (tasks/worker.py): a job's message is acknowledged only after its task returns,
-which is after the gate opened its lane again, and a prefetch count equal to the batch would
-stop the consumer fetching until something else woke it (up to a second).
-
 With prefix affinity on, a worker has its own queue per lane (``own``: the jobs offered to it
 first, tailguard/jobs/prefix_index.py), consumed just ahead of the lane's shared queue whenever
 that lane is: its messages are the lane's tasks, so they count as the lane's.
@@ -55,11 +48,9 @@ class LaneGate:
     Consumer (``cancel_task_queue``, ``add_task_queue``, ``call_soon``, ``task_consumer``)."""
 
     def __init__(self, lanes: Sequence[LaneLimit], consumer: Any,
-                 own: Mapping[str, str] | None = None, slots: int | None = None) -> None:
+                 own: Mapping[str, str] | None = None) -> None:
         self.lanes = list(lanes)
         self.consumer = consumer
-        #: the engine's batch: no lane is consumed while it runs that many jobs (None: no bound)
-        self.slots = slots
         self._names = {l.name for l in self.lanes}
         #: lane -> this worker's own queue of it (prefix affinity; empty: off)
         self.own = dict(own or {})
@@ -83,17 +74,10 @@ class LaneGate:
         with self._lock:
             if task_id in self._jobs:
                 return
-            if lane not in self._consumable(Counter(self._jobs.values())):
+            if lane not in consumable(self.lanes, Counter(self._jobs.values())):
                 self._over.add(task_id)
             self._jobs[task_id] = lane
         self.apply()
-
-    def _consumable(self, running: Counter[str]) -> tuple[str, ...]:
-        """`consumable`, and nothing while the engine's batch is full: a lane after the first
-        may be below its own limit then (its limit counts fewer lanes), but no slot is free."""
-        if self.slots is not None and sum(running.values()) >= self.slots:
-            return ()
-        return consumable(self.lanes, running)
 
     def over(self, task_id: str) -> bool:
         """Whether this task's message arrived past its lane's limit (its task gives it back)."""
@@ -113,7 +97,7 @@ class LaneGate:
 
     def apply(self) -> None:
         """Make the consumed queues what the rule allows now, in lane order (consumer thread)."""
-        want = [q for lane in self._consumable(self.running())
+        want = [q for lane in consumable(self.lanes, self.running())
                 for q in ([self.own[lane]] if lane in self.own else []) + [lane]]
         have = [q.name for q in self.consumer.task_consumer.queues if q.name in self._queues]
         if have == want:

@@ -46,7 +46,7 @@ from tailguard.jobs.redeliver import Redeliverer
 from tailguard.jobs.store import JobStore
 from tailguard.jobs.stream import DeltaWriter, flush_interval, writes_per_s_for
 from tailguard.lanes.dispatch import capped
-from tailguard.lanes.table import Lane, LaneTable, check_worker_lanes, load_lanes, slots_for
+from tailguard.lanes.table import Lane, LaneTable, check_worker_lanes, load_lanes
 from tailguard.redis import client as redis_client
 from tailguard.redis import keys
 from tailguard.worker import probe
@@ -268,7 +268,7 @@ def setup(app: Celery, hostname: str, queue_names: list[str], *,
         runtime = WorkerRuntime(app=app, hostname=hostname, lanes=lanes, store=store,
                                 all_lanes={l.name: l for l in table},
                                 liveness=Liveness(client),
-                                gate=LaneGate(limits, consumer, own, slots_for(lanes))
+                                gate=LaneGate(limits, consumer, own)
                                 if consumer is not None
                                 else None, offers=offers,
                                 lane_slots={l.name: l.engine_slots for l in limits},

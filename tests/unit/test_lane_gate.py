@@ -140,27 +140,3 @@ def test_a_workers_own_queues_go_just_ahead_of_their_lanes_and_count_as_them():
     gate.ended("a")
     assert consumer.queues == ["short.w.me@host", "short", "long.w.me@host", "long",
                                "batch.w.me@host", "batch"]
-
-
-def test_a_full_batch_closes_every_lane_even_one_below_its_own_limit():
-    """Short jobs fill the engine's batch while long is below its own limit (which counts only
-    long and batch): nothing is consumed, so no fetch waits on long alone, and the first job
-    to end opens short again ahead of it."""
-    consumer = Consumer(["short", "long", "batch"])
-    gate = LaneGate(list(TABLE), consumer, slots=4)
-    for job in "abc":
-        gate.received(job, "tailguard.generate.short")
-    assert consumer.queues == ["short", "long", "batch"]
-    gate.received("d", "tailguard.generate.short")
-    assert consumer.queues == []
-    gate.received("e", "tailguard.generate.long")  # a delivery racing the cancel
-    assert gate.over("e")
-    gate.ended("e")
-    gate.ended("a")
-    assert consumer.queues == ["short", "long", "batch"]
-    # without the engine's batch, long stays open beside four short jobs (its limit is its own)
-    plain = Consumer(["short", "long", "batch"])
-    ungated = LaneGate(list(TABLE), plain)
-    for job in "abcd":
-        ungated.received(job, "tailguard.generate.short")
-    assert plain.queues == ["long"]
