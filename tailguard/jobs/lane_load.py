@@ -38,7 +38,7 @@ class LaneLoadStore:
     def load(self, lane: str, sharing: Sequence[str] = ()) -> LaneLoad:
         """`lane`'s figures; `sharing`: the lanes whose running jobs take its slots too
         (LaneTable.sharing)."""
-        backlog, queued, running, served, now, live, shared, slots = self._load(
+        backlog, queued, running, served, now, live, shared, slots, advertised = self._load(
             [keys.lane_queued_key(lane), keys.lane_backlog_key(lane), keys.lane_running_key(lane),
              keys.lane_served_key(lane), keys.lane_workers_key(lane),
              keys.lane_worker_slots_key(lane), *map(keys.lane_running_key, sharing)],
@@ -46,7 +46,8 @@ class LaneLoadStore:
         return LaneLoad(backlog_tokens=int(backlog), queued_jobs=int(queued),
                         running_jobs=int(running), served_tokens=int(served),
                         window_s=float(self.window_s), live_workers=int(live), now=float(now),
-                        sharing_jobs=int(shared), worker_slots=int(slots) or None)
+                        sharing_jobs=int(shared), worker_slots=int(slots),
+                        advertising_workers=int(advertised))
 
     def record(self, rec: FinishedRequest) -> None:
         """Count a request that ran (a FinishedConsumer sink); one that never started is not

@@ -76,8 +76,10 @@ class LaneLoad:
     now: float | None = None  # the Redis clock when these were read (Unix seconds)
     #: the requests of the lanes after it (`LaneTable.sharing`) running on its engines' slots
     sharing_jobs: int = 0
-    #: its live workers' per-engine limits for it, summed (None: none advertised one)
-    worker_slots: int | None = None
+    #: the per-engine limits for it that its live workers advertise, summed
+    worker_slots: int = 0
+    #: how many of its live workers advertise one (a worker of an older version does not)
+    advertising_workers: int = 0
 
 
 @dataclass(frozen=True)
@@ -106,12 +108,13 @@ class AdmissionPolicy:
         return max(0, prompt_tokens) / self.prefill_tokens_per_s + self.first_step_s
 
     def slots(self, lane: Lane, load: LaneLoad) -> int:
-        """The lane's slots over the fleet: the per-engine limits its live workers advertise,
-        else its own limit on each of them (one worker while none is live and requests are
+        """The lane's slots over the fleet: the per-engine limit each live worker advertises,
+        its own limit on one that does not (one worker while none is live and requests are
         admitted anyway, as the prior rate assumes)."""
-        if load.worker_slots:
-            return load.worker_slots
-        return lane.engine_slots * max(1, load.live_workers)
+        if load.advertising_workers <= 0:
+            return lane.engine_slots * max(1, load.live_workers)
+        silent = max(0, load.live_workers - load.advertising_workers)
+        return load.worker_slots + lane.engine_slots * silent
 
     def service_rate(self, lane: Lane, load: LaneLoad) -> float:
         """Cost tokens per second the lane gets through: measured, never below the prior."""

@@ -404,7 +404,8 @@ def test_the_lanes_after_a_lane_and_the_cut_limits_take_its_free_slots(redis_cli
     fields = {"lane": first, "cost": 50, "deadline_s": 30}
     assert loads.load(first).worker_slots == 5 and loads.load(first).sharing_jobs == 0
     load = loads.load(first, sharing=[after])
-    assert (load.worker_slots, load.running_jobs, load.sharing_jobs) == (5, 0, 3)
+    assert (load.worker_slots, load.advertising_workers, load.running_jobs,
+            load.sharing_jobs) == (5, 2, 0, 3)
     # 5 slots, 3 taken by the lane after it: two requests start at once, the third waits
     for expected in (True, True, False):
         load = loads.load(first, sharing=[after])

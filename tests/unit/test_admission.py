@@ -107,8 +107,10 @@ def test_the_lanes_after_it_and_the_advertised_limits_take_its_free_slots():
     advertise their own (cut) limits: both bound the free slots a request may start in."""
     lane_load = load(workers=2)  # 4 slots each, as the lane says
     assert POLICY.slots(LANE, lane_load) == 8
-    cut = dataclasses.replace(lane_load, worker_slots=5)  # one engine cut to 1
+    cut = dataclasses.replace(lane_load, worker_slots=5, advertising_workers=2)  # one cut to 1
     assert POLICY.slots(LANE, cut) == 5 and POLICY.service_rate(LANE, cut) == 50.0
+    # a worker of an older version advertises nothing: its lane's own limit stands for it
+    assert POLICY.slots(LANE, dataclasses.replace(cut, worker_slots=1, advertising_workers=1)) == 5
     assert POLICY.admit(TIGHT, dataclasses.replace(cut, sharing_jobs=4), 67) == 0.0
     with pytest.raises(WaitTooLong):  # 3 long + 2 short running fill the 5
         POLICY.admit(TIGHT, dataclasses.replace(cut, sharing_jobs=3, running_jobs=2), 67)

@@ -7,7 +7,8 @@
 -- slots (sharing_count)
 -- ARGV[1] JSON {window_s}
 -- -> {backlog tokens, queued jobs, running jobs, served tokens, now as text, live workers,
---     running jobs of the sharing lanes, the live workers' limits summed (0: none advertised)}
+--     running jobs of the sharing lanes, the limits the live workers advertise summed, how
+--     many advertise one}
 local a = cjson.decode(ARGV[1])
 local backlog, queued, running = lane_counts(KEYS[1], KEYS[2], KEYS[3])
 local served, since = 0, math.floor(now - a.window_s)
@@ -16,12 +17,13 @@ for i = 1, #h, 2 do
   if tonumber(h[i]) >= since then served = served + tonumber(h[i + 1]) end
 end
 local live = live_count(KEYS[5])
-local slots = 0
+local slots, advertised = 0, 0
 if KEYS[6] and live > 0 then
   local workers = redis.call('ZRANGE', KEYS[5], 0, -1)
   for _, n in ipairs(redis.call('HMGET', KEYS[6], unpack(workers))) do
-    slots = slots + (tonumber(n) or 0)
+    if tonumber(n) then slots, advertised = slots + tonumber(n), advertised + 1 end
   end
 end
 local shared = sharing_count({unpack(KEYS, 7)})
-return {backlog, queued, running, served, string.format('%.6f', now), live, shared, slots}
+return {backlog, queued, running, served, string.format('%.6f', now), live, shared, slots,
+        advertised}
