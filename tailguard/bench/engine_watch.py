@@ -154,13 +154,6 @@ def running_at(series: list[tuple[float, float]] | list[list[float]], t: float) 
     return series[i - 1][1] if i else None
 
 
-def running_after(series: list[tuple[float, float]] | list[list[float]],
-                  t: float) -> float | None:
-    """An engine's running requests at its first scrape after `t` (None: none came)."""
-    i = bisect.bisect_right([p[0] for p in series], t)
-    return series[i][1] if i < len(series) else None
-
-
 def free_slot_at(t: float, engines: Iterable[str], series: Mapping[str, Any],
                  slots: Mapping[str, int]) -> bool:
     """Whether one of `engines` ran fewer than its `slots` at `t`, by its scrapes: at the last
@@ -169,8 +162,11 @@ def free_slot_at(t: float, engines: Iterable[str], series: Mapping[str, Any],
     when the request was refused (the engines cannot show their queue): not a free slot."""
     for name in engines:
         one = series.get(name) or []
-        before, after = running_at(one, t), running_after(one, t)
-        if before is not None and before < slots[name] and (after is None or after < slots[name]):
+        i = bisect.bisect_right([p[0] for p in one], t)
+        if i == 0:
+            continue  # before its first scrape: not known free
+        after = one[i][1] if i < len(one) else None
+        if one[i - 1][1] < slots[name] and (after is None or after < slots[name]):
             return True
     return False
 

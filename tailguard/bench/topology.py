@@ -50,7 +50,7 @@ from typing import Any
 from tailguard import settings
 from tailguard.bench.tuned import TUNED, check_setting, tuned_flags, tuned_name
 from tailguard.host import procs
-from tailguard.host.cores import Pinning, frontend_cores, frontend_env
+from tailguard.host.cores import Pinning, frontend_cores, frontend_env, shares_frontend
 from tailguard.host.procs import ChildFailed, ChildSpec, Group, tailguard_argv
 from tailguard.lanes.table import (
     Lane,
@@ -113,14 +113,12 @@ class TopologySpec:
         engine shares the front end's cores and its worker cuts its lanes' limits to
         TAILGUARD_FRONTEND_ENGINE_MAX_RUNNING (tailguard/worker/runtime.py: it then starts no job
         of its first lane past that many running, whatever max_num_seqs says)."""
-        table = self.table
-        front = set(self.frontend)
+        table, told = self.table, frontend_env(self.frontend)
         cap = settings.FRONTEND_ENGINE_MAX_RUNNING.get()
         slots = {}
         for w in self.workers:
             seqs = engine_settings_for(table.lanes_for_queues(w.lanes))[0]
-            cut = cap > 0 and bool(front & set(w.pin.cores))
-            slots[w.name] = min(seqs, cap) if cut else seqs
+            slots[w.name] = min(seqs, cap) if cap > 0 and shares_frontend(w.pin, told) else seqs
         return slots
 
     def workers_per_lane(self) -> dict[str, int]:

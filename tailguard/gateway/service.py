@@ -196,6 +196,8 @@ class Gateway:
                  reaper: Reaper | None = None, auth_mode: str | None = None,
                  fair_share: bool = True, affinity: PrefixAffinity | None = None) -> None:
         self.lanes = lanes
+        #: per lane, the lanes whose running jobs take its slots (admission counts them)
+        self._sharing = {lane.name: lanes.sharing(lane.name) for lane in lanes}
         self.store = store
         self.counter = counter
         self.broker = broker
@@ -417,7 +419,7 @@ class Gateway:
 
     def _lane_load(self, lane: str) -> LaneLoad:
         """What admission decides on for `lane`, the running jobs that share its slots included."""
-        return self.load.load(lane, self.lanes.sharing(lane))
+        return self.load.load(lane, self._sharing[lane])
 
     def _predicted_wait_s(self, placement: Placement, loads: dict[str, LaneLoad]) -> float:
         """The wait admission predicts for a request placed so (its lane's load read into
@@ -482,7 +484,7 @@ class Gateway:
         its key's list until its turn: tailguard/redis/lua/fair_release.lua)."""
         try:
             self.store.create(job_id, fields, queue_ttl_s=lane.queue_ttl_s,
-                              limits=self.admission.limits(lane, load, self.lanes.sharing(lane.name)),
+                              limits=self.admission.limits(lane, load, self._sharing[lane.name]),
                               message=message,
                               only_new=only_new, fair=fair, offer=offer)
         except BacklogMoved as moved:
