@@ -186,7 +186,7 @@ def lines(peers: dict[str, Any], line: Callable[..., None]) -> None:
     free = (mine or {}).get("classes", {}).get(short, {}).get("refused_free_slot")
     line("short_refused_free_slot", None if free is None else free == 0,
          f"lanes: {_n(free)} {short} requests refused while an engine that may serve them had a "
-         "free slot (its vllm:num_requests_running + _waiting < its slots)",
+         "free slot (its vllm:num_requests_running + _waiting < its slots through two engine steps)",
          "the lanes topology and its engines' series")
     for peer, key in ((fleet, "vs_fleet"), (peers["tuned"], "vs_tuned")):
         r = peers.get(key)

@@ -15,8 +15,13 @@ topology are its hit rate over the phase (`prefix_cache`), the warm-up before it
 `free_slot_refusals` then counts, per class, the requests refused (429 or 503) at a moment
 when an engine that may serve the class held fewer requests than its batch slots
 (``max_num_seqs``, or the cut limit of an engine that shares the front end's cores:
-`TopologySpec.engine_slots`): the engine's last scrape at or before the refusal and its first
-after it (a slot that filled between them went to a job queued before the refusal). The
+`TopologySpec.engine_slots`) at every scrape from its last one at or before the refusal through
+the first one two engine steps later (``vllm:iteration_tokens_total``'s count). vLLM sets its
+gauges once per step, at the step's end, and a request handed to it during a step enters the
+scheduler at the next one: a step with a long prompt's prefill lasts a second or more on a
+CPU, so a job the worker had already taken shows up in the gauges up to two steps later. A
+slot full at any of those scrapes went to a job taken before the refusal. (Without the step
+count, from a server that lacks it: the scrape before and the first after.) The
 engines' own figures, not admission's: what the issue holds tailguard to ("a short request is
 never refused while an engine that may serve it has a free slot"). A scrape every
 `INTERVAL_S` sees a slot that frees and fills again between two scrapes only by chance.
@@ -29,7 +34,7 @@ import bisect
 import threading
 import time
 import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -43,8 +48,13 @@ SUCCESS = "vllm:request_success"  # a counter: its samples are vllm:request_succ
 #: vLLM's prefix cache counters (vllm/v1/metrics/loggers.py), in tokens
 PREFIX_QUERIES = "vllm:prefix_cache_queries"
 PREFIX_HITS = "vllm:prefix_cache_hits"
-#: the families read; each summed over its series
-READ = (RUNNING, WAITING, SUCCESS, PREFIX_QUERIES, PREFIX_HITS)
+#: a histogram observed once per engine step (tokens it computed): its count is the steps done
+STEPS = "vllm:iteration_tokens_total"
+#: the families read; each summed over its series (a histogram: its count)
+READ = (RUNNING, WAITING, SUCCESS, PREFIX_QUERIES, PREFIX_HITS, STEPS)
+#: how many engine steps after the scrape before a refusal its gauges surely count every
+#: request the engine was handed before it (the step in flight, then the next one)
+STEPS_TO_SEE = 2
 #: Seconds between two scrapes of every engine: fine enough against a request's lifetime
 #: here (a short one takes 0.5-4 s), cheap for the engines (a scrape is a few ms of CPU).
 INTERVAL_S = 0.25
@@ -56,9 +66,9 @@ def parse_series(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         if family.name in READ:
-            values = [s.value for s in family.samples
-                      if s.name in (family.name, family.name + "_total")]
-            out[family.name] = sum(values)
+            names = ((family.name + "_count",) if family.type == "histogram"
+                     else (family.name, family.name + "_total"))
+            out[family.name] = sum(s.value for s in family.samples if s.name in names)
     return out
 
 
@@ -83,7 +93,8 @@ class EngineWatch:
     def __init__(self, urls: Mapping[str, str], interval_s: float = INTERVAL_S) -> None:
         self.urls = dict(urls)
         self.interval_s = interval_s
-        self.series: dict[str, list[tuple[float, float]]] = {name: [] for name in self.urls}
+        #: per engine, (wall time, running + waiting[, steps done]) at each scrape
+        self.series: dict[str, list[tuple[float, ...]]] = {name: [] for name in self.urls}
         self.first: dict[str, dict[str, float] | None] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-watch", daemon=True)
@@ -98,11 +109,12 @@ class EngineWatch:
             for name, url in self.urls.items():
                 got = scrape(url)
                 if got is not None and RUNNING in got:
-                    self.series[name].append((round(time.time(), 3), held(got)))
+                    point = (round(time.time(), 3), held(got))
+                    self.series[name].append(point + ((got[STEPS],) if STEPS in got else ()))
             self._stop.wait(self.interval_s)
 
     def stop(self) -> dict[str, Any]:
-        """{"series": {engine: [[wall time, running + waiting], ...]}, "served": {engine: requests
+        """{"series": {engine: [[wall time, running + waiting, steps done], ...]}, "served": {engine: requests
         that succeeded meanwhile, None when unread}, "prefix_cache": {engine: {"queries",
         "hits"} meanwhile, None when unread}}."""
         self._stop.set()
@@ -156,19 +168,32 @@ def running_at(series: list[tuple[float, float]] | list[list[float]], t: float) 
 
 def free_slot_at(t: float, engines: Iterable[str], series: Mapping[str, Any],
                  slots: Mapping[str, int]) -> bool:
-    """Whether one of `engines` ran fewer than its `slots` at `t`, by its scrapes: at the last
-    one before `t` and at the first after it (where one came). A slot that was free at the
-    scrape before and full at the one after was most likely taken by a job already queued
-    when the request was refused (the engines cannot show their queue): not a free slot."""
+    """Whether one of `engines` ran fewer than its `slots` at `t`, by its scrapes: at every one
+    from the last before `t` through the first `STEPS_TO_SEE` engine steps after that one (the
+    gauges then count what the engine was handed before `t`), or, from scrapes without a step
+    count, at the last one before `t` and the first after it. A slot full at any of them was
+    most likely taken by a job already queued when the request was refused (the engines cannot
+    show their queue): not a free slot."""
     for name in engines:
         one = series.get(name) or []
         i = bisect.bisect_right([p[0] for p in one], t)
         if i == 0:
             continue  # before its first scrape: not known free
-        after = one[i][1] if i < len(one) else None
-        if one[i - 1][1] < slots[name] and (after is None or after < slots[name]):
+        window = _seen_through(one, i - 1)
+        if all(p[1] < slots[name] for p in window):
             return True
     return False
+
+
+def _seen_through(series: Sequence[Sequence[float]], i: int) -> Sequence[Sequence[float]]:
+    """The scrapes from `series[i]` through the first `STEPS_TO_SEE` steps after it (to the last
+    one where the engine never got that far); without step counts, it and the next one."""
+    if len(series[i]) < 3:
+        return series[i:i + 2]
+    for j in range(i + 1, len(series)):
+        if len(series[j]) < 3 or series[j][2] >= series[i][2] + STEPS_TO_SEE:
+            return series[i:j + 1]
+    return series[i:]
 
 
 def free_slot_refusals(samples: Iterable[Sample], series: Mapping[str, Any],

@@ -12,6 +12,7 @@ from tailguard.bench.engine_watch import (
     PREFIX_HITS,
     PREFIX_QUERIES,
     RUNNING,
+    STEPS,
     SUCCESS,
     WAITING,
     EngineWatch,
@@ -108,6 +109,33 @@ SLOTS = {"a": 6, "b": 8}
 ])
 def test_free_slot_refusals(sample, engines, counted):
     assert free_slot_refusals([sample], SERIES, SLOTS, engines) == {sample.cls: counted}
+
+
+# with step counts: engine "a" (4 slots) shows 3 from 0.0 to 2.0 with a step of a second or
+# more in flight; a job its worker took at 0.6 enters the scheduler at the next step
+STEPPED = {"a": [[0.0, 3.0, 10.0], [0.5, 3.0, 10.0], [1.0, 3.0, 10.0], [2.0, 3.0, 11.0],
+                 [3.0, 4.0, 12.0], [4.0, 3.0, 13.0], [5.0, 3.0, 14.0], [6.0, 3.0, 15.0]]}
+
+
+@pytest.mark.parametrize("t, counted", [
+    (0.7, 0),  # full two steps after the scrape before it: the slot was taken (the scrapes
+               # just before and after, 0.5 and 1.0, both show it free)
+    (1.5, 0),
+    (3.5, 0),  # full at the scrape before
+    (4.5, 1),  # free from 4.0 through two steps on (6.0)
+    (5.5, 1),  # never two steps on: every later scrape free
+])
+def test_a_slot_is_free_only_while_the_gauges_show_it_two_steps_on(t, counted):
+    assert free_slot_refusals([refused("short", t)], STEPPED, {"a": 4}) == {"short": counted}
+
+
+def test_a_page_gives_a_histograms_count():
+    page = ('# TYPE vllm:iteration_tokens_total histogram\n'
+            'vllm:iteration_tokens_total_bucket{engine="0",le="+Inf"} 7.0\n'
+            'vllm:iteration_tokens_total_sum{engine="0"} 500.0\n'
+            'vllm:iteration_tokens_total_count{engine="0"} 7.0\n'
+            'vllm:iteration_tokens_total_count{engine="1"} 2.0\n')
+    assert parse_series(page) == {STEPS: 9.0}
 
 
 def test_free_slot_refusals_per_class():
