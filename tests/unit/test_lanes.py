@@ -213,8 +213,8 @@ def test_an_engine_serving_several_lanes_takes_the_largest_batch_and_context():
 
 def test_the_cpu_host_lanes_file_is_the_packaged_one_with_its_own_sizes():
     # lanes-cpu.toml is what `tailguard up` runs on a CPU host: it must not drift from the
-    # packaged default in anything but the short lane's batch and promise, the per-engine
-    # limits and the workers (one engine per core of the 2-core host it was measured on)
+    # packaged default in anything but the short lane's batch, the lanes' promises, the
+    # per-engine limits and the workers (one engine per core of the 2-core host it was measured on)
     import dataclasses
 
     from tailguard.lanes.table import cpu_lanes_path
@@ -224,9 +224,11 @@ def test_the_cpu_host_lanes_file_is_the_packaged_one_with_its_own_sizes():
     assert (cpu["short"].max_num_seqs, cpu["short"].max_wait_s) == (8, 0.5)
     assert dataclasses.replace(cpu["short"], max_num_seqs=packaged["short"].max_num_seqs,
                                max_wait_s=packaged["short"].max_wait_s) == packaged["short"]
+    assert cpu["long"].max_wait_s == 8
     for name in ("long", "batch"):
         assert dataclasses.replace(cpu[name], max_running=packaged[name].max_running,
                                    max_ahead=packaged[name].max_ahead,
+                                   max_wait_s=packaged[name].max_wait_s,
                                    max_num_seqs=packaged[name].max_num_seqs) == packaged[name]
     assert [(w.name, w.lanes, w.engine) for w in cpu.workers] == \
         [(w.name, w.lanes, w.engine) for w in packaged.workers]
