@@ -72,6 +72,11 @@ broker_transport_options = {
     "visibility_timeout": int(_lanes.max_visibility_s) + 600,
     # A worker given `-Q long,batch` drains long before it looks at batch.
     "queue_order_strategy": "priority",
+    # kombu's BRPOP keeps the queues it was sent with until it returns (a message, or this
+    # timeout; kombu's default 1 s): a lane the worker opens again when a slot frees
+    # (tailguard/worker/lane_gate.py) is not read until then, while its jobs wait and the
+    # engine idles. Redis 6+ takes a fractional timeout.
+    "polling_interval": 0.1,
     "socket_timeout": _redis_timeout_s,
     "socket_connect_timeout": _redis_timeout_s,
     "health_check_interval": 10,
