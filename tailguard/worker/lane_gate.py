@@ -7,7 +7,9 @@ prefetch is per consumer, not per queue, and a reserved message cannot be handed
 consumed queues to what tailguard/lanes/dispatch.py's ``consumable`` allows: a lane whose jobs
 on this engine reach its limit (or, with ``max_ahead``, whose lanes ahead reach that) stops
 being consumed the moment the message that reaches it arrives, and is consumed again when one
-of those jobs ends, in the lane order.
+of those jobs ends, in the lane order. kombu's Redis transport reads a queue added back only
+once the BRPOP in flight on the others returns: ``polling_interval`` in celeryconfig.py bounds
+that at 0.1 s (kombu's default, 1 s, left a slot idle that long while its lane had jobs).
 
 Counting starts when Celery receives a message (``received``, in the consumer's thread, before
 the message reaches the pool) and ends when its task ends or is revoked (``ended``, any

@@ -37,6 +37,16 @@ def test_queues_routes_and_limits_follow_the_lanes():
     assert celeryconfig.broker_transport_options["queue_order_strategy"] == "priority"
 
 
+def test_kombus_brpop_returns_within_a_tenth_of_a_second():
+    # a lane the gate opens again is read only once the BRPOP in flight returns
+    # (tailguard/worker/lane_gate.py): the option must reach kombu's Redis transport
+    from kombu import Connection
+
+    conn = Connection("redis://127.0.0.1:1/0",
+                      transport_options=celeryconfig.broker_transport_options)
+    assert conn.transport.brpop_timeout == 0.1
+
+
 def test_tasks_app_registers_one_task_per_lane():
     from tasks import app
 
