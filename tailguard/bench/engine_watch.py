@@ -114,9 +114,9 @@ class EngineWatch:
             self._stop.wait(self.interval_s)
 
     def stop(self) -> dict[str, Any]:
-        """{"series": {engine: [[wall time, running + waiting, steps done], ...]}, "served": {engine: requests
-        that succeeded meanwhile, None when unread}, "prefix_cache": {engine: {"queries",
-        "hits"} meanwhile, None when unread}}."""
+        """{"series": {engine: [[wall time, running + waiting, steps done], ...]}, "served":
+        {engine: requests that succeeded meanwhile, None when unread}, "prefix_cache": {engine:
+        {"queries", "hits"} meanwhile, None when unread}}."""
         self._stop.set()
         self._thread.join()
         last = {name: scrape(url) for name, url in self.urls.items()}
