@@ -524,6 +524,30 @@ def drain(up: Up, watcher: Watcher, batch: Batch, timeout_s: float) -> dict:
         time.sleep(2)
 
 
+def settled_counters(client: redis.Redis, lanes: list[str], within_s: float) -> dict[str, int]:
+    """The lanes' counters once all are zero, or as they stand after `within_s`."""
+    deadline = time.monotonic() + within_s
+    while True:
+        counters = lane_counters(client, lanes)
+        if not any(counters.values()) or time.monotonic() > deadline:
+            return counters
+        time.sleep(1)
+
+
+def unacked_deliveries(client: redis.Redis) -> list[dict[str, Any]]:
+    """What kombu still holds as delivered and not acked: each message's job and its state."""
+    out = []
+    for tag, raw in client.hgetall("unacked").items():
+        try:
+            job_id = json.loads(raw)[0]["headers"]["id"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            job_id = None
+        status = client.hget(keys.job_key(job_id), "status") if job_id else None
+        out.append({"tag": tag.decode(), "job": job_id, "status": status.decode() if status else None,
+                    "delivered_at": client.zscore("unacked_index", tag)})
+    return out
+
+
 def lane_counters(client: redis.Redis, lanes: list[str]) -> dict[str, int]:
     """Everything that counts work in flight; all zero at rest."""
     out: dict[str, int] = {"running_jobs": client.hlen(keys.RUNNING_JOBS),
@@ -700,7 +724,10 @@ def run(args: argparse.Namespace) -> dict:
         finished = follower.counts
         client = up.redis()
         line_jobs = set(finished) - set(seen.jobs)  # the batch's lines and the warm-up's
-        counters = lane_counters(client, lanes)
+        # a delivery whose ack was lost is dropped by a redelivery pass once it is older than
+        # TAILGUARD_REDELIVER_AFTER_S: at rest means after that pass had its turn
+        counters = settled_counters(client, lanes, within_s=settings.REDELIVER_AFTER_S.get()
+                                    + 3 * settings.WORKER_HEARTBEAT_S.get())
         memory = memory_back(client, baseline,
                              within_s=max(int(env[k]) for k in (settings.RECORD_TTL_S.env,
                                                                 settings.STATS_RETENTION_S.env)) + 120)
@@ -722,6 +749,7 @@ def run(args: argparse.Namespace) -> dict:
             "batch": batch.results(drained["batch"]),
             "batch_line_jobs_finished": len(line_jobs),
             "counters_at_rest": {k: v for k, v in counters.items() if v},
+            "unacked_at_rest": unacked_deliveries(client),
             "memory": memory,
             "unexpected_5xx": unexpected_5xx,
             "unanswered": seen.unanswered,
@@ -746,7 +774,8 @@ def failures(report: dict) -> list[str]:
     if batch["status"] != "completed" or batch["missing"] or batch["twice"]:
         out.append(f"batch: {batch}")
     if report["counters_at_rest"]:
-        out.append(f"counters not at zero at rest: {report['counters_at_rest']}")
+        out.append(f"counters not at zero at rest: {report['counters_at_rest']} "
+                   f"(unacked: {report['unacked_at_rest']})")
     if report["memory"]["ratio"] > 1.10:
         out.append(f"Redis memory {report['memory']['ratio']}x its baseline")
     return out

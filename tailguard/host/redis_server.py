@@ -10,7 +10,8 @@ CVEs, so `tailguard up` names the one it starts, its version and where it comes 
 Durability: with `appendonly` (what `tailguard up` runs) every write goes to the
 append-only file, fsynced once a second (`appendfsync everysec`). A restarted
 Redis replays it, so a crash of redis-server alone (kill -9: the kernel still
-writes what was appended) loses nothing, and a crash of the machine loses the
+writes what was appended) loses nothing unless a disk too slow for its fsync made
+Redis postpone a write (up to 2 s), and a crash of the machine loses the
 writes of the last 1-2 s: accepted jobs whose record and queue message were
 written then are gone (their clients got a 202). See docs/reliability.md.
 """

@@ -15,8 +15,8 @@ pass puts it back with kombu's own restore (one WATCH/MULTI transaction, so two
 passes racing restore it once). If its worker did still hold it, the two copies
 race for the job's queued -> running compare-and-set and the loser is a no-op
 (tailguard/worker/runner.py), so a false positive costs a skipped message, never a job run
-twice. A message whose job already ended (its ack was lost with the connection) is
-dropped the same way kombu drops an acked one.
+twice. A message whose job already ended (its ack was lost with the connection), or whose
+job has no record any more, is dropped the same way kombu drops an acked one.
 
 A message can also vanish outright: a worker's BRPOP takes it off the list and the
 connection drops before kombu records it in ``unacked``. Its job is still queued
@@ -142,7 +142,9 @@ class Redeliverer:
                 log.warning("job %s: its message was delivered to a worker %.0f s ago and never "
                             "started (the worker lost its broker connection); put back on its "
                             "queue", job_id, self.after_s)
-            elif state in TERMINAL:
+            elif state in TERMINAL or state is None:
+                # ended (its ack lost with a connection) or no record at all (expired, or lost
+                # with Redis's last writes): no worker would run it, so it is acked here
                 client.pipeline().zrem(qos.unacked_index_key, tag) \
                     .hdel(qos.unacked_key, tag).execute()
         self._fail_lost(client, qos)

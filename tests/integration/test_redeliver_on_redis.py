@@ -54,6 +54,16 @@ def test_a_finished_job_s_unacked_message_is_dropped_not_requeued(taken, redis_c
     assert redis_client.hlen("unacked") == 0 and redis_client.llen("short") == 0
 
 
+def test_a_delivery_whose_job_has_no_record_is_dropped(taken, redis_client):
+    """Its record expired, or Redis lost it with its last writes in a crash: no worker would run
+    the message, and it must not stay in ``unacked`` for ever."""
+    from tailguard.redis import keys
+    redis_client.delete(keys.job_key(taken))
+    assert Redeliverer(JobStore(redis_client), app.connection_for_write, after_s=0).run_once() == []
+    assert redis_client.hlen("unacked") == 0 and redis_client.zcard("unacked_index") == 0
+    assert redis_client.llen("short") == 0
+
+
 def test_a_queued_job_whose_message_vanished_fails_as_message_lost(client, redis_client):
     """A worker's BRPOP took the message and its connection dropped before kombu recorded the
     delivery: the job's message is nowhere. Two passes apart, it fails with a reason."""
