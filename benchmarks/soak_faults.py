@@ -328,6 +328,7 @@ class FinishedFollower:
     def __init__(self, up: Up) -> None:
         self.client = up.redis()  # it reconnects by itself after a restart
         self.counts: Counter = Counter()
+        self.entries: dict[str, list[str]] = {}  # job id -> its entries' ids (their ms times)
         self._after = "0-0"
 
     def run(self, stop: threading.Event) -> None:
@@ -342,7 +343,9 @@ class FinishedFollower:
                                       block=block_ms)
         for _stream, entries in reply or []:
             for entry_id, fields in entries:
-                self.counts[keys.job_id_of(fields[b"key"].decode())] += 1
+                job_id = keys.job_id_of(fields[b"key"].decode())
+                self.counts[job_id] += 1
+                self.entries.setdefault(job_id, []).append(entry_id.decode())
                 self._after = entry_id
 
 
@@ -684,7 +687,7 @@ def run(args: argparse.Namespace) -> dict:
         batch = Batch(up, secrets["soak-batch"], model_id, args.batch_lines)
         batch.start()
         rng = random.Random(args.seed)
-        t0 = time.monotonic()
+        t0, t0_wall = time.monotonic(), time.time()
         injector = Injector(up, batch, rng, tuple(float(x) for x in args.fault_every.split(",")),
                             t0)
         mixed = ("job", "job", "completion", "stream", "cancel")
@@ -746,6 +749,13 @@ def run(args: argparse.Namespace) -> dict:
             "stuck": sorted(watcher.open()) + sorted(drained["open_records"]),
             "lost": sorted(j for j in seen.jobs if finished[j] == 0),
             "twice": sorted(j for j, n in finished.items() if n > 1),
+            # what a job finished twice went through: its entries' times (ms since the load
+            # began, next to the faults' t) and its record as it stands
+            "twice_history": {j: {"entries_at_s": [round(int(e.split("-")[0]) / 1000 - t0_wall, 1)
+                                                   for e in follower.entries[j]],
+                                  "record": {k.decode(): v.decode(errors="replace")[:200] for k, v in
+                                             client.hgetall(keys.job_key(j)).items()}}
+                              for j, n in finished.items() if n > 1},
             "batch": batch.results(drained["batch"]),
             "batch_line_jobs_finished": len(line_jobs),
             "counters_at_rest": {k: v for k, v in counters.items() if v},
