@@ -3,9 +3,9 @@ engine had a free slot. Pure.
 
 Issue 42's table. For each topology of the run, on one phase (``mixed``), and each class
 (short, long): requests sent, served (succeeded), within target, refused with 429 and with
-503 (after the client's retries, when it retried: `Sample.attempts`), and refused while an
-engine that may serve the class had a free slot (tailguard/bench/engine_watch.py: from the
-engines' own ``vllm:num_requests_running`` and ``_waiting`` against their slots). Then
+503 (after the client's retries, when it retried: `Sample.attempts`), and, for the short class,
+refused while an engine that may serve it had a free slot (tailguard/bench/engine_watch.py: from
+the engines' own ``vllm:num_requests_running`` and ``_waiting`` against their slots). Then
 tailguard's (the ``lanes`` topology's) figures over the better of the two router fleets
 (`BETTER_FLEET_RULE`) and over the best tuned vLLM (tailguard/bench/tuned.py).
 
@@ -64,10 +64,13 @@ def topology_rows(samples: list[Sample], classes: Iterable[str], slos: dict[str,
     """Every class of one topology's phase (`class_row`), how many requests each of its
     engines served and its prefix cache's hit rate (`engines`: the phase's EngineWatch
     figures; None: not watched)."""
+    classes = list(classes)
     free = (free_slot_refusals(samples, engines["series"], slots, class_engines)
             if engines and slots else {})
+    # only the first (short) class: the gauges count every request on an engine against its
+    # slots, the first lane's limit; a later lane's own limit there is lower, which they cannot show
     rows = {cls: class_row([s for s in samples if s.cls == cls], slos[cls],
-                           free.get(cls, 0) if engines and slots else None)
+                           free.get(cls, 0) if engines and slots and cls == classes[0] else None)
             for cls in classes}
     cache = (engines or {}).get("prefix_cache")
     return {"classes": rows, "engine_served": (engines or {}).get("served"),
