@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from tailguard.bench.engine_watch import free_slot_refusals, prefix_hit_rate
+from tailguard.bench.engine_watch import free_slot_evidence, prefix_hit_rate
 from tailguard.bench.goodput import Slo, meets, slo_text
 from tailguard.bench.loadgen import REFUSED, Sample
 from tailguard.bench.topology import FLEET, FLEET_P2
@@ -65,13 +65,15 @@ def topology_rows(samples: list[Sample], classes: Iterable[str], slos: dict[str,
     engines served and its prefix cache's hit rate (`engines`: the phase's EngineWatch
     figures; None: not watched)."""
     classes = list(classes)
-    free = (free_slot_refusals(samples, engines["series"], slots, class_engines)
-            if engines and slots else {})
+    watched = bool(engines and slots)
+    free = free_slot_evidence(samples, engines["series"], slots, class_engines) if watched else {}
     # only the first (short) class: the gauges count every request on an engine against its
     # slots, the first lane's limit; a later lane's own limit there is lower, which they cannot show
     rows = {cls: class_row([s for s in samples if s.cls == cls], slos[cls],
-                           free.get(cls, 0) if engines and slots and cls == classes[0] else None)
+                           len(free.get(cls, [])) if watched and cls == classes[0] else None)
             for cls in classes}
+    if watched and classes:
+        rows[classes[0]]["refused_free_slot_evidence"] = free.get(classes[0], [])
     cache = (engines or {}).get("prefix_cache")
     return {"classes": rows, "engine_served": (engines or {}).get("served"),
             "prefix_cache": prefix_hit_rate(cache) if cache else None}

@@ -174,6 +174,13 @@ def free_slot_at(t: float, engines: Iterable[str], series: Mapping[str, Any],
     count, at the last one before `t` and the first after it. A slot full at any of them was
     most likely taken by a job already queued when the request was refused (the engines cannot
     show their queue): not a free slot."""
+    return free_engine_at(t, engines, series, slots) is not None
+
+
+def free_engine_at(t: float, engines: Iterable[str], series: Mapping[str, Any],
+                   slots: Mapping[str, int]) -> dict[str, Any] | None:
+    """The first of `engines` with a free slot at `t` (`free_slot_at`), with the scrapes that
+    show it: {"engine", "slots", "scrapes": [[wall time, running + waiting, steps], ...]}."""
     for name in engines:
         one = series.get(name) or []
         i = bisect.bisect_right([p[0] for p in one], t)
@@ -181,8 +188,8 @@ def free_slot_at(t: float, engines: Iterable[str], series: Mapping[str, Any],
             continue  # before its first scrape: not known free
         window = _seen_through(one, i - 1)
         if all(p[1] < slots[name] for p in window):
-            return True
-    return False
+            return {"engine": name, "slots": slots[name], "scrapes": [list(p) for p in window]}
+    return None
 
 
 def _seen_through(series: Sequence[Sequence[float]], i: int) -> Sequence[Sequence[float]]:
@@ -203,11 +210,24 @@ def free_slot_refusals(samples: Iterable[Sample], series: Mapping[str, Any],
     at a moment when an engine that may serve the class had a free slot. `class_engines`:
     the engines that may serve each class (None, or a class missing: every engine)."""
     out: dict[str, int] = {}
+    for cls, found in free_slot_evidence(samples, series, slots, class_engines).items():
+        out[cls] = len(found)
+    return out
+
+
+def free_slot_evidence(samples: Iterable[Sample], series: Mapping[str, Any],
+                       slots: Mapping[str, int],
+                       class_engines: Mapping[str, Iterable[str]] | None = None
+                       ) -> dict[str, list[dict[str, Any]]]:
+    """Per class, each request counted by `free_slot_refusals`: its first refusal with a free
+    slot, when ("refused_at", wall time) and where (`free_engine_at`)."""
+    out: dict[str, list[dict[str, Any]]] = {}
     for s in samples:
-        if not s.refused_at:
-            out.setdefault(s.cls, 0)
-            continue
+        found = out.setdefault(s.cls, [])
         engines = list((class_engines or {}).get(s.cls, slots))
-        hit = any(free_slot_at(t, engines, series, slots) for t in s.refused_at)
-        out[s.cls] = out.get(s.cls, 0) + int(hit)
+        for t in s.refused_at or []:
+            free = free_engine_at(t, engines, series, slots)
+            if free is not None:
+                found.append({"refused_at": t, **free})
+                break
     return out

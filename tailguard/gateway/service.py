@@ -382,7 +382,7 @@ class Gateway:
         queue, offer = lane.queue, None
         if self.affinity is not None and holdings is not None:
             queue, offer = self.affinity.offer(holdings, offered_to, lane, job_id, fields)
-        self._record(job_id, fields, lane, load, placement.cost, (queue, message), caller,
+        self._record(job_id, fields, lane, load, placement, (queue, message), caller,
                      only_new, fair, offer)
         self.metrics.on_accepted(lane.name, placement.max_tokens_capped, self._key_label(caller))
         return {"id": job_id, "status": QUEUED, "lane": lane.name, "priority": req.priority,
@@ -431,7 +431,7 @@ class Gateway:
         if not (load.live_workers or self.admission.admit_without_worker):
             return math.inf
         return (self.admission.wait_tokens(lane, load, placement.cost)
-                / self.admission.service_rate(lane, load))
+                / self.admission.service_rate(lane, load, placement.cost, placement.prompt_tokens))
 
     def _fair_hold(self, caller: ApiKey | None) -> FairHold | None:
         """The caller's place in fair order, where lanes dispatch in it (keys mode)."""
@@ -440,11 +440,11 @@ class Gateway:
         return FairHold(caller.name, caller.weight)
 
     def _admission_decision(self, lane: Lane, load: LaneLoad, cost: int,
-                            fair: FairHold | None) -> float:
+                            fair: FairHold | None, prompt_tokens: int = 0) -> float:
         """The predicted wait, or admission's refusal: the fair rule for a fair hold (the keys'
         held work read now), arrival order's otherwise."""
         try:
-            return self.admission.admit(lane, load, cost)
+            return self.admission.admit(lane, load, cost, prompt_tokens)
         except (LaneFull, WaitTooLong):
             if fair is None:
                 raise
@@ -452,7 +452,7 @@ class Gateway:
         held = self.store.held_work(lane.name)
         return self.admission.admit_fairly(lane, load, cost, fair.key, held.tokens,
                                            {**held.weights, fair.key: fair.weight}, held.counters,
-                                           held.running)
+                                           held.running, prompt_tokens)
 
     def _admit(self, lane: Lane, load: LaneLoad, placement: Placement, caller: ApiKey | None,
                target: LatencyTarget, token_bucket: str = TOKENS,
@@ -462,7 +462,7 @@ class Gateway:
         caller's key (its `token_bucket`): its predicted wait, or the refusal (counted)."""
         cost = placement.cost
         try:
-            wait_s = self._admission_decision(lane, load, cost, fair)
+            wait_s = self._admission_decision(lane, load, cost, fair, placement.prompt_tokens)
             admit_target(target, lane.name, wait_s,
                          self.admission.first_token_s(placement.prompt_tokens))
         except (Refused, NoLiveWorker) as exc:
@@ -476,15 +476,17 @@ class Gateway:
                 raise
         return wait_s
 
-    def _record(self, job_id: str, fields: dict[str, Any], lane: Lane, load: LaneLoad, cost: int,
-                message: tuple[str, str], caller: ApiKey | None, only_new: bool = False,
-                fair: FairHold | None = None, offer: dict[str, Any] | None = None) -> None:
+    def _record(self, job_id: str, fields: dict[str, Any], lane: Lane, load: LaneLoad,
+                placement: Placement, message: tuple[str, str], caller: ApiKey | None,
+                only_new: bool = False, fair: FairHold | None = None,
+                offer: dict[str, Any] | None = None) -> None:
         """The record and the lane's message in one step: a worker never runs an unknown job,
         and no record waits for a message that was never sent (with `fair`, it waits held in
         its key's list until its turn: tailguard/redis/lua/fair_release.lua)."""
         try:
             self.store.create(job_id, fields, queue_ttl_s=lane.queue_ttl_s,
-                              limits=self.admission.limits(lane, load, self._sharing[lane.name]),
+                              limits=self.admission.limits(lane, load, self._sharing[lane.name],
+                                                           placement.cost, placement.prompt_tokens),
                               message=message,
                               only_new=only_new, fair=fair, offer=offer)
         except BacklogMoved as moved:
@@ -492,7 +494,7 @@ class Gateway:
             # lane as it is now (it raises, with the Retry-After that load gives).
             load = moved.moved(load)
             try:
-                self._admission_decision(lane, load, cost, fair)
+                self._admission_decision(lane, load, placement.cost, fair, placement.prompt_tokens)
                 raise WaitTooLong(f"lane {lane.name!r} filled up meanwhile", retry_after_s=1,
                                   lane=lane.name) from None
             except (Refused, NoLiveWorker) as exc:

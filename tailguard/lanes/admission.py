@@ -3,8 +3,12 @@
 Pure policy, no I/O (tailguard/jobs/lane_load.py reads the figures from Redis). A
 lane's backlog is the cost tokens waiting in its queue; its service rate is the
 cost tokens its requests that finished recently took, per second, never below a
-prior (``prior_tokens_per_s`` per engine sequence x the lane's slots), so an idle
-or freshly started lane is not judged by the little it was asked to do.
+prior (per engine sequence x the lane's slots), so an idle or freshly started lane is not
+judged by the little it was asked to do. ``prior_tokens_per_s`` is a decode rate, and a
+prompt token is prefilled far faster (``prefill_tokens_per_s``): for the request being judged,
+a sequence gets through its cost tokens in its prompt's prefill plus its output's decode, so a
+prompt-heavy request (a question over a long document) is not judged as if each prompt token
+took a decode step.
 
 The predicted wait counts the lane's free slots over the whole fleet. Its slots are its
 per-engine limit on every live worker that serves it, as each worker advertises it with its
@@ -116,10 +120,23 @@ class AdmissionPolicy:
         silent = max(0, load.live_workers - load.advertising_workers)
         return load.worker_slots + lane.engine_slots * silent
 
-    def service_rate(self, lane: Lane, load: LaneLoad) -> float:
-        """Cost tokens per second the lane gets through: measured, never below the prior."""
+    def prior_per_sequence(self, cost: int = 0, prompt_tokens: int = 0) -> float:
+        """Cost tokens per second one engine sequence gets through on requests shaped like one of
+        `cost` tokens with `prompt_tokens` of prompt: its prompt prefilled, its output decoded at
+        the prior's rate; the bare prior for no shape (or one with no output)."""
+        prompt = min(max(0, prompt_tokens), max(0, cost))
+        output = max(0, cost) - prompt
+        if prompt == 0 or output == 0:
+            return self.prior_tokens_per_s
+        seconds = prompt / self.prefill_tokens_per_s + output / self.prior_tokens_per_s
+        return max(self.prior_tokens_per_s, cost / seconds)
+
+    def service_rate(self, lane: Lane, load: LaneLoad, cost: int = 0,
+                     prompt_tokens: int = 0) -> float:
+        """Cost tokens per second the lane gets through: measured, never below the prior (for
+        requests shaped like the one of `cost` tokens with `prompt_tokens` of prompt)."""
         measured = load.served_tokens / load.window_s if load.window_s > 0 else 0.0
-        return max(measured, self.prior_tokens_per_s * self.slots(lane, load))
+        return max(measured, self.prior_per_sequence(cost, prompt_tokens) * self.slots(lane, load))
 
     def wait_tokens(self, lane: Lane, load: LaneLoad, cost: int) -> float:
         """The work (cost tokens) the lane must do before a request of `cost` tokens gets a
@@ -133,16 +150,20 @@ class AdmissionPolicy:
         beyond = max(0, load.backlog_tokens) * (ahead - free) / ahead if ahead else 0.0
         return beyond + cost
 
-    def limits(self, lane: Lane, load: LaneLoad, sharing: tuple[str, ...] = ()) -> BacklogLimits:
+    def limits(self, lane: Lane, load: LaneLoad, sharing: tuple[str, ...] = (), cost: int = 0,
+               prompt_tokens: int = 0) -> BacklogLimits:
         """The bounds `admit` decided within, for the store to check again atomically: a wait
-        within the promise is at most promise x rate of work before the request's slot;
-        `sharing`, the lanes whose running jobs the store counts against its slots."""
+        within the promise is at most promise x rate of work before the request's slot (the
+        rate `admit` judged the request of `cost` and `prompt_tokens` by); `sharing`, the lanes
+        whose running jobs the store counts against its slots."""
+        rate = self.service_rate(lane, load, cost, prompt_tokens)
         return BacklogLimits(slots=self.slots(lane, load),
-                             wait_tokens=lane.promised_wait_s * self.service_rate(lane, load),
+                             wait_tokens=lane.promised_wait_s * rate,
                              after=lane.max_backlog_tokens, sharing=sharing)
 
-    def admit(self, lane: Lane, load: LaneLoad, cost: int) -> float:
-        """The predicted wait in seconds of a request of `cost` tokens, if it is accepted.
+    def admit(self, lane: Lane, load: LaneLoad, cost: int, prompt_tokens: int = 0) -> float:
+        """The predicted wait in seconds of a request of `cost` tokens (`prompt_tokens` of them
+        its prompt), if it is accepted.
 
         Raises NoLiveWorker, LaneFull or WaitTooLong (the last two with Retry-After:
         how long until, at the current rate and with no new arrivals, it would be accepted).
@@ -150,7 +171,7 @@ class AdmissionPolicy:
         if load.live_workers == 0 and not self.admit_without_worker:
             raise NoLiveWorker(f"no live worker serves lane {lane.name!r}; retry later",
                                field="lane")
-        rate = self.service_rate(lane, load)
+        rate = self.service_rate(lane, load, cost, prompt_tokens)
         backlog = max(0, load.backlog_tokens)
         wait_s = self.wait_tokens(lane, load, cost) / rate
         bound = lane.max_backlog_tokens
@@ -176,7 +197,7 @@ class AdmissionPolicy:
     def admit_fairly(self, lane: Lane, load: LaneLoad, cost: int, key: str,
                      backlogs: Mapping[str, int], weights: Mapping[str, float],
                      counters: Mapping[str, float] | None = None,
-                     running: Mapping[str, int] | None = None) -> float:
+                     running: Mapping[str, int] | None = None, prompt_tokens: int = 0) -> float:
         """`admit`, for a lane that dispatches in fair order: `backlogs` the cost tokens each key
         has queued on it, `running` those it has running on it, `weights` the keys' weights,
         `counters` their virtual token counters (tailguard/lanes/fair_share.py).
@@ -193,7 +214,7 @@ class AdmissionPolicy:
         (then `admit`'s refusal)."""
         running = running or {}
         try:
-            return self.admit(lane, load, cost)
+            return self.admit(lane, load, cost, prompt_tokens)
         except (LaneFull, WaitTooLong):
             work = {k: max(0, backlogs.get(k, 0)) + max(0, running.get(k, 0))
                     for k in set(backlogs) | set(running)}
@@ -202,7 +223,7 @@ class AdmissionPolicy:
             capacity = self.capacity_tokens(lane, load) + sum(max(0, r) for r in running.values())
             share = fair_share(key, capacity, work, weights)
             held = work.get(key, 0) + cost
-            rate = self.service_rate(lane, load)
+            rate = self.service_rate(lane, load, cost, prompt_tokens)
             first = served_next(key, backlogs, weights, counters or {})
             if held > share and not first:
                 share_rate = rate * share / capacity if capacity > 0 else rate

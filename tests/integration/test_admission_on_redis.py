@@ -2,6 +2,7 @@
 when it is full or its wait too long, 202 with estimated_start_s otherwise, 503 while no
 live worker serves it (a real threads worker makes it live)."""
 
+import math
 import tomllib
 
 import pytest
@@ -17,7 +18,15 @@ from tailguard.redis import keys
 
 pytestmark = pytest.mark.integration
 
-PRIOR = 10.0  # tokens/s per sequence: 40 tokens/s on the 4-sequence test lanes
+PRIOR = 10.0  # output tokens/s per sequence, on the 4-sequence test lanes
+
+
+def prior_rate(body: dict) -> float:
+    """The lane's rate for an accepted request's shape while nothing is measured: 4 sequences,
+    each prefilling its prompt (at the default 1,000 tokens/s) and decoding its output at PRIOR
+    (tailguard/lanes/admission.py), so about 41 cost tokens/s for "hi" and 60 tokens out."""
+    prompt, cost = body["prompt_tokens"], body["cost"]
+    return 4 * cost / (prompt / 1000 + (cost - prompt) / PRIOR)
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +62,9 @@ def api(queue_app, redis_client):
 
 
 def test_202_carries_the_predicted_start_until_the_wait_passes_the_promise(api, redis_client):
-    """No worker runs (admitted anyway: the lane is judged as one worker's 4 slots, 40 tokens/s):
+    """No worker runs (admitted anyway: the lane is judged as one worker's 4 slots at the prior):
     the first 4 requests each have a free slot; the n-th after them waits for the n-1 beyond
-    the slots and for one slot to free, n requests' work at 40 tokens/s."""
+    the slots and for one slot to free, n requests' work at the prior's rate."""
     backlog, accepted = 0, []
     while True:
         resp = api.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 60})
@@ -63,15 +72,16 @@ def test_202_carries_the_predicted_start_until_the_wait_passes_the_promise(api, 
             break
         body = resp.get_json()
         assert body["lane"] == "short"
-        expected = max(0, len(accepted) - 3) * body["cost"] / 40.0
+        rate = prior_rate(body)
+        expected = max(0, len(accepted) - 3) * body["cost"] / rate
         assert body["estimated_start_s"] == pytest.approx(expected, abs=1e-3)
         backlog += body["cost"]
         accepted.append(body["id"])
     cost = body["cost"]  # every request here costs the same
     assert resp.status_code == 429
     assert resp.get_json()["error"]["code"] == "wait_too_long"
-    wait = (len(accepted) - 3) * cost / 40.0
-    assert wait > 10 >= wait - cost / 40.0
+    wait = (len(accepted) - 3) * cost / rate
+    assert wait > 10 >= wait - cost / rate
     assert int(resp.headers["Retry-After"]) == -(-(wait - 10) // 1)
     assert int(redis_client.get(keys.lane_backlog_key("short"))) == backlog
     # a cancelled request leaves the backlog at once: there is room again
@@ -102,17 +112,18 @@ def test_requests_admitted_on_the_same_stale_backlog_cannot_all_enter(api, queue
             if resp.status_code == 202:
                 assert resp.get_json()["estimated_start_s"] == 0.0  # what the stale read said
                 ahead.append(len(ahead))
-                cost = resp.get_json()["cost"]
+                cost, prompt_tokens = resp.get_json()["cost"], resp.get_json()["prompt_tokens"]
             else:
                 assert resp.status_code == 429, resp.get_json()
                 assert resp.get_json()["error"]["code"] == "wait_too_long"
                 assert int(resp.headers["Retry-After"]) >= 1
     finally:
         gateway.load.load = real_load
-    # short promises 10 s at 40 tokens/s on 4 slots: a job may have 4 ahead (the slots) and
-    # then as many as leave its wait (one request's work each) within 400 tokens
+    # short promises 10 s at the prior's rate on 4 slots: a job may have 4 ahead (the slots) and
+    # then as many as leave its wait (one request's work each) within 10 s of that rate
     # (without the second check all 40 were accepted on the stale reads)
-    assert 429 in codes and len(ahead) == 4 + 400 // cost
+    rate = prior_rate({"prompt_tokens": prompt_tokens, "cost": cost})
+    assert 429 in codes and len(ahead) == 4 + int(10 * rate) // cost
     assert int(redis_client.get(keys.lane_backlog_key("short"))) == len(ahead) * cost
 
 
@@ -123,7 +134,7 @@ def test_a_full_lane_is_a_429_with_retry_after_in_both_apis(api, tiny_model):
     cost = first.get_json()["cost"]
     resp = api.post("/v1/jobs", json=long_job)
     assert resp.status_code == 429 and resp.get_json()["error"]["code"] == "lane_full"
-    assert int(resp.headers["Retry-After"]) == -(-(2 * cost - 2048) // 40)
+    assert int(resp.headers["Retry-After"]) == math.ceil((2 * cost - 2048) / prior_rate(first.get_json()))
     resp = api.post("/v1/completions", json={"model": tiny_model, **long_job})
     assert resp.status_code == 429 and int(resp.headers["Retry-After"]) >= 1
     assert resp.get_json()["error"]["code"] == "lane_full"

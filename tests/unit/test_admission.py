@@ -32,6 +32,31 @@ def test_service_rate_is_measured_never_below_the_prior(lane_load, rate):
     assert POLICY.service_rate(LANE, lane_load) == rate
 
 
+@pytest.mark.parametrize("cost,prompt,per_sequence", [
+    (100, 0, 10.0),        # no shape: the prior, a decode rate
+    (64, 64, 10.0),        # no output either
+    (1064, 1000, 1064 / (1000 / 1000 + 64 / 10)),  # 1 s of prefill + 6.4 s of decode
+    (67, 3, 67 / (3 / 1000 + 64 / 10)),            # a short prompt: about the prior
+    (100, 500, 10.0),      # a prompt past the cost (drifted figures): read as all prompt
+])
+def test_the_prior_prefills_a_prompt_and_decodes_the_output(cost, prompt, per_sequence):
+    assert POLICY.prior_per_sequence(cost, prompt) == pytest.approx(per_sequence)
+
+
+def test_a_prompt_heavy_request_is_not_judged_as_if_each_prompt_token_took_a_decode_step():
+    """A question over a long document on a lane that measured nothing yet, its 4 slots full:
+    at the bare prior (40 tokens/s) its 1,064 tokens take 26.6 s, past the 8 s promise; a
+    sequence gets through them in 7.4 s, so the lane in 1.85 s."""
+    lane, busy = dataclasses.replace(LANE, max_wait_s=8), load(running=4)
+    with pytest.raises(WaitTooLong):
+        POLICY.admit(lane, busy, 1064)
+    assert POLICY.admit(lane, busy, 1064, prompt_tokens=1000) == pytest.approx(7.4 / 4)
+    limits = POLICY.limits(lane, busy, cost=1064, prompt_tokens=1000)
+    assert limits.wait_tokens == pytest.approx(8 * 4 * 1064 / 7.4)  # the store's check alike
+    # a measured rate above the shaped prior still wins
+    assert POLICY.service_rate(lane, load(running=4, served=30 * 1000), 1064, 1000) == 1000.0
+
+
 @pytest.mark.parametrize("lane_load,cost,wait", [
     (load(), 100, 0.0),                               # idle lane: starts at once
     (load(backlog=100, queued=1), 100, 0.0),          # arrives with another: both have a slot

@@ -121,7 +121,9 @@ def test_a_short_refusal_while_its_engine_had_room_fails_the_line():
     samples = {"lanes": _run(8, short_refused=1), FLEET: _run(9)}
     r = _report(samples, {"lanes": _info(1, 4, {"short": ["a", "b"], "long": ["a"]}),
                           FLEET: _info(0, 0)})
-    assert r["peers"]["rows"]["lanes"]["classes"]["short"]["refused_free_slot"] == 1
+    short = r["peers"]["rows"]["lanes"]["classes"]["short"]
+    assert short["refused_free_slot"] == 1
+    assert [e["engine"] for e in short["refused_free_slot_evidence"]] == ["a"]  # and its scrapes
     s = statuses(r)
     assert s["short_refused_free_slot"] == "FAIL" and s["within_target_vs_fleet_short"] == "FAIL"
     assert "peers_vs_tuned" not in s

@@ -16,6 +16,7 @@ from tailguard.bench.engine_watch import (
     SUCCESS,
     WAITING,
     EngineWatch,
+    free_slot_evidence,
     free_slot_refusals,
     held,
     parse_series,
@@ -127,6 +128,13 @@ STEPPED = {"a": [[0.0, 3.0, 10.0], [0.5, 3.0, 10.0], [1.0, 3.0, 10.0], [2.0, 3.0
 ])
 def test_a_slot_is_free_only_while_the_gauges_show_it_two_steps_on(t, counted):
     assert free_slot_refusals([refused("short", t)], STEPPED, {"a": 4}) == {"short": counted}
+
+
+def test_the_evidence_names_the_engine_and_the_scrapes_that_show_its_slot_free():
+    evidence = free_slot_evidence([refused("short", 1.0, 4.5)], STEPPED, {"a": 4})
+    assert evidence == {"short": [{"refused_at": 4.5, "engine": "a", "slots": 4,
+                                   "scrapes": [[4.0, 3.0, 13.0], [5.0, 3.0, 14.0], [6.0, 3.0, 15.0]]}]}
+    assert free_slot_evidence([refused("short", 0.7)], STEPPED, {"a": 4}) == {"short": []}
 
 
 def test_a_page_gives_a_histograms_count():
