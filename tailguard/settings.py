@@ -309,14 +309,16 @@ RATE_WINDOW_S = Setting(
     "seconds, divided by it: what admission divides the lane's backlog by.")
 PRIOR_TOKENS_PER_S = Setting(
     "TAILGUARD_PRIOR_TOKENS_PER_S", 20.0, float,
-    "Floor of a lane's service rate per engine sequence (x max_num_seqs x live workers): used "
+    "Floor of a lane's service rate per engine sequence (x its slots on the live workers): used "
     "before anything was measured, and while a lightly used lane measures less than it can do. "
-    "Set it near what your slowest engine sustains per sequence.")
+    "A decode rate: the request judged has its prompt counted at TAILGUARD_PREFILL_TOKENS_PER_S "
+    "and its output at this. Set it near what your slowest engine decodes per sequence.")
 PREFILL_TOKENS_PER_S = Setting(
     "TAILGUARD_PREFILL_TOKENS_PER_S", 1000.0, float,
     "Prompt tokens one engine prefills per second, as admission predicts a request's time to "
     "first token (its wait, its prefill, one step): a request whose TTFT target that misses is "
-    "refused. Set it near what your engine measures (vLLM's prefill time over prompt tokens).")
+    "refused; and its prompt's part of a lane's prior rate (TAILGUARD_PRIOR_TOKENS_PER_S). Set "
+    "it near what your engine measures (vLLM's prefill time over prompt tokens).")
 FIRST_STEP_S = Setting(
     "TAILGUARD_FIRST_STEP_S", 0.02, float,
     "One engine step, the least time to a first token after the prefill (admission's TTFT "
