@@ -311,13 +311,14 @@ PRIOR_TOKENS_PER_S = Setting(
     "TAILGUARD_PRIOR_TOKENS_PER_S", 20.0, float,
     "Floor of a lane's service rate per engine sequence (x its slots on the live workers): used "
     "before anything was measured, and while a lightly used lane measures less than it can do. "
-    "A decode rate: the request judged has its prompt counted at TAILGUARD_PREFILL_TOKENS_PER_S "
-    "and its output at this. Set it near what your slowest engine decodes per sequence.")
+    "A decode rate: while a lane has measured nothing, the request judged has its prompt counted at "
+    "TAILGUARD_PREFILL_TOKENS_PER_S and its output at this. Set it near what your slowest engine "
+    "decodes per sequence.")
 PREFILL_TOKENS_PER_S = Setting(
     "TAILGUARD_PREFILL_TOKENS_PER_S", 1000.0, float,
     "Prompt tokens one engine prefills per second, as admission predicts a request's time to "
     "first token (its wait, its prefill, one step): a request whose TTFT target that misses is "
-    "refused; and its prompt's part of a lane's prior rate (TAILGUARD_PRIOR_TOKENS_PER_S). Set "
+    "refused; and its prompt's part of the prior rate of a lane that has measured nothing. Set "
     "it near what your engine measures (vLLM's prefill time over prompt tokens).")
 FIRST_STEP_S = Setting(
     "TAILGUARD_FIRST_STEP_S", 0.02, float,

@@ -3,12 +3,14 @@
 Pure policy, no I/O (tailguard/jobs/lane_load.py reads the figures from Redis). A
 lane's backlog is the cost tokens waiting in its queue; its service rate is the
 cost tokens its requests that finished recently took, per second, never below a
-prior (per engine sequence x the lane's slots), so an idle or freshly started lane is not
-judged by the little it was asked to do. ``prior_tokens_per_s`` is a decode rate, and a
-prompt token is prefilled far faster (``prefill_tokens_per_s``): for the request being judged,
-a sequence gets through its cost tokens in its prompt's prefill plus its output's decode, so a
-prompt-heavy request (a question over a long document) is not judged as if each prompt token
-took a decode step.
+prior (``prior_tokens_per_s`` per engine sequence x the lane's slots), so an idle or freshly
+started lane is not judged by the little it was asked to do. That prior is a decode rate, and a
+prompt token is prefilled far faster (``prefill_tokens_per_s``): while the lane has measured
+nothing, a sequence is taken to get through the judged request's cost tokens in its prompt's
+prefill plus its output's decode, so the first questions over long documents at a lane's start
+are not judged as if each prompt token took a decode step. Once it has measured something,
+the measured rate (floored by the bare prior) is the better guess: under load a shaped prior
+would exceed what the engines do and admit work that cannot start within the promise.
 
 The predicted wait counts the lane's free slots over the whole fleet. Its slots are its
 per-engine limit on every live worker that serves it, as each worker advertises it with its
@@ -133,10 +135,13 @@ class AdmissionPolicy:
 
     def service_rate(self, lane: Lane, load: LaneLoad, cost: int = 0,
                      prompt_tokens: int = 0) -> float:
-        """Cost tokens per second the lane gets through: measured, never below the prior (for
-        requests shaped like the one of `cost` tokens with `prompt_tokens` of prompt)."""
+        """Cost tokens per second the lane gets through: measured, never below the prior; with
+        nothing measured, the prior for requests shaped like the one of `cost` tokens with
+        `prompt_tokens` of prompt (the module docstring)."""
         measured = load.served_tokens / load.window_s if load.window_s > 0 else 0.0
-        return max(measured, self.prior_per_sequence(cost, prompt_tokens) * self.slots(lane, load))
+        per_sequence = (self.prior_per_sequence(cost, prompt_tokens) if measured <= 0
+                        else self.prior_tokens_per_s)
+        return max(measured, per_sequence * self.slots(lane, load))
 
     def wait_tokens(self, lane: Lane, load: LaneLoad, cost: int) -> float:
         """The work (cost tokens) the lane must do before a request of `cost` tokens gets a

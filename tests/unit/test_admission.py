@@ -44,7 +44,7 @@ def test_the_prior_prefills_a_prompt_and_decodes_the_output(cost, prompt, per_se
 
 
 def test_a_prompt_heavy_request_is_not_judged_as_if_each_prompt_token_took_a_decode_step():
-    """A question over a long document on a lane that measured nothing yet, its 4 slots full:
+    """A question over a long document on a lane that has measured nothing yet, its 4 slots full:
     at the bare prior (40 tokens/s) its 1,064 tokens take 26.6 s, past the 8 s promise; a
     sequence gets through them in 7.4 s, so the lane in 1.85 s."""
     lane, busy = dataclasses.replace(LANE, max_wait_s=8), load(running=4)
@@ -53,8 +53,10 @@ def test_a_prompt_heavy_request_is_not_judged_as_if_each_prompt_token_took_a_dec
     assert POLICY.admit(lane, busy, 1064, prompt_tokens=1000) == pytest.approx(7.4 / 4)
     limits = POLICY.limits(lane, busy, cost=1064, prompt_tokens=1000)
     assert limits.wait_tokens == pytest.approx(8 * 4 * 1064 / 7.4)  # the store's check alike
-    # a measured rate above the shaped prior still wins
+    # once the lane has measured something, that is the rate, floored by the bare prior: under
+    # load a shaped prior would exceed what the engines do
     assert POLICY.service_rate(lane, load(running=4, served=30 * 1000), 1064, 1000) == 1000.0
+    assert POLICY.service_rate(lane, load(running=4, served=30 * 20), 1064, 1000) == 40.0
 
 
 @pytest.mark.parametrize("lane_load,cost,wait", [
