@@ -749,8 +749,8 @@ def run(args: argparse.Namespace) -> dict:
             "stuck": sorted(watcher.open()) + sorted(drained["open_records"]),
             "lost": sorted(j for j in seen.jobs if finished[j] == 0),
             "twice": sorted(j for j, n in finished.items() if n > 1),
-            # what a job finished twice went through: its entries' times (ms since the load
-            # began, next to the faults' t) and its record as it stands
+            # what a job finished twice went through: its entries' times (seconds since the
+            # load began, next to the faults' t) and its record as it stands
             "twice_history": {j: {"entries_at_s": [round(int(e.split("-")[0]) / 1000 - t0_wall, 1)
                                                    for e in follower.entries[j]],
                                   "record": {k.decode(): v.decode(errors="replace")[:200] for k, v in

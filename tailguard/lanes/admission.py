@@ -9,8 +9,8 @@ prompt token is prefilled far faster (``prefill_tokens_per_s``): while the lane 
 nothing, a sequence is taken to get through the judged request's cost tokens in its prompt's
 prefill plus its output's decode, so the first questions over long documents at a lane's start
 are not judged as if each prompt token took a decode step. Once it has measured something,
-the measured rate (floored by the bare prior) is the better guess: under load a shaped prior
-would exceed what the engines do and admit work that cannot start within the promise.
+the measured rate (floored by the bare prior) is the better guess: under load a shaped floor
+can sit above what the engines do, and admit work that cannot start within the promise.
 
 The predicted wait counts the lane's free slots over the whole fleet. Its slots are its
 per-engine limit on every live worker that serves it, as each worker advertises it with its
