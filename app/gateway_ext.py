@@ -80,6 +80,17 @@ def start_gateway(app: Flask) -> Gateway:
     return gateway
 
 
+def stop_gateway(app: Flask) -> None:
+    """Stop what `start_gateway` started, the batch feeder first: it renders lines with the
+    gateway's render layer, whose tokenizer pool vLLM shuts down at interpreter exit."""
+    batches = app.extensions.get(BATCHES_EXTENSION)
+    if batches is not None:
+        batches[1].close()
+    gateway = built_gateway(app)
+    if gateway is not None:
+        gateway.close()
+
+
 def _setup_request_log(path: str) -> None:
     """The request log: JSON lines to `path` (TAILGUARD_REQUEST_LOG), else to stdout (gunicorn's log)."""
     logger = logging.getLogger("tailguard.requests")

@@ -21,6 +21,14 @@ def post_worker_init(worker: Any) -> None:
     start_gateway(worker.wsgi)
 
 
+def worker_exit(server: Any, worker: Any) -> None:
+    """When the worker stops (SIGTERM, after its requests ended), before its interpreter exits:
+    stop the app's background threads while what they use still works."""
+    from app.gateway_ext import stop_gateway
+
+    stop_gateway(worker.wsgi)
+
+
 def set_read_timeout(listeners: list[Any], timeout_s: float) -> None:
     """SO_RCVTIMEO on the listening sockets, which every accepted connection inherits: a read
     of the request line, headers or body that gets no byte for `timeout_s` fails, and gunicorn

@@ -296,6 +296,8 @@ class BatchFeeder:
         caller = self._caller(record)
         cursor = record.get("next", 0)
         while room > 0:
+            if self._stopping.is_set():
+                return False  # the API is stopping: the next feeder queues the rest
             if retries:
                 index, attempt = retries.pop(0)
                 next_index = None

@@ -82,6 +82,7 @@ class OpenAIFrontend:
         self.on_ignored = on_ignored
         self._lock = threading.Lock()
         self._built = threading.Event()
+        self._closing = threading.Event()
         self._loop: LoopThread | None = None
         self._state: Any = None  # starlette's State, as init_render_app_state fills it
         self._error: TailguardError | None = None
@@ -99,6 +100,7 @@ class OpenAIFrontend:
             self._loop.submit(self._build()).add_done_callback(self._built_or_failed)
 
     def close(self) -> None:
+        self._closing.set()
         with self._lock:
             if self._loop is not None:
                 self._loop.stop(timeout=5)
@@ -192,6 +194,19 @@ class OpenAIFrontend:
         """Validate `body` with vLLM's request model and render it with vLLM's render layer;
         an InvalidField (or ModelNotFound) for anything vLLM would refuse, before a job
         exists. `check_prompt_bytes` (the API's byte bound) sees the prompt's size first."""
+        try:
+            return self._prepare(endpoint, body, check_prompt_bytes)
+        except InvalidField:
+            if self._closing.is_set():
+                # the process is stopping and vLLM's render layer with it (its tokenizer pool
+                # shut down): not the body's fault, and nothing was queued
+                raise Unavailable("this API process is stopping; retry") from None
+            raise
+
+    def _prepare(self, endpoint: Endpoint, body: Any,
+                 check_prompt_bytes: Callable[[int], None]) -> OpenAIJob:
+        if self._closing.is_set():
+            raise Unavailable("this API process is stopping; retry")
         state = self._ready()
         refused = {**REFUSED_FIELDS, **RESPONSES_REFUSED} if endpoint == "responses" else (
             REFUSED_FIELDS)
