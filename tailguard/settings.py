@@ -309,9 +309,9 @@ RATE_WINDOW_S = Setting(
     "seconds, divided by it: what admission divides the lane's backlog by.")
 PRIOR_TOKENS_PER_S = Setting(
     "TAILGUARD_PRIOR_TOKENS_PER_S", 20.0, float,
-    "Floor of a lane's service rate per engine sequence (x its slots on the live workers): used "
-    "before anything was measured, and while a lightly used lane measures less than it can do. "
-    "A decode rate: while a lane has measured nothing, the request judged has its prompt counted at "
+    "A lane's service rate per engine sequence (x its slots on the live workers) before it has "
+    "measured one (the cost tokens its finished requests took per engine second, over "
+    "TAILGUARD_RATE_WINDOW_S). A decode rate: the request judged has its prompt counted at "
     "TAILGUARD_PREFILL_TOKENS_PER_S and its output at this. Set it near what your slowest engine "
     "decodes per sequence.")
 PREFILL_TOKENS_PER_S = Setting(

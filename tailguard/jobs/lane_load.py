@@ -8,8 +8,8 @@
   own workers' slots, kept in the same Lua steps as the job records (transition_job.lua):
   what the predicted wait counts free batch slots with, beside the running jobs of the lanes
   that share its slots and the per-engine limits its live workers advertise.
-* served: the cost tokens of the lane's requests that ran and finished, per
-  Redis-clock second, fed by the finished-request stream (one consumer group,
+* served: the cost tokens of the lane's requests that ran and finished, and the engine time
+  they ran, per Redis-clock second, fed by the finished-request stream (one consumer group,
   so each request counts once whichever API process reads it).
 """
 
@@ -38,16 +38,18 @@ class LaneLoadStore:
     def load(self, lane: str, sharing: Sequence[str] = ()) -> LaneLoad:
         """`lane`'s figures; `sharing`: the lanes whose running jobs take its slots too
         (LaneTable.sharing)."""
-        backlog, queued, running, served, now, live, shared, slots, advertised = self._load(
-            [keys.lane_queued_key(lane), keys.lane_backlog_key(lane), keys.lane_running_key(lane),
-             keys.lane_served_key(lane), keys.lane_workers_key(lane),
-             keys.lane_worker_slots_key(lane), *map(keys.lane_running_key, sharing)],
-            window_s=self.window_s)
+        backlog, queued, running, served, now, live, shared, slots, advertised, served_ms = (
+            self._load([keys.lane_queued_key(lane), keys.lane_backlog_key(lane),
+                        keys.lane_running_key(lane), keys.lane_served_key(lane),
+                        keys.lane_workers_key(lane), keys.lane_worker_slots_key(lane),
+                        keys.lane_served_ms_key(lane), *map(keys.lane_running_key, sharing)],
+                       window_s=self.window_s))
         return LaneLoad(backlog_tokens=int(backlog), queued_jobs=int(queued),
                         running_jobs=int(running), served_tokens=int(served),
                         window_s=float(self.window_s), live_workers=int(live), now=float(now),
                         sharing_jobs=int(shared), worker_slots=int(slots),
-                        advertising_workers=int(advertised))
+                        advertising_workers=int(advertised),
+                        served_engine_s=int(served_ms) / 1000)
 
     def record(self, rec: FinishedRequest) -> None:
         """Count a request that ran (a FinishedConsumer sink); one that never started is not
@@ -55,6 +57,7 @@ class LaneLoadStore:
         if rec.lane is None or rec.engine_s is None or rec.prompt_tokens is None \
                 or rec.max_tokens is None:
             return
-        self._served([keys.lane_served_key(rec.lane)], second=int(rec.finished_at),
+        self._served([keys.lane_served_key(rec.lane), keys.lane_served_ms_key(rec.lane)],
+                     second=int(rec.finished_at),
                      tokens=request_cost(rec.prompt_tokens, rec.max_tokens),
-                     window_s=self.window_s)
+                     engine_ms=max(1, round(rec.engine_s * 1000)), window_s=self.window_s)

@@ -1,16 +1,15 @@
 """Admission: accept a request only if its lane can start it within what the lane promises.
 
 Pure policy, no I/O (tailguard/jobs/lane_load.py reads the figures from Redis). A
-lane's backlog is the cost tokens waiting in its queue; its service rate is the
-cost tokens its requests that finished recently took, per second, never below a
-prior (``prior_tokens_per_s`` per engine sequence x the lane's slots), so an idle or freshly
-started lane is not judged by the little it was asked to do. That prior is a decode rate, and a
-prompt token is prefilled far faster (``prefill_tokens_per_s``): while the lane has measured
-nothing, a sequence is taken to get through the judged request's cost tokens in its prompt's
-prefill plus its output's decode, so the first questions over long documents at a lane's start
-are not judged as if each prompt token took a decode step. Once it has measured something,
-the measured rate (floored by the bare prior) is the better guess: under load a shaped floor
-can sit above what the engines do, and admit work that cannot start within the promise.
+lane's backlog is the cost tokens waiting in its queue; its service rate is how fast its slots
+get through cost tokens when every one is busy: what one sequence got through (the cost tokens
+of the lane's requests that finished recently over the engine seconds they ran) times the
+lane's slots, and never less than the cost tokens served per second of the window. A lane
+that has measured nothing (idle, or freshly started) is judged by a prior per sequence: a
+request shaped like the judged one, its prompt prefilled at ``prefill_tokens_per_s`` and its
+output decoded at ``prior_tokens_per_s``. Tokens over the window alone would judge a lane that
+was asked for little as slow: a lane that served one request in the last 30 s "serves" a few
+tokens a second, and the first questions over long documents that arrive together were refused.
 
 The predicted wait counts the lane's free slots over the whole fleet. Its slots are its
 per-engine limit on every live worker that serves it, as each worker advertises it with its
@@ -86,6 +85,8 @@ class LaneLoad:
     worker_slots: int = 0
     #: how many of its live workers advertise one (a worker of an older version does not)
     advertising_workers: int = 0
+    #: the engine seconds the requests behind `served_tokens` ran, summed
+    served_engine_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -135,13 +136,18 @@ class AdmissionPolicy:
 
     def service_rate(self, lane: Lane, load: LaneLoad, cost: int = 0,
                      prompt_tokens: int = 0) -> float:
-        """Cost tokens per second the lane gets through: measured, never below the prior; with
-        nothing measured, the prior for requests shaped like the one of `cost` tokens with
-        `prompt_tokens` of prompt (the module docstring)."""
-        measured = load.served_tokens / load.window_s if load.window_s > 0 else 0.0
-        per_sequence = (self.prior_per_sequence(cost, prompt_tokens) if measured <= 0
-                        else self.prior_tokens_per_s)
-        return max(measured, per_sequence * self.slots(lane, load))
+        """Cost tokens per second the lane gets through with its slots busy: what a sequence
+        got through, measured, times its slots (never below what it served per second of the
+        window); with nothing measured, the prior for requests shaped like the one of `cost`
+        tokens with `prompt_tokens` of prompt (the module docstring)."""
+        window = load.served_tokens / load.window_s if load.window_s > 0 else 0.0
+        if load.served_tokens > 0 and load.served_engine_s > 0:
+            per_sequence = load.served_tokens / load.served_engine_s
+        elif window > 0:  # served, with no engine time on record (an older API recorded it)
+            per_sequence = self.prior_tokens_per_s
+        else:
+            per_sequence = self.prior_per_sequence(cost, prompt_tokens)
+        return max(window, per_sequence * self.slots(lane, load))
 
     def wait_tokens(self, lane: Lane, load: LaneLoad, cost: int) -> float:
         """The work (cost tokens) the lane must do before a request of `cost` tokens gets a

@@ -148,6 +148,11 @@ def lane_served_key(lane: str) -> str:
     return f"{PREFIX}:lane:{lane}:served"
 
 
+def lane_served_ms_key(lane: str) -> str:
+    """Hash of the engine milliseconds those requests ran (field: the second they finished)."""
+    return f"{PREFIX}:lane:{lane}:served-ms"
+
+
 # -- prefix affinity (tailguard/jobs/prefix_index.py) ---------------------------------------
 
 def prefix_holders_key(prefix: str) -> str:

@@ -182,6 +182,11 @@ def test_service_rate_is_measured_from_finished_requests(api, redis_client, queu
     load = gw.load.load("short")
     assert load.backlog_tokens == 0
     assert load.served_tokens == sum(job["cost"] for job in ids)
+    # and the engine time they ran (started -> succeeded here: a millisecond each at least)
+    assert 0.003 <= load.served_engine_s < 5
+    rate = gw.admission.service_rate(gw.lanes["short"], load)
+    assert rate == pytest.approx(load.served_tokens / load.served_engine_s * gw.admission.slots(
+        gw.lanes["short"], load))
 
 
 def test_no_live_worker_is_a_503_until_a_real_worker_serves_the_lane(

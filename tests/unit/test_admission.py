@@ -16,19 +16,24 @@ LANE = Lane(name="short", max_tokens=64, max_num_seqs=4, max_model_len=1000, que
 TIGHT = dataclasses.replace(LANE, max_wait_s=0.1)
 
 
-def load(backlog=0, queued=0, running=0, served=0, window=30.0, workers=1):
+def load(backlog=0, queued=0, running=0, served=0, window=30.0, workers=1, engine_s=0.0):
     return LaneLoad(backlog_tokens=backlog, queued_jobs=queued, running_jobs=running,
-                    served_tokens=served, window_s=window, live_workers=workers)
+                    served_tokens=served, window_s=window, live_workers=workers,
+                    served_engine_s=engine_s)
 
 
 @pytest.mark.parametrize("lane_load,rate", [
     (load(), 40.0),                       # nothing measured: the prior
     (load(workers=2), 80.0),              # the prior scales with live workers
-    (load(served=600), 40.0),             # 20 tokens/s measured, below the prior
-    (load(served=3000), 100.0),           # 100 tokens/s measured
+    (load(served=600, engine_s=20), 120.0),   # 30 tokens per engine second x 4 slots
+    (load(served=600, engine_s=120), 20.0),   # 5 x 4 is less than the 20 served per second
+    (load(served=3000, engine_s=60, workers=2), 400.0),  # 50 x 8 slots
+    # served, no engine time on record (an older API recorded it): the prior, or what it served
+    (load(served=600), 40.0),
+    (load(served=3000), 100.0),
     (load(served=3000, window=0), 40.0),  # no window: the prior
 ])
-def test_service_rate_is_measured_never_below_the_prior(lane_load, rate):
+def test_service_rate_is_a_sequences_measured_rate_times_the_slots(lane_load, rate):
     assert POLICY.service_rate(LANE, lane_load) == rate
 
 
@@ -53,10 +58,11 @@ def test_a_prompt_heavy_request_is_not_judged_as_if_each_prompt_token_took_a_dec
     assert POLICY.admit(lane, busy, 1064, prompt_tokens=1000) == pytest.approx(7.4 / 4)
     limits = POLICY.limits(lane, busy, cost=1064, prompt_tokens=1000)
     assert limits.wait_tokens == pytest.approx(8 * 4 * 1064 / 7.4)  # the store's check alike
-    # once the lane has measured something, that is the rate, floored by the bare prior: under
-    # load a shaped prior would exceed what the engines do
-    assert POLICY.service_rate(lane, load(running=4, served=30 * 1000), 1064, 1000) == 1000.0
-    assert POLICY.service_rate(lane, load(running=4, served=30 * 20), 1064, 1000) == 40.0
+    # once the lane has measured a request, a sequence's measured rate: the warm-up's 1,064
+    # tokens in 2 engine seconds, whatever the judged request's shape
+    measured = load(running=4, served=1064, engine_s=2.0)
+    assert POLICY.service_rate(lane, measured, 64, 0) == pytest.approx(4 * 532)
+    assert POLICY.admit(lane, measured, 1064, prompt_tokens=1000) == pytest.approx(0.5)
 
 
 @pytest.mark.parametrize("lane_load,cost,wait", [
