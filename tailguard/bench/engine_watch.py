@@ -12,7 +12,7 @@ the engines (a router's replicas, tailguard's workers). The prefix cache's count
 read at the same two moments: their deltas over every engine of the
 topology are its hit rate over the phase (`prefix_cache`), the warm-up before it left out.
 
-`free_slot_refusals` then counts, per class, the requests refused (429 or 503) at a moment
+`free_slot_evidence` then names, per class, the requests refused (429 or 503) at a moment
 when an engine that may serve the class held fewer requests than its batch slots
 (``max_num_seqs``, or the cut limit of an engine that shares the front end's cores:
 `TopologySpec.engine_slots`) at every scrape from its last one at or before the refusal through
@@ -166,21 +166,15 @@ def running_at(series: list[tuple[float, float]] | list[list[float]], t: float) 
     return series[i - 1][1] if i else None
 
 
-def free_slot_at(t: float, engines: Iterable[str], series: Mapping[str, Any],
-                 slots: Mapping[str, int]) -> bool:
-    """Whether one of `engines` ran fewer than its `slots` at `t`, by its scrapes: at every one
+def free_engine_at(t: float, engines: Iterable[str], series: Mapping[str, Any],
+                   slots: Mapping[str, int]) -> dict[str, Any] | None:
+    """The first of `engines` that ran fewer than its `slots` at `t`, by its scrapes: at every one
     from the last before `t` through the first `STEPS_TO_SEE` engine steps after that one (the
     gauges then count what the engine was handed before `t`), or, from scrapes without a step
     count, at the last one before `t` and the first after it. A slot full at any of them was
     most likely taken by a job already queued when the request was refused (the engines cannot
-    show their queue): not a free slot."""
-    return free_engine_at(t, engines, series, slots) is not None
-
-
-def free_engine_at(t: float, engines: Iterable[str], series: Mapping[str, Any],
-                   slots: Mapping[str, int]) -> dict[str, Any] | None:
-    """The first of `engines` with a free slot at `t` (`free_slot_at`), with the scrapes that
-    show it: {"engine", "slots", "scrapes": [[wall time, running + waiting, steps], ...]}."""
+    show their queue): not a free slot. With the scrapes that show it:
+    {"engine", "slots", "scrapes": [[wall time, running + waiting, steps], ...]}; None."""
     for name in engines:
         one = series.get(name) or []
         i = bisect.bisect_right([p[0] for p in one], t)
@@ -203,24 +197,14 @@ def _seen_through(series: Sequence[Sequence[float]], i: int) -> Sequence[Sequenc
     return series[i:]
 
 
-def free_slot_refusals(samples: Iterable[Sample], series: Mapping[str, Any],
-                       slots: Mapping[str, int],
-                       class_engines: Mapping[str, Iterable[str]] | None = None) -> dict[str, int]:
-    """Per class, the requests with a refusal (any of their attempts', `Sample.refused_at`)
-    at a moment when an engine that may serve the class had a free slot. `class_engines`:
-    the engines that may serve each class (None, or a class missing: every engine)."""
-    out: dict[str, int] = {}
-    for cls, found in free_slot_evidence(samples, series, slots, class_engines).items():
-        out[cls] = len(found)
-    return out
-
-
 def free_slot_evidence(samples: Iterable[Sample], series: Mapping[str, Any],
                        slots: Mapping[str, int],
                        class_engines: Mapping[str, Iterable[str]] | None = None
                        ) -> dict[str, list[dict[str, Any]]]:
-    """Per class, each request counted by `free_slot_refusals`: its first refusal with a free
-    slot, when ("refused_at", wall time) and where (`free_engine_at`)."""
+    """Per class, the requests with a refusal (any of their attempts', `Sample.refused_at`) at a
+    moment when an engine that may serve the class had a free slot: each one's first such
+    refusal, when ("refused_at", wall time) and where (`free_engine_at`). `class_engines`: the
+    engines that may serve each class (None, or a class missing: every engine)."""
     out: dict[str, list[dict[str, Any]]] = {}
     for s in samples:
         found = out.setdefault(s.cls, [])

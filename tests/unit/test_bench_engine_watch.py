@@ -17,7 +17,6 @@ from tailguard.bench.engine_watch import (
     WAITING,
     EngineWatch,
     free_slot_evidence,
-    free_slot_refusals,
     held,
     parse_series,
     prefix_delta,
@@ -94,6 +93,12 @@ SERIES = {"a": [[0.0, 6.0], [5.0, 5.0], [8.0, 5.0], [10.0, 6.0]],  # 6 slots: on
 SLOTS = {"a": 6, "b": 8}
 
 
+def free_slot_counts(samples, series, slots, class_engines=None):
+    """Per class, how many requests the evidence names (what the report counts)."""
+    return {cls: len(found) for cls, found in
+            free_slot_evidence(samples, series, slots, class_engines).items()}
+
+
 @pytest.mark.parametrize("sample, engines, counted", [
     (refused("short", 1.0), None, 0),              # every engine full
     (refused("short", 6.0), None, 1),              # a's slot is free
@@ -109,7 +114,7 @@ SLOTS = {"a": 6, "b": 8}
     (Sample("short", 8, 0.0, status="succeeded", ok=True), None, 0),
 ])
 def test_free_slot_refusals(sample, engines, counted):
-    assert free_slot_refusals([sample], SERIES, SLOTS, engines) == {sample.cls: counted}
+    assert free_slot_counts([sample], SERIES, SLOTS, engines) == {sample.cls: counted}
 
 
 # with step counts: engine "a" (4 slots) shows 3 from 0.0 to 2.0 with a step of a second or
@@ -127,7 +132,7 @@ STEPPED = {"a": [[0.0, 3.0, 10.0], [0.5, 3.0, 10.0], [1.0, 3.0, 10.0], [2.0, 3.0
     (5.5, 1),  # never two steps on: every later scrape free
 ])
 def test_a_slot_is_free_only_while_the_gauges_show_it_two_steps_on(t, counted):
-    assert free_slot_refusals([refused("short", t)], STEPPED, {"a": 4}) == {"short": counted}
+    assert free_slot_counts([refused("short", t)], STEPPED, {"a": 4}) == {"short": counted}
 
 
 def test_the_evidence_names_the_engine_and_the_scrapes_that_show_its_slot_free():
@@ -149,7 +154,7 @@ def test_a_page_gives_a_histograms_count():
 def test_free_slot_refusals_per_class():
     samples = [refused("short", 1.0), refused("short", 6.0), refused("long", 7.0),
                Sample("long", 8, 0.0, status="succeeded", ok=True)]
-    assert free_slot_refusals(samples, SERIES, SLOTS, {"short": ["a"], "long": ["a"]}) == \
+    assert free_slot_counts(samples, SERIES, SLOTS, {"short": ["a"], "long": ["a"]}) == \
         {"short": 1, "long": 1}
 
 
