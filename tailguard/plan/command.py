@@ -29,6 +29,19 @@ def _cores(text: str | None) -> tuple[int, ...]:
     return tuple(int(c) for c in text.split(",")) if text else ()
 
 
+def _validate_runs(model: StepModel, run_dirs: tuple[Path, ...], as_json: bool) -> None:
+    """`--validate-runs`: each bench run's topologies against the simulator (plan/validate.py)."""
+    from tailguard.plan.validate import render_runs, run_rows
+
+    if not run_dirs:
+        raise click.UsageError("--validate-runs wants bench run directories after it")
+    try:
+        rows = [row for d in run_dirs for row in run_rows(d, model)]
+    except (ValueError, ConfigError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(json.dumps(rows, indent=2) if as_json else render_runs(rows))
+
+
 def _target(text: str) -> tuple[str, float]:
     name, _, value = text.partition(":")
     try:
@@ -82,6 +95,13 @@ def _target(text: str) -> tuple[str, float]:
 @click.option("--validate", is_flag=True,
               help="predicted vs measured for the bench runs of docs/benchmarks.md, each with "
                    "the lanes file it ran with (--lanes does not apply)")
+@click.option("--validate-runs", is_flag=True,
+              help="predicted vs measured for the bench run directories given after it (each "
+                   "with report.json and samples.jsonl): the requests each topology accepted in "
+                   "its mixed phase replayed on the simulator's matching setup (lanes: fleet, "
+                   "fleet: router), the front end on the engine whose cores it shared, e.g. "
+                   "--validate-runs /tmp/run1 /tmp/run2")
+@click.argument("run_dirs", nargs=-1, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--compare-fleet", "compare_gpus", metavar="GPUS",
               help="tailguard's fleet (a central queue per lane, per-engine limits), one shared "
                    "FCFS engine per GPU, a router fleet and static lanes on a window of the Azure "
@@ -129,7 +149,8 @@ def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | Non
          class_specs: tuple[str, ...], workload_file: Path | None, rate: float | None, scale: float,
          lanes_file: Path | None, topology_name: str, target_specs: tuple[str, ...], max_queue_s: float,
          engines: int | None, split: str | None, duration: float, seed: int,
-         validate: bool, compare_gpus: str | None, per_gpu: str, prefix_gpus: str | None,
+         validate: bool, validate_runs: bool, run_dirs: tuple[Path, ...],
+         compare_gpus: str | None, per_gpu: str, prefix_gpus: str | None,
          kv_cache_tokens: int, affinity_extra: int,
          keda_rates: str | None, max_running_specs: tuple[str, ...],
          max_ahead_specs: tuple[str, ...], engine_slots: int | None, token_scale: float,
@@ -140,6 +161,9 @@ def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | Non
     # work is a function of its own
     given = click.get_current_context().get_parameter_source
     seed_given = given("seed").name != "DEFAULT"
+    if run_dirs and not validate_runs:
+        raise click.UsageError(f"unexpected argument {str(run_dirs[0])!r} (run directories go "
+                               "with --validate-runs)")
     if profile_out:
         _profile(profile_out, cores, neighbour_cores, frontend_cores)
         return
@@ -154,6 +178,9 @@ def plan(profile_out: Path | None, cores: str | None, neighbour_cores: str | Non
 
         rows = table_rows(model, seed if seed_given else None)
         click.echo(json.dumps(rows, indent=2) if as_json else render(rows))
+        return
+    if validate_runs:
+        _validate_runs(model, run_dirs, as_json)
         return
     trace_s = duration if given("duration").name != "DEFAULT" else 60.0
     if compare_gpus:

@@ -19,6 +19,12 @@ tailguard/plan/azure.py), each with its lanes' placement (max_tokens caps) and q
   more than one; else (one worker entry serving every lane) each interactive lane gets its own
   engines, as many as its share of the trace's cost tokens (at least one).
 
+Each setup may place the front end (``frontend``, off by default: on GPUs it has cores of its
+own): its last group's last engine then shares its cores with it, as ``search.topology``'s
+``frontend`` marks it, and ``frontend_cap`` cuts that engine's lane limits as its worker cuts
+them (``Simulation``'s; tailguard/plan/sim.py, "Front end"), as on a CPU host such as
+`tailguard bench`'s (tailguard/plan/validate.py, ``run_rows``).
+
 Each row: goodput (requests per second within their class's SLO, ``SLO``, over the span from
 the first arrival to the last end), the short class's end-to-end and TTFT P99, the long
 class's TTFT P99, every class's output tokens per second, the requests that did not succeed,
@@ -123,10 +129,21 @@ def static_layout(table: LaneTable, gpus: int, arrivals: Arrivals) -> list[Engin
 
 def setup(name: str, table: LaneTable, gpus: int, arrivals: Arrivals,
           limits: Limits | None = None, slots: int | None = None,
-          ahead: Limits | None = None) -> tuple[list[Lane], list[EngineGroup]]:
+          ahead: Limits | None = None, *, frontend: bool = False
+          ) -> tuple[list[Lane], list[EngineGroup]]:
     """The lanes and engine groups of one setup (module docstring) on `gpus` GPUs; the fleet's
     engines with `slots` (their max_num_seqs; None: the largest lane's), its lanes with the
-    `limits` (max_running) and `ahead` (max_ahead) given instead of the file's."""
+    `limits` (max_running) and `ahead` (max_ahead) given instead of the file's. With
+    `frontend`, the last group's last engine shares its cores with the front end (as
+    ``search.topology`` marks it)."""
+    lanes, groups = _setup(name, table, gpus, arrivals, limits, slots, ahead)
+    if frontend and groups:
+        groups[-1] = replace(groups[-1], frontend=True)
+    return lanes, groups
+
+
+def _setup(name: str, table: LaneTable, gpus: int, arrivals: Arrivals, limits: Limits | None,
+           slots: int | None, ahead: Limits | None) -> tuple[list[Lane], list[EngineGroup]]:
     if name == SHARED:
         lane = shared_lane(table)
         return [lane], [EngineGroup((lane.name,), gpus, lane.max_num_seqs)]
@@ -153,21 +170,42 @@ def setup(name: str, table: LaneTable, gpus: int, arrivals: Arrivals,
                                dispatch=FLEET)]
 
 
-def run(name: str, arrivals: Arrivals, table: LaneTable, model: StepModel, gpus: int, *,
-        limits: Limits | None = None, slots: int | None = None, ahead: Limits | None = None,
-        unloaded_p99_s: float | None = None, seed: int = 0, label: str | None = None) -> Row:
-    """One row: `arrivals` (time, class, prompt tokens, max_tokens) on the `name` setup."""
+def simulation(name: str, arrivals: Arrivals, table: LaneTable, model: StepModel, gpus: int, *,
+               limits: Limits | None = None, slots: int | None = None,
+               ahead: Limits | None = None, seed: int = 0, frontend: bool = False,
+               frontend_cap: int = 0) -> Simulation:
+    """`arrivals` (time, class, prompt tokens, max_tokens) simulated to the end on the `name`
+    setup (`setup`); `frontend_cap`: the front end's engine's lane limits cut to it (with
+    `frontend` only; 0: not cut)."""
     classes = [ClassLoad(c, 0.0, Lengths.fixed(1), Lengths.fixed(1))
                for c in sorted({a[1] for a in arrivals})]
-    lanes, groups = setup(name, table, gpus, arrivals, limits, slots, ahead)
-    sim = Simulation(classes, lanes, groups, model, seed=seed)
+    lanes, groups = setup(name, table, gpus, arrivals, limits, slots, ahead, frontend=frontend)
+    sim = Simulation(classes, lanes, groups, model, seed=seed, frontend_cap=frontend_cap)
     sim.replay(arrivals)
-    results = sim.run()
+    sim.run()
+    return sim
+
+
+def run(name: str, arrivals: Arrivals, table: LaneTable, model: StepModel, gpus: int, *,
+        limits: Limits | None = None, slots: int | None = None, ahead: Limits | None = None,
+        unloaded_p99_s: float | None = None, seed: int = 0, label: str | None = None,
+        frontend: bool = False, frontend_cap: int = 0) -> Row:
+    """One row: `arrivals` (time, class, prompt tokens, max_tokens) on the `name` setup
+    (`simulation`: `frontend` and `frontend_cap` place the front end)."""
+    sim = simulation(name, arrivals, table, model, gpus, limits=limits, slots=slots, ahead=ahead,
+                     seed=seed, frontend=frontend, frontend_cap=frontend_cap)
+    return row(sim, label or name, gpus, model, unloaded_p99_s)
+
+
+def row(sim: Simulation, name: str, gpus: int, model: StepModel,
+        unloaded_p99_s: float | None = None) -> Row:
+    """A finished simulation's row (`run`)."""
+    results = sim.results()
     short, long_ = results.get("short"), results.get("long")
     done = sim.done
     span = (max(r.end for r in done) - min(r.arrival for r in done)) if done else 0.0
     p99 = short.e2e["p99"] if short else None
-    return Row(name=label or name, gpus=gpus, requests=len(done) + sum(sim.rejected.values()),
+    return Row(name=name, gpus=gpus, requests=len(done) + sum(sim.rejected.values()),
                goodput_rps=sum(_good(r, model.overhead_s) for r in done) / span if span else 0.0,
                short_p99_s=p99, short_ttft_p99_s=short.ttft_p99 if short else None,
                long_ttft_p99_s=long_.ttft_p99 if long_ else None,

@@ -13,17 +13,28 @@ short worker running long jobs on a second engine, which the runs marked "borrow
 simulated requests are the run's own: the bench's workload generator, given the run's
 rate, share, duration and seed, yields the arrival times it sent (`--seed` draws Poisson
 arrivals of the same rates instead, to show how much a P99 moves with the draw).
+
+`--validate-runs` (``run_rows``) needs no table: it reads a bench run's directory, replays the
+requests each topology accepted through the tailguard/plan/compare.py setup that models it, with
+the front end on the engine whose cores it shared (``frontend_of``), and compares the figures the
+run's report computes (the rules: ``replay_arrivals``, ``measured``).
 """
 
 from __future__ import annotations
 
+import json
 import tomllib
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
-from tailguard.lanes.table import LaneTable, parse_lanes
+from tailguard.lanes.table import LaneTable, load_lanes, parse_lanes
+from tailguard.plan import compare
+from tailguard.plan.compare import FLEET_SETUP, ROUTER_SETUP, SHARED
 from tailguard.plan.search import topology
-from tailguard.plan.sim import simulate
+from tailguard.plan.sim import Simulation, percentile, simulate
 from tailguard.plan.stepmodel import StepModel
 from tailguard.plan.synthetic import class_stream, poisson_arrivals
 from tailguard.plan.workload import ClassLoad, Lengths
@@ -174,3 +185,266 @@ def render(rows: list[dict]) -> str:
                    f"| {tp:.1f} | {tm:.1f} | {100 * te:+.0f}% "
                    f"| {'-' if bm is None else bm} |")
     return "\n".join(out + ["", summary(rows)])
+
+
+# -- `--validate-runs`: a bench run's own samples against the simulator's setups
+
+#: the bench's measured phase, its classes, and a refusal's status (tailguard/bench/loadgen.py's
+#: REFUSED: the planner does not import the bench)
+RUN_PHASE, SHORT, LONG, REFUSED = "mixed", "short", "long", "refused"
+#: a bench topology -> the setup of tailguard/plan/compare.py that models it
+SETUP_OF = {"lanes": FLEET_SETUP, "fleet": ROUTER_SETUP, "fleet-p2": ROUTER_SETUP, "shared": SHARED}
+TWO_CORES = "one engine on two cores needs a two-core step model"
+#: bench topologies (a direct-tuned-N-M by its prefix) shown but not simulated, and why
+NOT_MODELLED = {"direct": TWO_CORES, "direct-tuned": TWO_CORES,
+                "static": "the bench's static split is not compare.py's static layout"}
+#: (key, label) of each figure a row compares
+FIGURES = (("short_e2e_p99", "short e2e P99"), ("short_ttft_p99", "short TTFT P99"),
+           ("long_ttft_p99", "long TTFT P99"), ("output_tok_s", "output tok/s"))
+Request = tuple[float, str, int, int]
+
+
+def setup_for(topology: str) -> str | None:
+    """The compare.py setup that models a bench topology; None: not modelled (NOT_MODELLED);
+    ValueError for a name the bench does not run."""
+    if topology in SETUP_OF:
+        return SETUP_OF[topology]
+    if topology in NOT_MODELLED or topology.startswith("direct-tuned-"):
+        return None
+    raise ValueError(f"topology {topology!r} is not one tailguard bench runs "
+                     f"({', '.join([*SETUP_OF, *NOT_MODELLED])})")
+
+
+def not_modelled_why(topology: str) -> str:
+    return NOT_MODELLED["direct-tuned" if topology.startswith("direct-tuned") else topology]
+
+
+def read_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(report.json, samples.jsonl's lines) of a finished bench run's directory."""
+    files = {name: run_dir / name for name in ("report.json", "samples.jsonl")}
+    for name, path in files.items():
+        if not path.is_file():
+            raise ValueError(f"{run_dir}: no {name} (not a finished tailguard bench run)")
+    try:
+        report = json.loads(files["report.json"].read_text())
+        lines = files["samples.jsonl"].read_text().splitlines()
+        samples = [json.loads(line) for line in lines if line.strip()]
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{run_dir}: a file is not JSON: {exc}") from None
+    return report, samples
+
+
+def measured(samples: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+    """One topology's phase as tailguard/bench/report.py computes it: nearest-rank P99s over the
+    requests that succeeded (``ok``), and every class's output tokens of those over the span from
+    the first request sent to the last successful one's end (``output_tok_s``)."""
+    ok = [s for s in samples if s.get("ok")]
+
+    def p99(cls: str, key: str) -> float | None:
+        return percentile([s[key] for s in ok if s["cls"] == cls and s.get(key) is not None], 99)
+
+    sent = [s["sent_s"] for s in samples if s.get("sent_s") is not None]
+    ends = [s["sent_s"] + s["e2e_s"] for s in ok
+            if s.get("sent_s") is not None and s.get("e2e_s") is not None]
+    span = max(ends) - min(sent) if ends and max(ends) > min(sent) else None
+    tokens = sum(s.get("completion_tokens") or 0 for s in ok)
+    return {"short_e2e_p99": p99(SHORT, "e2e_s"), "short_ttft_p99": p99(SHORT, "ttft_s"),
+            "long_ttft_p99": p99(LONG, "ttft_s"), "output_tok_s": tokens / span if span else None}
+
+
+def accepted(sample: dict[str, Any]) -> bool:
+    """Whether the topology took the request (its API answered with a job, or a plain server
+    its stream): a refused one (429/503) never reached an engine. A sample without the field
+    (an older run's): whether it was sent and not refused."""
+    if "accepted" in sample:
+        return bool(sample["accepted"])
+    return sample.get("sent_s") is not None and sample.get("status") != REFUSED
+
+
+def replay_arrivals(samples: Sequence[dict[str, Any]],
+                    run_samples: Sequence[dict[str, Any]] = ()) -> tuple[list[Request], int]:
+    """(arrivals, how many prompt lengths were taken from elsewhere): every request the topology
+    accepted (``accepted``: the simulator models no admission, so a refused request, which never
+    loaded an engine, is left out; `run_rows` counts them beside the row), as (arrival_s, class,
+    prompt tokens, max_tokens). The simulator ends a request at its max_tokens only, so that is
+    its output (the bench ignores EOS; `early_stops` counts those that ended sooner). A prompt's
+    length is the server's count, else the workload's plan, else the same arrival's count in
+    another topology of the run (`run_samples`: every topology is sent the same arrivals), else
+    its class's median there."""
+    known = {(s["cls"], s["arrival_s"]): s["prompt_tokens"] for s in run_samples
+             if s.get("prompt_tokens")}
+    by_class: dict[str, list[int]] = {}
+    for (cls, _), n in known.items():
+        by_class.setdefault(cls, []).append(n)
+    out, guessed = [], 0
+    for s in samples:
+        if s.get("sent_s") is None or not accepted(s):
+            continue
+        prompt = s.get("prompt_tokens") or s.get("planned_prompt_tokens")
+        if not prompt:
+            guessed += 1
+            lengths = sorted(by_class.get(s["cls"], []))
+            prompt = known.get((s["cls"], s["arrival_s"])) or (lengths[len(lengths) // 2]
+                                                               if lengths else None)
+            if not prompt:
+                raise ValueError(f"no prompt length for class {s['cls']!r} anywhere in the run")
+        out.append((s["arrival_s"], s["cls"], int(prompt), int(s["max_tokens"])))
+    return sorted(out), guessed
+
+
+def run_lanes_file(run_dir: Path, report: dict[str, Any]) -> Path:
+    """The lanes file a run's lanes ran with: the copy in its `lanes/` folder, else the config's
+    lanes_file (from the repository root if relative), else tailguard/lanes/lanes-cpu.toml."""
+    if (run_dir / "lanes" / "lanes.toml").is_file():
+        return run_dir / "lanes" / "lanes.toml"
+    root = Path(__file__).resolve().parents[2]
+    name = Path(report.get("config", {}).get("lanes_file") or "tailguard/lanes/lanes-cpu.toml")
+    return name if name.is_absolute() else root / name
+
+
+def replica_budget(report: dict[str, Any], topology: str) -> int | None:
+    """A router fleet's replicas' --max-num-batched-tokens (the tuned one), if the report has it."""
+    for replica in report.get("topologies", {}).get(topology, {}).get("replicas", []):
+        args = replica.get("extra_args", [])
+        if "--max-num-batched-tokens" in args:
+            return int(args[args.index("--max-num-batched-tokens") + 1])
+    return None
+
+
+def frontend_of(report: dict[str, Any], topology: str, setup_name: str) -> tuple[bool, int]:
+    """(whether the front end shared an engine's cores, that engine's slots as its worker cut
+    them: the `frontend` and `frontend_cap` of compare.run) for a topology of a run. The front
+    end's cores are the topology's, else the run's (report.json ``frontend_cores``); it shares an
+    engine's where the topology lists an engine on one of them (or lists no engines). Only
+    tailguard's lanes (the fleet setup) cut that engine's lane limits (``engine_slots``, its entry
+    for it); a router fleet's replica on those cores (beside the router and the replicas' API
+    servers) runs all its max_num_seqs: no cap."""
+    info = (report.get("topologies") or {}).get(topology) or {}
+    cores = set(info.get("frontend_cores") or (report.get("config") or {}).get("frontend_cores")
+                or ())
+    if not cores:
+        return False, 0
+    engines = info.get("engines") or []
+    beside = [e["name"] for e in engines if cores & set(e.get("cores") or ())]
+    if engines and not beside:
+        return False, 0
+    if setup_name != FLEET_SETUP:
+        return True, 0
+    slots = info.get("engine_slots") or {}
+    cut = [slots[name] for name in beside if name in slots]
+    return True, min(cut) if cut else 0
+
+
+def engine_split(sim: Simulation) -> list[int]:
+    """Requests each engine of a finished simulation took, most first."""
+    return sorted(Counter(r.where.name for r in sim.done if r.where).values(), reverse=True)
+
+
+def measured_split(report: dict[str, Any], topology: str,
+                   samples: Sequence[dict[str, Any]]) -> list[int]:
+    """Requests each engine served, most first: the report's (engine counters), else the
+    samples' workers."""
+    served = (report.get("peers") or {}).get("rows", {}).get(topology, {}).get("engine_served")
+    if not served:
+        served = Counter(s["worker"] for s in samples if s.get("ok") and s.get("worker"))
+    return sorted(served.values(), reverse=True)
+
+
+def _figures(pred: dict[str, float | None],
+             meas: dict[str, float | None]) -> dict[str, tuple[float | None, float | None,
+                                                             float | None]]:
+    return {k: (pred[k], meas[k], pred[k] / meas[k] - 1 if pred[k] is not None and meas[k] else None)
+            for k, _ in FIGURES}
+
+
+def run_rows(run_dir: Path, model: StepModel) -> list[dict[str, Any]]:
+    """Per topology of a bench run: its measured phase against the simulator's setup for it, fed
+    the requests it accepted (``replay_arrivals``; its refused ones counted beside) on the run's
+    engines (the config's, else 2), the front end placed as it ran (``frontend_of``)."""
+    report, samples = read_run(run_dir)
+    phase = [s for s in samples if s.get("phase") == RUN_PHASE]
+    topologies = list(dict.fromkeys(s["topology"] for s in phase))
+    setups = {t: setup_for(t) for t in topologies}
+    engines = int(report.get("config", {}).get("engines") or 2)
+    lanes_file = run_lanes_file(run_dir, report)
+    table = load_lanes(lanes_file)
+    rows = []
+    for topo in topologies:
+        mine = [s for s in phase if s["topology"] == topo]
+        row: dict[str, Any] = {
+            "run": run_dir.name, "topology": topo, "setup": setups[topo], "sent": len(mine),
+            "refused": sum(s.get("status") == REFUSED for s in mine),
+            "not_ok": sum(not s.get("ok") and s.get("status") != REFUSED for s in mine),
+            "early_stops": sum(bool(s.get("ok")) and (s.get("completion_tokens") or 0)
+                               < s["max_tokens"] for s in mine),
+            "lanes_file": str(lanes_file), "why_not": None}
+        if setups[topo] is None:
+            rows.append({**row, "why_not": not_modelled_why(topo)})
+            continue
+        arrivals, row["guessed_prompts"] = replay_arrivals(mine, phase)
+        row["replayed"] = len(arrivals)
+        budget = replica_budget(report, topo) if setups[topo] == ROUTER_SETUP else None
+        sim_model = replace(model, max_batched_tokens=budget) if budget else model
+        row["frontend"], row["frontend_cap"] = frontend_of(report, topo, setups[topo])
+        sim = compare.simulation(setups[topo], arrivals, table, sim_model, engines,
+                                 frontend=row["frontend"], frontend_cap=row["frontend_cap"])
+        pred = compare.row(sim, setups[topo], engines, sim_model)
+        row["figures"] = _figures({"short_e2e_p99": pred.short_p99_s,
+                                   "short_ttft_p99": pred.short_ttft_p99_s,
+                                   "long_ttft_p99": pred.long_ttft_p99_s,
+                                   "output_tok_s": pred.output_tokens_per_s}, measured(mine))
+        row["sim_not_succeeded"] = pred.not_succeeded
+        row["batched_tokens"] = sim_model.max_batched_tokens
+        row["split"] = (engine_split(sim), measured_split(report, topo, mine))
+        rows.append(row)
+    return rows
+
+
+def runs_summary(rows: Sequence[dict[str, Any]], within: float = 0.2) -> str:
+    """Per figure, how many simulated rows are within `within` of the measured figure."""
+    parts = []
+    for key, label in FIGURES:
+        errs = [r["figures"][key][2] for r in rows if r.get("figures")
+                and r["figures"][key][2] is not None]
+        parts.append(f"{label} {sum(abs(e) <= within for e in errs)} of {len(errs)}")
+    return f"within {100 * within:.0f}%: " + ", ".join(parts)
+
+
+def _cell(fig: tuple[float | None, float | None, float | None], unit: str, digits: int) -> str:
+    p, m = ("-" if x is None else f"{x:.{digits}f}" for x in fig[:2])
+    return f"{p} / {m}{unit} ({'-' if fig[2] is None else f'{100 * fig[2]:+.0f}%'})"
+
+
+def render_row(r: dict[str, Any]) -> str:
+    """One markdown row: each figure predicted / measured (error)."""
+    head = f"| {r['run']} | {r['topology']} -> {r['setup'] or '-'} | {r['sent']} | {r['refused']} "
+    if r["why_not"]:
+        return head + f"| not modelled: {r['why_not']} |||||"
+    f = r["figures"]
+    pred, meas = r["split"]
+    return (head + "| " + " | ".join(_cell(f[k], "" if k == "output_tok_s" else " s",
+                                           1 if k == "output_tok_s" else 3) for k, _ in FIGURES)
+            + f" | {'/'.join(map(str, pred))} / {'/'.join(map(str, meas)) or '-'} |")
+
+
+def _front(r: dict[str, Any]) -> str:
+    if not r["frontend"]:
+        return "no front end on an engine's cores"
+    return "the front end on the last engine's cores" + (
+        f" (its lane limits cut to {r['frontend_cap']})" if r["frontend_cap"] else " (no cut)")
+
+
+def render_runs(rows: Sequence[dict[str, Any]]) -> str:
+    out = ["| run | topology -> setup | sent | refused | " + " | ".join(
+               f"{label} predicted / measured (error)" for _, label in FIGURES)
+           + " | served per engine predicted / measured |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    out += [render_row(r) for r in rows]
+    notes = sorted({f"{r['run']}: lanes file {r['lanes_file']}" for r in rows})
+    notes += [f"{r['run']} {r['topology']}: {r['replayed']} accepted replayed ({r['refused']} "
+              f"refused left out), {r['early_stops']} ended before max_tokens, "
+              f"{r['guessed_prompts']} prompt lengths from another topology, {r['not_ok']} failed "
+              f"(measured) against {r['sim_not_succeeded']} not succeeded (simulated); simulated "
+              f"with max_batched_tokens {r['batched_tokens']}, {_front(r)}"
+              for r in rows if not r["why_not"]]
+    return "\n".join(out + [""] + notes + ["", runs_summary(rows)])
