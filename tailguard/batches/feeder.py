@@ -361,10 +361,6 @@ class BatchFeeder:
         except JobStateConflict:
             return "queued"
         except TailguardError as exc:
-            if self._stopping.is_set():
-                # the API is stopping and its render layer with it: not the line's fault; nothing
-                # was queued, so the next feeder queues the line again
-                return CLOSED
             return _dumps(output_line(line.custom_id, job_id, exc.http_status, openai_error(exc)))
         return "queued"
 

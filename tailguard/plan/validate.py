@@ -34,7 +34,7 @@ from tailguard.lanes.table import LaneTable, load_lanes, parse_lanes
 from tailguard.plan import compare
 from tailguard.plan.compare import FLEET_SETUP, ROUTER_SETUP, SHARED
 from tailguard.plan.search import topology
-from tailguard.plan.sim import Simulation, percentile, simulate
+from tailguard.plan.sim import Simulation, simulate
 from tailguard.plan.stepmodel import StepModel
 from tailguard.plan.synthetic import class_stream, poisson_arrivals
 from tailguard.plan.workload import ClassLoad, Lengths
@@ -234,22 +234,19 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return report, samples
 
 
-def measured(samples: Sequence[dict[str, Any]]) -> dict[str, float | None]:
-    """One topology's phase as tailguard/bench/report.py computes it: nearest-rank P99s over the
-    requests that succeeded (``ok``), and every class's output tokens of those over the span from
-    the first request sent to the last successful one's end (``output_tok_s``)."""
-    ok = [s for s in samples if s.get("ok")]
+def measured(report: dict[str, Any], topology: str) -> dict[str, float | None]:
+    """One topology's measured phase as the run's report.json holds it (tailguard/bench/report.py
+    computed it: nearest-rank P99s over the requests that succeeded, every class's output tokens
+    over the phase's span), so the figures are those of its report.md."""
+    node = (report.get("topologies") or {}).get(topology) or {}
+    classes = (node.get("phases") or {}).get(RUN_PHASE) or {}
 
     def p99(cls: str, key: str) -> float | None:
-        return percentile([s[key] for s in ok if s["cls"] == cls and s.get(key) is not None], 99)
+        return ((classes.get(cls) or {}).get(key) or {}).get("p99")
 
-    sent = [s["sent_s"] for s in samples if s.get("sent_s") is not None]
-    ends = [s["sent_s"] + s["e2e_s"] for s in ok
-            if s.get("sent_s") is not None and s.get("e2e_s") is not None]
-    span = max(ends) - min(sent) if ends and max(ends) > min(sent) else None
-    tokens = sum(s.get("completion_tokens") or 0 for s in ok)
+    totals = (node.get("totals") or {}).get(RUN_PHASE) or {}
     return {"short_e2e_p99": p99(SHORT, "e2e_s"), "short_ttft_p99": p99(SHORT, "ttft_s"),
-            "long_ttft_p99": p99(LONG, "ttft_s"), "output_tok_s": tokens / span if span else None}
+            "long_ttft_p99": p99(LONG, "ttft_s"), "output_tok_s": totals.get("output_tok_s")}
 
 
 def accepted(sample: dict[str, Any]) -> bool:
@@ -392,7 +389,7 @@ def run_rows(run_dir: Path, model: StepModel) -> list[dict[str, Any]]:
         row["figures"] = _figures({"short_e2e_p99": pred.short_p99_s,
                                    "short_ttft_p99": pred.short_ttft_p99_s,
                                    "long_ttft_p99": pred.long_ttft_p99_s,
-                                   "output_tok_s": pred.output_tokens_per_s}, measured(mine))
+                                   "output_tok_s": pred.output_tokens_per_s}, measured(report, topo))
         row["sim_not_succeeded"] = pred.not_succeeded
         row["batched_tokens"] = sim_model.max_batched_tokens
         row["split"] = (engine_split(sim), measured_split(report, topo, mine))

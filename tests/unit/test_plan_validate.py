@@ -97,11 +97,25 @@ def _samples() -> list[dict]:
     return out
 
 
+def _bench_report(samples: list[dict], config: dict) -> dict:
+    """report.json as tailguard/bench/report.py writes a run's phases and totals."""
+    from tailguard.bench.loadgen import Sample
+    from tailguard.bench.report import phase_stats, phase_totals, slos
+
+    topologies = {}
+    for topo in dict.fromkeys(s["topology"] for s in samples):
+        mine = [Sample.from_dict(s) for s in samples
+                if s["topology"] == topo and s["phase"] == "mixed"]
+        topologies[topo] = {"phases": {"mixed": phase_stats(mine, ["short", "long"])},
+                            "totals": {"mixed": phase_totals(mine, "short", *slos({}))}}
+    return {"config": config, "topologies": topologies}
+
+
 def _run_dir(tmp_path: Path, samples: list[dict], config: dict | None = None) -> Path:
     d = tmp_path / "run1"
     d.mkdir()
     (d / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
-    (d / "report.json").write_text(json.dumps({"config": config or {"engines": 2}}))
+    (d / "report.json").write_text(json.dumps(_bench_report(samples, config or {"engines": 2})))
     return d
 
 
@@ -110,12 +124,13 @@ def test_measured_figures_are_the_bench_reports():
     from tailguard.bench.loadgen import Sample
     from tailguard.bench.report import class_stats, phase_totals, slos
 
+    report = _bench_report(_samples(), {"engines": 2})
     for topo in ("lanes", "fleet"):
         mine = [s for s in _samples() if s["topology"] == topo and s["phase"] == "mixed"]
         bench = [Sample.from_dict(s) for s in mine]
         short = class_stats([s for s in bench if s.cls == "short"])
         long_ = class_stats([s for s in bench if s.cls == "long"])
-        assert measured(mine) == {
+        assert measured(report, topo) == {
             "short_e2e_p99": short["e2e_s"]["p99"], "short_ttft_p99": short["ttft_s"]["p99"],
             "long_ttft_p99": long_["ttft_s"]["p99"],
             "output_tok_s": phase_totals(bench, "short", *slos({}))["output_tok_s"]}
