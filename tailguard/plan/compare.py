@@ -216,6 +216,13 @@ def row(sim: Simulation, name: str, gpus: int, model: StepModel,
                backlog_tokens=sim.backlog_mean)
 
 
+def within_target(sim: Simulation, cls: str, model: StepModel) -> int | None:
+    """How many of a finished simulation's requests of class `cls` succeeded within its SLO (the
+    bench's "within target"); None where it ran none of that class."""
+    mine = [r for r in sim.done if r.cls == cls]
+    return sum(_good(r, model.overhead_s) for r in mine) if mine else None
+
+
 def _good(r: Any, overhead_s: float) -> bool:
     """Whether a finished request succeeded within its class's SLO (the bench's definition:
     TPOT is (end-to-end - TTFT) / (output tokens - 1), 0 for one token)."""

@@ -200,7 +200,10 @@ NOT_MODELLED = {"direct": TWO_CORES, "direct-tuned": TWO_CORES,
                 "static": "the bench's static split is not compare.py's static layout"}
 #: (key, label) of each figure a row compares
 FIGURES = (("short_e2e_p99", "short e2e P99"), ("short_ttft_p99", "short TTFT P99"),
-           ("long_ttft_p99", "long TTFT P99"), ("output_tok_s", "output tok/s"))
+           ("long_ttft_p99", "long TTFT P99"), ("output_tok_s", "output tok/s"),
+           ("short_within", "short within target"), ("long_within", "long within target"))
+#: the figures that are not seconds (tokens/s, request counts), with their digits after the point
+PLAIN = {"output_tok_s": 1, "short_within": 0, "long_within": 0}
 Request = tuple[float, str, int, int]
 
 
@@ -237,16 +240,23 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 def measured(report: dict[str, Any], topology: str) -> dict[str, float | None]:
     """One topology's measured phase as the run's report.json holds it (tailguard/bench/report.py
     computed it: nearest-rank P99s over the requests that succeeded, every class's output tokens
-    over the phase's span), so the figures are those of its report.md."""
+    over the phase's span, each class's requests within target), so the figures are those of its
+    report.md."""
     node = (report.get("topologies") or {}).get(topology) or {}
     classes = (node.get("phases") or {}).get(RUN_PHASE) or {}
 
     def p99(cls: str, key: str) -> float | None:
         return ((classes.get(cls) or {}).get(key) or {}).get("p99")
 
+    def within(cls: str) -> int | None:  # the per-class table's "within target"
+        row = ((((report.get("peers") or {}).get("rows") or {}).get(topology) or {})
+               .get("classes") or {}).get(cls) or {}
+        return row.get("within_target")
+
     totals = (node.get("totals") or {}).get(RUN_PHASE) or {}
     return {"short_e2e_p99": p99(SHORT, "e2e_s"), "short_ttft_p99": p99(SHORT, "ttft_s"),
-            "long_ttft_p99": p99(LONG, "ttft_s"), "output_tok_s": totals.get("output_tok_s")}
+            "long_ttft_p99": p99(LONG, "ttft_s"), "output_tok_s": totals.get("output_tok_s"),
+            "short_within": within(SHORT), "long_within": within(LONG)}
 
 
 def accepted(sample: dict[str, Any]) -> bool:
@@ -389,7 +399,10 @@ def run_rows(run_dir: Path, model: StepModel) -> list[dict[str, Any]]:
         row["figures"] = _figures({"short_e2e_p99": pred.short_p99_s,
                                    "short_ttft_p99": pred.short_ttft_p99_s,
                                    "long_ttft_p99": pred.long_ttft_p99_s,
-                                   "output_tok_s": pred.output_tokens_per_s}, measured(report, topo))
+                                   "output_tok_s": pred.output_tokens_per_s,
+                                   "short_within": compare.within_target(sim, SHORT, sim_model),
+                                   "long_within": compare.within_target(sim, LONG, sim_model)},
+                                  measured(report, topo))
         row["sim_not_succeeded"] = pred.not_succeeded
         row["batched_tokens"] = sim_model.max_batched_tokens
         row["split"] = (engine_split(sim), measured_split(report, topo, mine))
@@ -416,11 +429,11 @@ def render_row(r: dict[str, Any]) -> str:
     """One markdown row: each figure predicted / measured (error)."""
     head = f"| {r['run']} | {r['topology']} -> {r['setup'] or '-'} | {r['sent']} | {r['refused']} "
     if r["why_not"]:
-        return head + f"| not modelled: {r['why_not']} |||||"
+        return head + f"| not modelled: {r['why_not']} |" + "|" * len(FIGURES)
     f = r["figures"]
     pred, meas = r["split"]
-    return (head + "| " + " | ".join(_cell(f[k], "" if k == "output_tok_s" else " s",
-                                           1 if k == "output_tok_s" else 3) for k, _ in FIGURES)
+    return (head + "| " + " | ".join(_cell(f[k], "" if k in PLAIN else " s", PLAIN.get(k, 3))
+                                     for k, _ in FIGURES)
             + f" | {'/'.join(map(str, pred))} / {'/'.join(map(str, meas)) or '-'} |")
 
 
@@ -435,7 +448,7 @@ def render_runs(rows: Sequence[dict[str, Any]]) -> str:
     out = ["| run | topology -> setup | sent | refused | " + " | ".join(
                f"{label} predicted / measured (error)" for _, label in FIGURES)
            + " | served per engine predicted / measured |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+           "|---|---|---:|---:|" + "---:|" * len(FIGURES) + "---|"]
     out += [render_row(r) for r in rows]
     notes = sorted({f"{r['run']}: lanes file {r['lanes_file']}" for r in rows})
     notes += [f"{r['run']} {r['topology']}: {r['replayed']} accepted replayed ({r['refused']} "

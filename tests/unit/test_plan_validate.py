@@ -99,16 +99,20 @@ def _samples() -> list[dict]:
 
 def _bench_report(samples: list[dict], config: dict) -> dict:
     """report.json as tailguard/bench/report.py writes a run's phases and totals."""
+    from tailguard.bench.comparison import targets, topology_rows
     from tailguard.bench.loadgen import Sample
     from tailguard.bench.report import phase_stats, phase_totals, slos
 
-    topologies = {}
+    topologies, rows = {}, {}
+    short_slo, long_slo = targets(*slos({}))
     for topo in dict.fromkeys(s["topology"] for s in samples):
         mine = [Sample.from_dict(s) for s in samples
                 if s["topology"] == topo and s["phase"] == "mixed"]
         topologies[topo] = {"phases": {"mixed": phase_stats(mine, ["short", "long"])},
                             "totals": {"mixed": phase_totals(mine, "short", *slos({}))}}
-    return {"config": config, "topologies": topologies}
+        rows[topo] = topology_rows(mine, ["short", "long"], {"short": short_slo, "long": long_slo},
+                                   None, None, None)
+    return {"config": config, "topologies": topologies, "peers": {"phase": "mixed", "rows": rows}}
 
 
 def _run_dir(tmp_path: Path, samples: list[dict], config: dict | None = None) -> Path:
@@ -133,7 +137,10 @@ def test_measured_figures_are_the_bench_reports():
         assert measured(report, topo) == {
             "short_e2e_p99": short["e2e_s"]["p99"], "short_ttft_p99": short["ttft_s"]["p99"],
             "long_ttft_p99": long_["ttft_s"]["p99"],
-            "output_tok_s": phase_totals(bench, "short", *slos({}))["output_tok_s"]}
+            "output_tok_s": phase_totals(bench, "short", *slos({}))["output_tok_s"],
+            # every short one meets ttft:1000,e2el:4000; of the long ones (tpot:200) only the
+            # fleet's at 0.75 s (0.19 s per token; the other 0.32 s)
+            "short_within": 11, "long_within": {"lanes": 0, "fleet": 1}[topo]}
 
 
 def test_a_refused_request_is_not_replayed():
@@ -171,12 +178,14 @@ def test_a_row_renders_each_figure_predicted_measured_and_its_error():
     row = {"run": "d1", "topology": "fleet", "setup": "router", "sent": 251, "refused": 2,
            "why_not": None, "split": ([129, 122], [131, 120]),
            "figures": {"short_e2e_p99": (1.2, 1.0, 0.2), "short_ttft_p99": (0.5, 0.4, 0.25),
-                       "long_ttft_p99": (None, None, None), "output_tok_s": (90.0, 100.0, -0.1)}}
+                       "long_ttft_p99": (None, None, None), "output_tok_s": (90.0, 100.0, -0.1),
+                       "short_within": (189, 129, 189 / 129 - 1), "long_within": (51, 50, 0.02)}}
     assert render_row(row) == ("| d1 | fleet -> router | 251 | 2 | 1.200 / 1.000 s (+20%) "
                                "| 0.500 / 0.400 s (+25%) | - / - s (-) | 90.0 / 100.0 (-10%) "
-                               "| 129/122 / 131/120 |")
+                               "| 189 / 129 (+47%) | 51 / 50 (+2%) | 129/122 / 131/120 |")
     assert runs_summary([row]) == ("within 20%: short e2e P99 1 of 1, short TTFT P99 0 of 1, "
-                                   "long TTFT P99 0 of 0, output tok/s 1 of 1")
+                                   "long TTFT P99 0 of 0, output tok/s 1 of 1, "
+                                   "short within target 0 of 1, long within target 1 of 1")
     tuned = {**row, "topology": "direct-tuned-1024-256", "setup": None, "why_not": "two cores"}
     assert "| not modelled: two cores |" in render_row(tuned)
 
@@ -192,6 +201,10 @@ def test_a_synthetic_run_is_simulated_on_its_setups(tmp_path):
     assert not by["lanes"]["frontend"] and by["lanes"]["frontend_cap"] == 0  # no frontend_cores
     assert by["direct-tuned-1024-256"]["why_not"].startswith("one engine on two cores")
     assert all(by[t]["figures"]["short_e2e_p99"][0] for t in ("lanes", "fleet"))
+    # within target: the simulation's count of each class against the report's
+    for t in ("lanes", "fleet"):
+        predicted, measured, _ = by[t]["figures"]["short_within"]
+        assert 0 <= predicted <= by[t]["replayed"] and measured == 11  # every short one
 
 
 @pytest.mark.parametrize("samples, message", [
