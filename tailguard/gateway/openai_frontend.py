@@ -47,6 +47,8 @@ log = logging.getLogger("tailguard.api")
 BUILD_WAIT_S = 300.0
 #: How long a request waits for its render on the loop (~1-2 ms of CPU each).
 RENDER_WAIT_S = 60.0
+#: What a request rendered while the process stops is told (a 503: retry on another process).
+STOPPING = "this API process is stopping; retry"
 
 
 @dataclass(frozen=True)
@@ -194,19 +196,19 @@ class OpenAIFrontend:
         """Validate `body` with vLLM's request model and render it with vLLM's render layer;
         an InvalidField (or ModelNotFound) for anything vLLM would refuse, before a job
         exists. `check_prompt_bytes` (the API's byte bound) sees the prompt's size first."""
+        if self._closing.is_set():
+            raise Unavailable(STOPPING)
         try:
             return self._prepare(endpoint, body, check_prompt_bytes)
         except InvalidField:
             if self._closing.is_set():
                 # the process is stopping and vLLM's render layer with it (its tokenizer pool
                 # shut down): not the body's fault, and nothing was queued
-                raise Unavailable("this API process is stopping; retry") from None
+                raise Unavailable(STOPPING) from None
             raise
 
     def _prepare(self, endpoint: Endpoint, body: Any,
                  check_prompt_bytes: Callable[[int], None]) -> OpenAIJob:
-        if self._closing.is_set():
-            raise Unavailable("this API process is stopping; retry")
         state = self._ready()
         refused = {**REFUSED_FIELDS, **RESPONSES_REFUSED} if endpoint == "responses" else (
             REFUSED_FIELDS)

@@ -249,14 +249,19 @@ def measured(report: dict[str, Any], topology: str) -> dict[str, float | None]:
         return ((classes.get(cls) or {}).get(key) or {}).get("p99")
 
     def within(cls: str) -> int | None:  # the per-class table's "within target"
-        row = ((((report.get("peers") or {}).get("rows") or {}).get(topology) or {})
-               .get("classes") or {}).get(cls) or {}
-        return row.get("within_target")
+        return ((_peer_row(report, topology).get("classes") or {}).get(cls) or {}).get(
+            "within_target")
 
     totals = (node.get("totals") or {}).get(RUN_PHASE) or {}
     return {"short_e2e_p99": p99(SHORT, "e2e_s"), "short_ttft_p99": p99(SHORT, "ttft_s"),
             "long_ttft_p99": p99(LONG, "ttft_s"), "output_tok_s": totals.get("output_tok_s"),
             "short_within": within(SHORT), "long_within": within(LONG)}
+
+
+def _peer_row(report: dict[str, Any], topology: str) -> dict[str, Any]:
+    """A topology's row of the report's comparison with the fleets (report.json ``peers``:
+    per-class figures, requests served per engine); {} where the run has none."""
+    return ((report.get("peers") or {}).get("rows") or {}).get(topology) or {}
 
 
 def accepted(sample: dict[str, Any]) -> bool:
@@ -351,7 +356,7 @@ def measured_split(report: dict[str, Any], topology: str,
                    samples: Sequence[dict[str, Any]]) -> list[int]:
     """Requests each engine served, most first: the report's (engine counters), else the
     samples' workers."""
-    served = (report.get("peers") or {}).get("rows", {}).get(topology, {}).get("engine_served")
+    served = _peer_row(report, topology).get("engine_served")
     if not served:
         served = Counter(s["worker"] for s in samples if s.get("ok") and s.get("worker"))
     return sorted(served.values(), reverse=True)
