@@ -29,7 +29,8 @@ def _register(lane_name: str) -> None:
     def generate(self: Task, job_id: str, prompt: str, max_tokens: int,
                  sampling: dict[str, Any], deadline_s: float,
                  add_special_tokens: bool = True,
-                 openai: dict[str, Any] | None = None) -> dict[str, Any]:
+                 openai: dict[str, Any] | None = None,
+                 prefill_tokens: int = 0) -> dict[str, Any]:
         runtime = WorkerRuntime.of(self.app)
         job = GenerationJob(job_id, prompt, max_tokens, sampling, deadline_s, add_special_tokens,
                             openai)

@@ -62,7 +62,8 @@ def _on_received(sender=None, request=None, **_: Any) -> None:
     """A message reached this worker (consumer thread): its lane's per-engine limit counts it."""
     runtime = attached(sender.app) if sender is not None else None
     if runtime is not None and runtime.gate is not None and request is not None:
-        runtime.gate.received(request.id, request.name)
+        runtime.gate.received(request.id, request.name,
+                              int((request.kwargs or {}).get("prefill_tokens") or 0))
 
 
 @signals.task_revoked.connect

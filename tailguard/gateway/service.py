@@ -376,7 +376,8 @@ class Gateway:
             **req.record_fields(job_id),
         }
         kwargs = {"job_id": job_id, "max_tokens": placement.max_tokens,
-                  "deadline_s": lane.deadline_s, **req.task_kwargs(job_id, placement)}
+                  "deadline_s": lane.deadline_s, "prefill_tokens": placement.new_prompt_tokens,
+                  **req.task_kwargs(job_id, placement)}
         message = self.broker.build(lane.task_name, task_id=job_id, queue=lane.queue,
                                     expires_s=lane.queue_ttl_s, kwargs=kwargs)
         queue, offer = lane.queue, None

@@ -30,6 +30,15 @@ and a batch lane only while every interactive lane is too (then the list order s
 simulator (tailguard/plan/sim.py) calls ``next_lane``; the worker (tasks/worker.py) calls
 ``consumable``.
 
+An engine may also bound the prompt tokens it prefills at once (its worker's
+``max_prefill_tokens``): it starts no job while its jobs not yet at their first token have that
+many prompt tokens to prefill (those not in its prefix cache, as the API counted them). A
+prompt's prefill is compute-bound and vLLM runs the prefills it holds in the same steps, so two
+cold 1,250-token prompts on one engine give both their first token at about twice one's time;
+bounded, the second waits in the central queue for whichever engine gets there first. It is the
+load Dynamo's KV router weighs each worker by ("active prompt-side token load", released when
+the first output token signals the prefill done), applied when a job is taken, not routed.
+
 An engine may also have every lane's limit cut to a cap (``capped``): on a CPU host, the engine
 whose cores the front end shares steps slower than the others, so it starts a short job only
 while it runs fewer than ``TAILGUARD_FRONTEND_ENGINE_MAX_RUNNING`` jobs, and a long one while
@@ -101,11 +110,20 @@ def below_limit(lanes: Sequence[LaneLimit], i: int, running: Mapping[str, int]) 
     return lane.max_ahead is None or sum(running.get(l.name, 0) for l in lanes[:i]) < lane.max_ahead
 
 
+def prefill_room(prefilling: int, max_prefill_tokens: int) -> bool:
+    """Whether an engine whose jobs not yet at their first token have `prefilling` prompt tokens
+    to prefill may start another job under its bound (0: none)."""
+    return max_prefill_tokens <= 0 or prefilling < max_prefill_tokens
+
+
 def next_lane(lanes: Sequence[LaneLimit], running: Mapping[str, int],
-              waiting: Mapping[str, int]) -> str | None:
+              waiting: Mapping[str, int], prefilling: int = 0,
+              max_prefill_tokens: int = 0) -> str | None:
     """The lane whose oldest job an engine serving `lanes` (in priority order) takes next, with
-    `running` of each lane's jobs on it and `waiting` queued fleet-wide; None: nothing it may
-    start now."""
+    `running` of each lane's jobs on it, `prefilling` prompt tokens of them not yet at their
+    first token and `waiting` queued fleet-wide; None: nothing it may start now."""
+    if not prefill_room(prefilling, max_prefill_tokens):
+        return None
     interactive_waiting = any(waiting.get(l.name, 0) > 0 for l in lanes
                               if l.priority == "interactive")
     for i, lane in enumerate(lanes):
@@ -117,10 +135,14 @@ def next_lane(lanes: Sequence[LaneLimit], running: Mapping[str, int],
     return None
 
 
-def consumable(lanes: Sequence[LaneLimit], running: Mapping[str, int]) -> tuple[str, ...]:
+def consumable(lanes: Sequence[LaneLimit], running: Mapping[str, int], prefilling: int = 0,
+               max_prefill_tokens: int = 0) -> tuple[str, ...]:
     """The queues a worker serving `lanes` (in priority order) consumes now, in that order, with
-    `running` of each lane's jobs on its engine: `next_lane` for a broker that takes the first
-    non-empty queue of the list."""
+    `running` of each lane's jobs on its engine and `prefilling` prompt tokens of them not yet
+    at their first token: `next_lane` for a broker that takes the first non-empty queue of the
+    list."""
+    if not prefill_room(prefilling, max_prefill_tokens):
+        return ()
     open_ = [l for i, l in enumerate(lanes) if below_limit(lanes, i, running)]
     interactive_open = all(l in open_ for l in lanes if l.priority == "interactive")
     return tuple(l.name for l in open_ if l.priority == "interactive" or interactive_open)

@@ -116,6 +116,9 @@ class WorkerSpec:
     replicas: int | str = 1
     #: vLLM engine arguments, the file's [engine] defaults merged with the entry's own
     engine: dict[str, Any] = field(default_factory=dict, hash=False)
+    #: its engine starts no job while those not yet at their first token have this many
+    #: prompt tokens to prefill (tailguard/lanes/dispatch.py); 0: no bound
+    max_prefill_tokens: int = 0
 
     @property
     def devices_per_engine(self) -> int:
@@ -154,6 +157,12 @@ class LaneTable:
     @property
     def names(self) -> list[str]:
         return [lane.name for lane in self.lanes]
+
+    @property
+    def max_prefill_tokens(self) -> int:
+        """The first worker entry's ``max_prefill_tokens``: the bound of a fleet whose every
+        engine serves every lane, as the simulator's fleet setups model it."""
+        return self.workers[0].max_prefill_tokens if self.workers else 0
 
     def worker(self, name: str) -> WorkerSpec:
         """The entry named `name`, or whose replica it names (``long-2`` of ``long``)."""
@@ -363,7 +372,8 @@ def _workers_from(raw: Any, lanes: tuple[Lane, ...], engine: dict[str, Any],
             tables.append((f"{where}.engine", own))
         spec = WorkerSpec(name=name, lanes=tuple(wl), engine={**engine, **own})
         spec = dataclasses.replace(spec, replicas=_replicas_from(w, where),
-                                   devices=_devices_from(w, where, spec.devices_per_engine))
+                                   devices=_devices_from(w, where, spec.devices_per_engine),
+                                   max_prefill_tokens=_prefill_bound_from(w, where))
         if spec.devices is not None and spec.replicas != 1:
             raise ConfigError(f"{where}: `devices` names the GPUs of one worker, so replicas "
                               f"must be 1 (leave devices out to have them placed)",
@@ -396,6 +406,14 @@ def _replicas_from(w: dict[str, Any], where: str) -> int | str:
         raise ConfigError(f'{where}.replicas must be an integer >= 1 or "{FILL}", got '
                           f"{replicas!r}", field=f"{where}.replicas")
     return replicas
+
+
+def _prefill_bound_from(w: dict[str, Any], where: str) -> int:
+    bound = w.get("max_prefill_tokens", 0)
+    if not isinstance(bound, int) or isinstance(bound, bool) or bound < 0:
+        raise ConfigError(f"{where}.max_prefill_tokens must be an integer >= 0 (0: no bound), "
+                          f"got {bound!r}", field=f"{where}.max_prefill_tokens")
+    return bound
 
 
 def _devices_from(w: dict[str, Any], where: str, need: int) -> tuple[int, ...] | None:
@@ -438,6 +456,12 @@ WORKER_FIELDS: dict[str, FieldDoc] = {
                          'how many workers of this entry (`long`, `long-2`, ...); `"fill"` (one '
                          "entry at most): as many as the GPUs the others leave allow, at least "
                          "one (one on a CPU host)"),
+    "max_prefill_tokens": FieldDoc((int,), "0",
+                                   "its engine starts no job while its jobs not yet at their "
+                                   "first token have this many prompt tokens to prefill (those "
+                                   "not in its prefix cache, as the API counted them): a burst "
+                                   "of long prompts spreads over the engines instead of "
+                                   "stacking on one; 0: no bound"),
     "engine": FieldDoc((dict,), "{}",
                        "vLLM engine arguments (`AsyncEngineArgs`), merged over the file's "
                        "top-level `[engine]` table, e.g. `{tensor_parallel_size = 2, "

@@ -167,7 +167,7 @@ def _setup(name: str, table: LaneTable, gpus: int, arrivals: Arrivals, limits: L
              if l.name in (limits or {}) else l for l in lanes]
     lanes = [replace(l, max_ahead=ahead[l.name]) if l.name in (ahead or {}) else l for l in lanes]
     return lanes, [EngineGroup(names, gpus, slots or slots_for(lanes), name="worker",
-                               dispatch=FLEET)]
+                               dispatch=FLEET, max_prefill_tokens=table.max_prefill_tokens)]
 
 
 def simulation(name: str, arrivals: Arrivals, table: LaneTable, model: StepModel, gpus: int, *,

@@ -71,7 +71,7 @@ def simulation(workload: str, table: LaneTable, model: StepModel, gpus: int, rat
     lanes = list(table)
     classes = [ClassLoad(workload, 0.0, Lengths.fixed(1), Lengths.fixed(1))]
     group = EngineGroup(tuple(l.name for l in lanes), gpus, slots_for(lanes), name="worker",
-                        dispatch=FLEET)
+                        dispatch=FLEET, max_prefill_tokens=table.max_prefill_tokens)
     sim = Simulation(classes, lanes, [group], model, seed=seed, prefix_cache_tokens=kv_tokens,
                      prefix_block_tokens=block_tokens, affinity=affinity)
     if workload == CHAT:

@@ -58,7 +58,7 @@ def topology(table: LaneTable, name: str, count: int = 1,
         lane = shared_lane(table)
         return [lane], [EngineGroup((lane.name,), count, lane.max_num_seqs, frontend=frontend)]
     groups = [EngineGroup(w.lanes, count, engine_settings_for(table.lanes_for_queues(w.lanes))[0],
-                          name=w.name)
+                          name=w.name, max_prefill_tokens=w.max_prefill_tokens)
               for w in table.workers]
     if frontend and groups:
         groups[-1] = replace(groups[-1], frontend=True)

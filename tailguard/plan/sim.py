@@ -91,7 +91,7 @@ from typing import Any
 
 from tailguard.errors import NoLaneForRequest, PromptTooLong
 from tailguard.lanes.affinity import Affinity, holders, offer_to, remember
-from tailguard.lanes.dispatch import LaneLimit, capped, next_lane
+from tailguard.lanes.dispatch import LaneLimit, capped, next_lane, prefill_room
 from tailguard.lanes.fair_share import FairQueue
 from tailguard.lanes.placement import place, request_cost
 from tailguard.lanes.table import Lane
@@ -133,6 +133,9 @@ class EngineGroup:
     frontend: bool = False
     name: str = ""
     dispatch: str = DEDICATED
+    #: (FLEET) each engine's bound on the prompt tokens its jobs not yet at their first token
+    #: prefill (its worker's ``max_prefill_tokens``; 0: none)
+    max_prefill_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.dispatch not in DISPATCHES:
@@ -177,6 +180,11 @@ class _Engine:
     #: (FLEET) when it last took a request: Redis answers the worker blocked longest first
     turn: int = 0
     cache: PrefixCache | None = None
+    max_prefill_tokens: int = 0
+
+    def prefilling(self) -> int:
+        """The prompt tokens its requests not yet at their first token have to prefill."""
+        return sum(r.prompt - r.cached for r in self.reqs if r.first is None)
 
 
 @dataclass(frozen=True)
@@ -464,7 +472,11 @@ class Simulation:
         offered."""
         assert self.affinity is not None
         names = [name for name, _ in r.prefix] + ([r.keep] if r.keep else [])
-        serving = self.serving[r.lane]
+        # an engine at its prefill bound takes nothing, its own queue included: where a real
+        # offer would wait there for the bound to open (at most the offer's wait), the
+        # simulator queues the request for any engine
+        serving = [o for o in self.serving[r.lane] if o.max_prefill_tokens <= 0
+                   or prefill_room(o.prefilling(), o.max_prefill_tokens)]
         load = {o.name: len(o.reqs) for o in serving}
         slots = {o.name: min(o.slots, self.lane_limit(o, r.lane)) for o in serving}
         chosen = offer_to(holders(names, self.index), load, slots, self.affinity)
@@ -515,7 +527,8 @@ class Simulation:
             return None
         if e.dispatch == FLEET:
             lanes = self.limits(e)
-            while (name := next_lane(lanes, e.running, self.waiting(e))) is not None:
+            while (name := next_lane(lanes, e.running, self.waiting(e), e.prefilling(),
+                                     e.max_prefill_tokens)) is not None:
                 if (r := self.pop(name, t)) is not None:
                     return r
             return None
@@ -632,4 +645,5 @@ class Simulation:
 def _new_engine(g: EngineGroup, k: int) -> _Engine:
     """The `k`-th engine of `g` (from 1), named as its worker (WorkerSpec.replica_name)."""
     base = g.name or "+".join(g.lanes)
-    return _Engine(g.lanes, g.max_num_seqs, g.dispatch, name=base if k == 1 else f"{base}-{k}")
+    return _Engine(g.lanes, g.max_num_seqs, g.dispatch, name=base if k == 1 else f"{base}-{k}",
+                   max_prefill_tokens=g.max_prefill_tokens)

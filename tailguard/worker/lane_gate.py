@@ -17,8 +17,13 @@ thread). Queue changes run in the consumer's thread: at once from ``received``, 
 ``call_soon`` (which wakes the consumer's event loop) from anywhere else. The change is
 level-triggered: each one compares what the consumer consumes with what the rule allows, so a
 broker reconnect or a lost step is mended by the next one. A message that arrives for a lane
-already at its limit (a delivery racing a cancel) is ``over``: its task gives it back to its
-queue without running it.
+already at its limit, or at an engine at its prefill bound (a delivery racing a cancel), is
+``over``: its task gives it back to its queue without running it.
+
+With a prefill bound (the worker entry's ``max_prefill_tokens``), each job's prompt tokens to
+prefill (``prefill_tokens`` in its message: what the API counted) also count from its receipt
+until its first token (``prefilled``, from its task's thread) or its end; at the bound every
+queue closes until one of them is out.
 
 With prefix affinity on, a worker has its own queue per lane (``own``: the jobs offered to it
 first, tailguard/jobs/prefix_index.py), consumed just ahead of the lane's shared queue whenever
@@ -50,7 +55,7 @@ class LaneGate:
     Consumer (``cancel_task_queue``, ``add_task_queue``, ``call_soon``, ``task_consumer``)."""
 
     def __init__(self, lanes: Sequence[LaneLimit], consumer: Any,
-                 own: Mapping[str, str] | None = None) -> None:
+                 own: Mapping[str, str] | None = None, max_prefill_tokens: int = 0) -> None:
         self.lanes = list(lanes)
         self.consumer = consumer
         self._names = {l.name for l in self.lanes}
@@ -60,15 +65,24 @@ class LaneGate:
         self._lock = threading.Lock()
         self._jobs: dict[str, str] = {}  # task id -> lane, from receipt to end
         self._over: set[str] = set()
+        #: task id -> prompt tokens to prefill, from receipt to its first token (or end)
+        self._prefill: dict[str, int] = {}
+        self.max_prefill_tokens = max_prefill_tokens
         self._consumer_thread: int | None = None
 
     def running(self) -> Counter[str]:
         with self._lock:
             return Counter(self._jobs.values())
 
-    def received(self, task_id: str, task_name: str) -> None:
+    def prefilling(self) -> int:
+        """The prompt tokens its jobs not yet at their first token have to prefill."""
+        with self._lock:
+            return sum(self._prefill.values())
+
+    def received(self, task_id: str, task_name: str, prefill_tokens: int = 0) -> None:
         """Celery received a task message (consumer thread): count it, and stop consuming a lane
-        that reached its limit with it."""
+        that reached its limit with it (or every lane, once `prefill_tokens` of it reach
+        ``max_prefill_tokens``)."""
         lane = lane_of_task(task_name)
         if lane not in self._names:
             return
@@ -76,8 +90,11 @@ class LaneGate:
         with self._lock:
             if task_id in self._jobs:
                 return
-            if lane not in consumable(self.lanes, Counter(self._jobs.values())):
+            if lane not in consumable(self.lanes, Counter(self._jobs.values()),
+                                      sum(self._prefill.values()), self.max_prefill_tokens):
                 self._over.add(task_id)
+            elif prefill_tokens > 0:
+                self._prefill[task_id] = prefill_tokens
             self._jobs[task_id] = lane
         self.apply()
 
@@ -86,12 +103,23 @@ class LaneGate:
         with self._lock:
             return task_id in self._over
 
+    def prefilled(self, task_id: str) -> None:
+        """A counted task's first token came (any thread, idempotent): its prefill is done."""
+        with self._lock:
+            if self._prefill.pop(task_id, None) is None:
+                return
+        self._apply_soon()
+
     def ended(self, task_id: str) -> None:
         """A counted task ended or was revoked (any thread, idempotent): its lane may open."""
         with self._lock:
+            self._prefill.pop(task_id, None)
             if self._jobs.pop(task_id, None) is None:
                 return
             self._over.discard(task_id)
+        self._apply_soon()
+
+    def _apply_soon(self) -> None:
         if threading.get_ident() == self._consumer_thread:
             self.apply()
         else:
@@ -99,7 +127,9 @@ class LaneGate:
 
     def apply(self) -> None:
         """Make the consumed queues what the rule allows now, in lane order (consumer thread)."""
-        want = [q for lane in consumable(self.lanes, self.running())
+        with self._lock:
+            running, prefill = Counter(self._jobs.values()), sum(self._prefill.values())
+        want = [q for lane in consumable(self.lanes, running, prefill, self.max_prefill_tokens)
                 for q in ([self.own[lane]] if lane in self.own else []) + [lane]]
         have = [q.name for q in self.consumer.task_consumer.queues if q.name in self._queues]
         if have == want:

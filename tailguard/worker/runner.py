@@ -121,8 +121,11 @@ class JobRunner:
     def __init__(self, engine: Callable[[], Engine], store: JobStore,
                  writer_for: Callable[[str], DeltaWriter], worker: str,
                  engine_died: Callable[[Engine], None] = lambda engine: None,
-                 offers: PrefixIndex | None = None) -> None:
+                 offers: PrefixIndex | None = None,
+                 prefilled: Callable[[str], None] = lambda job_id: None) -> None:
         self.engine = engine
+        #: told each job's id once its first token is out (its prefill is done)
+        self.prefilled = prefilled
         #: prefix affinity's index and offers (None: off)
         self.offers = offers
         self.store = store
@@ -209,6 +212,7 @@ class JobRunner:
 
         def first_token() -> None:
             streamed.append(True)
+            self.prefilled(job_id)
             if self.offers is None:
                 return
             try:

@@ -123,11 +123,16 @@ class WorkerRuntime:
         """A runner whose requests the engine schedules at vLLM `priority` (lower first)."""
         if priority == 0:
             return JobRunner(self.ready_engine, self.store, self._writer_for, self.hostname,
-                             engine_died=self.keeper.died, offers=self.offers)
+                             engine_died=self.keeper.died, offers=self.offers,
+                             prefilled=self._prefilled)
         return JobRunner(lambda: Prioritized(self.ready_engine(), priority), self.store,
                          self._writer_for, self.hostname,
                          engine_died=lambda engine: self.keeper.died(engine.host),
-                         offers=self.offers)
+                         offers=self.offers, prefilled=self._prefilled)
+
+    def _prefilled(self, job_id: str) -> None:
+        if self.gate is not None:
+            self.gate.prefilled(job_id)
 
     @property
     def runner(self) -> JobRunner:
@@ -268,7 +273,8 @@ def setup(app: Celery, hostname: str, queue_names: list[str], *,
         runtime = WorkerRuntime(app=app, hostname=hostname, lanes=lanes, store=store,
                                 all_lanes={l.name: l for l in table},
                                 liveness=Liveness(client),
-                                gate=LaneGate(limits, consumer, own)
+                                gate=LaneGate(limits, consumer, own,
+                                              spec.max_prefill_tokens if spec else 0)
                                 if consumer is not None
                                 else None, offers=offers,
                                 lane_slots={l.name: l.engine_slots for l in limits},

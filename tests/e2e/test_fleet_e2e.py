@@ -1,6 +1,7 @@
 """One fleet, every lane: a real worker started as the card does it (`celery -A tasks worker
 -Q short,long,batch`) on one engine takes every lane in order, each within its per-engine
-limit (tests/lanes.fleet.test.toml: long and batch one at a time, short up to four).
+limit (tests/lanes.fleet.test.toml: long and batch one at a time, short up to four), and
+starts a job only once the prompts before it are prefilled (its prefill bound: one token).
 
 What is checked is the order and the overlap of the jobs' own records (when each started
 and ended, on Redis's clock), never how long anything took."""
@@ -82,3 +83,14 @@ def test_every_lane_on_one_engine_in_order_within_each_lanes_limit(api, db, flee
         [records[i]["running_at"] for i in shorts], first_long_end)
     # batch: only once no long job waited (long's last one started before it)
     assert records[batch]["running_at"] >= max(records[i]["running_at"] for i in longs)
+
+
+def test_a_job_starts_only_once_the_prompts_before_it_are_prefilled(api, db, fleet_worker):
+    ids = [_submit(api, max_tokens=16) for _ in range(4)]
+    records = _records(db, ids)
+    assert all(r["status"] == "succeeded" for r in records.values()), records
+    # a job's first token comes ttft_s after it started (the engine's clock starts later than
+    # running_at); the next job starts only after that, though short has four slots
+    spans = sorted((float(r["running_at"]), float(r["running_at"]) + float(r["ttft_s"]))
+                   for r in records.values())
+    assert all(first <= start for (_, first), (start, _) in zip(spans, spans[1:])), spans

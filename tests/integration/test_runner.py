@@ -74,6 +74,17 @@ def test_a_job_runs_streams_and_succeeds(store):
     assert events[-1].type == "end" and events[-1].data["status"] == "succeeded"
 
 
+def test_the_worker_is_told_once_a_jobs_prefill_is_done_at_its_first_token(store):
+    # the lane gate's prefill bound (tailguard/worker/lane_gate.py) releases the job's prompt then
+    told: list[str] = []
+    seen_at: list[int] = []
+    engine = FakeEngine(during=lambda: seen_at.append(len(told)))
+    JobRunner(lambda: engine, store, lambda job_id: DeltaWriter(store.redis, job_id, flush_s=0),
+              worker="test@host", prefilled=told.append).run(queue_job(store))
+    assert told == [JOB_ID]
+    assert seen_at == [0, 1, 1]  # before the first delta not yet, after it once
+
+
 def test_a_job_past_its_queue_ttl_expires_without_touching_the_engine(store):
     engine = FakeEngine()
     job = queue_job(store, queue_ttl_s=0.01)

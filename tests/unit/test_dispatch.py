@@ -113,3 +113,16 @@ def test_a_capped_engine_has_every_lanes_limit_cut_to_its_cap():
     # the uncapped engine beside it still takes a short job there
     assert next_lane(LANES, {"long": 3}, {"short": 1}) == "short"
     assert capped(LANES, 0) == LANES and capped(LANES, -1) == LANES
+
+
+@pytest.mark.parametrize("prefilling, bound, expected", [
+    (0, 0, "short"),          # no bound
+    (5000, 0, "short"),
+    (1250, 2048, "short"),    # one cold prompt prefilling: room for another job
+    (2048, 2048, None),       # at the bound: nothing starts here
+    (2500, 2048, None),
+])
+def test_an_engine_at_its_prefill_bound_starts_nothing(prefilling, bound, expected):
+    waiting = {"short": 1, "long": 1}
+    assert next_lane(LANES, {}, waiting, prefilling, bound) == expected
+    assert bool(consumable(LANES, {}, prefilling, bound)) == (expected is not None)

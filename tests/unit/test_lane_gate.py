@@ -140,3 +140,28 @@ def test_a_workers_own_queues_go_just_ahead_of_their_lanes_and_count_as_them():
     gate.ended("a")
     assert consumer.queues == ["short.w.me@host", "short", "long.w.me@host", "long",
                                "batch.w.me@host", "batch"]
+
+
+def test_prompt_tokens_not_yet_at_their_first_token_close_every_queue_until_one_is():
+    consumer = Consumer(["short", "long", "batch"])
+    gate = LaneGate(list(TABLE), consumer, max_prefill_tokens=2048)
+    gate.received("a", "tailguard.generate.short", 1250)
+    assert consumer.queues == ["short", "long", "batch"] and gate.prefilling() == 1250
+    gate.received("b", "tailguard.generate.short", 1250)  # two cold prompts: the bound
+    assert consumer.queues == [] and not gate.over("b")
+    gate.received("c", "tailguard.generate.short", 10)  # raced the cancel: given back
+    assert gate.over("c") and gate.prefilling() == 2500
+    gate.ended("c")
+    _from_a_pool_thread(gate.prefilled, "a")  # a's first token, in its task's thread
+    consumer.soon.pop()()
+    assert consumer.queues == ["short", "long", "batch"] and gate.prefilling() == 1250
+    gate.prefilled("a")  # once only
+    assert not consumer.soon and gate.running()["short"] == 2
+    gate.ended("b")  # ended before its first token: its prompt leaves the count too
+    assert gate.prefilling() == 0 and gate.running()["short"] == 1
+
+
+def test_without_a_prefill_bound_prompt_tokens_close_nothing():
+    gate, consumer = _gate()
+    gate.received("a", "tailguard.generate.short", 100_000)
+    assert consumer.queues == ["short", "long", "batch"]

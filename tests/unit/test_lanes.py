@@ -213,17 +213,19 @@ def test_an_engine_serving_several_lanes_takes_the_largest_batch_and_context():
 
 def test_the_cpu_host_lanes_file_is_the_packaged_one_with_its_own_sizes():
     # lanes-cpu.toml is what `tailguard up` runs on a CPU host: it must not drift from the
-    # packaged default in anything but the short lane's batch, the lanes' promises, the
-    # per-engine limits and the workers (one engine per core of the 2-core host it was measured on)
+    # packaged default in anything but the short lane's batch and cost bound, the lanes'
+    # promises, the per-engine limits and the workers (one engine per core of the 2-core host it was measured on)
     import dataclasses
 
     from tailguard.lanes.table import cpu_lanes_path
 
     packaged = load_lanes(default_lanes_path())
     cpu = load_lanes(cpu_lanes_path())
-    assert (cpu["short"].max_num_seqs, cpu["short"].max_wait_s) == (8, 0.5)
+    assert (cpu["short"].max_num_seqs, cpu["short"].max_wait_s, cpu["short"].max_cost) == \
+        (8, 0.5, 2048)
     assert dataclasses.replace(cpu["short"], max_num_seqs=packaged["short"].max_num_seqs,
-                               max_wait_s=packaged["short"].max_wait_s) == packaged["short"]
+                               max_wait_s=packaged["short"].max_wait_s,
+                               max_cost=packaged["short"].max_cost) == packaged["short"]
     assert cpu["long"].max_wait_s == 8
     for name in ("long", "batch"):
         assert dataclasses.replace(cpu[name], max_running=packaged[name].max_running,
@@ -232,4 +234,23 @@ def test_the_cpu_host_lanes_file_is_the_packaged_one_with_its_own_sizes():
                                    max_num_seqs=packaged[name].max_num_seqs) == packaged[name]
     assert [(w.name, w.lanes, w.engine) for w in cpu.workers] == \
         [(w.name, w.lanes, w.engine) for w in packaged.workers]
-    assert [w.replicas for w in cpu.workers] == [2]
+    assert [(w.replicas, w.max_prefill_tokens) for w in cpu.workers] == [(2, 2048)]
+    assert [w.max_prefill_tokens for w in packaged.workers] == [0]
+
+
+@pytest.mark.parametrize("bound", [-1, 1.5, "2048", True])
+def test_a_workers_prefill_bound_is_a_whole_number_of_tokens(bound):
+    data = {**GOOD, "workers": [{"name": "short", "lanes": ["short"], "max_prefill_tokens": bound},
+                                {"name": "long", "lanes": ["long", "batch"]}]}
+    with pytest.raises(ConfigError) as err:
+        parse_lanes(data)
+    assert err.value.field == "workers[0].max_prefill_tokens"
+
+
+def test_a_workers_prefill_bound_is_read_and_none_by_default():
+    table = parse_lanes({**GOOD, "workers": [
+        {"name": "short", "lanes": ["short"], "max_prefill_tokens": 4096},
+        {"name": "long", "lanes": ["long", "batch"]}]})
+    assert [w.max_prefill_tokens for w in table.workers] == [4096, 0]
+    assert table.max_prefill_tokens == 4096
+    assert parse_lanes(GOOD).max_prefill_tokens == 0

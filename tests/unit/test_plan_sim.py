@@ -7,6 +7,7 @@ import pytest
 
 from tailguard.lanes.table import Lane, default_lanes_path, load_lanes
 from tailguard.plan.sim import (
+    FLEET,
     FRONTEND_WINDOW_S,
     MAX_FRONTEND_SHARE,
     EngineGroup,
@@ -150,3 +151,14 @@ def test_by_key_weights_share_the_dispatches_two_to_one():
         s.arrive(0.01 * i, c["quiet"], 3, 5)
     order = [s.pop("only", 1.0).cls for _ in range(30)]
     assert abs(order.count("flood") - 2 * order.count("quiet")) <= 2, order
+
+
+@pytest.mark.parametrize("bound, starts", [(0, [0.0, 0.0, 0.0]), (10, [0.0, 1.0, 2.0])])
+def test_an_engine_at_its_prefill_bound_takes_the_next_job_once_a_first_token_is_out(bound, starts):
+    lane = Lane(name="only", max_tokens=100, deadline_s=1e9, queue_ttl_s=1e9,
+                max_model_len=1 << 20, max_num_seqs=4)
+    s = Simulation([C], [lane], [EngineGroup(("only",), 1, 4, dispatch=FLEET,
+                                             max_prefill_tokens=bound)], MODEL)
+    s.replay([(0.0, "c", 10, 2)] * 3)  # three 10-token prompts at once; 12 tokens per step
+    s.run()
+    assert sorted(r.start for r in s.done) == starts
