@@ -8,7 +8,7 @@ tailguard/worker/runner.py, which owns the job's lifecycle: a job that ended els
 never overwrites what the job record says; a job whose worker gave up on its engine
 before the job started goes back to its lane's queue (`Reject(requeue=True)`) for
 another worker, and so does a message that reached this worker past its lane's per-engine
-limit (tailguard/worker/lane_gate.py) without running.
+limit or its engine's prefill bound (tailguard/worker/lane_gate.py) without running.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def _register(lane_name: str) -> None:
                  sampling: dict[str, Any], deadline_s: float,
                  add_special_tokens: bool = True,
                  openai: dict[str, Any] | None = None,
-                 prefill_tokens: int = 0) -> dict[str, Any]:
+                 prefill_tokens: int = 0) -> dict[str, Any]:  # the lane gate's, at receipt
         runtime = WorkerRuntime.of(self.app)
         job = GenerationJob(job_id, prompt, max_tokens, sampling, deadline_s, add_special_tokens,
                             openai)
