@@ -34,7 +34,7 @@ def test_short_request_lands_on_the_short_queue(client, redis_client):
     assert msg["headers"]["ignore_result"] is True  # the job record is the result
     kwargs = json.loads(base64.b64decode(msg["body"]))[1]
     assert kwargs == {"job_id": job["id"], "prompt": "解释什么是Transformer", "max_tokens": 16,
-                      "sampling": {}, "deadline_s": 30}
+                      "sampling": {}, "deadline_s": 30, "prefill_tokens": 10}  # the lane gate's
     assert redis_client.llen("long") == 0
 
 

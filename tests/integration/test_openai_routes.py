@@ -68,7 +68,7 @@ def test_a_chat_is_queued_with_the_contracts_task_arguments(client, redis_client
     assert headers["id"] == job_id and headers["task"] == "tailguard.generate.short"
     assert kwargs == {
         "job_id": job_id, "prompt": "", "max_tokens": 8, "sampling": {}, "deadline_s": 30,
-        "openai": {"endpoint": "chat", "prompt_tokens": prompt_tokens, "capped": False, "request": {
+        "prefill_tokens": prompt_tokens, "openai": {"endpoint": "chat", "prompt_tokens": prompt_tokens, "capped": False, "request": {
             "model": "tailguard-demo", "messages": HI, "max_tokens": 8, "temperature": 0.5,
             "seed": 7, "stream": True, "request_id": job_id}}}
     # Flower, worker logs and `inspect` see no text of the request
