@@ -183,7 +183,10 @@ class _Engine:
     max_prefill_tokens: int = 0
 
     def prefilling(self) -> int:
-        """The prompt tokens its requests not yet at their first token have to prefill."""
+        """The prompt tokens its requests not yet at their first token have to prefill (counted
+        only under a bound: nothing reads them otherwise)."""
+        if self.max_prefill_tokens <= 0:
+            return 0
         return sum(r.prompt - r.cached for r in self.reqs if r.first is None)
 
 
@@ -475,8 +478,8 @@ class Simulation:
         # an engine at its prefill bound takes nothing, its own queue included: where a real
         # offer would wait there for the bound to open (at most the offer's wait), the
         # simulator queues the request for any engine
-        serving = [o for o in self.serving[r.lane] if o.max_prefill_tokens <= 0
-                   or prefill_room(o.prefilling(), o.max_prefill_tokens)]
+        serving = [o for o in self.serving[r.lane]
+                   if prefill_room(o.prefilling(), o.max_prefill_tokens)]
         load = {o.name: len(o.reqs) for o in serving}
         slots = {o.name: min(o.slots, self.lane_limit(o, r.lane)) for o in serving}
         chosen = offer_to(holders(names, self.index), load, slots, self.affinity)
