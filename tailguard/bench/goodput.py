@@ -65,7 +65,17 @@ def meets(sample: Sample, slo: Iterable[Iterable[Any]]) -> bool:
 
 
 def phase_span_s(samples: Iterable[Sample]) -> float | None:
-    """From the phase's first request sent to its last successful one's end."""
+    """From the phase's first request sent to its last successful one's end; a topology
+    that ran in rounds: the rounds' spans summed (each round's times count from its own
+    phase start)."""
+    by_round: dict[int, list[Sample]] = {}
+    for s in samples:
+        by_round.setdefault(s.round, []).append(s)
+    spans = [span for ss in by_round.values() if (span := _span_s(ss)) is not None]
+    return sum(spans) if spans else None
+
+
+def _span_s(samples: list[Sample]) -> float | None:
     sent = [s.sent_s for s in samples if s.sent_s is not None]
     ends = [s.sent_s + s.e2e_s for s in samples if s.ok and s.sent_s is not None
             and s.e2e_s is not None]

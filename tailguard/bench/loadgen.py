@@ -104,6 +104,7 @@ class Sample:
     refused_at: list[float] = field(default_factory=list)  # wall clock of each refusal answer
     session: int | None = None  # chat: its session (shared-doc: its document)
     turn: int = 0  # chat: its turn in the session
+    round: int = 1  # its topology's run in the bench (a topology named twice runs twice)
 
     @property
     def lag_s(self) -> float | None:

@@ -31,6 +31,7 @@ from tailguard.bench.goodput import (
     DEFAULT_SHORT_SLO,
     Slo,
     goodput,
+    meets,
     phase_span_s,
     slo_text,
     tpot_s,
@@ -111,8 +112,7 @@ def summarize(values: Iterable[float | None]) -> dict[str, float | None]:
 def class_stats(samples: list[Sample]) -> dict[str, Any]:
     ok = [s for s in samples if s.ok]
     sent = [s for s in samples if s.sent_s is not None]
-    ends = [s.sent_s + s.e2e_s for s in ok]
-    span = (max(ends) - min(s.sent_s for s in sent)) if ends else None
+    span = phase_span_s(samples)
     tokens = sum(s.completion_tokens or 0 for s in ok)
     lanes: dict[str, int] = {}
     for s in samples:
@@ -934,8 +934,55 @@ def build_report(*, config: dict[str, Any], workload: dict[str, Any],
                                                      workload["params"])
                               for name, phases in samples.items() if name not in comparison.FLEETS}
     report["prefix_cache"] = prefix_cache(report)
+    report["rounds"] = rounds(report, samples, short_slo, long_slo)
     report["targets"] = targets(report)
     return report
+
+
+def rounds(report: dict, samples: dict[str, dict[str, list[Sample]]], short_slo: Slo,
+           long_slo: Slo) -> list[dict[str, Any]]:
+    """Each round of a topology that ran more than once (tailguard/bench/rounds.py), per phase:
+    where it ran in the bench's order and its own figures, so the pooled ones can be read
+    against the order they came from."""
+    short = report["workload"]["short_class"]
+    short_t, long_t = comparison.targets(short_slo, long_slo)
+    out = []
+    for topo, by_phase in samples.items():
+        runs = (report["topologies"].get(topo) or {}).get("rounds") or []
+        if len(runs) < 2:
+            continue
+        for run in runs:
+            for phase, ss in by_phase.items():
+                mine = [s for s in ss if s.round == run["round"]]
+                ok = [s for s in mine if s.ok and s.cls == short]
+                out.append({
+                    "topology": topo, "round": run["round"], "position": run["position"],
+                    "phase": phase, "sent": len(mine),
+                    "within_target": sum(1 for s in mine if meets(
+                        s, short_t if s.cls == short else long_t)),
+                    "short_ttft_p50_s": percentile([s.ttft_s for s in ok if s.ttft_s is not None], 50),
+                    "short_ttft_p99_s": percentile([s.ttft_s for s in ok if s.ttft_s is not None], 99),
+                    "short_e2e_p99_s": percentile([s.e2e_s for s in ok if s.e2e_s is not None], 99),
+                    "output_tok_s": phase_totals(mine, short, short_slo, long_slo)["output_tok_s"],
+                    "prefix_cache": (run.get("prefix_cache") or {}).get(phase)})
+    return out
+
+
+def rounds_lines(report: dict) -> list[str]:
+    """The rounds as a table (nothing when no topology ran twice)."""
+    rows = report.get("rounds") or []
+    if not rows:
+        return []
+    out = ["each round of a topology run more than once (the figures above pool them):",
+           "| topology | round | position | phase | sent | within target | short TTFT P50 | "
+           "short TTFT P99 | short e2e P99 | output tok/s | prefix cache hits |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['topology']} | {r['round']} | {r['position']} | {r['phase']} | "
+                   f"{r['sent']} | {r['within_target']} | {_cell(r['short_ttft_p50_s'])} | "
+                   f"{_cell(r['short_ttft_p99_s'])} | {_cell(r['short_e2e_p99_s'])} | "
+                   f"{_cell(r['output_tok_s'], 1)} | {comparison.hit_text(r['prefix_cache'])} |")
+    return [*out, ""]
 
 
 def prefix_cache(report: dict) -> dict[str, dict[str, Any]]:
@@ -1056,6 +1103,7 @@ def render_text(report: dict) -> str:
                     f"  lanes / direct output tok/s of class {long!r}: "
                     f"{_fmt_x(r['lanes_long_tok_s_over_direct'])}"] if long else []), ""]
     lines += prefix_cache_lines(report)
+    lines += rounds_lines(report)
     lines += [t["line"] for t in report["targets"]]
     for topo, t in report["topologies"].items():
         own = [f"{phase} {h['frontend_cpu_s']:g} s in {h['wall_s']:g} s "

@@ -39,7 +39,7 @@ from tailguard.bench.batch_load import (
     lines_per_s,
 )
 from tailguard.bench.comparison import LONG_TTFT_TARGET_S
-from tailguard.bench.engine_watch import EngineWatch
+from tailguard.bench.engine_watch import EngineWatch, prefix_hit_rate
 from tailguard.bench.exactly_once import check as check_exactly_once
 from tailguard.bench.exactly_once import finished_counts
 from tailguard.bench.fleet import FleetSpec, RunningFleet, fleet_specs
@@ -55,6 +55,7 @@ from tailguard.bench.loadgen import (
 )
 from tailguard.bench.redis_watch import RedisWatch
 from tailguard.bench.report import OVERHEAD, PROBE, build_report, capacity_rps, render_text
+from tailguard.bench.rounds import pool_ends, pool_hosts, round_label, run_order
 from tailguard.bench.sessions import (
     CHAT,
     CHAT_TURNS,
@@ -207,7 +208,9 @@ class BenchConfig:
         "prefill, once per --tuned-sweep setting), fleet (a tuned vLLM server per engine, "
         "behind vLLM's own router, vllm-router, with its default cache_aware policy), fleet-p2 "
         "(the same, power_of_two), static (the same lanes as a partition of the same engines: "
-        "the first lane on one, the rest on the others; only when named)",
+        "the first lane on one, the rest on the others; only when named). A name given again "
+        "runs again from a fresh start and the report pools its rounds, showing each: "
+        "lanes,fleet,fleet,lanes measures each topology first once and last once",
         parse=_names, text=",".join)
     tuned_sweep: tuple[tuple[int, int], ...] = option(
         DEFAULT_SWEEP, "direct-tuned: N:M[,N:M...], vLLM's --max-num-batched-tokens N and "
@@ -806,6 +809,10 @@ def _check_choices(cfg: BenchConfig) -> None:
     unknown = set(cfg.topologies) - set(TOPOLOGIES)
     if unknown or not cfg.topologies:
         raise ValueError(f"unknown topologies {sorted(unknown)} (known: {', '.join(TOPOLOGIES)})")
+    if len(set(cfg.topologies)) < len(cfg.topologies) and cfg.workload in (OVERLOAD, BATCH,
+                                                                             TENANTS):
+        raise ValueError(f"the {cfg.workload} workload runs each topology once: name each "
+                         "in --topologies once")
 
 
 def _model(cfg: BenchConfig) -> str:
@@ -865,11 +872,7 @@ def _specs(cfg: BenchConfig, workload: Workload, table: LaneTable, lanes_topo: T
     direct = direct_spec(pin, replaced, table, max_model_len=limit,
                          dtype=serving_dtype(model, settings.DTYPE.get()),
                          cpus=tuple(cores) if kind == "cpu" else ())
-    # overload tests admission, batch the batch lane: only the lanes topology has them; the
-    # overload timeline also goes to the fleets named, after lanes (its probe sizes the burst)
-    wanted = (("lanes", *(t for t in cfg.topologies if t in (FLEET, FLEET_P2)))
-              if workload.name == OVERLOAD else
-              ("lanes",) if workload.name in (BATCH, TENANTS) else cfg.topologies)
+    wanted = set(_wanted(cfg, workload))
     specs: dict[str, Spec] = {
         "shared": shared_spec(table, engines=engines, kind=kind, cores=cores),
         "lanes": lanes_topo, DIRECT: direct,
@@ -881,8 +884,17 @@ def _specs(cfg: BenchConfig, workload: Workload, table: LaneTable, lanes_topo: T
             replaced, table, cfg.tuned_sweep[0], max_model_len=limit, dtype=direct.dtype,
             cpus=direct.cpus, frontend=lanes_topo.frontend)}
            if {FLEET, FLEET_P2} & set(wanted) else {})}
-    return {name: spec for want in wanted for name, spec in specs.items()
+    return {name: spec for want in _wanted(cfg, workload) for name, spec in specs.items()
             if name == want or (want == TUNED and is_tuned(name))}
+
+
+def _wanted(cfg: BenchConfig, workload: Workload) -> tuple[str, ...]:
+    """The topologies the workload runs on, in order (a name given twice: two rounds)."""
+    # overload tests admission, batch the batch lane: only the lanes topology has them; the
+    # overload timeline also goes to the fleets named, after lanes (its probe sizes the burst)
+    if workload.name == OVERLOAD:
+        return ("lanes", *dict.fromkeys(t for t in cfg.topologies if t in (FLEET, FLEET_P2)))
+    return ("lanes",) if workload.name in (BATCH, TENANTS) else cfg.topologies
 
 
 def _run_config(cfg: BenchConfig, model: str, specs: dict[str, Spec],
@@ -955,29 +967,31 @@ def _measure(cfg: BenchConfig, specs: dict[str, Spec], run: _Run,
         with signals_held():  # a signal meanwhile is raised once cleanup can stop Redis
             redis_proc = start_redis(redis_port, redis_dir, appendonly=False,
                                      log_path=run.out / "redis.log", cpus=front)
-        # a Redis database per tailguard topology (vLLM's own server needs none): few enough
-        # for Redis's 16 however long the tuned sweep
-        dbs = {name: i for i, name in enumerate(
-            n for n, spec in specs.items() if not _plain_vllm(spec))}
-        for name, spec in specs.items():
+        # a Redis database per round of a tailguard topology (vLLM's own server needs none):
+        # few enough for Redis's 16 however long the tuned sweep
+        order = _order(cfg, run.workload, specs)
+        dbs = {key: i for i, key in enumerate(k for k in order if not _plain_vllm(specs[k[0]]))}
+        ends: dict[str, dict[str, int] | None] = {}
+        for position, (name, round_no) in enumerate(order, 1):
+            spec, label = specs[name], round_label(name, round_no)
             engines_desc = "; ".join(f"{w.name} serves {','.join(w.lanes) or 'everything'} on "
                                      f"{w.pin.label()}"
                                      for w in spec.workers)
-            log(f"[{name}] starting: {engines_desc}")
+            log(f"[{label}] starting: {engines_desc}")
             t_start = time.monotonic()
             if isinstance(spec, DirectSpec):
-                topo: RunningTopology = RunningDirect(spec, model=run.model, workdir=run.out / name,
+                topo: RunningTopology = RunningDirect(spec, model=run.model, workdir=run.out / label,
                                                       api_port=free_port())
             elif isinstance(spec, FleetSpec):
-                topo = RunningFleet(spec, model=run.model, workdir=run.out / name,
+                topo = RunningFleet(spec, model=run.model, workdir=run.out / label,
                                     api_port=free_port(),
                                     replica_ports=[free_port() for _ in spec.replicas],
                                     metrics_port=free_port())
             else:  # a Redis database of its own, so nothing of the previous topology is seen
-                db = dbs[name]
                 topo = RunningTopology(spec, model=run.model,
-                                       redis_url=f"redis://127.0.0.1:{redis_port}/{db}",
-                                       workdir=run.out / name, api_port=free_port(),
+                                       redis_url=f"redis://127.0.0.1:{redis_port}/"
+                                                 f"{dbs[name, round_no]}",
+                                       workdir=run.out / label, api_port=free_port(),
                                        api_threads=cfg.max_in_flight + 16,
                                        # each worker's vLLM series: its running requests
                                        worker_metrics_ports={w.name: free_port()
@@ -988,18 +1002,18 @@ def _measure(cfg: BenchConfig, specs: dict[str, Spec], run: _Run,
             started.append(topo)
             try:
                 url = topo.start(cfg.start_timeout_s)
-                topo_info[name] = {**spec.to_dict(),
-                                   "startup_s": round(time.monotonic() - t_start, 1)}
-                samples[name] = _measure_topology(cfg, name, spec, topo, url, run,
-                                                  topo_info[name], stopping)
+                info = {**spec.to_dict(), "startup_s": round(time.monotonic() - t_start, 1)}
+                got = _measure_topology(cfg, label, spec, topo, url, run, info, stopping)
+                _pool_round(name, round_no, position, got, info, samples, topo_info)
                 if not _plain_vllm(spec):  # every accepted job ended exactly once
+                    counts = finished_counts(topo.redis_url)
+                    ends[name] = counts if round_no == 1 else pool_ends(ends[name], counts)
                     topo_info[name]["exactly_once"] = check_exactly_once(
-                        [s for ss in samples[name].values() for s in ss],
-                        finished_counts(topo.redis_url))
+                        [s for ss in samples[name].values() for s in ss], ends[name])
             finally:
                 # Warm shutdown takes a while; the next topology starts meanwhile.
-                log(f"[{name}] stopping")
-                stopping.append(threading.Thread(target=topo.stop, name=f"stop-{name}"))
+                log(f"[{label}] stopping")
+                stopping.append(threading.Thread(target=topo.stop, name=f"stop-{label}"))
                 stopping[-1].start()
         # The last topology stops while the report is written.
         report = write_report(run.out, config, run.workload, run.phases, topo_info, samples)
@@ -1007,6 +1021,33 @@ def _measure(cfg: BenchConfig, specs: dict[str, Spec], run: _Run,
         return report
     finally:
         cleanup(interrupted)
+
+
+def _order(cfg: BenchConfig, workload: Workload, specs: dict[str, Spec]) -> list[tuple[str, int]]:
+    """(topology, round) in the order they run: `--topologies` as given, a name given again
+    run again."""
+    return run_order(_wanted(cfg, workload), specs,
+                     lambda name, want: name == want or (want == TUNED and is_tuned(name)))
+
+
+def _pool_round(name: str, round_no: int, position: int, got: dict[str, list[Sample]],
+                info: dict[str, Any], samples: dict[str, dict[str, list[Sample]]],
+                topo_info: dict[str, dict[str, Any]]) -> None:
+    """One round's requests and figures into its topology's (tailguard/bench/rounds.py)."""
+    for ss in got.values():
+        for s in ss:
+            s.round = round_no
+    this = {"round": round_no, "position": position, "startup_s": info["startup_s"],
+            "prefix_cache": {phase: prefix_hit_rate(cache) for phase, h in info["host"].items()
+                             if (cache := ((h or {}).get("engines") or {}).get("prefix_cache"))}}
+    if round_no == 1:
+        samples[name], topo_info[name] = got, {**info, "rounds": [this]}
+        return
+    for phase, ss in got.items():
+        samples[name].setdefault(phase, []).extend(ss)
+    pooled = topo_info[name]
+    pooled["host"] = pool_hosts(pooled.get("host") or {}, info["host"])
+    pooled["rounds"].append(this)
 
 
 def _plain_vllm(spec: Spec) -> bool:

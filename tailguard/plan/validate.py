@@ -234,6 +234,9 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         samples = [json.loads(line) for line in lines if line.strip()]
     except json.JSONDecodeError as exc:
         raise ValueError(f"{run_dir}: a file is not JSON: {exc}") from None
+    if any(s.get("round", 1) > 1 for s in samples):  # the replay is one timeline per topology
+        raise ValueError(f"{run_dir}: a topology ran more than once (--topologies named it "
+                         "twice): replay a run that measured each once")
     return report, samples
 
 

@@ -210,6 +210,8 @@ def test_a_synthetic_run_is_simulated_on_its_setups(tmp_path):
 @pytest.mark.parametrize("samples, message", [
     (None, "no samples.jsonl (not a finished tailguard bench run)"),
     ([_sample("lanse", "short", 0.1, 0.3, 0.1)], "'lanse' is not one tailguard bench runs"),
+    ([_sample("lanes", "short", 0.1, 0.3, 0.1), {**_sample("lanes", "short", 0.1, 0.3, 0.1),
+                                                 "round": 2}], "a topology ran more than once"),
 ])
 def test_a_missing_file_or_an_unknown_topology_is_a_clear_error(tmp_path, samples, message):
     d = _run_dir(tmp_path, samples or [])
