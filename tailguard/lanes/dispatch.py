@@ -31,13 +31,17 @@ simulator (tailguard/plan/sim.py) calls ``next_lane``; the worker (tasks/worker.
 ``consumable``.
 
 An engine may also bound the prompt tokens it prefills at once (its worker's
-``max_prefill_tokens``): it starts no job while its jobs not yet at their first token have that
-many prompt tokens to prefill (those not in its prefix cache, as the API counted them). A
-prompt's prefill is compute-bound and vLLM runs the prefills it holds in the same steps, so two
-cold 1,250-token prompts on one engine give both their first token at about twice one's time;
-bounded, the second waits in the central queue for whichever engine gets there first. It is the
-load Dynamo's KV router weighs each worker by ("active prompt-side token load", released when
-the first output token signals the prefill done), applied when a job is taken, not routed.
+``max_prefill_tokens``): it starts no job of a lane while its jobs of that lane and the lanes
+before it, not yet at their first token, have that many prompt tokens to prefill (those not in
+its prefix cache, as the API counted them). A prompt's prefill is compute-bound and vLLM runs the
+prefills it holds in the same steps, so two cold 1,250-token prompts on one engine give both
+their first token at about twice one's time; bounded, the second waits in the central queue for
+whichever engine gets there first. A long prompt prefilling keeps its engine from starting
+another long one, not a short one: a short job beside it still had its first token within
+~0.07 s, where closing the engine to it left it waiting past its promise (docs/benchmarks.md).
+It is the load Dynamo's KV router weighs each worker by ("active prompt-side token load",
+released when the first output token signals the prefill done), applied when a job is taken,
+not routed.
 
 An engine may also have every lane's limit cut to a cap (``capped``): on a CPU host, the engine
 whose cores the front end shares steps slower than the others, so it starts a short job only
@@ -111,38 +115,52 @@ def below_limit(lanes: Sequence[LaneLimit], i: int, running: Mapping[str, int]) 
 
 
 def prefill_room(prefilling: int, max_prefill_tokens: int) -> bool:
-    """Whether an engine whose jobs not yet at their first token have `prefilling` prompt tokens
-    to prefill may start another job under its bound (0: none)."""
+    """Whether `prefilling` prompt tokens still to prefill leave room under the bound (0: none)."""
     return max_prefill_tokens <= 0 or prefilling < max_prefill_tokens
 
 
+def prefill_open(lanes: Sequence[LaneLimit], lane: str, prefilling: Mapping[str, int],
+                 max_prefill_tokens: int) -> bool:
+    """Whether an engine serving `lanes` (in priority order), with `prefilling` prompt tokens of
+    each lane's jobs not yet at their first token, may start a job of `lane` under its bound:
+    the tokens of that lane and the lanes before it count."""
+    if max_prefill_tokens <= 0:
+        return True
+    ahead = 0
+    for l in lanes:
+        ahead += prefilling.get(l.name, 0)
+        if l.name == lane:
+            break
+    return prefill_room(ahead, max_prefill_tokens)
+
+
 def next_lane(lanes: Sequence[LaneLimit], running: Mapping[str, int],
-              waiting: Mapping[str, int], prefilling: int = 0,
+              waiting: Mapping[str, int], prefilling: Mapping[str, int] | None = None,
               max_prefill_tokens: int = 0) -> str | None:
     """The lane whose oldest job an engine serving `lanes` (in priority order) takes next, with
-    `running` of each lane's jobs on it, `prefilling` prompt tokens of them not yet at their
-    first token and `waiting` queued fleet-wide; None: nothing it may start now."""
-    if not prefill_room(prefilling, max_prefill_tokens):
-        return None
+    `running` of each lane's jobs on it, `prefilling` prompt tokens of each lane's jobs not yet
+    at their first token and `waiting` queued fleet-wide; None: nothing it may start now."""
     interactive_waiting = any(waiting.get(l.name, 0) > 0 for l in lanes
                               if l.priority == "interactive")
     for i, lane in enumerate(lanes):
         if waiting.get(lane.name, 0) <= 0 or not below_limit(lanes, i, running):
             continue
+        if not prefill_open(lanes, lane.name, prefilling or {}, max_prefill_tokens):
+            return None  # the lanes after it count its tokens too
         if lane.priority != "interactive" and interactive_waiting:
             return None
         return lane.name
     return None
 
 
-def consumable(lanes: Sequence[LaneLimit], running: Mapping[str, int], prefilling: int = 0,
+def consumable(lanes: Sequence[LaneLimit], running: Mapping[str, int],
+               prefilling: Mapping[str, int] | None = None,
                max_prefill_tokens: int = 0) -> tuple[str, ...]:
     """The queues a worker serving `lanes` (in priority order) consumes now, in that order, with
-    `running` of each lane's jobs on its engine and `prefilling` prompt tokens of them not yet
-    at their first token: `next_lane` for a broker that takes the first non-empty queue of the
-    list."""
-    if not prefill_room(prefilling, max_prefill_tokens):
-        return ()
-    open_ = [l for i, l in enumerate(lanes) if below_limit(lanes, i, running)]
+    `running` of each lane's jobs on its engine and `prefilling` prompt tokens of each lane's
+    jobs not yet at their first token: `next_lane` for a broker that takes the first non-empty
+    queue of the list."""
+    open_ = [l for i, l in enumerate(lanes) if below_limit(lanes, i, running)
+             and prefill_open(lanes, l.name, prefilling or {}, max_prefill_tokens)]
     interactive_open = all(l in open_ for l in lanes if l.priority == "interactive")
     return tuple(l.name for l in open_ if l.priority == "interactive" or interactive_open)

@@ -457,11 +457,12 @@ WORKER_FIELDS: dict[str, FieldDoc] = {
                          "entry at most): as many as the GPUs the others leave allow, at least "
                          "one (one on a CPU host)"),
     "max_prefill_tokens": FieldDoc((int,), "0",
-                                   "its engine starts no job while its jobs not yet at their "
-                                   "first token have this many prompt tokens to prefill (those "
-                                   "not in its prefix cache, as the API counted them): a burst "
-                                   "of long prompts spreads over the engines instead of "
-                                   "stacking on one; 0: no bound"),
+                                   "its engine starts no job of a lane while its jobs of that "
+                                   "lane and those before it, not yet at their first token, have "
+                                   "this many prompt tokens to prefill (those not in its prefix "
+                                   "cache, as the API counted them): a burst of long prompts "
+                                   "spreads over the engines instead of stacking on one; 0: no "
+                                   "bound"),
     "engine": FieldDoc((dict,), "{}",
                        "vLLM engine arguments (`AsyncEngineArgs`), merged over the file's "
                        "top-level `[engine]` table, e.g. `{tensor_parallel_size = 2, "

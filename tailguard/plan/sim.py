@@ -91,7 +91,7 @@ from typing import Any
 
 from tailguard.errors import NoLaneForRequest, PromptTooLong
 from tailguard.lanes.affinity import Affinity, holders, offer_to, remember
-from tailguard.lanes.dispatch import LaneLimit, capped, next_lane, prefill_room
+from tailguard.lanes.dispatch import LaneLimit, capped, next_lane, prefill_open
 from tailguard.lanes.fair_share import FairQueue
 from tailguard.lanes.placement import place, request_cost
 from tailguard.lanes.table import Lane
@@ -182,12 +182,15 @@ class _Engine:
     cache: PrefixCache | None = None
     max_prefill_tokens: int = 0
 
-    def prefilling(self) -> int:
-        """The prompt tokens its requests not yet at their first token have to prefill (counted
-        only under a bound: nothing reads them otherwise)."""
-        if self.max_prefill_tokens <= 0:
-            return 0
-        return sum(r.prompt - r.cached for r in self.reqs if r.first is None)
+    def prefilling(self) -> dict[str, int]:
+        """Per lane, the prompt tokens its requests not yet at their first token have to prefill
+        (counted only under a bound: nothing reads them otherwise)."""
+        out: dict[str, int] = {}
+        if self.max_prefill_tokens > 0:
+            for r in self.reqs:
+                if r.first is None:
+                    out[r.lane] = out.get(r.lane, 0) + r.prompt - r.cached
+        return out
 
 
 @dataclass(frozen=True)
@@ -479,7 +482,7 @@ class Simulation:
         # offer would wait there for the bound to open (at most the offer's wait), the
         # simulator queues the request for any engine
         serving = [o for o in self.serving[r.lane]
-                   if prefill_room(o.prefilling(), o.max_prefill_tokens)]
+                   if prefill_open(self.limits(o), r.lane, o.prefilling(), o.max_prefill_tokens)]
         load = {o.name: len(o.reqs) for o in serving}
         slots = {o.name: min(o.slots, self.lane_limit(o, r.lane)) for o in serving}
         chosen = offer_to(holders(names, self.index), load, slots, self.affinity)

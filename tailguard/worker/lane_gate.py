@@ -22,8 +22,8 @@ already at its limit, or at an engine at its prefill bound (a delivery racing a 
 
 With a prefill bound (the worker entry's ``max_prefill_tokens``), each job's prompt tokens to
 prefill (``prefill_tokens`` in its message: what the API counted) also count from its receipt
-until its first token (``prefilled``, from its task's thread) or its end; at the bound every
-queue closes until one of them is out.
+until its first token (``prefilled``, from its task's thread) or its end; at the bound a lane's
+queue closes, and those of the lanes after it (tailguard/lanes/dispatch.py), until one is out.
 
 With prefix affinity on, a worker has its own queue per lane (``own``: the jobs offered to it
 first, tailguard/jobs/prefix_index.py), consumed just ahead of the lane's shared queue whenever
@@ -65,8 +65,8 @@ class LaneGate:
         self._lock = threading.Lock()
         self._jobs: dict[str, str] = {}  # task id -> lane, from receipt to end
         self._over: set[str] = set()
-        #: task id -> prompt tokens to prefill, from receipt to its first token (or end)
-        self._prefill: dict[str, int] = {}
+        #: task id -> (lane, prompt tokens to prefill), from receipt to its first token (or end)
+        self._prefill: dict[str, tuple[str, int]] = {}
         self.max_prefill_tokens = max_prefill_tokens
         self._consumer_thread: int | None = None
 
@@ -74,15 +74,21 @@ class LaneGate:
         with self._lock:
             return Counter(self._jobs.values())
 
-    def prefilling(self) -> int:
-        """The prompt tokens its jobs not yet at their first token have to prefill."""
+    def prefilling(self) -> Counter[str]:
+        """Per lane, the prompt tokens its jobs not yet at their first token have to prefill."""
         with self._lock:
-            return sum(self._prefill.values())
+            return self._prefilling()
+
+    def _prefilling(self) -> Counter[str]:
+        out: Counter[str] = Counter()
+        for lane, tokens in self._prefill.values():
+            out[lane] += tokens
+        return out
 
     def received(self, task_id: str, task_name: str, prefill_tokens: int = 0) -> None:
         """Celery received a task message (consumer thread): count it, and stop consuming a lane
-        that reached its limit with it (or every lane, once `prefill_tokens` of it reach
-        ``max_prefill_tokens``)."""
+        that reached its limit with it (or its lane and those after it, once `prefill_tokens` of
+        it reach ``max_prefill_tokens``)."""
         lane = lane_of_task(task_name)
         if lane not in self._names:
             return
@@ -91,10 +97,10 @@ class LaneGate:
             if task_id in self._jobs:
                 return
             if lane not in consumable(self.lanes, Counter(self._jobs.values()),
-                                      sum(self._prefill.values()), self.max_prefill_tokens):
+                                      self._prefilling(), self.max_prefill_tokens):
                 self._over.add(task_id)
             elif prefill_tokens > 0:
-                self._prefill[task_id] = prefill_tokens
+                self._prefill[task_id] = (lane, prefill_tokens)
             self._jobs[task_id] = lane
         self.apply()
 
@@ -128,7 +134,7 @@ class LaneGate:
     def apply(self) -> None:
         """Make the consumed queues what the rule allows now, in lane order (consumer thread)."""
         with self._lock:
-            running, prefill = Counter(self._jobs.values()), sum(self._prefill.values())
+            running, prefill = Counter(self._jobs.values()), self._prefilling()
         want = [q for lane in consumable(self.lanes, running, prefill, self.max_prefill_tokens)
                 for q in ([self.own[lane]] if lane in self.own else []) + [lane]]
         have = [q.name for q in self.consumer.task_consumer.queues if q.name in self._queues]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tailguard.lanes.dispatch import capped, consumable, next_lane
+from tailguard.lanes.dispatch import capped, consumable, next_lane, prefill_open
 from tailguard.lanes.table import parse_lanes
 
 TABLE = parse_lanes({
@@ -115,14 +115,26 @@ def test_a_capped_engine_has_every_lanes_limit_cut_to_its_cap():
     assert capped(LANES, 0) == LANES and capped(LANES, -1) == LANES
 
 
-@pytest.mark.parametrize("prefilling, bound, expected", [
-    (0, 0, "short"),          # no bound
-    (5000, 0, "short"),
-    (1250, 2048, "short"),    # one cold prompt prefilling: room for another job
-    (2048, 2048, None),       # at the bound: nothing starts here
-    (2500, 2048, None),
+@pytest.mark.parametrize("prefilling, bound, expected, open_", [
+    ({}, 0, "short", ("short", "long", "batch")),  # no bound
+    ({"short": 5000}, 0, "short", ("short", "long", "batch")),
+    ({"short": 1000}, 1024, "short", ("short", "long", "batch")),  # room for another job
+    ({"short": 1250}, 1024, None, ()),  # a cold prompt: every lane counts its tokens
+    ({"short": 600, "long": 600}, 1024, "short", ("short",)),  # long counts short's and its own
+    # a long prompt prefilling closes long and batch, not short: short is ahead of it
+    ({"long": 2000}, 1024, "short", ("short",)),
+    ({"batch": 2000}, 1024, "short", ("short", "long")),
 ])
-def test_an_engine_at_its_prefill_bound_starts_nothing(prefilling, bound, expected):
+def test_an_engine_at_its_prefill_bound_starts_no_job_of_a_lane_counting_its_tokens(
+        prefilling, bound, expected, open_):
     waiting = {"short": 1, "long": 1}
     assert next_lane(LANES, {}, waiting, prefilling, bound) == expected
-    assert bool(consumable(LANES, {}, prefilling, bound)) == (expected is not None)
+    assert consumable(LANES, {}, prefilling, bound) == open_
+    # with no short job waiting, long starts only where its queue is open
+    assert (next_lane(LANES, {}, {"long": 1}, prefilling, bound) == "long") == ("long" in open_)
+
+
+def test_prefill_open_counts_the_lane_and_those_before_it():
+    assert prefill_open(LANES, "short", {"long": 5000, "batch": 5000}, 1024)
+    assert not prefill_open(LANES, "long", {"short": 1024}, 1024)
+    assert prefill_open(LANES, "batch", {"short": 5000}, 0)

@@ -146,19 +146,33 @@ def test_prompt_tokens_not_yet_at_their_first_token_close_every_queue_until_one_
     consumer = Consumer(["short", "long", "batch"])
     gate = LaneGate(list(TABLE), consumer, max_prefill_tokens=2048)
     gate.received("a", "tailguard.generate.short", 1250)
-    assert consumer.queues == ["short", "long", "batch"] and gate.prefilling() == 1250
+    assert consumer.queues == ["short", "long", "batch"] and gate.prefilling() == {"short": 1250}
     gate.received("b", "tailguard.generate.short", 1250)  # two cold prompts: the bound
     assert consumer.queues == [] and not gate.over("b")
     gate.received("c", "tailguard.generate.short", 10)  # raced the cancel: given back
-    assert gate.over("c") and gate.prefilling() == 2500
+    assert gate.over("c") and gate.prefilling() == {"short": 2500}
     gate.ended("c")
     _from_a_pool_thread(gate.prefilled, "a")  # a's first token, in its task's thread
     consumer.soon.pop()()
-    assert consumer.queues == ["short", "long", "batch"] and gate.prefilling() == 1250
+    assert consumer.queues == ["short", "long", "batch"] and gate.prefilling() == {"short": 1250}
     gate.prefilled("a")  # once only
     assert not consumer.soon and gate.running()["short"] == 2
     gate.ended("b")  # ended before its first token: its prompt leaves the count too
-    assert gate.prefilling() == 0 and gate.running()["short"] == 1
+    assert sum(gate.prefilling().values()) == 0 and gate.running()["short"] == 1
+
+
+def test_a_long_prompt_prefilling_closes_long_and_batch_not_short():
+    consumer = Consumer(["short", "long", "batch"])
+    gate = LaneGate(list(TABLE), consumer, max_prefill_tokens=1024)
+    gate.received("a", "tailguard.generate.long", 2000)
+    assert consumer.queues == ["short"]
+    gate.received("b", "tailguard.generate.short", 30)  # a short one still starts beside it
+    assert not gate.over("b") and consumer.queues == ["short"]
+    gate.received("c", "tailguard.generate.long", 2000)  # raced the close: given back
+    assert gate.over("c")
+    gate.ended("c")
+    gate.prefilled("a")
+    assert consumer.queues == ["short", "long", "batch"]
 
 
 def test_without_a_prefill_bound_prompt_tokens_close_nothing():

@@ -234,7 +234,7 @@ def test_the_cpu_host_lanes_file_is_the_packaged_one_with_its_own_sizes():
                                    max_num_seqs=packaged[name].max_num_seqs) == packaged[name]
     assert [(w.name, w.lanes, w.engine) for w in cpu.workers] == \
         [(w.name, w.lanes, w.engine) for w in packaged.workers]
-    assert [(w.replicas, w.max_prefill_tokens) for w in cpu.workers] == [(2, 2048)]
+    assert [(w.replicas, w.max_prefill_tokens) for w in cpu.workers] == [(2, 1024)]
     assert [w.max_prefill_tokens for w in packaged.workers] == [0]
 
 

@@ -162,3 +162,17 @@ def test_an_engine_at_its_prefill_bound_takes_the_next_job_once_a_first_token_is
     s.replay([(0.0, "c", 10, 2)] * 3)  # three 10-token prompts at once; 12 tokens per step
     s.run()
     assert sorted(r.start for r in s.done) == starts
+
+
+def test_a_long_prompt_prefilling_holds_back_the_next_long_one_not_a_short_one():
+    lanes = [Lane(name="short", max_tokens=100, max_cost=100, max_num_seqs=4),
+             Lane(name="long", max_tokens=1000, max_num_seqs=4)]
+    classes = [ClassLoad("short", 0.0, Lengths.fixed(1), Lengths.fixed(1)),
+               ClassLoad("long", 0.0, Lengths.fixed(1), Lengths.fixed(1))]
+    s = Simulation(classes, lanes, [EngineGroup(("short", "long"), 1, 4, dispatch=FLEET,
+                                                max_prefill_tokens=10)], MODEL)
+    s.replay([(0.0, "long", 150, 2), (0.0, "long", 150, 2), (0.0, "short", 5, 2)])
+    s.run()
+    starts = sorted((r.start, r.lane) for r in s.done)
+    assert starts[:2] == [(0.0, "long"), (0.0, "short")]  # the short one beside the prefill
+    assert starts[2][1] == "long" and starts[2][0] > 0.0  # the second long after a first token
