@@ -126,6 +126,9 @@ if TYPE_CHECKING:
     from tailguard.host.procs import Child
     from tailguard.lanes.table import LaneTable
 
+#: Redis's databases (its default `databases 16`): one per round of a tailguard topology
+REDIS_DATABASES = 16
+
 #: A topology of the run: tailguard's, vLLM's own server, or vLLM's router fleet.
 Spec = TopologySpec | DirectSpec | FleetSpec
 
@@ -813,6 +816,9 @@ def _check_choices(cfg: BenchConfig) -> None:
                                                                              TENANTS):
         raise ValueError(f"the {cfg.workload} workload runs each topology once: name each "
                          "in --topologies once")
+    if sum(1 for t in cfg.topologies if t in ("shared", "lanes", STATIC)) > REDIS_DATABASES:
+        raise ValueError(f"at most {REDIS_DATABASES} rounds of tailguard's topologies in a run "
+                         "(a Redis database each)")
 
 
 def _model(cfg: BenchConfig) -> str:

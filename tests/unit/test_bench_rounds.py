@@ -47,6 +47,12 @@ def test_workloads_with_a_probe_or_a_batch_refuse_a_topology_named_twice(workloa
     _check_choices(BenchConfig(workload="chat", topologies=("lanes", "lanes")))
 
 
+def test_no_more_rounds_of_tailguards_topologies_than_redis_has_databases():
+    _check_choices(BenchConfig(workload="chat", topologies=("lanes", FLEET) * 16))
+    with pytest.raises(ValueError, match="at most 16 rounds"):
+        _check_choices(BenchConfig(workload="chat", topologies=("lanes", "shared") * 9))
+
+
 def test_the_span_of_pooled_rounds_is_their_spans_summed():
     # each round's times count from its own phase start: 0-10 s and 0-4 s, not 0-10 s
     first = [ok("short", 1.0, 0.0), ok("short", 1.0, 9.0)]
