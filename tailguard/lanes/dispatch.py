@@ -37,8 +37,8 @@ its prefix cache, as the API counted them). A prompt's prefill is compute-bound 
 prefills it holds in the same steps, so two cold 1,250-token prompts on one engine give both
 their first token at about twice one's time; bounded, the second waits in the central queue for
 whichever engine gets there first. A long prompt prefilling keeps its engine from starting
-another long one, not a short one: a short job beside it still had its first token within
-~0.07 s, where closing the engine to it left it waiting past its promise (docs/benchmarks.md).
+another long one, not a short one: closing every lane on a long prompt's tokens left short jobs
+waiting past their promise (docs/benchmarks.md, the `mixed` default).
 It is the load Dynamo's KV router weighs each worker by ("active prompt-side token load",
 released when the first output token signals the prefill done), applied when a job is taken,
 not routed.
