@@ -31,7 +31,6 @@ from tailguard.bench.goodput import (
     DEFAULT_SHORT_SLO,
     Slo,
     goodput,
-    meets,
     phase_span_s,
     slo_text,
     tpot_s,
@@ -954,15 +953,18 @@ def rounds(report: dict, samples: dict[str, dict[str, list[Sample]]], short_slo:
         for run in runs:
             for phase, ss in by_phase.items():
                 mine = [s for s in ss if s.round == run["round"]]
-                ok = [s for s in mine if s.ok and s.cls == short]
+                by_class = {c: [s for s in mine if s.cls == c] for c in dict.fromkeys(
+                    s.cls for s in mine)}
+                rows = {c: comparison.class_row(cs, short_t if c == short else long_t, None)
+                        for c, cs in by_class.items()}
+                ttfts = [s.ttft_s for s in by_class.get(short, []) if s.ok and s.ttft_s is not None]
                 out.append({
                     "topology": topo, "round": run["round"], "position": run["position"],
                     "phase": phase, "sent": len(mine),
-                    "within_target": sum(1 for s in mine if meets(
-                        s, short_t if s.cls == short else long_t)),
-                    "short_ttft_p50_s": percentile([s.ttft_s for s in ok if s.ttft_s is not None], 50),
-                    "short_ttft_p99_s": percentile([s.ttft_s for s in ok if s.ttft_s is not None], 99),
-                    "short_e2e_p99_s": percentile([s.e2e_s for s in ok if s.e2e_s is not None], 99),
+                    "within_target": sum(r["within_target"] for r in rows.values()),
+                    "short_ttft_p50_s": percentile(ttfts, 50),
+                    "short_ttft_p99_s": (rows.get(short) or {}).get("ttft_p99_s"),
+                    "short_e2e_p99_s": (rows.get(short) or {}).get("e2e_p99_s"),
                     "output_tok_s": phase_totals(mine, short, short_slo, long_slo)["output_tok_s"],
                     "prefix_cache": (run.get("prefix_cache") or {}).get(phase)})
     return out

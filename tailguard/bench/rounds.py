@@ -1,10 +1,10 @@
 """A topology measured more than once in one bench run, its rounds pooled.
 
-On a small host the topology measured second tends to run slower than the one measured first,
-so one pair's ratios can flip with the order. Naming a topology twice (`--topologies
-lanes,fleet,fleet,lanes`) starts it afresh each time (its own engines, Redis database and log
-folder) and the report pools its rounds: their requests together, their engines' counters
-summed, their spans summed. Each round's own figures stay in the report (`round_rows`).
+On a small host one pair's ratios can flip with the order the topologies ran in. Naming a
+topology twice (`--topologies lanes,fleet,fleet,lanes`) starts it afresh each time (its own
+engines, Redis database and log folder) and the report pools its rounds: their requests
+together, their engines' counters summed, their spans summed. Each round's own figures stay in
+the report (tailguard/bench/report.py `rounds`).
 
 Pure: the bench's run loop (tailguard/bench/run.py) calls it.
 """
@@ -12,7 +12,7 @@ Pure: the bench's run loop (tailguard/bench/run.py) calls it.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 #: Fields of a phase's host figures (tailguard/bench/host.py) that add up over rounds.
@@ -20,7 +20,7 @@ _SUMMED = ("wall_s", "others_cpu_s", "frontend_cpu_s", "engine_cpu_s")
 
 
 def run_order(wanted: Iterable[str], names: Iterable[str],
-              matches: Any = None) -> list[tuple[str, int]]:
+              matches: Callable[[str, str], bool] | None = None) -> list[tuple[str, int]]:
     """(topology, round) in the order they run: each of `wanted` in turn, expanded to the
     `names` it stands for (`matches(name, want)`, default equality); a topology wanted again
     runs again as its next round."""
